@@ -1,0 +1,424 @@
+//! Admission: from (tenant, model, estimated cost, now) to a decision on the shared buckets. Pure except
+//! for the [`SharedStore`] it is handed, so it runs natively against [`crate::store::MemStore`].
+//!
+//! * [`bucket_key`] names the bucket of a rule for a tenant (and model, for per-model rules) and bounds
+//!   how many bucket keys exist: a shared counter (`tg:n:buckets`) admits at most `max_tenants` keys;
+//!   past that, new (tenant, model) pairs share one of 64 overflow buckets of their rule
+//!   (`tg:b:<rule>:~overflow<N>`), counted by `tokengate_tenant_overflow`. Shared data never evicts, so
+//!   the filter's memory stays bounded at roughly `(max_tenants + 64 × rules) × ~100 bytes`.
+//! * [`precheck`] is the headers-phase read: reject before the upstream is contacted when the bucket
+//!   cannot pass even a 1-token request.
+//! * [`charge`] is the body-phase CAS read-modify-write that charges the estimated cost.
+
+use crate::bucket::{self, BucketState, Snapshot, Verdict};
+use crate::config::{Config, Rule};
+use crate::reply::{self, LocalReply};
+use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
+use std::collections::HashSet;
+
+/// Name of the shared counter of created bucket keys.
+pub const KEY_COUNTER: &str = "tg:n:buckets";
+/// Overflow buckets per rule.
+pub const OVERFLOW_SLOTS: u64 = 64;
+
+/// What the key lookup observed, for metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The request was mapped to an overflow bucket.
+    pub overflow: bool,
+}
+
+/// A shared count of created keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Count(u64);
+impl Codec for Count {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&self.0.to_le_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 9 || b.first() != Some(&1) {
+            return None;
+        }
+        store::read_u64(b, 1).map(Count)
+    }
+}
+
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0u8)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A model name made safe for a key: at most 128 bytes of `[A-Za-z0-9._:/@-]`, else `~other`.
+pub fn key_model(model: &str) -> &str {
+    let ok = !model.is_empty()
+        && model.len() <= 128
+        && model
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'@' | b'-'));
+    if ok {
+        model
+    } else {
+        "~other"
+    }
+}
+
+/// The plain key of a rule's bucket for this tenant and model (no bound applied).
+pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
+    if rule.per_model {
+        format!("tg:b:{}:{}:{}", rule.name, tenant, key_model(model))
+    } else {
+        format!("tg:b:{}:{}", rule.name, tenant)
+    }
+}
+
+/// The key to use, creating a slot for it under the `max_tenants` bound, or an overflow key.
+///
+/// `known` caches keys this VM has seen existing (cleared past `cache_limit`).
+pub fn bucket_key(
+    store: &dyn SharedStore,
+    cfg: &Config,
+    known: &mut HashSet<String>,
+    cache_limit: usize,
+    rule: &Rule,
+    tenant: &str,
+    model: &str,
+) -> (String, KeyInfo) {
+    let key = plain_key(rule, tenant, model);
+    if known.contains(&key) {
+        return (key, KeyInfo::default());
+    }
+    let exists = matches!(store.get(&key), Ok(Some(_)));
+    let slot = exists
+        || matches!(
+            store::update(store, KEY_COUNTER, cfg.cas_max_retries, &Count(0), |c| {
+                if c.0 < u64::from(cfg.max_tenants) {
+                    (true, Some(Count(c.0 + 1)))
+                } else {
+                    (false, None)
+                }
+            }),
+            Ok((true, _))
+        );
+    if slot {
+        if known.len() >= cache_limit {
+            known.clear();
+        }
+        known.insert(key.clone());
+        (key, KeyInfo::default())
+    } else {
+        let n = fnv1a(&[tenant, model]) % OVERFLOW_SLOTS;
+        (
+            format!("tg:b:{}:~overflow{}", rule.name, n),
+            KeyInfo { overflow: true },
+        )
+    }
+}
+
+/// A decision on one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Charged `cost`; forward (after `wait_ms` when shaping).
+    Admit {
+        /// Bucket state after the charge, for `x-ratelimit-*`.
+        snapshot: Snapshot,
+        /// Tokens charged.
+        cost: u64,
+        /// Milliseconds to hold the request first (0 = none).
+        wait_ms: u64,
+    },
+    /// Not charged; answer with this reply.
+    Reject {
+        /// The local reply.
+        reply: LocalReply,
+        /// Why, for metrics.
+        reason: RejectReason,
+    },
+    /// The shared store failed (CAS exhausted or host error); the caller applies the failure mode.
+    StoreFailed(UpdateError),
+}
+
+/// Why a request was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Not enough tokens.
+    Tokens,
+    /// Requests/minute spent.
+    Requests,
+    /// Cost larger than the burst.
+    TooLarge,
+}
+
+fn limited(v: Verdict, snap: &Snapshot, rule: &Rule) -> Option<(LocalReply, RejectReason)> {
+    match v {
+        Verdict::LimitTokens { reset_in_s } => Some((
+            reply::rate_limited(
+                "tokens_per_second_exceeded",
+                &format!(
+                    "Rate limit reached for tokens (rule '{}'): limit {} tokens, refilling at {}/s. Retry after the reset.",
+                    rule.name, rule.params.burst, rule.params.tokens_per_second
+                ),
+                reset_in_s,
+                snap,
+            ),
+            RejectReason::Tokens,
+        )),
+        Verdict::LimitRequests { reset_in_s } => Some((
+            reply::rate_limited(
+                "requests_per_minute_exceeded",
+                &format!(
+                    "Rate limit reached for requests (rule '{}'): limit {} requests per minute. Retry after the reset.",
+                    rule.name,
+                    rule.params.requests_per_minute.unwrap_or(0.0)
+                ),
+                reset_in_s,
+                snap,
+            ),
+            RejectReason::Requests,
+        )),
+        _ => None,
+    }
+}
+
+/// Headers-phase check: the reply to send now if the bucket is already too short for any request.
+/// Reads only; a missing key means a full bucket.
+pub fn precheck(
+    store: &dyn SharedStore,
+    rule: &Rule,
+    key: &str,
+    now_ns: u64,
+) -> Result<Option<(LocalReply, RejectReason)>, bool> {
+    match store::peek::<BucketState>(store, key) {
+        Ok((Some(state), _)) => Ok(bucket::precheck(&state, &rule.params, now_ns, rule.max_wait_ms)
+            .and_then(|(v, snap)| limited(v, &snap, rule))),
+        Ok((None, corrupt)) => {
+            if corrupt {
+                Err(true)
+            } else {
+                Ok(None)
+            }
+        }
+        Err(_) => Err(false),
+    }
+}
+
+/// Body-phase charge of `cost` tokens and one request on `key`.
+pub fn charge(
+    store: &dyn SharedStore,
+    cfg: &Config,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+    now_ns: u64,
+) -> (Decision, UpdateStats) {
+    let init = BucketState::full(&rule.params, now_ns);
+    let result = store::update(store, key, cfg.cas_max_retries, &init, |s| {
+        let (v, snap, next) = bucket::charge(s, &rule.params, cost, now_ns, rule.max_wait_ms);
+        ((v, snap), next)
+    });
+    match result {
+        Err(e) => (Decision::StoreFailed(e), UpdateStats::default()),
+        Ok(((v, snap), stats)) => {
+            let d = match v {
+                Verdict::Admit => Decision::Admit {
+                    snapshot: snap,
+                    cost,
+                    wait_ms: 0,
+                },
+                Verdict::Wait { wait_ms } => Decision::Admit {
+                    snapshot: snap,
+                    cost,
+                    wait_ms,
+                },
+                Verdict::TooLarge => Decision::Reject {
+                    reply: reply::error(
+                        413,
+                        "invalid_request_error",
+                        "cost_exceeds_burst",
+                        &format!(
+                            "This request's estimated cost of {cost} tokens exceeds the burst of {} tokens of rule '{}'; it can never be admitted. Lower max_tokens or shorten the prompt.",
+                            rule.params.burst, rule.name
+                        ),
+                    ),
+                    reason: RejectReason::TooLarge,
+                },
+                other => match limited(other, &snap, rule) {
+                    Some((reply, reason)) => Decision::Reject { reply, reason },
+                    None => Decision::StoreFailed(UpdateError::Host),
+                },
+            };
+            (d, stats)
+        }
+    }
+}
+
+/// Gives back `amount` tokens to a bucket (the response used fewer tokens than were reserved).
+pub fn credit(
+    store: &dyn SharedStore,
+    cfg: &Config,
+    rule: &Rule,
+    key: &str,
+    amount: u64,
+    now_ns: u64,
+) -> Result<(), UpdateError> {
+    if amount == 0 {
+        return Ok(());
+    }
+    let init = BucketState::full(&rule.params, now_ns);
+    store::update(store, key, cfg.cas_max_retries, &init, |s| {
+        ((), Some(bucket::credit(s, &rule.params, amount, now_ns)))
+    })
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::store::MemStore;
+
+    fn cfg(extra: &str) -> Config {
+        config::parse(
+            format!(
+                r#"{{{extra} "rules":[{{"name":"r","tokens_per_second":10,"burst":100,"requests_per_minute":60}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn key_count_is_bounded_and_extra_tenants_share_overflow_buckets() {
+        let c = cfg(r#""max_tenants": 3,"#);
+        let s = MemStore::new();
+        let mut known = HashSet::new();
+        let rule = &c.rules[0];
+        let mut overflow = 0;
+        for t in 0..50 {
+            let (k, info) = bucket_key(&s, &c, &mut known, 1000, rule, &format!("t{t}"), "m");
+            if info.overflow {
+                overflow += 1;
+                assert!(k.contains("~overflow"));
+            }
+            let _ = charge(&s, &c, rule, &k, 1, 0);
+        }
+        assert_eq!(overflow, 47);
+        // 3 tenant keys + at most 64 overflow keys + the counter
+        assert!(s.len() <= 3 + 64 + 1, "{}", s.len());
+    }
+
+    #[test]
+    fn an_existing_key_needs_no_new_slot() {
+        let c = cfg(r#""max_tenants": 1,"#);
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        let (k1, _) = bucket_key(&s, &c, &mut HashSet::new(), 10, rule, "a", "m");
+        let _ = charge(&s, &c, rule, &k1, 1, 0);
+        // another VM (empty cache) still finds the key without a slot
+        let (k2, info) = bucket_key(&s, &c, &mut HashSet::new(), 10, rule, "a", "m");
+        assert_eq!(k1, k2);
+        assert!(!info.overflow);
+    }
+
+    #[test]
+    fn charge_admits_then_rejects_with_contract_reply() {
+        let c = cfg("");
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        let (d, st) = charge(&s, &c, rule, "k", 80, 0);
+        assert!(st.created);
+        assert!(matches!(d, Decision::Admit { cost: 80, .. }));
+        let (d, _) = charge(&s, &c, rule, "k", 80, 0);
+        match d {
+            Decision::Reject { reply, reason } => {
+                assert_eq!(reason, RejectReason::Tokens);
+                assert_eq!(reply.status, 429);
+                let v: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+                assert_eq!(v["error"]["code"], "tokens_per_second_exceeded");
+                assert_eq!(v["error"]["reset_in"], 6.0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn precheck_rejects_only_when_even_one_token_is_missing() {
+        let c = cfg("");
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        assert_eq!(precheck(&s, rule, "k", 0), Ok(None));
+        let _ = charge(&s, &c, rule, "k", 100, 0);
+        let r = precheck(&s, rule, "k", 0).unwrap().unwrap();
+        assert_eq!(r.1, RejectReason::Tokens);
+        assert_eq!(precheck(&s, rule, "k", 200_000_000), Ok(None));
+        s.set("bad", b"xx", 0).unwrap();
+        assert_eq!(precheck(&s, rule, "bad", 0), Err(true));
+    }
+
+    #[test]
+    fn cost_above_burst_is_413_and_charges_nothing() {
+        let c = cfg("");
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        let (d, _) = charge(&s, &c, rule, "k", 101, 0);
+        assert!(matches!(
+            d,
+            Decision::Reject {
+                reason: RejectReason::TooLarge,
+                ..
+            }
+        ));
+        let (d, _) = charge(&s, &c, rule, "k", 100, 0);
+        assert!(matches!(d, Decision::Admit { .. }));
+    }
+
+    #[test]
+    fn two_workers_interleaving_never_admit_more_than_the_burst() {
+        // Worker B writes between worker A's read and write on every other call: CAS retries keep
+        // the total exact.
+        let c = cfg("");
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        let mut admitted = 0u64;
+        for i in 0..40 {
+            let (d, _) = charge(&s, &c, rule, "k", 7, 0);
+            if matches!(d, Decision::Admit { .. }) {
+                admitted += 7;
+            }
+            if i % 2 == 0 {
+                let (d, _) = charge(&s, &c, rule, "k", 7, 0);
+                if matches!(d, Decision::Admit { .. }) {
+                    admitted += 7;
+                }
+            }
+        }
+        assert!(admitted <= 100);
+        assert!(admitted >= 93);
+    }
+
+    #[test]
+    fn credit_refunds_unused_tokens() {
+        let c = cfg("");
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        let _ = charge(&s, &c, rule, "k", 100, 0);
+        credit(&s, &c, rule, "k", 60, 0).unwrap();
+        let (d, _) = charge(&s, &c, rule, "k", 60, 0);
+        assert!(matches!(d, Decision::Admit { .. }));
+    }
+
+    #[test]
+    fn odd_model_names_share_one_safe_key() {
+        assert_eq!(key_model("gpt-4.1"), "gpt-4.1");
+        assert_eq!(key_model("evil model\n"), "~other");
+        assert_eq!(key_model(&"m".repeat(300)), "~other");
+        assert_eq!(key_model(""), "~other");
+    }
+}

@@ -1,0 +1,574 @@
+//! Plugin configuration: raw serde structs (shape, unknown fields refused) → validated runtime [`Config`]
+//! (meaning). A [`ConfigError`] names the JSON path of the bad field, e.g. `rules[1].burst: must be > 0`;
+//! the host logs it in one line and returns `false` from `on_configure`, so Envoy refuses the config.
+//! Nothing falls back to a default quietly: absent optional fields take the documented defaults below,
+//! present but wrong ones are errors.
+//!
+//! Example (the JSON string in the Envoy wasm filter's `configuration`):
+//! ```json
+//! {"tenant_header": "x-tenant-id",
+//!  "models": {"gpt-4.1": {"default_max_tokens": 4096, "max_tokens_cap": 32768}},
+//!  "rules": [{"model": "gpt-4.1", "tokens_per_second": 300000, "burst": 2000000, "requests_per_minute": 600},
+//!            {"model": "*", "tokens_per_second": 1000, "burst": 20000}]}
+//! ```
+
+use crate::bucket::BucketParams;
+use crate::estimate::OutputLimits;
+use serde::Deserialize;
+use std::fmt;
+
+/// A configuration error with the path of the field at fault.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    /// JSON path of the field, e.g. `rules[0].burst`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// What to do with a body on an LLM path that is not valid JSON.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InvalidBody {
+    /// Answer 400 `invalid_body` (default).
+    Reject,
+    /// Admit it, charging this many tokens.
+    Charge(u64),
+}
+
+/// What to do when the shared store fails (CAS retries exhausted, host error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFailure {
+    /// Admit the request unmetered, count it (default: a local contention never blocks traffic).
+    Allow,
+    /// Answer 503 `rate_limiter_unavailable`.
+    Deny,
+}
+
+/// How a rule selects models.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelMatch {
+    /// `"*"`: every model.
+    Any,
+    /// `"gpt-4*"`: names starting with the prefix.
+    Prefix(String),
+    /// An exact model name.
+    Exact(String),
+}
+
+impl ModelMatch {
+    fn parse(s: &str) -> Self {
+        if s == "*" {
+            ModelMatch::Any
+        } else if let Some(p) = s.strip_suffix('*') {
+            ModelMatch::Prefix(p.to_string())
+        } else {
+            ModelMatch::Exact(s.to_string())
+        }
+    }
+    /// True when `model` is selected.
+    pub fn matches(&self, model: &str) -> bool {
+        match self {
+            ModelMatch::Any => true,
+            ModelMatch::Prefix(p) => model.starts_with(p.as_str()),
+            ModelMatch::Exact(m) => m == model,
+        }
+    }
+}
+
+/// One validated bucket rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Name used in logs and keys (defaults to `rule<N>`).
+    pub name: String,
+    /// `None` = every tenant gets its own bucket ("*"); `Some(t)` = only tenant `t`.
+    pub tenant: Option<String>,
+    /// Which models the rule applies to.
+    pub model: ModelMatch,
+    /// One bucket per model (true) or one for all models the rule matches (false).
+    pub per_model: bool,
+    /// Bucket rates.
+    pub params: BucketParams,
+    /// Shaping: hold a request up to this long instead of rejecting (0 = off).
+    pub max_wait_ms: u64,
+}
+
+impl Rule {
+    /// True when the rule applies to `tenant` (model not considered).
+    pub fn matches_tenant(&self, tenant: &str) -> bool {
+        self.tenant.as_deref().is_none_or(|t| t == tenant)
+    }
+}
+
+/// The validated runtime configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Header carrying the tenant id.
+    pub tenant_header: Option<String>,
+    /// Derive the tenant from a hashed API key when the header is absent.
+    pub api_key_tenants: bool,
+    /// Tenant used when none is found (`None` → 401).
+    pub default_tenant: Option<String>,
+    /// Header giving the model (used in the headers phase and when the body has none).
+    pub model_header: Option<String>,
+    /// Largest request body accepted on LLM paths.
+    pub max_body_bytes: usize,
+    /// Policy for bodies that are not valid JSON.
+    pub invalid_body: InvalidBody,
+    /// Output reservation for models without an entry in `models`.
+    pub default_output: OutputLimits,
+    /// Per-model output reservation.
+    pub models: Vec<(ModelMatch, OutputLimits)>,
+    /// Bucket rules, first match wins.
+    pub rules: Vec<Rule>,
+    /// Most bucket keys created for distinct tenants before overflow buckets are used.
+    pub max_tenants: u32,
+    /// CAS retries for one shared-data update.
+    pub cas_max_retries: u32,
+    /// Policy when a bucket update fails.
+    pub on_store_error: StoreFailure,
+}
+
+impl Config {
+    /// Output limits for a model (first matching entry of `models`, else `default_output`).
+    pub fn output_limits(&self, model: Option<&str>) -> OutputLimits {
+        model
+            .and_then(|m| self.models.iter().find(|(mm, _)| mm.matches(m)))
+            .map(|(_, l)| *l)
+            .unwrap_or(self.default_output)
+    }
+
+    /// Index of the first rule that applies to (tenant, model).
+    pub fn rule_for(&self, tenant: &str, model: &str) -> Option<usize> {
+        self.rules
+            .iter()
+            .position(|r| r.matches_tenant(tenant) && r.model.matches(model))
+    }
+
+    /// The rule that will apply to `tenant` whatever the model, when that is known without the body:
+    /// the first rule for this tenant matches every model and keeps one bucket for all of them.
+    pub fn rule_without_model(&self, tenant: &str) -> Option<usize> {
+        let idx = self.rules.iter().position(|r| r.matches_tenant(tenant))?;
+        let rule = self.rules.get(idx)?;
+        (rule.model == ModelMatch::Any && !rule.per_model).then_some(idx)
+    }
+
+    /// True when any rule shapes (needs the root tick).
+    pub fn shaping(&self) -> bool {
+        self.rules.iter().any(|r| r.max_wait_ms > 0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    tenant_header: Option<String>,
+    api_key_tenants: Option<bool>,
+    default_tenant: Option<String>,
+    model_header: Option<String>,
+    max_body_bytes: Option<u64>,
+    invalid_body: Option<RawInvalidBody>,
+    default_output: Option<RawOutput>,
+    #[serde(default)]
+    models: std::collections::BTreeMap<String, RawOutput>,
+    rules: Option<Vec<RawRule>>,
+    max_tenants: Option<u32>,
+    cas_max_retries: Option<u32>,
+    on_store_error: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInvalidBody {
+    action: String,
+    tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOutput {
+    default_max_tokens: Option<u64>,
+    max_tokens_cap: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: Option<String>,
+    tenant: Option<String>,
+    model: Option<String>,
+    tokens_per_second: Option<f64>,
+    burst: Option<f64>,
+    requests_per_minute: Option<f64>,
+    per_model: Option<bool>,
+    max_wait_ms: Option<u64>,
+}
+
+/// Default largest body: 8 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
+/// Default output reservation when a request sets no `max_tokens` and its model has no entry.
+pub const DEFAULT_OUTPUT: OutputLimits = OutputLimits {
+    default_tokens: 1024,
+    cap_tokens: 32768,
+};
+/// Longest shaping hold accepted.
+pub const MAX_WAIT_MS_LIMIT: u64 = 60_000;
+
+/// Parses and validates the plugin configuration.
+pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+    let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
+        let msg = e.to_string();
+        // serde names the unknown or mistyped field in its message; keep it whole.
+        err(field_from_serde(&msg), msg)
+    })?;
+    validate(raw)
+}
+
+fn field_from_serde(msg: &str) -> String {
+    // "unknown field `foo`, expected one of ..." → "foo"
+    msg.split('`')
+        .nth(1)
+        .map(str::to_string)
+        .unwrap_or_else(|| "configuration".to_string())
+}
+
+fn header_name(field: &str, v: Option<String>) -> Result<Option<String>, ConfigError> {
+    match v {
+        None => Ok(None),
+        Some(h) => {
+            let lower = h.trim().to_ascii_lowercase();
+            let ok = !lower.is_empty()
+                && lower
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if ok {
+                Ok(Some(lower))
+            } else {
+                Err(err(field, format!("'{h}' is not a valid header name")))
+            }
+        }
+    }
+}
+
+fn output(field: &str, raw: &RawOutput, base: OutputLimits) -> Result<OutputLimits, ConfigError> {
+    let cap = raw.max_tokens_cap.unwrap_or(base.cap_tokens);
+    let default = raw.default_max_tokens.unwrap_or(base.default_tokens.min(cap));
+    if cap == 0 {
+        return Err(err(format!("{field}.max_tokens_cap"), "must be > 0"));
+    }
+    if default > cap {
+        return Err(err(
+            format!("{field}.default_max_tokens"),
+            format!("{default} is larger than max_tokens_cap {cap}"),
+        ));
+    }
+    Ok(OutputLimits {
+        default_tokens: default,
+        cap_tokens: cap,
+    })
+}
+
+fn positive(field: String, v: Option<f64>) -> Result<f64, ConfigError> {
+    match v {
+        None => Err(err(field, "is required")),
+        Some(x) if x.is_finite() && x > 0.0 && x <= 1e15 => Ok(x),
+        Some(x) => Err(err(field, format!("must be > 0 and finite, got {x}"))),
+    }
+}
+
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let tenant_header = header_name("tenant_header", raw.tenant_header)?;
+    let model_header = header_name("model_header", raw.model_header)?;
+    let api_key_tenants = raw.api_key_tenants.unwrap_or(true);
+    let default_tenant = match raw.default_tenant {
+        Some(t) if t.trim().is_empty() => {
+            return Err(err("default_tenant", "must not be empty (omit it for 401)"))
+        }
+        other => other,
+    };
+    let max_body = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    if max_body == 0 || max_body > 1 << 30 {
+        return Err(err("max_body_bytes", "must be between 1 and 1073741824"));
+    }
+    let invalid_body = match raw.invalid_body {
+        None => InvalidBody::Reject,
+        Some(ib) => match (ib.action.as_str(), ib.tokens) {
+            ("reject", None) => InvalidBody::Reject,
+            ("reject", Some(_)) => {
+                return Err(err("invalid_body.tokens", "only allowed with action \"charge\""))
+            }
+            ("charge", Some(t)) if t > 0 => InvalidBody::Charge(t),
+            ("charge", _) => {
+                return Err(err("invalid_body.tokens", "action \"charge\" needs tokens > 0"))
+            }
+            (a, _) => {
+                return Err(err(
+                    "invalid_body.action",
+                    format!("'{a}' is not one of \"reject\", \"charge\""),
+                ))
+            }
+        },
+    };
+    let default_output = match &raw.default_output {
+        None => DEFAULT_OUTPUT,
+        Some(o) => output("default_output", o, DEFAULT_OUTPUT)?,
+    };
+    let mut models = Vec::new();
+    for (name, o) in &raw.models {
+        if name.is_empty() {
+            return Err(err("models", "model name must not be empty"));
+        }
+        models.push((
+            ModelMatch::parse(name),
+            output(&format!("models.{name}"), o, default_output)?,
+        ));
+    }
+    // Exact names before prefixes before "*", so lookups find the most specific entry first.
+    models.sort_by_key(|(m, _)| match m {
+        ModelMatch::Exact(_) => 0,
+        ModelMatch::Prefix(p) => 1 + usize::MAX / 2 - p.len().min(usize::MAX / 4),
+        ModelMatch::Any => usize::MAX,
+    });
+
+    let raw_rules = raw.rules.ok_or_else(|| err("rules", "is required"))?;
+    if raw_rules.is_empty() {
+        return Err(err("rules", "must contain at least one rule"));
+    }
+    if raw_rules.len() > 256 {
+        return Err(err("rules", "at most 256 rules"));
+    }
+    let mut rules = Vec::with_capacity(raw_rules.len());
+    for (i, r) in raw_rules.into_iter().enumerate() {
+        let f = |name: &str| format!("rules[{i}].{name}");
+        let rate = positive(f("tokens_per_second"), r.tokens_per_second)?;
+        let burst = positive(f("burst"), r.burst)?;
+        if burst < 1.0 {
+            return Err(err(f("burst"), "must be >= 1"));
+        }
+        let rpm = match r.requests_per_minute {
+            None => None,
+            Some(v) => {
+                let v = positive(f("requests_per_minute"), Some(v))?;
+                if v < 1.0 {
+                    return Err(err(f("requests_per_minute"), "must be >= 1"));
+                }
+                Some(v)
+            }
+        };
+        let max_wait_ms = r.max_wait_ms.unwrap_or(0);
+        if max_wait_ms > MAX_WAIT_MS_LIMIT {
+            return Err(err(f("max_wait_ms"), format!("must be <= {MAX_WAIT_MS_LIMIT}")));
+        }
+        let tenant = match r.tenant.as_deref() {
+            None | Some("*") => None,
+            Some("") => return Err(err(f("tenant"), "must not be empty (use \"*\")")),
+            Some(t) => Some(t.to_string()),
+        };
+        let model_s = r.model.unwrap_or_else(|| "*".to_string());
+        if model_s.is_empty() {
+            return Err(err(f("model"), "must not be empty (use \"*\")"));
+        }
+        let name = r.name.unwrap_or_else(|| format!("rule{i}"));
+        if name.is_empty() || name.len() > 64 || name.contains(':') {
+            return Err(err(f("name"), "must be 1-64 characters without ':'"));
+        }
+        if rules.iter().any(|x: &Rule| x.name == name) {
+            return Err(err(f("name"), format!("duplicate rule name '{name}'")));
+        }
+        rules.push(Rule {
+            name,
+            tenant,
+            model: ModelMatch::parse(&model_s),
+            per_model: r.per_model.unwrap_or(true),
+            params: BucketParams {
+                tokens_per_second: rate,
+                burst,
+                requests_per_minute: rpm,
+            },
+            max_wait_ms,
+        });
+    }
+    let max_tenants = raw.max_tenants.unwrap_or(10_000);
+    if max_tenants == 0 || max_tenants > 1_000_000 {
+        return Err(err("max_tenants", "must be between 1 and 1000000"));
+    }
+    let cas_max_retries = raw.cas_max_retries.unwrap_or(32);
+    if cas_max_retries == 0 || cas_max_retries > 1000 {
+        return Err(err("cas_max_retries", "must be between 1 and 1000"));
+    }
+    let on_store_error = match raw.on_store_error.as_deref() {
+        None | Some("allow") => StoreFailure::Allow,
+        Some("deny") => StoreFailure::Deny,
+        Some(o) => {
+            return Err(err(
+                "on_store_error",
+                format!("'{o}' is not one of \"allow\", \"deny\""),
+            ))
+        }
+    };
+    Ok(Config {
+        on_store_error,
+        tenant_header,
+        api_key_tenants,
+        default_tenant,
+        model_header,
+        max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
+        invalid_body,
+        default_output,
+        models,
+        rules,
+        max_tenants,
+        cas_max_retries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(s: &str) -> Result<Config, ConfigError> {
+        parse(s.as_bytes())
+    }
+
+    const MIN: &str = r#"{"rules":[{"tokens_per_second":10,"burst":100}]}"#;
+
+    #[test]
+    fn minimal_config_takes_documented_defaults() {
+        let c = parse_str(MIN).unwrap();
+        assert_eq!(c.max_body_bytes, 8 * 1024 * 1024);
+        assert!(c.api_key_tenants);
+        assert_eq!(c.invalid_body, InvalidBody::Reject);
+        assert_eq!(c.rules[0].name, "rule0");
+        assert_eq!(c.rules[0].model, ModelMatch::Any);
+        assert!(c.rules[0].per_model);
+    }
+
+    #[test]
+    fn unknown_field_is_refused_naming_it() {
+        let e = parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":1}],"tenant_heder":"x"}"#)
+            .unwrap_err();
+        assert_eq!(e.field, "tenant_heder");
+        let e = parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":1,"brust":3}]}"#).unwrap_err();
+        assert_eq!(e.field, "brust");
+    }
+
+    #[test]
+    fn missing_or_empty_rules_are_refused() {
+        assert_eq!(parse_str("{}").unwrap_err().field, "rules");
+        assert_eq!(parse_str(r#"{"rules":[]}"#).unwrap_err().field, "rules");
+    }
+
+    #[test]
+    fn negative_or_zero_rates_are_refused_with_the_rule_index() {
+        let e = parse_str(
+            r#"{"rules":[{"tokens_per_second":1,"burst":1},{"tokens_per_second":-5,"burst":10}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "rules[1].tokens_per_second");
+        let e = parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":0}]}"#).unwrap_err();
+        assert_eq!(e.field, "rules[0].burst");
+    }
+
+    #[test]
+    fn wrong_types_are_refused() {
+        assert!(parse_str(r#"{"rules":[{"tokens_per_second":"fast","burst":1}]}"#).is_err());
+        assert!(parse_str(r#"[1,2]"#).is_err());
+        assert!(parse_str("not json").is_err());
+        assert!(parse_str("").is_err());
+    }
+
+    #[test]
+    fn invalid_body_policy_is_checked() {
+        let c = parse_str(
+            r#"{"invalid_body":{"action":"charge","tokens":500},"rules":[{"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.invalid_body, InvalidBody::Charge(500));
+        let e = parse_str(
+            r#"{"invalid_body":{"action":"charge"},"rules":[{"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "invalid_body.tokens");
+        let e = parse_str(
+            r#"{"invalid_body":{"action":"drop"},"rules":[{"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "invalid_body.action");
+    }
+
+    #[test]
+    fn first_matching_rule_wins_and_tenant_rules_are_specific() {
+        let c = parse_str(
+            r#"{"rules":[
+              {"name":"vip","tenant":"vip","tokens_per_second":9,"burst":9},
+              {"name":"g41","model":"gpt-4.1","tokens_per_second":5,"burst":5},
+              {"name":"g4","model":"gpt-4*","tokens_per_second":4,"burst":4},
+              {"name":"any","tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rule_for("vip", "gpt-4.1"), Some(0));
+        assert_eq!(c.rule_for("t", "gpt-4.1"), Some(1));
+        assert_eq!(c.rule_for("t", "gpt-4o"), Some(2));
+        assert_eq!(c.rule_for("t", "llama"), Some(3));
+    }
+
+    #[test]
+    fn headers_phase_rule_is_known_only_for_model_independent_buckets() {
+        let c = parse_str(
+            r#"{"rules":[{"tenant":"a","per_model":false,"tokens_per_second":1,"burst":1},
+                         {"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rule_without_model("a"), Some(0));
+        assert_eq!(c.rule_without_model("b"), None);
+    }
+
+    #[test]
+    fn model_output_limits_prefer_exact_then_prefix() {
+        let c = parse_str(
+            r#"{"models":{"gpt-4*":{"default_max_tokens":100},"gpt-4.1":{"default_max_tokens":200}},
+                "rules":[{"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.output_limits(Some("gpt-4.1")).default_tokens, 200);
+        assert_eq!(c.output_limits(Some("gpt-4o")).default_tokens, 100);
+        assert_eq!(c.output_limits(Some("x")).default_tokens, 1024);
+        assert_eq!(c.output_limits(None).default_tokens, 1024);
+    }
+
+    #[test]
+    fn default_larger_than_cap_is_refused() {
+        let e = parse_str(
+            r#"{"models":{"m":{"default_max_tokens":100,"max_tokens_cap":10}},"rules":[{"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "models.m.default_max_tokens");
+    }
+
+    #[test]
+    fn bad_header_names_and_duplicate_rule_names_are_refused() {
+        assert_eq!(
+            parse_str(r#"{"tenant_header":"x y","rules":[{"tokens_per_second":1,"burst":1}]}"#)
+                .unwrap_err()
+                .field,
+            "tenant_header"
+        );
+        let e = parse_str(
+            r#"{"rules":[{"name":"a","tokens_per_second":1,"burst":1},{"name":"a","tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "rules[1].name");
+    }
+}

@@ -1,0 +1,36 @@
+//! tokengate: a proxy-wasm filter for Envoy that decides, per request, whether a tenant may spend tokens
+//! on an LLM provider, and accounts for what was spent.
+//!
+//! Only `host/` touches `proxy_wasm`; every other module is plain Rust, tested natively, with time passed
+//! in as a parameter.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+
+pub mod admission;
+pub mod bucket;
+pub mod config;
+pub mod estimate;
+pub mod host;
+pub mod identity;
+pub mod reply;
+pub mod store;
+
+// The Envoy entry point: only in the wasm build (natively `_initialize` would clash with nothing, but
+// the SDK's exports are not wanted in test binaries).
+#[cfg(target_arch = "wasm32")]
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(host::root::Root::default())
+    });
+}}

@@ -1,0 +1,194 @@
+//! What clients get back: local-reply bodies (OpenAI-shaped JSON errors) and rate-limit headers.
+//!
+//! A rejection by a bucket:
+//! ```text
+//! HTTP/1.1 429
+//! content-type: application/json
+//! retry-after: 2
+//! x-ratelimit-limit-tokens: 2000          x-ratelimit-limit-requests: 600
+//! x-ratelimit-remaining-tokens: 120       x-ratelimit-remaining-requests: 14
+//! x-ratelimit-reset-tokens: 0.94          x-ratelimit-reset-requests: 4.6
+//! {"error":{"type":"rate_limit_error","code":"tokens_per_second_exceeded","message":"…","reset_in":1.25}}
+//! ```
+//! Seconds are written as decimals with at most 3 digits after the point (`0.25`, `3`); `retry-after` is
+//! whole seconds, rounded up, at least 1.
+
+use crate::bucket::Snapshot;
+use serde_json::json;
+
+/// A local reply to send instead of forwarding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalReply {
+    /// HTTP status.
+    pub status: u32,
+    /// Headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// JSON body.
+    pub body: Vec<u8>,
+}
+
+/// Formats seconds as a short decimal: `0.25`, `3`, `12.5`.
+pub fn secs(s: f64) -> String {
+    if !s.is_finite() || s <= 0.0 {
+        return "0".to_string();
+    }
+    let ms = (s * 1000.0).ceil();
+    let whole = (ms / 1000.0).floor();
+    let frac = ms - whole * 1000.0;
+    if frac == 0.0 {
+        format!("{}", whole as u64)
+    } else {
+        let f = format!("{:03}", frac as u64);
+        format!("{}.{}", whole as u64, f.trim_end_matches('0'))
+    }
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1.
+pub fn retry_after(s: f64) -> u64 {
+    if !s.is_finite() || s <= 1.0 {
+        1
+    } else {
+        s.ceil().min(1e9) as u64
+    }
+}
+
+/// `reset_in` as a JSON number rounded up to milliseconds.
+fn reset_number(s: f64) -> f64 {
+    if !s.is_finite() || s <= 0.0 {
+        0.0
+    } else {
+        (s * 1000.0).ceil() / 1000.0
+    }
+}
+
+/// The `x-ratelimit-*` headers for a snapshot.
+pub fn ratelimit_headers(snap: &Snapshot) -> Vec<(String, String)> {
+    let mut h = vec![
+        (
+            "x-ratelimit-limit-tokens".to_string(),
+            format!("{}", snap.limit_tokens.floor() as u64),
+        ),
+        (
+            "x-ratelimit-remaining-tokens".to_string(),
+            snap.remaining_tokens.to_string(),
+        ),
+        (
+            "x-ratelimit-reset-tokens".to_string(),
+            secs(snap.reset_tokens_s),
+        ),
+    ];
+    if let Some((limit, remaining, reset)) = snap.requests {
+        h.push((
+            "x-ratelimit-limit-requests".to_string(),
+            format!("{}", limit.floor() as u64),
+        ));
+        h.push((
+            "x-ratelimit-remaining-requests".to_string(),
+            remaining.to_string(),
+        ));
+        h.push(("x-ratelimit-reset-requests".to_string(), secs(reset)));
+    }
+    h
+}
+
+/// An OpenAI-shaped error body; `reset_in` is added when given.
+pub fn error_body(kind: &str, code: &str, message: &str, reset_in: Option<f64>) -> Vec<u8> {
+    let mut err = json!({"type": kind, "code": code, "message": message});
+    if let (Some(r), Some(obj)) = (reset_in, err.as_object_mut()) {
+        obj.insert("reset_in".to_string(), json!(reset_number(r)));
+    }
+    json!({ "error": err }).to_string().into_bytes()
+}
+
+fn json_headers() -> Vec<(String, String)> {
+    vec![("content-type".to_string(), "application/json".to_string())]
+}
+
+/// A plain error reply (400, 401, 413, 503 …) with no rate-limit headers.
+pub fn error(status: u32, kind: &str, code: &str, message: &str) -> LocalReply {
+    LocalReply {
+        status,
+        headers: json_headers(),
+        body: error_body(kind, code, message, None),
+    }
+}
+
+/// A 429 from a bucket: `code` is `tokens_per_second_exceeded` or `requests_per_minute_exceeded`.
+pub fn rate_limited(code: &str, message: &str, reset_in_s: f64, snap: &Snapshot) -> LocalReply {
+    let mut headers = json_headers();
+    headers.push((
+        "retry-after".to_string(),
+        retry_after(reset_in_s).to_string(),
+    ));
+    headers.extend(ratelimit_headers(snap));
+    LocalReply {
+        status: 429,
+        headers,
+        body: error_body("rate_limit_error", code, message, Some(reset_in_s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap() -> Snapshot {
+        Snapshot {
+            limit_tokens: 2000.0,
+            remaining_tokens: 120,
+            reset_tokens_s: 0.9401,
+            requests: Some((600.0, 14, 4.6)),
+        }
+    }
+
+    #[test]
+    fn seconds_are_short_decimals_rounded_up_to_the_millisecond() {
+        assert_eq!(secs(0.25), "0.25");
+        assert_eq!(secs(3.0), "3");
+        assert_eq!(secs(0.0001), "0.001");
+        assert_eq!(secs(-1.0), "0");
+        assert_eq!(secs(f64::NAN), "0");
+        assert_eq!(secs(12.5), "12.5");
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_at_least_one() {
+        assert_eq!(retry_after(0.2), 1);
+        assert_eq!(retry_after(1.0), 1);
+        assert_eq!(retry_after(1.01), 2);
+        assert_eq!(retry_after(f64::INFINITY), 1);
+    }
+
+    #[test]
+    fn rate_limited_reply_has_contract_headers_and_body() {
+        let r = rate_limited("tokens_per_second_exceeded", "slow down", 1.2501, &snap());
+        assert_eq!(r.status, 429);
+        let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "retry-after",
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests"
+            ]
+        );
+        assert_eq!(r.headers[1].1, "2");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(v["error"]["code"], "tokens_per_second_exceeded");
+        assert_eq!(v["error"]["reset_in"], 1.251);
+    }
+
+    #[test]
+    fn error_reply_escapes_messages() {
+        let r = error(400, "invalid_request_error", "invalid_body", "bad \"json\"\n");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["message"], "bad \"json\"\n");
+        assert!(v["error"].get("reset_in").is_none());
+    }
+}
