@@ -79,27 +79,25 @@ pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
     }
 }
 
-/// The key to use, creating a slot for it under the `max_tenants` bound, or an overflow key.
-///
-/// `known` caches keys this VM has seen existing (cleared past `cache_limit`).
-pub fn bucket_key(
+/// Claims a slot for `key` under a shared count bounded by `max` (or finds it already exists).
+/// `known` caches keys this VM has seen existing (cleared past `cache_limit`). False = no slot left.
+pub fn claim_slot(
     store: &dyn SharedStore,
-    cfg: &Config,
+    counter_key: &str,
+    max: u32,
+    retries: u32,
     known: &mut HashSet<String>,
     cache_limit: usize,
-    rule: &Rule,
-    tenant: &str,
-    model: &str,
-) -> (String, KeyInfo) {
-    let key = plain_key(rule, tenant, model);
-    if known.contains(&key) {
-        return (key, KeyInfo::default());
+    key: &str,
+) -> bool {
+    if known.contains(key) {
+        return true;
     }
-    let exists = matches!(store.get(&key), Ok(Some(_)));
+    let exists = matches!(store.get(key), Ok(Some(_)));
     let slot = exists
         || matches!(
-            store::update(store, KEY_COUNTER, cfg.cas_max_retries, &Count(0), |c| {
-                if c.0 < u64::from(cfg.max_tenants) {
+            store::update(store, counter_key, retries, &Count(0), |c| {
+                if c.0 < u64::from(max) {
                     (true, Some(Count(c.0 + 1)))
                 } else {
                     (false, None)
@@ -111,7 +109,31 @@ pub fn bucket_key(
         if known.len() >= cache_limit {
             known.clear();
         }
-        known.insert(key.clone());
+        known.insert(key.to_string());
+    }
+    slot
+}
+
+/// The key to use, creating a slot for it under the `max_tenants` bound, or an overflow key.
+pub fn bucket_key(
+    store: &dyn SharedStore,
+    cfg: &Config,
+    known: &mut HashSet<String>,
+    cache_limit: usize,
+    rule: &Rule,
+    tenant: &str,
+    model: &str,
+) -> (String, KeyInfo) {
+    let key = plain_key(rule, tenant, model);
+    if claim_slot(
+        store,
+        KEY_COUNTER,
+        cfg.max_tenants,
+        cfg.cas_max_retries,
+        known,
+        cache_limit,
+        &key,
+    ) {
         (key, KeyInfo::default())
     } else {
         let n = fnv1a(&[tenant, model]) % OVERFLOW_SLOTS;

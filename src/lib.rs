@@ -17,9 +17,11 @@
 )]
 
 pub mod admission;
+pub mod breaker;
 pub mod bucket;
 pub mod config;
 pub mod estimate;
+pub mod failover;
 pub mod host;
 pub mod identity;
 pub mod reply;
@@ -34,3 +36,11 @@ proxy_wasm::main! {{
         Box::new(host::root::Root::default())
     });
 }}
+
+/// Rewrites the `model` of a JSON request body; `None` if the body is not a JSON object.
+pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.as_object_mut()?
+        .insert("model".to_string(), serde_json::Value::String(model.to_string()));
+    serde_json::to_vec(&v).ok()
+}

@@ -113,6 +113,15 @@ pub fn error(status: u32, kind: &str, code: &str, message: &str) -> LocalReply {
     }
 }
 
+/// An error reply carrying `reset_in` (e.g. 503 `circuit_open`); the caller adds `retry-after`.
+pub fn error_with_reset(status: u32, kind: &str, code: &str, message: &str, reset_in_s: f64) -> LocalReply {
+    LocalReply {
+        status,
+        headers: json_headers(),
+        body: error_body(kind, code, message, Some(reset_in_s)),
+    }
+}
+
 /// A 429 from a bucket: `code` is `tokens_per_second_exceeded` or `requests_per_minute_exceeded`.
 pub fn rate_limited(code: &str, message: &str, reset_in_s: f64, snap: &Snapshot) -> LocalReply {
     let mut headers = json_headers();

@@ -12,8 +12,10 @@
 
 use super::abi::{self, Buffer, Level, Map};
 use super::store::HostStore;
-use super::{log, metrics, now_ns, KNOWN_KEYS_CACHE, VM};
+use super::{gauges, log, metrics, now_ns, KNOWN_KEYS_CACHE, VM};
 use crate::admission::{self, Decision, RejectReason};
+use crate::breaker::{self, Transition};
+use crate::failover::{self, Choice};
 use crate::bucket::Snapshot;
 use crate::config::{Config, InvalidBody, StoreFailure};
 use crate::estimate::{self, ApiKind};
@@ -46,6 +48,54 @@ pub struct Http {
     snapshot: Option<Snapshot>,
     cost: Option<u64>,
     shaped_ms: u64,
+    /// Cluster chosen in the headers phase (after any fallback).
+    cluster: Option<String>,
+    /// Breakers this request was admitted by: (key, holds a probe permit).
+    breakers: Vec<(String, bool)>,
+    /// `x-tokengate-fallback` values.
+    fallbacks: Vec<String>,
+    /// Bucket charged, for a refund if a later step rejects: (rule index, key, cost).
+    charged: Option<(usize, String, u64)>,
+    /// Response facts for the breaker.
+    resp: RespFacts,
+}
+
+/// What the response said, for the breaker outcome.
+#[derive(Default)]
+struct RespFacts {
+    status: u32,
+    retry_after: Option<String>,
+    reset_headers: Vec<String>,
+    /// An SSE response: tracks whether its final event arrived.
+    stream: Option<StreamEnd>,
+}
+
+/// Detects the final event of an SSE stream (`data: [DONE]`, Anthropic `message_stop`, Responses
+/// `response.completed`) across chunk boundaries.
+#[derive(Default)]
+struct StreamEnd {
+    tail: Vec<u8>,
+    done: bool,
+}
+
+impl StreamEnd {
+    const MARKERS: [&'static [u8]; 3] = [b"data: [DONE]", b"message_stop", b"response.completed"];
+    fn feed(&mut self, chunk: &[u8]) {
+        if self.done {
+            return;
+        }
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(chunk);
+        if Self::MARKERS
+            .iter()
+            .any(|m| window.windows(m.len()).any(|w| w == *m))
+        {
+            self.done = true;
+            return;
+        }
+        let keep = window.len().saturating_sub(24);
+        self.tail = window.get(keep..).map(<[u8]>::to_vec).unwrap_or_default();
+    }
 }
 
 impl Http {
@@ -61,6 +111,87 @@ impl Http {
             snapshot: None,
             cost: None,
             shaped_ms: 0,
+            cluster: None,
+            breakers: Vec::new(),
+            fallbacks: Vec::new(),
+            charged: None,
+            resp: RespFacts::default(),
+        }
+    }
+
+    fn circuit_open(&mut self, what: &str, name: &str, reset_in_ms: u64) -> Action {
+        metrics::inc(metrics::get().breaker_short_circuited);
+        self.audit("circuit_open", name);
+        let reset_s = reset_in_ms as f64 / 1000.0;
+        let mut r = reply::error_with_reset(
+            503,
+            "upstream_unavailable",
+            "circuit_open",
+            &format!("The {what} '{name}' is failing and its circuit breaker is open; retry after the reset."),
+            reset_s,
+        );
+        r.headers
+            .push(("retry-after".to_string(), reply::retry_after(reset_s).to_string()));
+        self.send(&r, "tokengate_circuit_open")
+    }
+
+    /// Takes the breaker admissions for the chosen cluster and model (after the bucket admitted).
+    /// `Err` = a breaker rejected (lost the last permit to another worker): the reply was sent.
+    fn admit_breakers(&mut self, cfg: &Config, model: &str, now: u64) -> Result<(), Action> {
+        let Some(b) = &cfg.breaker else {
+            return Ok(());
+        };
+        let mut targets: Vec<(&str, String)> = Vec::new();
+        if let Some(c) = self.cluster.clone() {
+            targets.push(("cluster", c));
+        }
+        if b.keys.model && !model.is_empty() {
+            targets.push(("model", model.to_string()));
+        }
+        let store = HostStore;
+        for (scope, name) in targets {
+            let (res, t) = VM.with(|vm| {
+                let mut vm = vm.borrow_mut();
+                failover::admit(
+                    &store,
+                    b,
+                    scope,
+                    &name,
+                    now,
+                    cfg.cas_max_retries,
+                    &mut vm.known_keys,
+                    KNOWN_KEYS_CACHE,
+                )
+            });
+            if let Some(t) = t {
+                transition(scope, &name, t);
+            }
+            match res {
+                Ok(a) => {
+                    if a.probe {
+                        metrics::inc(metrics::get().breaker_probes);
+                    }
+                    if let Some(k) = a.key {
+                        self.breakers.push((k, a.probe));
+                    }
+                }
+                Err(reset) => {
+                    self.refund(cfg, now);
+                    return Err(self.circuit_open(scope, &name, reset));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the bucket charge back (the request was not sent after all).
+    fn refund(&mut self, cfg: &Config, now: u64) {
+        if let Some((idx, key, cost)) = self.charged.take() {
+            if let Some(rule) = cfg.rules.get(idx) {
+                if admission::credit(&HostStore, cfg, rule, &key, cost, now).is_ok() {
+                    metrics::add(metrics::get().tokens_credited, cost);
+                }
+            }
         }
     }
 
@@ -129,7 +260,31 @@ impl Http {
                 }
             },
         };
-        let model = model.unwrap_or_default();
+        let mut model = model.unwrap_or_default();
+        if let Some(b) = cfg.breaker.as_ref().filter(|b| b.keys.model && !model.is_empty()) {
+            let next = |m: &str| b.model_fallback(m).map(|t| (t.to_string(), None));
+            match failover::peek_chain(&HostStore, b, "model", &model, &next, now_ns()) {
+                Ok(Choice {
+                    target,
+                    from: Some(from),
+                    ..
+                }) => match crate::rewrite_model(body, &target) {
+                    Some(new_body) => {
+                        if abi::set_buffer(Buffer::RequestBody, 0, body.len(), &new_body).is_ok() {
+                            metrics::inc(m.breaker_fallbacks);
+                            self.fallbacks.push(format!("{from} -> {target}"));
+                            model = target;
+                        } else {
+                            log(Level::Warn, "cannot rewrite the request body for a model fallback");
+                            return self.circuit_open("model", &from, 1000);
+                        }
+                    }
+                    None => return self.circuit_open("model", &from, 1000),
+                },
+                Ok(_) => {}
+                Err(reset) => return self.circuit_open("model", &model, reset),
+            }
+        }
         self.cost = Some(cost);
         metrics::add(m.tokens_estimated, cost);
         let Some(rule) = cfg
@@ -170,6 +325,12 @@ impl Http {
                 cost,
                 wait_ms,
             } => {
+                if let Some(idx) = cfg.rule_for(&self.tenant, &model) {
+                    self.charged = Some((idx, key.clone(), cost));
+                }
+                if let Err(action) = self.admit_breakers(cfg, &model, now) {
+                    return action;
+                }
                 self.snapshot = Some(snapshot);
                 self.cost = Some(cost);
                 self.phase = Phase::Admitted;
@@ -294,6 +455,43 @@ impl HttpContext for Http {
             }
         }
 
+        if let Some(b) = &cfg.breaker {
+            if !b.model_fallbacks.is_empty() {
+                // The body may be rewritten (model fallback): let Envoy send it chunked.
+                let _ = abi::remove_header(Map::RequestHeaders, "content-length");
+            }
+            if b.keys.cluster {
+                let cluster = abi::get_property(&["xds", "cluster_name"])
+                    .ok()
+                    .flatten()
+                    .and_then(|v| String::from_utf8(v).ok())
+                    .filter(|c| !c.is_empty());
+                if let Some(cluster) = cluster {
+                    let next = |c: &str| {
+                        b.cluster_fallback(c)
+                            .map(|f| (f.to.clone(), Some(f.route.clone())))
+                    };
+                    match failover::peek_chain(&HostStore, b, "cluster", &cluster, &next, now_ns()) {
+                        Ok(choice) => {
+                            if let (Some(from), Some(route)) = (&choice.from, &choice.route) {
+                                // Envoy re-picks the route when a header changes in this phase.
+                                if abi::set_header(Map::RequestHeaders, &b.route_header, route).is_ok() {
+                                    metrics::inc(m.breaker_fallbacks);
+                                    self.fallbacks.push(format!("{from} -> {}", choice.target));
+                                    self.cluster = Some(choice.target);
+                                } else {
+                                    return self.circuit_open("cluster", from, 1000);
+                                }
+                            } else {
+                                self.cluster = Some(choice.target);
+                            }
+                        }
+                        Err(reset) => return self.circuit_open("cluster", &cluster, reset),
+                    }
+                }
+            }
+        }
+
         // Headers-phase rejection when the bucket is known without the body.
         let rule_idx = match self.model_hint.as_deref() {
             Some(model) => cfg.rule_for(&self.tenant, model),
@@ -347,6 +545,32 @@ impl HttpContext for Http {
         if self.phase != Phase::Admitted {
             return Action::Continue;
         }
+        self.resp.status = abi::get_header(Map::ResponseHeaders, ":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if !self.breakers.is_empty() {
+            self.resp.retry_after = abi::get_header(Map::ResponseHeaders, "retry-after");
+            for h in [
+                "x-ratelimit-reset-requests",
+                "x-ratelimit-reset-tokens",
+                "anthropic-ratelimit-requests-reset",
+            ] {
+                if let Some(v) = abi::get_header(Map::ResponseHeaders, h) {
+                    self.resp.reset_headers.push(v);
+                }
+            }
+            if let Some(ms) = abi::get_header(Map::ResponseHeaders, "retry-after-ms") {
+                self.resp.reset_headers.push(format!("{}ms", ms.trim()));
+            }
+            let sse = abi::get_header(Map::ResponseHeaders, "content-type")
+                .is_some_and(|c| c.contains("text/event-stream"));
+            if sse {
+                self.resp.stream = Some(StreamEnd::default());
+            }
+        }
+        for f in &self.fallbacks {
+            let _ = abi::add_header(Map::ResponseHeaders, "x-tokengate-fallback", f);
+        }
         if let Some(snap) = &self.snapshot {
             for (k, v) in reply::ratelimit_headers(snap) {
                 let _ = abi::set_header(Map::ResponseHeaders, &k, &v);
@@ -368,6 +592,95 @@ impl HttpContext for Http {
         }
         Action::Continue
     }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        if let Some(stream) = self.resp.stream.as_mut() {
+            if !stream.done && body_size > 0 {
+                if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
+                    stream.feed(&chunk);
+                }
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.record_breakers();
+    }
+}
+
+impl Http {
+    /// Reports this request's outcome to the breakers that admitted it.
+    fn record_breakers(&mut self) {
+        if self.breakers.is_empty() {
+            return;
+        }
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        let Some(b) = &cfg.breaker else {
+            return;
+        };
+        let status = abi::get_property(&["response", "code"])
+            .ok()
+            .flatten()
+            .and_then(|v| crate::store::read_u64(&v, 0))
+            .map(|c| u32::try_from(c).unwrap_or(0))
+            .unwrap_or(self.resp.status);
+        let details = abi::get_property(&["response", "code_details"])
+            .ok()
+            .flatten()
+            .and_then(|v| String::from_utf8(v).ok());
+        let completed = if b.count_incomplete_streams {
+            self.resp.stream.as_ref().map(|s| s.done)
+        } else {
+            None
+        };
+        let Some(outcome) = breaker::classify(status, details.as_deref(), completed, &b.policy)
+        else {
+            return;
+        };
+        let resets: Vec<&str> = self.resp.reset_headers.iter().map(String::as_str).collect();
+        let outcome = outcome.with_retry_after(breaker::retry_after_ms(
+            self.resp.retry_after.as_deref(),
+            &resets,
+        ));
+        let now = now_ns();
+        for (key, probe) in std::mem::take(&mut self.breakers) {
+            match breaker::record_shared(&HostStore, &key, &b.cfg, outcome, probe, now, cfg.cas_max_retries) {
+                Ok((Some(t), _)) => transition_key(&key, t),
+                Ok(_) => {}
+                Err(e) => {
+                    metrics::inc(metrics::get().store_errors);
+                    log(Level::Warn, &format!("breaker update failed at {key}: {e:?}"));
+                }
+            }
+        }
+    }
+}
+
+/// Logs and counts a breaker transition.
+fn transition(scope: &str, name: &str, t: Transition) {
+    transition_key(&breaker::key(scope, name), t);
+}
+
+fn transition_key(key: &str, t: Transition) {
+    log(
+        Level::Info,
+        &format!(
+            "breaker {key}: {} -> {} ({})",
+            t.from.as_str(),
+            t.to.as_str(),
+            t.reason
+        ),
+    );
+    let m = metrics::get();
+    metrics::inc(match t.to {
+        breaker::State::Open => m.breaker_opened,
+        breaker::State::HalfOpen => m.breaker_half_opened,
+        breaker::State::Closed => m.breaker_closed,
+    });
+    gauges::set_breaker_state(key, failover::gauge(t.to));
 }
 
 impl Http {

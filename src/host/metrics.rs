@@ -43,6 +43,12 @@ counters!(
     state_corrupt,
     store_errors,
     tenant_overflow,
+    breaker_opened,
+    breaker_half_opened,
+    breaker_closed,
+    breaker_short_circuited,
+    breaker_probes,
+    breaker_fallbacks,
 );
 
 /// Id used when a metric could not be defined (Envoy numbers counters from 0).

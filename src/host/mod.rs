@@ -6,6 +6,7 @@
 //! shared data.
 
 pub mod abi;
+pub mod gauges;
 pub mod http;
 pub mod metrics;
 pub mod root;
