@@ -60,9 +60,9 @@ fn fnv1a(parts: &[&str]) -> u64 {
 pub fn key_model(model: &str) -> &str {
     let ok = !model.is_empty()
         && model.len() <= 128
-        && model
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'@' | b'-'));
+        && model.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'@' | b'-')
+        });
     if ok {
         model
     } else {
@@ -218,8 +218,12 @@ pub fn precheck(
     now_ns: u64,
 ) -> Result<Option<(LocalReply, RejectReason)>, bool> {
     match store::peek::<BucketState>(store, key) {
-        Ok((Some(state), _)) => Ok(bucket::precheck(&state, &rule.params, now_ns, rule.max_wait_ms)
-            .and_then(|(v, snap)| limited(v, &snap, rule))),
+        Ok((Some(state), _)) => {
+            Ok(
+                bucket::precheck(&state, &rule.params, now_ns, rule.max_wait_ms)
+                    .and_then(|(v, snap)| limited(v, &snap, rule)),
+            )
+        }
         Ok((None, corrupt)) => {
             if corrupt {
                 Err(true)

@@ -714,6 +714,8 @@ impl Default for FailurePolicy {
                 "upstream_reset_before_response_started",
                 "upstream_reset_after_response_started",
                 "upstream_response_timeout",
+                // Envoy 1.40 labels a route timeout's local reply `response_timeout`.
+                "response_timeout",
                 "upstream_per_try_timeout",
                 "upstream_per_try_idle_timeout",
                 "upstream_max_stream_duration_reached",

@@ -15,6 +15,7 @@
 use crate::breaker::{BreakerConfig, FailurePolicy};
 use crate::bucket::BucketParams;
 use crate::estimate::OutputLimits;
+use crate::quota::Weights;
 use serde::Deserialize;
 use std::fmt;
 
@@ -115,6 +116,82 @@ impl BreakerSettings {
     }
 }
 
+/// What a quota does when the shim (Webdis/Redis) cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaFailure {
+    /// Admit the request and count it (`tokengate_quota_fail_open`).
+    Open,
+    /// Answer 503 `quota_unavailable`.
+    Closed,
+}
+
+/// Per-tenant quota settings (after defaults are applied).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantQuota {
+    /// Monthly limit, weighted tokens.
+    pub monthly_limit: u64,
+    /// Monthly limits per model (weighted tokens); models not listed have none.
+    pub model_limits: Vec<(String, u64)>,
+    /// Failure policy.
+    pub on_failure: QuotaFailure,
+    /// Clamp `max_tokens` to what is left instead of rejecting.
+    pub clamp_output: bool,
+}
+
+/// Validated monthly-quota settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaSettings {
+    /// Envoy cluster of the Webdis shim.
+    pub cluster: String,
+    /// `:authority` of callouts.
+    pub authority: String,
+    /// Callout timeout.
+    pub timeout_ms: u32,
+    /// Defaults for tenants not listed.
+    pub default: TenantQuota,
+    /// Listed tenants.
+    pub tenants: Vec<(String, TenantQuota)>,
+    /// Per-model cost weights (exact names); others use unit weights.
+    pub weights: Vec<(String, Weights)>,
+    /// Month boundaries at this UTC offset.
+    pub month_offset_minutes: i32,
+    /// Counters expire this long after the month's end.
+    pub grace_seconds: u64,
+    /// `Idempotency-Key` window (0 = off).
+    pub idempotency_window_s: u64,
+    /// How long a tenant known exhausted is refused without asking Redis.
+    pub exhausted_recheck_s: u64,
+    /// Add `stream_options.include_usage` to streaming requests and strip the extra chunk.
+    pub inject_stream_usage: bool,
+    /// Breaker on the shim itself.
+    pub shim_breaker: BreakerConfig,
+    /// First settlement retry delay, doubled per attempt.
+    pub settle_retry_ms: u64,
+    /// Settlement attempts before giving up (logged and counted).
+    pub settle_max_attempts: u32,
+    /// Seconds added to the host clock for month arithmetic only (tests of month rollover; keep 0).
+    pub clock_skew_s: i64,
+}
+
+impl QuotaSettings {
+    /// The settings of a tenant.
+    pub fn tenant(&self, tenant: &str) -> &TenantQuota {
+        self.tenants
+            .iter()
+            .find(|(t, _)| t == tenant)
+            .map(|(_, q)| q)
+            .unwrap_or(&self.default)
+    }
+    /// The weights of a model.
+    pub fn weights(&self, model: &str) -> Weights {
+        self.weights
+            .iter()
+            .find(|(m, _)| m == model)
+            .map(|(_, w)| *w)
+            .unwrap_or_default()
+    }
+}
+
 /// How a rule selects models.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelMatch {
@@ -199,6 +276,8 @@ pub struct Config {
     pub on_store_error: StoreFailure,
     /// Circuit breaker, when configured.
     pub breaker: Option<BreakerSettings>,
+    /// Monthly quotas, when configured.
+    pub quota: Option<QuotaSettings>,
 }
 
 impl Config {
@@ -225,6 +304,11 @@ impl Config {
         (rule.model == ModelMatch::Any && !rule.per_model).then_some(idx)
     }
 
+    /// True when the root context needs ticks (shaping, quota settlements).
+    pub fn needs_tick(&self) -> bool {
+        self.shaping() || self.quota.is_some()
+    }
+
     /// True when any rule shapes (needs the root tick).
     pub fn shaping(&self) -> bool {
         self.rules.iter().any(|r| r.max_wait_ms > 0)
@@ -248,6 +332,218 @@ struct RawConfig {
     cas_max_retries: Option<u32>,
     on_store_error: Option<String>,
     breaker: Option<RawBreaker>,
+    quota: Option<RawQuota>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuota {
+    cluster: Option<String>,
+    authority: Option<String>,
+    timeout_ms: Option<u32>,
+    monthly_limit: Option<u64>,
+    #[serde(default)]
+    model_limits: std::collections::BTreeMap<String, u64>,
+    on_failure: Option<String>,
+    clamp_output: Option<bool>,
+    #[serde(default)]
+    tenants: std::collections::BTreeMap<String, RawTenantQuota>,
+    #[serde(default)]
+    weights: std::collections::BTreeMap<String, RawWeights>,
+    month_offset_minutes: Option<i32>,
+    grace_seconds: Option<u64>,
+    idempotency_window_s: Option<u64>,
+    exhausted_recheck_s: Option<u64>,
+    inject_stream_usage: Option<bool>,
+    shim_breaker: Option<RawShimBreaker>,
+    settle_retry_ms: Option<u64>,
+    settle_max_attempts: Option<u32>,
+    clock_skew_s: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenantQuota {
+    monthly_limit: Option<u64>,
+    #[serde(default)]
+    model_limits: std::collections::BTreeMap<String, u64>,
+    on_failure: Option<String>,
+    clamp_output: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWeights {
+    input: Option<f64>,
+    output: Option<f64>,
+    cached_input: Option<f64>,
+    reasoning: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShimBreaker {
+    failure_threshold: Option<u32>,
+    window_ms: Option<u64>,
+    recovery_ms: Option<u64>,
+}
+
+fn quota_failure(
+    field: &str,
+    v: Option<&str>,
+    default: QuotaFailure,
+) -> Result<QuotaFailure, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some("open") => Ok(QuotaFailure::Open),
+        Some("closed") => Ok(QuotaFailure::Closed),
+        Some(o) => Err(err(
+            field,
+            format!("'{o}' is not one of \"open\", \"closed\""),
+        )),
+    }
+}
+
+/// Largest limit: Lua numbers are exact up to 2^53.
+const MAX_QUOTA: u64 = (1 << 53) - 1;
+
+fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 || v > MAX_QUOTA {
+        Err(err(field, format!("must be between 1 and {MAX_QUOTA}")))
+    } else {
+        Ok(v)
+    }
+}
+
+fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
+    let cluster = raw
+        .cluster
+        .filter(|c| !c.trim().is_empty())
+        .ok_or_else(|| {
+            err(
+                "quota.cluster",
+                "is required (the Envoy cluster of the Webdis shim)",
+            )
+        })?;
+    let authority = raw.authority.unwrap_or_else(|| cluster.clone());
+    let timeout_ms = raw.timeout_ms.unwrap_or(50);
+    if timeout_ms == 0 || timeout_ms > 60_000 {
+        return Err(err("quota.timeout_ms", "must be between 1 and 60000"));
+    }
+    let monthly_limit = limit(
+        "quota.monthly_limit".into(),
+        raw.monthly_limit
+            .ok_or_else(|| err("quota.monthly_limit", "is required"))?,
+    )?;
+    let mut model_limits = Vec::new();
+    for (m, v) in raw.model_limits {
+        model_limits.push((m.clone(), limit(format!("quota.model_limits.{m}"), v)?));
+    }
+    let default = TenantQuota {
+        monthly_limit,
+        model_limits,
+        on_failure: quota_failure(
+            "quota.on_failure",
+            raw.on_failure.as_deref(),
+            QuotaFailure::Closed,
+        )?,
+        clamp_output: raw.clamp_output.unwrap_or(false),
+    };
+    let mut tenants = Vec::new();
+    for (t, q) in raw.tenants {
+        if !crate::identity::valid_tenant(&t) {
+            return Err(err(
+                format!("quota.tenants.{t}"),
+                "is not a valid tenant id",
+            ));
+        }
+        let mut ml = default.model_limits.clone();
+        for (m, v) in q.model_limits {
+            let v = limit(format!("quota.tenants.{t}.model_limits.{m}"), v)?;
+            ml.retain(|(x, _)| x != &m);
+            ml.push((m, v));
+        }
+        let tq = TenantQuota {
+            monthly_limit: match q.monthly_limit {
+                Some(v) => limit(format!("quota.tenants.{t}.monthly_limit"), v)?,
+                None => default.monthly_limit,
+            },
+            model_limits: ml,
+            on_failure: quota_failure(
+                &format!("quota.tenants.{t}.on_failure"),
+                q.on_failure.as_deref(),
+                default.on_failure,
+            )?,
+            clamp_output: q.clamp_output.unwrap_or(default.clamp_output),
+        };
+        tenants.push((t, tq));
+    }
+    let mut weights = Vec::new();
+    for (m, w) in raw.weights {
+        let wt = Weights {
+            input: w.input.unwrap_or(1.0),
+            output: w.output.unwrap_or(1.0),
+            cached_input: w.cached_input.unwrap_or(w.input.unwrap_or(1.0)),
+            reasoning: w.reasoning.unwrap_or(w.output.unwrap_or(1.0)),
+        };
+        if let Err(f) = wt.validate() {
+            return Err(err(
+                format!("quota.weights.{m}.{f}"),
+                "must be finite and >= 0",
+            ));
+        }
+        weights.push((m, wt));
+    }
+    let month_offset_minutes = raw.month_offset_minutes.unwrap_or(0);
+    if month_offset_minutes.abs() > crate::quota::MAX_OFFSET_MIN {
+        return Err(err(
+            "quota.month_offset_minutes",
+            "must be within -840..=840",
+        ));
+    }
+    let sb = raw.shim_breaker.unwrap_or(RawShimBreaker {
+        failure_threshold: None,
+        window_ms: None,
+        recovery_ms: None,
+    });
+    let shim_breaker = BreakerConfig {
+        failure_threshold: sb.failure_threshold.unwrap_or(3),
+        window_ms: sb.window_ms.unwrap_or(10_000),
+        recovery_ms: sb.recovery_ms.unwrap_or(5_000),
+        max_recovery_ms: sb.recovery_ms.unwrap_or(5_000).max(60_000),
+        half_open_max_calls: 1,
+        ..BreakerConfig::default()
+    };
+    shim_breaker
+        .validate()
+        .map_err(|e| prefixed_err("quota.shim_breaker", &e))?;
+    let settle_max_attempts = raw.settle_max_attempts.unwrap_or(20);
+    if settle_max_attempts == 0 || settle_max_attempts > 1000 {
+        return Err(err(
+            "quota.settle_max_attempts",
+            "must be between 1 and 1000",
+        ));
+    }
+    Ok(QuotaSettings {
+        cluster,
+        authority,
+        timeout_ms,
+        default,
+        tenants,
+        weights,
+        month_offset_minutes,
+        grace_seconds: raw.grace_seconds.unwrap_or(7 * 86_400),
+        idempotency_window_s: raw.idempotency_window_s.unwrap_or(86_400),
+        exhausted_recheck_s: raw.exhausted_recheck_s.unwrap_or(60).max(1),
+        inject_stream_usage: raw.inject_stream_usage.unwrap_or(true),
+        shim_breaker,
+        settle_retry_ms: raw.settle_retry_ms.unwrap_or(500).max(10),
+        settle_max_attempts,
+        clock_skew_s: raw
+            .clock_skew_s
+            .unwrap_or(0)
+            .clamp(-(100 * 365 * 86_400), 100 * 365 * 86_400),
+    })
 }
 
 #[derive(Deserialize)]
@@ -331,7 +627,10 @@ fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
                 }
             }
             if !k.cluster && !k.model {
-                return Err(err("breaker.keys", "must name \"cluster\", \"model\" or both"));
+                return Err(err(
+                    "breaker.keys",
+                    "must name \"cluster\", \"model\" or both",
+                ));
             }
             k
         }
@@ -416,6 +715,8 @@ struct RawRule {
     max_wait_ms: Option<u64>,
 }
 
+/// Default header giving the model in the headers phase.
+pub const DEFAULT_MODEL_HEADER: &str = "x-tokengate-model";
 /// Default largest body: 8 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 8 * 1024 * 1024;
 /// Default output reservation when a request sets no `max_tokens` and its model has no entry.
@@ -464,7 +765,9 @@ fn header_name(field: &str, v: Option<String>) -> Result<Option<String>, ConfigE
 
 fn output(field: &str, raw: &RawOutput, base: OutputLimits) -> Result<OutputLimits, ConfigError> {
     let cap = raw.max_tokens_cap.unwrap_or(base.cap_tokens);
-    let default = raw.default_max_tokens.unwrap_or(base.default_tokens.min(cap));
+    let default = raw
+        .default_max_tokens
+        .unwrap_or(base.default_tokens.min(cap));
     if cap == 0 {
         return Err(err(format!("{field}.max_tokens_cap"), "must be > 0"));
     }
@@ -490,7 +793,13 @@ fn positive(field: String, v: Option<f64>) -> Result<f64, ConfigError> {
 
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let tenant_header = header_name("tenant_header", raw.tenant_header)?;
-    let model_header = header_name("model_header", raw.model_header)?;
+    let model_header = header_name(
+        "model_header",
+        Some(
+            raw.model_header
+                .unwrap_or_else(|| DEFAULT_MODEL_HEADER.to_string()),
+        ),
+    )?;
     let api_key_tenants = raw.api_key_tenants.unwrap_or(true);
     let default_tenant = match raw.default_tenant {
         Some(t) if t.trim().is_empty() => {
@@ -507,11 +816,17 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         Some(ib) => match (ib.action.as_str(), ib.tokens) {
             ("reject", None) => InvalidBody::Reject,
             ("reject", Some(_)) => {
-                return Err(err("invalid_body.tokens", "only allowed with action \"charge\""))
+                return Err(err(
+                    "invalid_body.tokens",
+                    "only allowed with action \"charge\"",
+                ))
             }
             ("charge", Some(t)) if t > 0 => InvalidBody::Charge(t),
             ("charge", _) => {
-                return Err(err("invalid_body.tokens", "action \"charge\" needs tokens > 0"))
+                return Err(err(
+                    "invalid_body.tokens",
+                    "action \"charge\" needs tokens > 0",
+                ))
             }
             (a, _) => {
                 return Err(err(
@@ -569,7 +884,10 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         };
         let max_wait_ms = r.max_wait_ms.unwrap_or(0);
         if max_wait_ms > MAX_WAIT_MS_LIMIT {
-            return Err(err(f("max_wait_ms"), format!("must be <= {MAX_WAIT_MS_LIMIT}")));
+            return Err(err(
+                f("max_wait_ms"),
+                format!("must be <= {MAX_WAIT_MS_LIMIT}"),
+            ));
         }
         let tenant = match r.tenant.as_deref() {
             None | Some("*") => None,
@@ -619,7 +937,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         }
     };
     let breaker = raw.breaker.map(breaker).transpose()?;
+    let quota = raw.quota.map(quota).transpose()?;
     Ok(Config {
+        quota,
         breaker,
         on_store_error,
         tenant_header,
@@ -662,7 +982,8 @@ mod tests {
         let e = parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":1}],"tenant_heder":"x"}"#)
             .unwrap_err();
         assert_eq!(e.field, "tenant_heder");
-        let e = parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":1,"brust":3}]}"#).unwrap_err();
+        let e =
+            parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":1,"brust":3}]}"#).unwrap_err();
         assert_eq!(e.field, "brust");
     }
 
@@ -761,9 +1082,12 @@ mod tests {
 
     #[test]
     fn breaker_section_is_validated_naming_the_field() {
-        let base = |b: &str| format!(r#"{{"breaker":{b},"rules":[{{"tokens_per_second":1,"burst":1}}]}}"#);
-        let c = parse_str(&base(r#"{"failure_threshold":2,"model_fallbacks":{"a":"b"},
-            "cluster_fallbacks":{"p":{"cluster":"q","route":"fallback"}}}"#))
+        let base =
+            |b: &str| format!(r#"{{"breaker":{b},"rules":[{{"tokens_per_second":1,"burst":1}}]}}"#);
+        let c = parse_str(&base(
+            r#"{"failure_threshold":2,"model_fallbacks":{"a":"b"},
+            "cluster_fallbacks":{"p":{"cluster":"q","route":"fallback"}}}"#,
+        ))
         .unwrap();
         let b = c.breaker.unwrap();
         assert_eq!(b.cfg.failure_threshold, 2);

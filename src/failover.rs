@@ -234,9 +234,13 @@ mod tests {
         let mut st = settings();
         st.max_keys = 1;
         let mut known = HashSet::new();
-        let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100).0.unwrap();
+        let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100)
+            .0
+            .unwrap();
         assert!(a.key.is_some());
-        let b = admit(&s, &st, "model", "y", 0, 8, &mut known, 100).0.unwrap();
+        let b = admit(&s, &st, "model", "y", 0, 8, &mut known, 100)
+            .0
+            .unwrap();
         assert_eq!(b.key, None);
     }
 }

@@ -16,6 +16,7 @@
     )
 )]
 
+pub mod accounting;
 pub mod admission;
 pub mod breaker;
 pub mod bucket;
@@ -24,8 +25,11 @@ pub mod estimate;
 pub mod failover;
 pub mod host;
 pub mod identity;
+pub mod quota;
 pub mod reply;
+pub mod rewrite;
 pub mod store;
+pub mod usage;
 
 // The Envoy entry point: only in the wasm build (natively `_initialize` would clash with nothing, but
 // the SDK's exports are not wanted in test binaries).
@@ -36,11 +40,3 @@ proxy_wasm::main! {{
         Box::new(host::root::Root::default())
     });
 }}
-
-/// Rewrites the `model` of a JSON request body; `None` if the body is not a JSON object.
-pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    v.as_object_mut()?
-        .insert("model".to_string(), serde_json::Value::String(model.to_string()));
-    serde_json::to_vec(&v).ok()
-}

@@ -114,7 +114,13 @@ pub fn error(status: u32, kind: &str, code: &str, message: &str) -> LocalReply {
 }
 
 /// An error reply carrying `reset_in` (e.g. 503 `circuit_open`); the caller adds `retry-after`.
-pub fn error_with_reset(status: u32, kind: &str, code: &str, message: &str, reset_in_s: f64) -> LocalReply {
+pub fn error_with_reset(
+    status: u32,
+    kind: &str,
+    code: &str,
+    message: &str,
+    reset_in_s: f64,
+) -> LocalReply {
     LocalReply {
         status,
         headers: json_headers(),
@@ -195,7 +201,12 @@ mod tests {
 
     #[test]
     fn error_reply_escapes_messages() {
-        let r = error(400, "invalid_request_error", "invalid_body", "bad \"json\"\n");
+        let r = error(
+            400,
+            "invalid_request_error",
+            "invalid_body",
+            "bad \"json\"\n",
+        );
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["error"]["message"], "bad \"json\"\n");
         assert!(v["error"].get("reset_in").is_none());

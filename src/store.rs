@@ -95,7 +95,9 @@ where
             },
             None => {
                 stats.created = true;
-                store.set(key, &init.encode(), 0).map_err(|_| UpdateError::Host)?;
+                store
+                    .set(key, &init.encode(), 0)
+                    .map_err(|_| UpdateError::Host)?;
                 attempt += 1;
                 if attempt > max_retries.saturating_add(1) {
                     return Err(UpdateError::CasExhausted);

@@ -54,8 +54,13 @@ extern "C" {
         ret_data: *mut *mut u8,
         ret_size: *mut usize,
     ) -> u32;
-    fn proxy_set_buffer_bytes(t: u32, start: usize, size: usize, data: *const u8, len: usize)
-        -> u32;
+    fn proxy_set_buffer_bytes(
+        t: u32,
+        start: usize,
+        size: usize,
+        data: *const u8,
+        len: usize,
+    ) -> u32;
     fn proxy_get_header_map_value(
         t: u32,
         key: *const u8,
@@ -107,25 +112,12 @@ extern "C" {
     fn proxy_define_metric(t: u32, name: *const u8, name_len: usize, ret_id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_record_metric(id: u32, value: u64) -> u32;
-    fn proxy_set_property(path: *const u8, path_len: usize, val: *const u8, val_len: usize)
-        -> u32;
+    fn proxy_set_property(path: *const u8, path_len: usize, val: *const u8, val_len: usize) -> u32;
     fn proxy_get_property(
         path: *const u8,
         path_len: usize,
         ret_data: *mut *mut u8,
         ret_size: *mut usize,
-    ) -> u32;
-    fn proxy_dispatch_http_call(
-        upstream: *const u8,
-        upstream_len: usize,
-        headers: *const u8,
-        headers_len: usize,
-        body: *const u8,
-        body_len: usize,
-        trailers: *const u8,
-        trailers_len: usize,
-        timeout_ms: u32,
-        ret_token: *mut u32,
     ) -> u32;
     fn proxy_call_foreign_function(
         name: *const u8,
@@ -150,31 +142,82 @@ mod native {
     pub unsafe fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
         1
     }
-    pub unsafe fn proxy_get_buffer_bytes(_: u32, _: usize, _: usize, _: *mut *mut u8, _: *mut usize) -> u32 {
+    pub unsafe fn proxy_get_buffer_bytes(
+        _: u32,
+        _: usize,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_set_buffer_bytes(_: u32, _: usize, _: usize, _: *const u8, _: usize) -> u32 {
+    pub unsafe fn proxy_set_buffer_bytes(
+        _: u32,
+        _: usize,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_get_header_map_value(_: u32, _: *const u8, _: usize, _: *mut *mut u8, _: *mut usize) -> u32 {
+    pub unsafe fn proxy_get_header_map_value(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_add_header_map_value(_: u32, _: *const u8, _: usize, _: *const u8, _: usize) -> u32 {
+    pub unsafe fn proxy_add_header_map_value(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_replace_header_map_value(_: u32, _: *const u8, _: usize, _: *const u8, _: usize) -> u32 {
+    pub unsafe fn proxy_replace_header_map_value(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
         1
     }
     pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
         1
     }
-    pub unsafe fn proxy_get_shared_data(_: *const u8, _: usize, _: *mut *mut u8, _: *mut usize, _: *mut u32) -> u32 {
+    pub unsafe fn proxy_get_shared_data(
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+        _: *mut u32,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_set_shared_data(_: *const u8, _: usize, _: *const u8, _: usize, _: u32) -> u32 {
+    pub unsafe fn proxy_set_shared_data(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: u32,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_send_local_response(_: u32, _: *const u8, _: usize, _: *const u8, _: usize, _: *const u8, _: usize, _: i32) -> u32 {
+    pub unsafe fn proxy_send_local_response(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: i32,
+    ) -> u32 {
         1
     }
     pub unsafe fn proxy_continue_stream(_: u32) -> u32 {
@@ -195,13 +238,22 @@ mod native {
     pub unsafe fn proxy_set_property(_: *const u8, _: usize, _: *const u8, _: usize) -> u32 {
         1
     }
-    pub unsafe fn proxy_get_property(_: *const u8, _: usize, _: *mut *mut u8, _: *mut usize) -> u32 {
+    pub unsafe fn proxy_get_property(
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
         1
     }
-    pub unsafe fn proxy_dispatch_http_call(_: *const u8, _: usize, _: *const u8, _: usize, _: *const u8, _: usize, _: *const u8, _: usize, _: u32, _: *mut u32) -> u32 {
-        1
-    }
-    pub unsafe fn proxy_call_foreign_function(_: *const u8, _: usize, _: *const u8, _: usize, _: *mut *mut u8, _: *mut usize) -> u32 {
+    pub unsafe fn proxy_call_foreign_function(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
         1
     }
 }
@@ -403,7 +455,11 @@ pub fn send_local_response(
             code,
             details.as_ptr(),
             details.len(),
-            if body.is_empty() { null() } else { body.as_ptr() },
+            if body.is_empty() {
+                null()
+            } else {
+                body.as_ptr()
+            },
             body.len(),
             h.as_ptr(),
             h.len(),
@@ -485,30 +541,24 @@ pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
 }
 
 /// Starts an HTTP callout; returns its token.
+///
+/// This one goes through the SDK: its dispatcher must learn the token to route the response back to
+/// the calling context (an unknown token makes the SDK panic). The SDK call returns `Err` for the
+/// statuses Envoy gives (BadArgument: unknown cluster or missing pseudo-headers; InternalFailure).
 pub fn dispatch_http_call(
     cluster: &str,
     headers: &[(&str, &str)],
     body: &[u8],
     timeout_ms: u32,
 ) -> Result<u32, Status> {
-    let h = serialize_map(headers);
-    let t = serialize_map(&[]);
-    let mut token = 0u32;
-    status(unsafe {
-        proxy_dispatch_http_call(
-            cluster.as_ptr(),
-            cluster.len(),
-            h.as_ptr(),
-            h.len(),
-            if body.is_empty() { null() } else { body.as_ptr() },
-            body.len(),
-            t.as_ptr(),
-            t.len(),
-            timeout_ms,
-            &mut token,
-        )
-    })?;
-    Ok(token)
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        Some(body),
+        Vec::new(),
+        std::time::Duration::from_millis(u64::from(timeout_ms)),
+    )
+    .map_err(|s| s as u32)
 }
 
 /// Headers of the callout response being delivered (all of them).
@@ -545,11 +595,18 @@ mod tests {
 
     #[test]
     fn maps_round_trip_through_the_abi_format() {
-        let pairs = [(":status", "200"), ("x", ""), ("content-type", "application/json")];
+        let pairs = [
+            (":status", "200"),
+            ("x", ""),
+            ("content-type", "application/json"),
+        ];
         let b = serialize_map(&pairs);
         let back = deserialize_map(&b);
         assert_eq!(back.len(), 3);
-        assert_eq!(back[2], ("content-type".to_string(), "application/json".to_string()));
+        assert_eq!(
+            back[2],
+            ("content-type".to_string(), "application/json".to_string())
+        );
     }
 
     #[test]

@@ -11,16 +11,22 @@
 //!    `x-tokengate-shaped-ms`).
 
 use super::abi::{self, Buffer, Level, Map};
+use super::quota as quota_host;
 use super::store::HostStore;
 use super::{gauges, log, metrics, now_ns, KNOWN_KEYS_CACHE, VM};
+use crate::accounting::{self, Ending, Reserved, UsageSource};
 use crate::admission::{self, Decision, RejectReason};
 use crate::breaker::{self, Transition};
-use crate::failover::{self, Choice};
 use crate::bucket::Snapshot;
-use crate::config::{Config, InvalidBody, StoreFailure};
+use crate::config::{Config, InvalidBody, QuotaFailure, QuotaSettings, StoreFailure};
 use crate::estimate::{self, ApiKind};
+use crate::failover::{self, Choice};
 use crate::identity;
+use crate::quota::{self, ExhaustedMarker, Reason, ReserveArgs, ScriptCall, SettleArgs, ShimError};
 use crate::reply::{self, LocalReply};
+use crate::rewrite::{self, Edits};
+use crate::store::{Codec, SharedStore};
+use crate::usage::{self, Forward, SseScanner};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
@@ -56,8 +62,94 @@ pub struct Http {
     fallbacks: Vec<String>,
     /// Bucket charged, for a refund if a later step rejects: (rule index, key, cost).
     charged: Option<(usize, String, u64)>,
-    /// Response facts for the breaker.
+    /// Response facts for the breaker and the quota.
     resp: RespFacts,
+    /// The model actually used (after any fallback).
+    model: String,
+    /// The request body as sent (kept while a quota callout may clamp it).
+    body: Vec<u8>,
+    /// `stream_options.include_usage` was added by us: strip the extra chunk.
+    injected_usage: bool,
+    /// Shaping release time, applied once every check passed.
+    hold_until: Option<u64>,
+    /// `x-request-id` (or a generated id): names the settlement.
+    request_id: String,
+    /// Client `Idempotency-Key`.
+    idem_key: Option<String>,
+    /// Quota reservation state.
+    quota: Option<QReq>,
+}
+
+/// Shared-data count of exhausted-tenant markers.
+const MARKER_COUNTER: &str = "tg:n:markers";
+/// How long Redis remembers a request was settled (a retry after that could apply twice).
+const SETTLED_MARKER_TTL_S: u64 = 2 * 86_400;
+/// Largest JSON response kept to read its `usage`.
+const MAX_JSON_RESPONSE: usize = 16 * 1024 * 1024;
+
+/// One request's quota reservation.
+struct QReq {
+    args: ReserveArgs,
+    keys: quota::QuotaKeys,
+    reserved: Reserved,
+    expire_at: i64,
+    limit: u64,
+    remaining: Option<u64>,
+    reset_s: u64,
+    duplicate: bool,
+    fail_open: bool,
+    answered: bool,
+    settled: bool,
+    used_eval: bool,
+    shim_probe: bool,
+    json: Vec<u8>,
+    actual: Option<u64>,
+    source: Option<UsageSource>,
+}
+
+/// Seconds since the epoch for month arithmetic (host clock plus the configured skew).
+fn unix_s(q: &QuotaSettings) -> i64 {
+    i64::try_from(now_ns() / 1_000_000_000)
+        .unwrap_or(0)
+        .saturating_add(q.clock_skew_s)
+}
+
+/// The body field that carries the output limit for this API.
+fn output_field(kind: ApiKind, body: &[u8]) -> &'static str {
+    match kind {
+        ApiKind::Responses => "max_output_tokens",
+        ApiKind::ChatCompletions if body.windows(21).any(|w| w == b"max_completion_tokens") => {
+            "max_completion_tokens"
+        }
+        _ => "max_tokens",
+    }
+}
+
+/// The 429 for an exhausted monthly quota.
+fn quota_reply(limit: u64, remaining: u64, reset_s: u64, what: &str) -> LocalReply {
+    let mut r = reply::error_with_reset(
+        429,
+        "insufficient_quota",
+        "monthly_quota_exceeded",
+        &format!("The monthly token quota {what} is used up ({limit} tokens); it resets at the start of next month."),
+        reset_s as f64,
+    );
+    r.headers
+        .push(("retry-after".to_string(), reset_s.max(1).to_string()));
+    r.headers.extend(quota_headers(limit, remaining, reset_s));
+    r
+}
+
+/// `x-tokengate-quota-*` headers.
+fn quota_headers(limit: u64, remaining: u64, reset_s: u64) -> Vec<(String, String)> {
+    vec![
+        ("x-tokengate-quota-limit".to_string(), limit.to_string()),
+        (
+            "x-tokengate-quota-remaining".to_string(),
+            remaining.to_string(),
+        ),
+        ("x-tokengate-quota-reset".to_string(), reset_s.to_string()),
+    ]
 }
 
 /// What the response said, for the breaker outcome.
@@ -66,36 +158,8 @@ struct RespFacts {
     status: u32,
     retry_after: Option<String>,
     reset_headers: Vec<String>,
-    /// An SSE response: tracks whether its final event arrived.
-    stream: Option<StreamEnd>,
-}
-
-/// Detects the final event of an SSE stream (`data: [DONE]`, Anthropic `message_stop`, Responses
-/// `response.completed`) across chunk boundaries.
-#[derive(Default)]
-struct StreamEnd {
-    tail: Vec<u8>,
-    done: bool,
-}
-
-impl StreamEnd {
-    const MARKERS: [&'static [u8]; 3] = [b"data: [DONE]", b"message_stop", b"response.completed"];
-    fn feed(&mut self, chunk: &[u8]) {
-        if self.done {
-            return;
-        }
-        let mut window = std::mem::take(&mut self.tail);
-        window.extend_from_slice(chunk);
-        if Self::MARKERS
-            .iter()
-            .any(|m| window.windows(m.len()).any(|w| w == *m))
-        {
-            self.done = true;
-            return;
-        }
-        let keep = window.len().saturating_sub(24);
-        self.tail = window.get(keep..).map(<[u8]>::to_vec).unwrap_or_default();
-    }
+    /// An SSE response: its final event, usage and content size.
+    stream: Option<SseScanner>,
 }
 
 impl Http {
@@ -116,6 +180,13 @@ impl Http {
             fallbacks: Vec::new(),
             charged: None,
             resp: RespFacts::default(),
+            model: String::new(),
+            body: Vec::new(),
+            injected_usage: false,
+            hold_until: None,
+            request_id: String::new(),
+            idem_key: None,
+            quota: None,
         }
     }
 
@@ -130,8 +201,10 @@ impl Http {
             &format!("The {what} '{name}' is failing and its circuit breaker is open; retry after the reset."),
             reset_s,
         );
-        r.headers
-            .push(("retry-after".to_string(), reply::retry_after(reset_s).to_string()));
+        r.headers.push((
+            "retry-after".to_string(),
+            reply::retry_after(reset_s).to_string(),
+        ));
         self.send(&r, "tokengate_circuit_open")
     }
 
@@ -203,20 +276,33 @@ impl Http {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         if let Err(s) = abi::send_local_response(r.status, &headers, &r.body, details) {
-            log(Level::Warn, &format!("local reply {} refused by host (status {s})", r.status));
+            log(
+                Level::Warn,
+                &format!("local reply {} refused by host (status {s})", r.status),
+            );
             return Action::Continue;
         }
         Action::Pause
     }
 
     fn audit(&self, decision: &str, model: &str) {
-        let rec = format!(
+        let mut rec = format!(
             "tenant={} model={} estimated={} decision={}",
-            self.tenant,
+            if self.tenant.is_empty() {
+                "-"
+            } else {
+                &self.tenant
+            },
             if model.is_empty() { "-" } else { model },
             self.cost.unwrap_or(0),
             decision
         );
+        if let Some(q) = &self.quota {
+            rec.push_str(&format!(" reserved={}", q.reserved.total()));
+            if let (Some(a), Some(src)) = (q.actual, q.source) {
+                rec.push_str(&format!(" actual={a} usage_source={}", src.as_str()));
+            }
+        }
         let _ = abi::set_property(&["tokengate_audit"], rec.as_bytes());
     }
 
@@ -225,21 +311,23 @@ impl Http {
         let (id, name) = match reason {
             RejectReason::Tokens => (m.requests_limited_tokens, "limited_tokens"),
             RejectReason::Requests => (m.requests_limited_requests, "limited_requests"),
-            RejectReason::TooLarge => (m.requests_rejected_cost_exceeds_burst, "cost_exceeds_burst"),
+            RejectReason::TooLarge => {
+                (m.requests_rejected_cost_exceeds_burst, "cost_exceeds_burst")
+            }
         };
         metrics::inc(id);
         self.audit(name, model);
         self.send(r, "tokengate_rejected")
     }
 
-    /// The body is complete (or there is none): estimate, charge, decide.
+    /// The body is complete (or there is none): estimate, pick the model, charge, decide.
     fn decide(&mut self, cfg: &Config, body: &[u8]) -> Action {
         let m = metrics::get();
         let Some(kind) = self.kind else {
             return Action::Continue;
         };
-        let (cost, model) = match estimate::estimate(kind, body, &|model| cfg.output_limits(model)) {
-            Ok(e) => (e.total(), e.model.or_else(|| self.model_hint.clone())),
+        let est = match estimate::estimate(kind, body, &|model| cfg.output_limits(model)) {
+            Ok(e) => Some(e),
             Err(e) => match cfg.invalid_body {
                 InvalidBody::Reject => {
                     metrics::inc(m.requests_rejected_invalid_body);
@@ -249,122 +337,144 @@ impl Http {
                             400,
                             "invalid_request_error",
                             "invalid_body",
-                            &format!("The request body could not be read as a {} request: {e}", kind.as_str()),
+                            &format!(
+                                "The request body could not be read as a {} request: {e}",
+                                kind.as_str()
+                            ),
                         ),
                         "tokengate_invalid_body",
                     );
                 }
-                InvalidBody::Charge(t) => {
+                InvalidBody::Charge(_) => {
                     metrics::inc(m.requests_invalid_body_charged);
-                    (t, self.model_hint.clone())
+                    None
                 }
             },
         };
-        let mut model = model.unwrap_or_default();
-        if let Some(b) = cfg.breaker.as_ref().filter(|b| b.keys.model && !model.is_empty()) {
+        let (prompt, output, cost) = match (&est, cfg.invalid_body) {
+            (Some(e), _) => (e.prompt_tokens, e.output_tokens, e.total()),
+            (None, InvalidBody::Charge(t)) => (t, 0, t),
+            (None, InvalidBody::Reject) => (0, 0, 0),
+        };
+        let mut model = est
+            .as_ref()
+            .and_then(|e| e.model.clone())
+            .or_else(|| self.model_hint.clone())
+            .unwrap_or_default();
+
+        // Body edits: a model fallback, and include_usage for quota settlement of streams.
+        let mut edits = Edits::default();
+        if let Some(b) = cfg
+            .breaker
+            .as_ref()
+            .filter(|b| b.keys.model && !model.is_empty())
+        {
             let next = |m: &str| b.model_fallback(m).map(|t| (t.to_string(), None));
             match failover::peek_chain(&HostStore, b, "model", &model, &next, now_ns()) {
                 Ok(Choice {
                     target,
                     from: Some(from),
                     ..
-                }) => match crate::rewrite_model(body, &target) {
-                    Some(new_body) => {
-                        if abi::set_buffer(Buffer::RequestBody, 0, body.len(), &new_body).is_ok() {
-                            metrics::inc(m.breaker_fallbacks);
-                            self.fallbacks.push(format!("{from} -> {target}"));
-                            model = target;
-                        } else {
-                            log(Level::Warn, "cannot rewrite the request body for a model fallback");
-                            return self.circuit_open("model", &from, 1000);
-                        }
-                    }
-                    None => return self.circuit_open("model", &from, 1000),
-                },
+                }) => {
+                    edits.set_model = Some(target.clone());
+                    self.fallbacks.push(format!("{from} -> {target}"));
+                }
                 Ok(_) => {}
                 Err(reset) => return self.circuit_open("model", &model, reset),
             }
         }
+        if let (Some(q), Some(e)) = (&cfg.quota, &est) {
+            edits.inject_include_usage = q.inject_stream_usage && e.stream && !e.include_usage;
+            edits.max_output_field = output_field(kind, body).to_string();
+        }
+        self.body = body.to_vec();
+        if edits.set_model.is_some() || edits.inject_include_usage {
+            match rewrite::rewrite_with_report(body, &edits) {
+                Ok(r) => {
+                    if let Some(new_body) = r.body {
+                        if abi::set_buffer(Buffer::RequestBody, 0, body.len(), &new_body).is_err() {
+                            log(Level::Warn, "cannot rewrite the request body");
+                            return self.circuit_open("model", &model, 1000);
+                        }
+                        self.body = new_body;
+                    }
+                    if r.model_changed {
+                        metrics::inc(m.breaker_fallbacks);
+                        if let Some(t) = edits.set_model.take() {
+                            model = t;
+                        }
+                    }
+                    self.injected_usage = r.injected_include_usage;
+                }
+                Err(e) => {
+                    log(
+                        Level::Warn,
+                        &format!("cannot rewrite the request body: {e}"),
+                    );
+                    if edits.set_model.is_some() {
+                        return self.circuit_open("model", &model, 1000);
+                    }
+                }
+            }
+        }
+        self.model = model.clone();
         self.cost = Some(cost);
         metrics::add(m.tokens_estimated, cost);
-        let Some(rule) = cfg
-            .rule_for(&self.tenant, &model)
-            .and_then(|i| cfg.rules.get(i))
-        else {
-            // No rule applies to this tenant and model: admitted unmetered.
-            metrics::inc(m.requests_admitted);
-            self.phase = Phase::Admitted;
-            self.audit("admit_no_rule", &model);
-            return Action::Continue;
-        };
-        let store = HostStore;
+
         let now = now_ns();
-        let (key, info) = VM.with(|vm| {
-            let mut vm = vm.borrow_mut();
-            admission::bucket_key(
-                &store,
-                cfg,
-                &mut vm.known_keys,
-                KNOWN_KEYS_CACHE,
-                rule,
-                &self.tenant,
-                &model,
-            )
-        });
-        if info.overflow {
-            metrics::inc(m.tenant_overflow);
-        }
-        let (decision, stats) = admission::charge(&store, cfg, rule, &key, cost, now);
-        if stats.corrupt {
-            metrics::inc(m.state_corrupt);
-            log(Level::Warn, &format!("corrupt bucket state at {key}: reset to full"));
-        }
-        match decision {
-            Decision::Admit {
-                snapshot,
-                cost,
-                wait_ms,
-            } => {
-                if let Some(idx) = cfg.rule_for(&self.tenant, &model) {
-                    self.charged = Some((idx, key.clone(), cost));
-                }
-                if let Err(action) = self.admit_breakers(cfg, &model, now) {
-                    return action;
-                }
-                self.snapshot = Some(snapshot);
-                self.cost = Some(cost);
-                self.phase = Phase::Admitted;
-                metrics::inc(m.requests_admitted);
-                if wait_ms > 0 {
-                    metrics::inc(m.requests_shaped);
-                    self.shaped_ms = wait_ms;
-                    self.audit("shaped", &model);
-                    let due = now.saturating_add(wait_ms.saturating_mul(1_000_000));
-                    let id = self.id;
-                    VM.with(|vm| vm.borrow_mut().held.push((id, due)));
-                    return Action::Pause;
-                }
-                self.audit("admit", &model);
-                Action::Continue
+        let mut wait_ms = 0;
+        if let Some((idx, rule)) = cfg
+            .rule_for(&self.tenant, &model)
+            .and_then(|i| cfg.rules.get(i).map(|r| (i, r)))
+        {
+            let store = HostStore;
+            let (key, info) = VM.with(|vm| {
+                let mut vm = vm.borrow_mut();
+                admission::bucket_key(
+                    &store,
+                    cfg,
+                    &mut vm.known_keys,
+                    KNOWN_KEYS_CACHE,
+                    rule,
+                    &self.tenant,
+                    &model,
+                )
+            });
+            if info.overflow {
+                metrics::inc(m.tenant_overflow);
             }
-            Decision::Reject { reply, reason } => self.reject(&reply, reason, &model),
-            Decision::StoreFailed(e) => {
-                let id = match e {
-                    crate::store::UpdateError::CasExhausted => m.cas_exhausted,
-                    crate::store::UpdateError::Host => m.store_errors,
-                };
-                metrics::inc(id);
-                log(Level::Warn, &format!("bucket update failed at {key}: {e:?}; applying on_store_error"));
-                match cfg.on_store_error {
-                    StoreFailure::Allow => {
-                        metrics::inc(m.requests_admitted);
-                        self.phase = Phase::Admitted;
-                        self.audit("admit_store_error", &model);
-                        Action::Continue
-                    }
-                    StoreFailure::Deny => {
+            let (decision, stats) = admission::charge(&store, cfg, rule, &key, cost, now);
+            if stats.corrupt {
+                metrics::inc(m.state_corrupt);
+                log(
+                    Level::Warn,
+                    &format!("corrupt bucket state at {key}: reset to full"),
+                );
+            }
+            match decision {
+                Decision::Admit {
+                    snapshot,
+                    cost,
+                    wait_ms: w,
+                } => {
+                    self.charged = Some((idx, key, cost));
+                    self.snapshot = Some(snapshot);
+                    wait_ms = w;
+                }
+                Decision::Reject { reply, reason } => return self.reject(&reply, reason, &model),
+                Decision::StoreFailed(e) => {
+                    let id = match e {
+                        crate::store::UpdateError::CasExhausted => m.cas_exhausted,
+                        crate::store::UpdateError::Host => m.store_errors,
+                    };
+                    metrics::inc(id);
+                    log(
+                        Level::Warn,
+                        &format!("bucket update failed at {key}: {e:?}; applying on_store_error"),
+                    );
+                    if cfg.on_store_error == StoreFailure::Deny {
                         self.audit("deny_store_error", &model);
-                        self.send(
+                        return self.send(
                             &reply::error(
                                 503,
                                 "server_error",
@@ -372,11 +482,388 @@ impl Http {
                                 "The rate limiter could not record this request; retry shortly.",
                             ),
                             "tokengate_store_error",
-                        )
+                        );
                     }
                 }
             }
         }
+        if let Err(action) = self.admit_breakers(cfg, &model, now) {
+            return action;
+        }
+        if wait_ms > 0 {
+            metrics::inc(m.requests_shaped);
+            self.shaped_ms = wait_ms;
+            self.hold_until = Some(now.saturating_add(wait_ms.saturating_mul(1_000_000)));
+        }
+        if let Some(q) = &cfg.quota {
+            return self.start_reserve(cfg, q, prompt, output);
+        }
+        self.proceed(true)
+    }
+
+    /// Lets the request go on (or be held until its shaping release time). `sync` = called from a
+    /// request callback (return the action) rather than from a callout response (resume).
+    fn proceed(&mut self, sync: bool) -> Action {
+        let m = metrics::get();
+        self.phase = Phase::Admitted;
+        metrics::inc(m.requests_admitted);
+        let model = self.model.clone();
+        if let Some(due) = self.hold_until.filter(|d| *d > now_ns()) {
+            self.audit("shaped", &model);
+            let id = self.id;
+            VM.with(|vm| vm.borrow_mut().held.push((id, due)));
+            return Action::Pause;
+        }
+        self.audit(
+            if self.quota.as_ref().is_some_and(|q| q.fail_open) {
+                "admit_quota_fail_open"
+            } else {
+                "admit"
+            },
+            &model,
+        );
+        if sync {
+            Action::Continue
+        } else {
+            if abi::resume_request().is_err() {
+                log(
+                    Level::Warn,
+                    "cannot resume the request after the quota check",
+                );
+            }
+            Action::Pause
+        }
+    }
+
+    /// Starts the quota reservation callout.
+    fn start_reserve(
+        &mut self,
+        cfg: &Config,
+        q: &QuotaSettings,
+        prompt: u64,
+        output: u64,
+    ) -> Action {
+        let now_s = unix_s(q);
+        let tq = q.tenant(&self.tenant);
+        let w = q.weights(&self.model);
+        let model = (!self.model.is_empty()).then(|| self.model.clone());
+        let default_model_limit = model
+            .as_deref()
+            .and_then(|m| tq.model_limits.iter().find(|(x, _)| x == m))
+            .map(|(_, l)| *l)
+            .unwrap_or(0);
+        let args = ReserveArgs {
+            tenant: self.tenant.clone(),
+            model,
+            month: quota::month_label(now_s, q.month_offset_minutes),
+            idempotency_key: self.idem_key.clone(),
+            request_id: self.request_id.clone(),
+            prompt_cost: quota::weighted(prompt, 0, 0, 0, &w),
+            output_cost: quota::weighted(0, output, 0, 0, &w),
+            default_limit: tq.monthly_limit,
+            default_model_limit,
+            expire_at_unix: quota::month_end_unix(now_s, q.month_offset_minutes)
+                .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
+            idem_window_s: q.idempotency_window_s,
+            clamp_output: tq.clamp_output,
+            min_output_cost: quota::weighted(0, 1, 0, 0, &w).max(1),
+        };
+        let reserved = Reserved {
+            prompt_cost: args.prompt_cost,
+            output_cost: args.output_cost,
+            weights: w,
+        };
+        self.quota = Some(QReq {
+            keys: args.keys(),
+            expire_at: args.expire_at_unix,
+            args,
+            reserved,
+            limit: tq.monthly_limit,
+            remaining: None,
+            reset_s: quota::seconds_to_reset(now_s, q.month_offset_minutes),
+            duplicate: false,
+            fail_open: false,
+            answered: false,
+            settled: false,
+            used_eval: false,
+            shim_probe: false,
+            json: Vec::new(),
+            actual: None,
+            source: None,
+        });
+        match quota_host::shim_admit(q, cfg.cas_max_retries) {
+            Err(_) => {
+                return self.quota_unavailable(cfg, q, "the quota shim's circuit is open", true)
+            }
+            Ok(probe) => {
+                if let Some(qr) = self.quota.as_mut() {
+                    qr.shim_probe = probe;
+                }
+            }
+        }
+        self.dispatch_reserve(cfg, q, quota_host::script_call(), true)
+    }
+
+    fn dispatch_reserve(
+        &mut self,
+        cfg: &Config,
+        q: &QuotaSettings,
+        call: ScriptCall,
+        sync: bool,
+    ) -> Action {
+        let Some(qr) = self.quota.as_mut() else {
+            return Action::Continue;
+        };
+        qr.used_eval = call == ScriptCall::Eval;
+        let body = quota::reserve_request(&qr.args, call);
+        match quota_host::dispatch(q, &body) {
+            Ok(_) => Action::Pause,
+            Err(s) => {
+                let probe = qr.shim_probe;
+                quota_host::shim_record(q, false, probe, cfg.cas_max_retries);
+                self.quota_unavailable(
+                    cfg,
+                    q,
+                    &format!("callout refused by host (status {s})"),
+                    sync,
+                )
+            }
+        }
+    }
+
+    /// The shim could not answer: apply the tenant's failure policy.
+    fn quota_unavailable(
+        &mut self,
+        cfg: &Config,
+        q: &QuotaSettings,
+        why: &str,
+        sync: bool,
+    ) -> Action {
+        let m = metrics::get();
+        metrics::inc(m.quota_shim_errors);
+        match q.tenant(&self.tenant).on_failure {
+            QuotaFailure::Open => {
+                metrics::inc(m.quota_fail_open);
+                log(
+                    Level::Warn,
+                    &format!("quota check failed ({why}); admitting (on_failure=open)"),
+                );
+                if let Some(qr) = self.quota.as_mut() {
+                    qr.fail_open = true;
+                    qr.answered = true;
+                }
+                self.proceed(sync)
+            }
+            QuotaFailure::Closed => {
+                metrics::inc(m.quota_fail_closed);
+                log(
+                    Level::Warn,
+                    &format!("quota check failed ({why}); rejecting (on_failure=closed)"),
+                );
+                self.refund(cfg, now_ns());
+                let model = self.model.clone();
+                self.audit("quota_unavailable", &model);
+                self.send(
+                    &reply::error(
+                        503,
+                        "server_error",
+                        "quota_unavailable",
+                        "The quota service is unavailable; retry shortly.",
+                    ),
+                    "tokengate_quota_unavailable",
+                )
+            }
+        }
+    }
+
+    /// A reservation answered.
+    fn on_reserve_response(&mut self, body_size: usize) {
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        let Some(q) = cfg.quota.as_ref() else {
+            return;
+        };
+        let (status, body) = quota_host::call_response(body_size);
+        let (used_eval, probe) = match self.quota.as_ref() {
+            Some(qr) => (qr.used_eval, qr.shim_probe),
+            None => return,
+        };
+        let m = metrics::get();
+        match quota::parse_reserve_reply(status, &body) {
+            Err(ShimError::NoScript) if !used_eval => {
+                quota_host::set_script_loaded(false);
+                self.dispatch_reserve(&cfg, q, ScriptCall::Eval, false);
+            }
+            Err(e) => {
+                quota_host::shim_record(q, false, probe, cfg.cas_max_retries);
+                self.quota_unavailable(&cfg, q, &e.to_string(), false);
+            }
+            Ok(r) => {
+                quota_host::shim_record(q, true, probe, cfg.cas_max_retries);
+                if used_eval {
+                    quota_host::set_script_loaded(true);
+                }
+                let Some(qr) = self.quota.as_mut() else {
+                    return;
+                };
+                qr.answered = true;
+                qr.limit = r.limit;
+                qr.remaining = Some(r.remaining());
+                if r.allowed {
+                    qr.duplicate = r.duplicate;
+                    if r.duplicate {
+                        metrics::inc(m.quota_duplicates);
+                    } else {
+                        metrics::inc(m.quota_reserved);
+                        metrics::add(
+                            m.quota_reserved_tokens,
+                            qr.reserved.prompt_cost.saturating_add(r.granted_output),
+                        );
+                    }
+                    if r.reason == Reason::Clamped && !r.duplicate {
+                        qr.reserved.output_cost = r.granted_output;
+                        let tokens =
+                            quota::output_tokens_for_cost(r.granted_output, &qr.reserved.weights);
+                        self.clamp_body(tokens);
+                    }
+                    self.proceed(false);
+                } else {
+                    let (limit, reset_s) = (qr.limit, qr.reset_s);
+                    metrics::inc(m.quota_rejected);
+                    self.refund(&cfg, now_ns());
+                    if r.reason == Reason::TenantLimit {
+                        self.mark_exhausted(&cfg, q);
+                    }
+                    let what = if r.reason == Reason::ModelLimit {
+                        format!("for model '{}'", self.model)
+                    } else {
+                        "for this tenant".to_string()
+                    };
+                    let reply = quota_reply(limit, r.remaining(), reset_s, &what);
+                    let model = self.model.clone();
+                    self.audit("quota_exceeded", &model);
+                    self.send(&reply, "tokengate_quota_exceeded");
+                }
+            }
+        }
+    }
+
+    fn clamp_body(&mut self, tokens: u64) {
+        let Some(kind) = self.kind else {
+            return;
+        };
+        let edits = Edits {
+            clamp_max_output: Some(tokens),
+            max_output_field: output_field(kind, &self.body).to_string(),
+            ..Edits::default()
+        };
+        if let Ok(Some(new_body)) = rewrite::rewrite(&self.body, &edits) {
+            if abi::set_buffer(Buffer::RequestBody, 0, self.body.len(), &new_body).is_ok() {
+                metrics::inc(metrics::get().quota_clamped);
+                self.body = new_body;
+            }
+        }
+    }
+
+    /// Remembers in shared data that this tenant is out of quota (bounded keys; see README).
+    fn mark_exhausted(&mut self, cfg: &Config, q: &QuotaSettings) {
+        let key = ExhaustedMarker::key(&self.tenant);
+        let now_s = unix_s(q);
+        let ok = VM.with(|vm| {
+            let mut vm = vm.borrow_mut();
+            admission::claim_slot(
+                &HostStore,
+                MARKER_COUNTER,
+                cfg.max_tenants,
+                cfg.cas_max_retries,
+                &mut vm.known_keys,
+                KNOWN_KEYS_CACHE,
+                &key,
+            )
+        });
+        if !ok {
+            return;
+        }
+        let until = quota::month_end_unix(now_s, q.month_offset_minutes)
+            .min(now_s.saturating_add(i64::try_from(q.exhausted_recheck_s).unwrap_or(60)));
+        let marker = ExhaustedMarker {
+            month_end_unix: until,
+            limit: q.tenant(&self.tenant).monthly_limit,
+        };
+        let _ = HostStore.set(&key, &marker.encode(), 0);
+    }
+
+    /// Headers phase: the tenant is known to be exhausted (cached), answer without a callout.
+    fn exhausted_cached(&mut self, q: &QuotaSettings) -> Option<Action> {
+        let now_s = unix_s(q);
+        let key = ExhaustedMarker::key(&self.tenant);
+        let (marker, _) = crate::store::peek::<ExhaustedMarker>(&HostStore, &key).ok()?;
+        let marker = marker?;
+        let tq = q.tenant(&self.tenant);
+        if !marker.is_active(now_s) || marker.limit != tq.monthly_limit {
+            return None;
+        }
+        metrics::inc(metrics::get().quota_rejected_cached);
+        let reply = quota_reply(
+            tq.monthly_limit,
+            0,
+            quota::seconds_to_reset(now_s, q.month_offset_minutes),
+            "for this tenant",
+        );
+        self.audit("quota_exceeded_cached", "");
+        Some(self.send(&reply, "tokengate_quota_exceeded"))
+    }
+
+    /// Settles the reservation once the response ended (or the stream went away).
+    fn settle(&mut self, ending_complete: bool) {
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        let status = self.resp.status;
+        let (usage, completed, content_bytes) = match &self.resp.stream {
+            Some(sc) => (sc.usage(), sc.completed(), sc.content_bytes()),
+            None => (
+                self.quota
+                    .as_ref()
+                    .and_then(|qr| usage::from_json(&qr.json)),
+                ending_complete,
+                0,
+            ),
+        };
+        let Some(qr) = self.quota.as_mut() else {
+            return;
+        };
+        if qr.settled || !qr.answered || qr.fail_open || qr.duplicate {
+            return;
+        }
+        qr.settled = true;
+        let ending = if !(200..300).contains(&status) {
+            Ending::NotServed
+        } else if completed && ending_complete {
+            Ending::Completed { usage }
+        } else {
+            Ending::Cut {
+                usage,
+                content_bytes,
+            }
+        };
+        let st = accounting::settle(&qr.reserved, ending);
+        qr.actual = Some(st.actual);
+        qr.source = Some(st.source);
+        if st.delta != 0 {
+            quota_host::enqueue(SettleArgs {
+                keys: qr.keys.clone(),
+                delta: st.delta,
+                expire_at_unix: qr.expire_at,
+                marker_ttl_s: SETTLED_MARKER_TTL_S,
+            });
+        } else {
+            metrics::inc(metrics::get().quota_settled);
+        }
+        let _ = cfg;
+        let model = self.model.clone();
+        self.audit("settled", &model);
     }
 }
 
@@ -393,7 +880,17 @@ impl Drop for Http {
     }
 }
 
-impl Context for Http {}
+impl Context for Http {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        self.on_reserve_response(body_size);
+    }
+}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -455,7 +952,22 @@ impl HttpContext for Http {
             }
         }
 
+        if let Some(q) = &cfg.quota {
+            if let Some(action) = self.exhausted_cached(q) {
+                return action;
+            }
+            self.request_id = abi::get_header(Map::RequestHeaders, "x-request-id")
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| format!("{}-{}", now_ns(), self.id));
+            self.idem_key = abi::get_header(Map::RequestHeaders, "idempotency-key")
+                .or_else(|| abi::get_header(Map::RequestHeaders, "x-idempotency-key"))
+                .filter(|k| !k.trim().is_empty());
+            // The body may be rewritten (include_usage, max_tokens clamp): let Envoy send it chunked.
+            let _ = abi::remove_header(Map::RequestHeaders, "content-length");
+        }
         if let Some(b) = &cfg.breaker {
+            // Only the filter may steer requests to a fallback cluster.
+            let _ = abi::remove_header(Map::RequestHeaders, &b.route_header);
             if !b.model_fallbacks.is_empty() {
                 // The body may be rewritten (model fallback): let Envoy send it chunked.
                 let _ = abi::remove_header(Map::RequestHeaders, "content-length");
@@ -471,11 +983,14 @@ impl HttpContext for Http {
                         b.cluster_fallback(c)
                             .map(|f| (f.to.clone(), Some(f.route.clone())))
                     };
-                    match failover::peek_chain(&HostStore, b, "cluster", &cluster, &next, now_ns()) {
+                    match failover::peek_chain(&HostStore, b, "cluster", &cluster, &next, now_ns())
+                    {
                         Ok(choice) => {
                             if let (Some(from), Some(route)) = (&choice.from, &choice.route) {
                                 // Envoy re-picks the route when a header changes in this phase.
-                                if abi::set_header(Map::RequestHeaders, &b.route_header, route).is_ok() {
+                                if abi::set_header(Map::RequestHeaders, &b.route_header, route)
+                                    .is_ok()
+                                {
                                     metrics::inc(m.breaker_fallbacks);
                                     self.fallbacks.push(format!("{from} -> {}", choice.target));
                                     self.cluster = Some(choice.target);
@@ -535,7 +1050,10 @@ impl HttpContext for Http {
         match abi::get_buffer(Buffer::RequestBody, 0, body_size) {
             Ok(body) => self.decide(&cfg, &body),
             Err(s) => {
-                log(Level::Warn, &format!("cannot read the request body (status {s})"));
+                log(
+                    Level::Warn,
+                    &format!("cannot read the request body (status {s})"),
+                );
                 self.decide(&cfg, &[])
             }
         }
@@ -562,11 +1080,28 @@ impl HttpContext for Http {
             if let Some(ms) = abi::get_header(Map::ResponseHeaders, "retry-after-ms") {
                 self.resp.reset_headers.push(format!("{}ms", ms.trim()));
             }
+        }
+        let settling = self
+            .quota
+            .as_ref()
+            .is_some_and(|q| q.answered && !q.fail_open && !q.duplicate);
+        if !self.breakers.is_empty() || settling {
             let sse = abi::get_header(Map::ResponseHeaders, "content-type")
                 .is_some_and(|c| c.contains("text/event-stream"));
             if sse {
-                self.resp.stream = Some(StreamEnd::default());
+                self.resp.stream = Some(SseScanner::new(self.injected_usage));
             }
+        }
+        if let Some(qr) = &self.quota {
+            if let Some(remaining) = qr.remaining {
+                for (k, v) in quota_headers(qr.limit, remaining, qr.reset_s) {
+                    let _ = abi::set_header(Map::ResponseHeaders, &k, &v);
+                }
+            }
+        }
+        if self.resp.stream.is_some() && self.injected_usage {
+            // The body is rewritten chunk by chunk (the usage chunk removed).
+            let _ = abi::remove_header(Map::ResponseHeaders, "content-length");
         }
         for f in &self.fallbacks {
             let _ = abi::add_header(Map::ResponseHeaders, "x-tokengate-fallback", f);
@@ -593,19 +1128,43 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        if let Some(stream) = self.resp.stream.as_mut() {
-            if !stream.done && body_size > 0 {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.phase != Phase::Admitted {
+            return Action::Continue;
+        }
+        if let Some(sc) = self.resp.stream.as_mut() {
+            if body_size > 0 {
                 if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
-                    stream.feed(&chunk);
+                    if let Forward::Replace(bytes) = sc.feed(&chunk).forward {
+                        let _ = abi::set_buffer(Buffer::ResponseBody, 0, body_size, &bytes);
+                    }
                 }
             }
+            if end_of_stream {
+                let rest = sc.finish();
+                if !rest.is_empty() {
+                    // A start at or past the buffer's end appends.
+                    let _ = abi::set_buffer(Buffer::ResponseBody, u32::MAX as usize, 0, &rest);
+                }
+            }
+        } else if let Some(qr) = self.quota.as_mut() {
+            if qr.answered && !qr.fail_open && !qr.duplicate && body_size > 0 {
+                if qr.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE {
+                    if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
+                        qr.json.extend_from_slice(&chunk);
+                    }
+                }
+            }
+        }
+        if end_of_stream {
+            self.settle(true);
         }
         Action::Continue
     }
 
     fn on_log(&mut self) {
         self.record_breakers();
+        self.settle(false);
     }
 }
 
@@ -632,7 +1191,7 @@ impl Http {
             .flatten()
             .and_then(|v| String::from_utf8(v).ok());
         let completed = if b.count_incomplete_streams {
-            self.resp.stream.as_ref().map(|s| s.done)
+            self.resp.stream.as_ref().map(SseScanner::completed)
         } else {
             None
         };
@@ -647,12 +1206,23 @@ impl Http {
         ));
         let now = now_ns();
         for (key, probe) in std::mem::take(&mut self.breakers) {
-            match breaker::record_shared(&HostStore, &key, &b.cfg, outcome, probe, now, cfg.cas_max_retries) {
+            match breaker::record_shared(
+                &HostStore,
+                &key,
+                &b.cfg,
+                outcome,
+                probe,
+                now,
+                cfg.cas_max_retries,
+            ) {
                 Ok((Some(t), _)) => transition_key(&key, t),
                 Ok(_) => {}
                 Err(e) => {
                     metrics::inc(metrics::get().store_errors);
-                    log(Level::Warn, &format!("breaker update failed at {key}: {e:?}"));
+                    log(
+                        Level::Warn,
+                        &format!("breaker update failed at {key}: {e:?}"),
+                    );
                 }
             }
         }
@@ -692,7 +1262,10 @@ impl Http {
                 413,
                 "invalid_request_error",
                 "request_too_large",
-                &format!("The request body exceeds the limit of {} bytes.", cfg.max_body_bytes),
+                &format!(
+                    "The request body exceeds the limit of {} bytes.",
+                    cfg.max_body_bytes
+                ),
             ),
             "tokengate_too_large",
         )

@@ -49,6 +49,21 @@ counters!(
     breaker_short_circuited,
     breaker_probes,
     breaker_fallbacks,
+    quota_reserved,
+    quota_reserved_tokens,
+    quota_rejected,
+    quota_rejected_cached,
+    quota_duplicates,
+    quota_clamped,
+    quota_settled,
+    quota_settle_duplicates,
+    quota_settle_retries,
+    quota_settle_dropped,
+    quota_refunded_tokens,
+    quota_extra_charged_tokens,
+    quota_shim_errors,
+    quota_fail_open,
+    quota_fail_closed,
 );
 
 /// Id used when a metric could not be defined (Envoy numbers counters from 0).

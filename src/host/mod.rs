@@ -9,6 +9,7 @@ pub mod abi;
 pub mod gauges;
 pub mod http;
 pub mod metrics;
+pub mod quota;
 pub mod root;
 pub mod store;
 
@@ -21,6 +22,12 @@ pub struct Vm {
     pub held: Vec<(u32, u64)>,
     /// Bucket keys known to exist in shared data (saves a read per request; bounded).
     pub known_keys: std::collections::HashSet<String>,
+    /// Settlements waiting for the root's tick.
+    pub settle_queue: Vec<quota::SettleJob>,
+    /// Settlements sent, by callout token.
+    pub settle_inflight: std::collections::HashMap<u32, quota::SettleJob>,
+    /// Redis has our scripts cached (EVALSHA works).
+    pub script_loaded: bool,
 }
 
 /// Most entries kept in [`Vm::known_keys`] before it is cleared.

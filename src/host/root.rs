@@ -3,7 +3,7 @@
 
 use super::abi::{self, Buffer, Level};
 use super::http::Http;
-use super::{log, metrics, now_ns, VM};
+use super::{log, metrics, now_ns, quota, VM};
 use crate::config::{self, Config};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -11,6 +11,8 @@ use std::rc::Rc;
 
 /// Tick period while shaping is configured: the granularity of releasing held requests.
 pub const SHAPING_TICK_MS: u32 = 5;
+/// Tick period for quota settlements alone.
+pub const SETTLE_TICK_MS: u32 = 20;
 
 /// The root context of one VM.
 #[derive(Default)]
@@ -18,7 +20,19 @@ pub struct Root {
     cfg: Option<Rc<Config>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(q) = self.cfg.as_ref().and_then(|c| c.quota.as_ref()) {
+            quota::on_settle_response(q, token_id, body_size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
@@ -32,15 +46,27 @@ impl RootContext for Root {
         {
             Ok(b) => b,
             Err(s) => {
-                log(Level::Error, &format!("invalid configuration: cannot read it (status {s})"));
+                log(
+                    Level::Error,
+                    &format!("invalid configuration: cannot read it (status {s})"),
+                );
                 return false;
             }
         };
         match config::parse(&bytes) {
             Ok(cfg) => {
-                let tick = if cfg.shaping() { SHAPING_TICK_MS } else { 0 };
+                let tick = if cfg.shaping() {
+                    SHAPING_TICK_MS
+                } else if cfg.quota.is_some() {
+                    SETTLE_TICK_MS
+                } else {
+                    0
+                };
                 if abi::set_tick_period_ms(tick).is_err() {
-                    log(Level::Warn, "cannot set the tick period; shaping releases late");
+                    log(
+                        Level::Warn,
+                        "cannot set the tick period; shaping releases late",
+                    );
                 }
                 log(
                     Level::Info,
@@ -69,6 +95,9 @@ impl RootContext for Root {
             if abi::set_effective_context(id).is_ok() {
                 let _ = abi::resume_request();
             }
+        }
+        if let Some(q) = self.cfg.as_ref().and_then(|c| c.quota.as_ref()) {
+            quota::tick(q);
         }
     }
 

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# `make run`: tokengate in Envoy on 127.0.0.1:10000, in front of two mock providers (or a real one).
+#
+# Builds nothing (make did): needs target/wasm32-wasip1/release/tokengate.wasm, the mock-provider binary
+# (target/release or target/debug) and Envoy ($ENVOY_BIN, else the one in .venv).
+#
+#   scripts/run.sh                       mocks on 127.0.0.1:8081 (provider) and :8082 (provider_fallback)
+#   UPSTREAM_URL=https://api.openai.com UPSTREAM_API_KEY=sk-... scripts/run.sh
+#                                        no mocks: cluster `provider` goes to that host over TLS and every
+#                                        request routed to it gets `authorization: Bearer $UPSTREAM_API_KEY`
+#
+# Optional: UPSTREAM_CA (CA bundle, default /etc/ssl/certs/ca-certificates.crt), ENVOY_LOG_LEVEL (warn).
+# Runtime files go to .run/ (gitignored). Ctrl-C stops everything this script started, by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+RUN_DIR="$ROOT/.run"
+WASM="target/wasm32-wasip1/release/tokengate.wasm"
+LISTEN_PORT=10000
+ADMIN_PORT=9901
+MOCK_PORTS=(8081 8082)
+
+die() { printf 'run: %s\n' "$*" >&2; exit 1; }
+
+ENVOY=$(scripts/envoy-bin.sh) || die "no Envoy 1.40 found: run 'make deps' (or set ENVOY_BIN)"
+[ -f "$WASM" ] || die "$WASM is not built: run 'make build'"
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+PIDS=()
+cleanup() {
+    trap - INT TERM EXIT
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+trap 'echo; echo "run: stopping"; exit 130' INT
+trap 'exit 143' TERM
+
+mkdir -p "$RUN_DIR"
+
+CONFIG="envoy/envoy.yaml"
+UPSTREAM_MODE=0
+if [ -n "${UPSTREAM_URL:-}" ]; then
+    [ -n "${UPSTREAM_API_KEY:-}" ] || die "UPSTREAM_URL is set but UPSTREAM_API_KEY is not"
+    UPSTREAM_MODE=1
+    # scheme://host[:port][/base-path]
+    [[ "$UPSTREAM_URL" =~ ^(https?)://([A-Za-z0-9.-]+)(:([0-9]+))?(/[A-Za-z0-9._~/-]*)?$ ]] ||
+        die "UPSTREAM_URL must look like https://host[:port][/path], got: $UPSTREAM_URL"
+    scheme=${BASH_REMATCH[1]}
+    host=${BASH_REMATCH[2]}
+    port=${BASH_REMATCH[4]}
+    base=${BASH_REMATCH[5]%/}
+    if [ -z "$port" ]; then
+        if [ "$scheme" = https ]; then port=443; else port=80; fi
+    fi
+    ca=${UPSTREAM_CA:-/etc/ssl/certs/ca-certificates.crt}
+    [ "$scheme" = http ] || [ -f "$ca" ] || die "CA bundle $ca not found (install ca-certificates or set UPSTREAM_CA)"
+    # The key goes into a YAML double-quoted string.
+    key_escaped=$(printf '%s' "$UPSTREAM_API_KEY" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g')
+
+    umask 077 # the generated config holds the API key
+    snippets="$RUN_DIR/snippets"
+    mkdir -p "$snippets"
+    if [ "$scheme" = https ]; then
+        cat > "$snippets/tls" <<EOF
+    dns_lookup_family: V4_PREFERRED
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: $host
+        common_tls_context:
+          validation_context:
+            trusted_ca: { filename: $ca }
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: { exact: $host }
+EOF
+    else
+        printf '    dns_lookup_family: V4_PREFERRED\n' > "$snippets/tls"
+    fi
+    cat > "$snippets/headers" <<EOF
+                request_headers_to_add:
+                - header: { key: authorization, value: "Bearer $key_escaped" }
+                  append_action: OVERWRITE_IF_EXISTS_OR_ADD
+EOF
+    {
+        printf '                  host_rewrite_literal: %s\n' "$host"
+        if [ -n "$base" ]; then printf '                  prefix_rewrite: "%s/"\n' "$base"; fi
+    } > "$snippets/route"
+
+    CONFIG="$RUN_DIR/envoy.yaml"
+    sed -e "s|socket_address: { address: 127.0.0.1, port_value: 8081 }  # tokengate:provider-address|socket_address: { address: $host, port_value: $port }|" \
+        -e "/# tokengate:provider-tls/r $snippets/tls" \
+        -e "/# tokengate:provider-route-headers/r $snippets/headers" \
+        -e "/# tokengate:provider-route-extra/r $snippets/route" \
+        envoy/envoy.yaml > "$CONFIG"
+    rm -rf "$snippets"
+    umask 022
+    grep -q "address: $host, port_value: $port" "$CONFIG" || die "could not rewrite the provider address in $CONFIG"
+    grep -q 'request_headers_to_add' "$CONFIG" || die "could not add the authorization header in $CONFIG"
+fi
+
+for p in "$LISTEN_PORT" "$ADMIN_PORT"; do
+    if port_busy "$p"; then die "127.0.0.1:$p is already in use (another 'make run'?)"; fi
+done
+
+if [ "$UPSTREAM_MODE" = 0 ]; then
+    MOCK=""
+    for m in target/release/mock-provider target/debug/mock-provider; do
+        if [ -x "$m" ]; then MOCK=$m; break; fi
+    done
+    [ -n "$MOCK" ] || die "mock-provider is not built: cargo build -p wasm-test --bin mock-provider --release"
+    for p in "${MOCK_PORTS[@]}"; do
+        if port_busy "$p"; then die "127.0.0.1:$p is already in use (the mock provider's port)"; fi
+        "$MOCK" --port "$p" > "$RUN_DIR/mock-$p.log" 2>&1 &
+        PIDS+=("$!")
+    done
+fi
+
+# Envoy in the foreground of this script: its access log (with the tokengate audit field) is printed here.
+"$ENVOY" -c "$CONFIG" --disable-hot-restart --log-level "${ENVOY_LOG_LEVEL:-warn}" \
+    2> >(tee "$RUN_DIR/envoy.log" >&2) &
+ENVOY_PID=$!
+PIDS+=("$ENVOY_PID")
+
+# Ready when the admin port answers and the listener accepts connections.
+for _ in $(seq 1 150); do
+    kill -0 "$ENVOY_PID" 2>/dev/null || die "Envoy exited at start; see the messages above and $RUN_DIR/envoy.log"
+    if port_busy "$ADMIN_PORT" && port_busy "$LISTEN_PORT"; then break; fi
+    sleep 0.2
+done
+port_busy "$LISTEN_PORT" || die "Envoy did not open 127.0.0.1:$LISTEN_PORT within 30 s; see $RUN_DIR/envoy.log"
+if [ "$UPSTREAM_MODE" = 0 ]; then
+    for p in "${MOCK_PORTS[@]}"; do
+        port_busy "$p" || die "mock provider on 127.0.0.1:$p is not up; see $RUN_DIR/mock-$p.log"
+    done
+fi
+
+body='{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":"Say hello"}]}'
+big='{"model":"gpt-4.1","max_tokens":1500,"messages":[{"role":"user","content":"Write a long story"}]}'
+cat <<EOF
+
+tokengate is running (config: $CONFIG)
+  listener   http://127.0.0.1:$LISTEN_PORT   (Envoy + $WASM)
+EOF
+if [ "$UPSTREAM_MODE" = 1 ]; then
+    cat <<EOF
+  provider   $UPSTREAM_URL  (TLS: $([ "$scheme" = https ] && echo "yes, sni $host" || echo no); authorization added by Envoy)
+  fallback   127.0.0.1:8082 is not started in this mode (x-tokengate-route: fallback answers 503)
+EOF
+else
+    cat <<EOF
+  provider   http://127.0.0.1:8081  (mock; log $RUN_DIR/mock-8081.log)
+  fallback   http://127.0.0.1:8082  (mock; requests with x-tokengate-route: fallback)
+EOF
+fi
+cat <<EOF
+  admin      http://127.0.0.1:$ADMIN_PORT
+  logs       access log below (audit=...), Envoy messages also in $RUN_DIR/envoy.log
+
+Admitted (rule gpt-4.1; look at the x-ratelimit-* and x-tokengate-estimated-tokens headers):
+  curl -si http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$body'
+
+Rate-limited (tenant demo-small: burst 2000 tokens, 50 tokens/s, 5 requests/min; the 2nd call gets 429):
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: application/json' -H 'x-tenant-id: demo-small' -d '$big'; done
+
+Metrics:
+  curl -s http://127.0.0.1:$ADMIN_PORT/stats/prometheus | grep '^tokengate_'
+
+Ctrl-C stops Envoy$([ "$UPSTREAM_MODE" = 0 ] && echo " and the mocks").
+
+EOF
+
+# Wait for Envoy (or a signal); stop everything else when it goes.
+set +e
+wait "$ENVOY_PID"
+rc=$?
+set -e
+if [ "$rc" != 0 ]; then echo "run: Envoy exited with status $rc" >&2; fi
+exit "$rc"

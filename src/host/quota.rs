@@ -1,0 +1,238 @@
+//! Monthly quotas in Redis through the Webdis shim: the reservation callout on the request path, and the
+//! settlement queue worked off the request path by the root context's tick.
+//!
+//! * One reservation callout per request (`dispatch_http_call` to `quota.cluster`), guarded by a breaker
+//!   on the shim itself (`tg:cb:shim=<cluster>`): while it is open no callout is made and the failure
+//!   policy applies at once, so a dead Webdis costs one timeout per recovery window.
+//! * Settlements are queued per VM ([`SettleJob`]) and dispatched by the root's tick; a settlement the
+//!   shim cannot take now is retried with exponential backoff (not lost) and is idempotent per request id
+//!   in Redis, so a retry never charges or refunds twice. A settlement still queued when its VM dies
+//!   (Envoy shutdown, VM reload) is lost; the reservation then stands as the charge.
+//! * The first call of a VM uses `EVAL` (which also loads the script into Redis' cache), later ones
+//!   `EVALSHA`; a `NOSCRIPT` answer switches back to `EVAL`.
+
+use super::abi::{self, Buffer, Level, Map};
+use super::store::HostStore;
+use super::{log, metrics, now_ns, VM};
+use crate::breaker::{self, Admission, Outcome};
+use crate::config::QuotaSettings;
+use crate::quota::{self, ScriptCall, SettleArgs, ShimError};
+
+/// Settlements dispatched at most at once per VM.
+pub const MAX_INFLIGHT_SETTLEMENTS: usize = 32;
+/// Settlements kept queued per VM; beyond, the oldest is dropped (counted).
+pub const MAX_QUEUED_SETTLEMENTS: usize = 100_000;
+
+/// One settlement waiting to be sent (or re-sent).
+#[derive(Debug, Clone)]
+pub struct SettleJob {
+    /// What to send.
+    pub args: SettleArgs,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// Not before (ns).
+    pub due_ns: u64,
+}
+
+/// The shim breaker key.
+pub fn shim_key(q: &QuotaSettings) -> String {
+    breaker::key("shim", &q.cluster)
+}
+
+/// Asks the shim breaker whether a callout may be made now.
+pub fn shim_admit(q: &QuotaSettings, retries: u32) -> Result<bool, u64> {
+    match breaker::admit_shared(&HostStore, &shim_key(q), &q.shim_breaker, now_ns(), retries) {
+        Ok((Admission::Rejected { reset_in_ms }, t, _)) => {
+            if let Some(t) = t {
+                log_shim_transition(q, t);
+            }
+            Err(reset_in_ms)
+        }
+        Ok((a, t, _)) => {
+            if let Some(t) = t {
+                log_shim_transition(q, t);
+            }
+            Ok(a == Admission::Probe)
+        }
+        // The store failed: do not block quota traffic on it.
+        Err(_) => Ok(false),
+    }
+}
+
+/// Reports a callout outcome to the shim breaker.
+pub fn shim_record(q: &QuotaSettings, ok: bool, probe: bool, retries: u32) {
+    let outcome = if ok {
+        Outcome::Success
+    } else {
+        Outcome::Failure {
+            retry_after_ms: None,
+        }
+    };
+    if let Ok((Some(t), _)) = breaker::record_shared(
+        &HostStore,
+        &shim_key(q),
+        &q.shim_breaker,
+        outcome,
+        probe,
+        now_ns(),
+        retries,
+    ) {
+        log_shim_transition(q, t);
+    }
+}
+
+fn log_shim_transition(q: &QuotaSettings, t: breaker::Transition) {
+    log(
+        Level::Warn,
+        &format!(
+            "quota shim {}: {} -> {} ({})",
+            q.cluster,
+            t.from.as_str(),
+            t.to.as_str(),
+            t.reason
+        ),
+    );
+}
+
+/// Which script call to use now.
+pub fn script_call() -> ScriptCall {
+    if VM.with(|vm| vm.borrow().script_loaded) {
+        ScriptCall::EvalSha
+    } else {
+        ScriptCall::Eval
+    }
+}
+
+/// Remembers whether Redis has the scripts cached.
+pub fn set_script_loaded(loaded: bool) {
+    VM.with(|vm| vm.borrow_mut().script_loaded = loaded);
+}
+
+/// Sends a Webdis command (`POST /` with the command path as the form body).
+pub fn dispatch(q: &QuotaSettings, body: &str) -> Result<u32, u32> {
+    let len = body.len().to_string();
+    abi::dispatch_http_call(
+        &q.cluster,
+        &[
+            (":method", "POST"),
+            (":path", quota::WEBDIS_PATH),
+            (":authority", &q.authority),
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("content-length", &len),
+        ],
+        body.as_bytes(),
+        q.timeout_ms,
+    )
+}
+
+/// Status and body of the callout response being delivered.
+pub fn call_response(body_size: usize) -> (u32, Vec<u8>) {
+    let status = abi::get_header(Map::CallResponseHeaders, ":status")
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let body = abi::get_buffer(Buffer::CallResponseBody, 0, body_size).unwrap_or_default();
+    (status, body)
+}
+
+/// Queues a settlement for the root's tick.
+pub fn enqueue(args: SettleArgs) {
+    VM.with(|vm| {
+        let mut vm = vm.borrow_mut();
+        if vm.settle_queue.len() >= MAX_QUEUED_SETTLEMENTS {
+            vm.settle_queue.remove(0);
+            metrics::inc(metrics::get().quota_settle_dropped);
+        }
+        vm.settle_queue.push(SettleJob {
+            args,
+            attempts: 0,
+            due_ns: 0,
+        });
+    });
+}
+
+/// Root tick: dispatches due settlements.
+pub fn tick(q: &QuotaSettings) {
+    let now = now_ns();
+    let due: Vec<SettleJob> = VM.with(|vm| {
+        let mut vm = vm.borrow_mut();
+        let room = MAX_INFLIGHT_SETTLEMENTS.saturating_sub(vm.settle_inflight.len());
+        if room == 0 || vm.settle_queue.is_empty() {
+            return Vec::new();
+        }
+        let mut take = Vec::new();
+        let mut keep = Vec::new();
+        for job in std::mem::take(&mut vm.settle_queue) {
+            if job.due_ns <= now && take.len() < room {
+                take.push(job);
+            } else {
+                keep.push(job);
+            }
+        }
+        vm.settle_queue = keep;
+        take
+    });
+    for job in due {
+        let body = quota::settle_request(&job.args, script_call());
+        match dispatch(q, &body) {
+            Ok(token) => VM.with(|vm| {
+                vm.borrow_mut().settle_inflight.insert(token, job);
+            }),
+            Err(_) => retry(q, job, "dispatch refused"),
+        }
+    }
+}
+
+fn retry(q: &QuotaSettings, mut job: SettleJob, why: &str) {
+    let m = metrics::get();
+    job.attempts = job.attempts.saturating_add(1);
+    if job.attempts >= q.settle_max_attempts {
+        metrics::inc(m.quota_settle_dropped);
+        log(
+            Level::Error,
+            &format!(
+                "settlement for {} given up after {} attempts ({why}); the reservation stands",
+                job.args.keys.settled, job.attempts
+            ),
+        );
+        return;
+    }
+    metrics::inc(m.quota_settle_retries);
+    let backoff_ms = q
+        .settle_retry_ms
+        .saturating_mul(1u64 << job.attempts.min(10))
+        .min(60_000);
+    job.due_ns = now_ns().saturating_add(backoff_ms.saturating_mul(1_000_000));
+    VM.with(|vm| vm.borrow_mut().settle_queue.push(job));
+}
+
+/// Root: a settlement callout answered.
+pub fn on_settle_response(q: &QuotaSettings, token: u32, body_size: usize) {
+    let Some(job) = VM.with(|vm| vm.borrow_mut().settle_inflight.remove(&token)) else {
+        return;
+    };
+    let (status, body) = call_response(body_size);
+    let m = metrics::get();
+    match quota::parse_settle_reply(status, &body) {
+        Ok(reply) => {
+            set_script_loaded(true);
+            if reply.applied {
+                metrics::inc(m.quota_settled);
+                if job.args.delta < 0 {
+                    metrics::add(m.quota_refunded_tokens, job.args.delta.unsigned_abs());
+                } else {
+                    metrics::add(m.quota_extra_charged_tokens, job.args.delta.unsigned_abs());
+                }
+            } else {
+                metrics::inc(m.quota_settle_duplicates);
+            }
+        }
+        Err(ShimError::NoScript) => {
+            set_script_loaded(false);
+            VM.with(|vm| vm.borrow_mut().settle_queue.push(job));
+        }
+        Err(e) => {
+            metrics::inc(m.quota_shim_errors);
+            retry(q, job, &e.to_string());
+        }
+    }
+}

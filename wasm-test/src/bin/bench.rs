@@ -1,0 +1,939 @@
+//! `make bench`: what tokengate costs inside Envoy, side by side in one run.
+//!
+//! Each variant is an Envoy 1.40 (`--concurrency 2`, `--disable-hot-restart`, free loopback ports, a
+//! bootstrap written here) in front of the same in-process mock provider (a minimal HTTP/1.1 keep-alive
+//! server answering every request with a fixed `chat.completion` JSON):
+//!
+//! - `no filter`: the router only;
+//! - `empty wasm`: `bench/empty-filter` (returns `Continue` everywhere): the fixed price of any wasm filter;
+//! - `tokengate`: the built filter with buckets on and a rule so generous that nothing is rejected.
+//!
+//! Adding a row (breaker on, quota on, ...) is one more entry in [`variants`] with its plugin config.
+//!
+//! The load is closed-loop and bounded: `CLIENTS` keep-alive connections each send
+//! `POST /v1/chat/completions` with a small JSON body, wait for the answer and send the next, for
+//! `BENCH_SECONDS` (default 5) or `MAX_REQUESTS_PER_CLIENT`, whichever comes first. Rounds alternate the
+//! variants (a, b, c, a, b, c) so that drift of the machine hits all of them; the round with the best
+//! req/s is reported for each. Output: a markdown table (req/s, ratio vs the empty wasm filter, p50/p99
+//! latency, p50 added vs no filter).
+//!
+//! Environment: `ENVOY_BIN` (default `<repo>/.venv/bin/envoy`), `TOKENGATE_WASM` (default
+//! `<repo>/target/wasm32-wasip1/release/tokengate.wasm`), `EMPTY_WASM` (default
+//! `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`), `BENCH_SECONDS`,
+//! `BENCH_ROUNDS` (default 2), `BENCH_VARIANTS` (comma-separated names to run, default all).
+//! A variant whose wasm is not built is skipped with a note. Every Envoy is killed by PID on exit,
+//! including on error (Drop).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Concurrent keep-alive client connections.
+const CLIENTS: usize = 8;
+/// Upper bound on requests per client and measurement, whatever the duration.
+const MAX_REQUESTS_PER_CLIENT: usize = 200_000;
+/// Load before the measured rounds, per variant (fills connection pools, JIT, buckets).
+const WARMUP: Duration = Duration::from_millis(700);
+/// How long to wait for an Envoy to answer its first request.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+const REQUEST_BODY: &str = r#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#;
+
+const MOCK_RESPONSE: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4.1","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":24,"completion_tokens":4,"total_tokens":28}}"#;
+
+type Result<T> = std::result::Result<T, String>;
+
+/// One row of the table: an Envoy with this HTTP filter (or none) in front of the mock.
+struct Variant {
+    name: &'static str,
+    filter: Option<WasmFilter>,
+    /// Why the variant cannot run (e.g. its wasm is not built); it is then listed but not measured.
+    skip: Option<String>,
+    /// A response header that proves the filter ran (checked once after warm-up).
+    expect_header: Option<&'static str>,
+    /// Start Redis + Webdis (ACL as envoy/webdis.json) and add the `webdis` cluster (quota rows).
+    needs_webdis: bool,
+}
+
+struct WasmFilter {
+    wasm: PathBuf,
+    vm_id: &'static str,
+    root_id: &'static str,
+    /// Plugin configuration JSON (the wasm filter's StringValue `configuration`).
+    config: String,
+}
+
+fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn env_path(var: &str, default: PathBuf) -> PathBuf {
+    std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
+}
+
+/// tokengate's configuration for the benchmark: every mechanism on the hot path, nothing rejected.
+fn tokengate_config() -> String {
+    serde_json::json!({
+        "tenant_header": "x-tenant-id",
+        "api_key_tenants": true,
+        "rules": [{
+            "name": "bench",
+            "tenant": "*",
+            "model": "*",
+            "tokens_per_second": 100_000_000u64,
+            "burst": 1_000_000_000u64,
+            "per_model": true
+        }]
+    })
+    .to_string()
+}
+
+/// The rows of the table, in order. Add breaker/quota variants here (same wasm, another config).
+fn variants() -> Vec<Variant> {
+    let root = repo_root();
+    let empty = env_path(
+        "EMPTY_WASM",
+        root.join("bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm"),
+    );
+    let tokengate = env_path(
+        "TOKENGATE_WASM",
+        root.join("target/wasm32-wasip1/release/tokengate.wasm"),
+    );
+    let missing = |p: &Path, how: &str| {
+        if p.exists() {
+            None
+        } else {
+            Some(format!("{} not built ({how})", p.display()))
+        }
+    };
+    vec![
+        Variant {
+            name: "no filter",
+            filter: None,
+            skip: None,
+            expect_header: None,
+            needs_webdis: false,
+        },
+        Variant {
+            name: "empty wasm",
+            skip: missing(&empty, "make bench builds it"),
+            filter: Some(WasmFilter {
+                wasm: empty,
+                vm_id: "empty",
+                root_id: "empty",
+                config: "{}".to_string(),
+            }),
+            expect_header: None,
+            needs_webdis: false,
+        },
+        Variant {
+            name: "tokengate (buckets)",
+            skip: missing(&tokengate, "make build"),
+            filter: Some(WasmFilter {
+                wasm: tokengate,
+                vm_id: "tokengate",
+                root_id: "tokengate",
+                config: tokengate_config(),
+            }),
+            expect_header: Some("x-tokengate-estimated-tokens"),
+            needs_webdis: false,
+        },
+        // Later rows: the same wasm with the breaker or quotas on, e.g.
+        // Variant { name: "tokengate (quota)", filter: Some(WasmFilter { config: <with quota>, .. }),
+        //           needs_webdis: true, .. }
+        // The bootstrap always has `provider_fallback` (the same mock) for breaker rows.
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process killed by PID when dropped (also on error paths and panics).
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A scratch directory for bootstraps and logs; removed on drop unless `keep` was set.
+struct WorkDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("bench: logs kept in {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind 127.0.0.1:0: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("local_addr: {e}"))
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// An Envoy bootstrap: one listener, clusters `provider` and `provider_fallback` (both the mock),
+/// `webdis` when a port is given, optionally one wasm HTTP filter.
+fn bootstrap(
+    listen: u16,
+    admin: u16,
+    upstream: u16,
+    webdis: Option<u16>,
+    filter: Option<&WasmFilter>,
+) -> String {
+    let cluster = |name: &str, port: u16| {
+        format!(
+            r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 5s
+    per_connection_buffer_limit_bytes: 16777216
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{ address: 127.0.0.1, port_value: {port} }}"#
+        )
+    };
+    let mut clusters = cluster("provider", upstream) + &cluster("provider_fallback", upstream);
+    if let Some(port) = webdis {
+        clusters += &cluster("webdis", port);
+    }
+    let wasm_filter = match filter {
+        None => String::new(),
+        Some(f) => format!(
+            r#"
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: {root_id}
+                root_id: {root_id}
+                failure_policy: FAIL_RELOAD
+                vm_config:
+                  vm_id: {vm_id}
+                  runtime: envoy.wasm.runtime.v8
+                  code:
+                    local:
+                      filename: {wasm}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: {config}"#,
+            root_id = f.root_id,
+            vm_id = f.vm_id,
+            wasm = f.wasm.display(),
+            // A JSON string is a valid YAML double-quoted scalar.
+            config = serde_json::Value::String(f.config.clone()),
+        ),
+    };
+    format!(
+        r#"admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
+static_resources:
+  listeners:
+  - name: bench
+    address:
+      socket_address: {{ address: 127.0.0.1, port_value: {listen} }}
+    per_connection_buffer_limit_bytes: 16777216
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          stream_idle_timeout: 300s
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: provider, timeout: 300s }}
+          http_filters:{wasm_filter}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:{clusters}
+"#
+    )
+}
+
+struct RunningEnvoy {
+    variant: usize,
+    port: u16,
+    proc: Proc,
+}
+
+fn start_envoy(
+    envoy: &Path,
+    work: &Path,
+    index: usize,
+    variant: &Variant,
+    upstream: u16,
+    webdis: Option<u16>,
+) -> Result<RunningEnvoy> {
+    let port = free_port()?;
+    let admin = free_port()?;
+    let config = work.join(format!("envoy-{index}.yaml"));
+    std::fs::write(
+        &config,
+        bootstrap(port, admin, upstream, webdis, variant.filter.as_ref()),
+    )
+    .map_err(|e| format!("write {}: {e}", config.display()))?;
+    let log = work.join(format!("envoy-{index}.log"));
+    let log_file =
+        std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
+    let log_err = log_file.try_clone().map_err(|e| format!("dup log: {e}"))?;
+    let child = Command::new(envoy)
+        .arg("-c")
+        .arg(&config)
+        .args([
+            "--concurrency",
+            "2",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", envoy.display()))?;
+    let mut proc = Proc {
+        name: format!("envoy[{}]", variant.name),
+        child,
+        log,
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = proc.exited() {
+            return Err(format!(
+                "{} exited at start ({status}):\n{}",
+                proc.name,
+                tail(&proc.log, 30)
+            ));
+        }
+        if let Ok(mut conn) = Conn::open(port) {
+            if let Ok(resp) = conn.request() {
+                if resp.status == 200 {
+                    break;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} did not answer 200 within {START_TIMEOUT:?}:\n{}",
+                proc.name,
+                tail(&proc.log, 30)
+            ));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Ok(RunningEnvoy {
+        variant: index,
+        port,
+        proc,
+    })
+}
+
+/// Waits until `port` accepts connections or `proc` exits.
+fn wait_port(proc: &mut Proc, port: u16) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = proc.exited() {
+            return Err(format!(
+                "{} exited at start ({status}):\n{}",
+                proc.name,
+                tail(&proc.log, 20)
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} did not listen on {port}", proc.name));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn spawn_logged(name: &str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
+    let out = std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| format!("dup log: {e}"))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("start {name}: {e}"))?;
+    Ok(Proc {
+        name: name.to_string(),
+        child,
+        log,
+    })
+}
+
+/// Redis and Webdis on free loopback ports, Webdis with the ACL of envoy/webdis.json.
+/// Returns Webdis's port and both processes (killed on drop).
+fn start_webdis(work: &Path) -> Result<(u16, Vec<Proc>)> {
+    let redis_port = free_port()?;
+    let mut redis = spawn_logged(
+        "redis-server",
+        Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--port")
+            .arg(redis_port.to_string())
+            .current_dir(work),
+        work.join("redis.log"),
+    )?;
+    wait_port(&mut redis, redis_port)?;
+    let shipped = repo_root().join("envoy/webdis.json");
+    let text = std::fs::read_to_string(&shipped)
+        .map_err(|e| format!("read {}: {e}", shipped.display()))?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", shipped.display()))?;
+    let webdis_port = free_port()?;
+    config["redis_port"] = redis_port.into();
+    config["http_port"] = webdis_port.into();
+    config["daemonize"] = false.into();
+    config["logfile"] = work.join("webdis.log").display().to_string().into();
+    let config_path = work.join("webdis.json");
+    std::fs::write(&config_path, config.to_string())
+        .map_err(|e| format!("write webdis.json: {e}"))?;
+    let mut webdis = spawn_logged(
+        "webdis",
+        Command::new("webdis").arg(&config_path).current_dir(work),
+        work.join("webdis.stdout.log"),
+    )?;
+    wait_port(&mut webdis, webdis_port)?;
+    Ok((webdis_port, vec![webdis, redis]))
+}
+
+// ---------------------------------------------------------------------------------------------------
+// HTTP/1.1 over std (client and mock server)
+
+/// Lower-cased header names with their values, in order.
+type Headers = Vec<(String, String)>;
+
+/// Reads one HTTP/1.1 message head; returns (first line, headers). `None` on clean EOF.
+fn read_head(reader: &mut impl BufRead) -> Result<Option<(String, Headers)>> {
+    let mut first = String::new();
+    let n = reader
+        .read_line(&mut first)
+        .map_err(|e| format!("read: {e}"))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = reader
+            .read_line(&mut line)
+            .map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err("connection closed inside the headers".to_string());
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    Ok(Some((first.trim_end().to_string(), headers)))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Reads a message body framed by content-length or chunked transfer encoding.
+fn read_body(reader: &mut impl BufRead, headers: &[(String, String)]) -> Result<Vec<u8>> {
+    if header(headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let mut size_line = String::new();
+            reader
+                .read_line(&mut size_line)
+                .map_err(|e| format!("read chunk size: {e}"))?;
+            let hex = size_line.trim().split(';').next().unwrap_or("");
+            let size =
+                usize::from_str_radix(hex, 16).map_err(|_| format!("bad chunk size {hex:?}"))?;
+            if size == 0 {
+                // Trailers (none expected) end with an empty line.
+                loop {
+                    let mut line = String::new();
+                    let n = reader
+                        .read_line(&mut line)
+                        .map_err(|e| format!("read: {e}"))?;
+                    if n == 0 || line.trim().is_empty() {
+                        return Ok(body);
+                    }
+                }
+            }
+            let start = body.len();
+            body.resize(start + size, 0);
+            reader
+                .read_exact(&mut body[start..])
+                .map_err(|e| format!("read chunk: {e}"))?;
+            let mut crlf = [0u8; 2];
+            reader
+                .read_exact(&mut crlf)
+                .map_err(|e| format!("read chunk end: {e}"))?;
+        }
+    }
+    let len = match header(headers, "content-length") {
+        Some(v) => v
+            .parse::<usize>()
+            .map_err(|_| format!("bad content-length {v:?}"))?,
+        None => 0,
+    };
+    let mut body = vec![0u8; len];
+    reader
+        .read_exact(&mut body)
+        .map_err(|e| format!("read body: {e}"))?;
+    Ok(body)
+}
+
+struct Response {
+    status: u16,
+    headers: Headers,
+}
+
+/// One keep-alive client connection to an Envoy listener.
+struct Conn {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+    request: Vec<u8>,
+}
+
+impl Conn {
+    fn open(port: u16) -> Result<Conn> {
+        let stream =
+            TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect {port}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let reader = BufReader::new(stream.try_clone().map_err(|e| format!("clone: {e}"))?);
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
+             x-tenant-id: bench\r\ncontent-length: {}\r\n\r\n{REQUEST_BODY}",
+            REQUEST_BODY.len()
+        )
+        .into_bytes();
+        Ok(Conn {
+            writer: stream,
+            reader,
+            request,
+        })
+    }
+
+    fn request(&mut self) -> Result<Response> {
+        self.writer
+            .write_all(&self.request)
+            .map_err(|e| format!("write: {e}"))?;
+        let (status_line, headers) =
+            read_head(&mut self.reader)?.ok_or_else(|| "connection closed".to_string())?;
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse::<u16>().ok())
+            .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+        read_body(&mut self.reader, &headers)?;
+        Ok(Response { status, headers })
+    }
+}
+
+/// The mock provider: accepts connections until `stop`, one thread per connection, keep-alive.
+fn start_mock(stop: Arc<AtomicBool>) -> Result<(u16, thread::JoinHandle<()>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("mock bind: {e}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| format!("mock addr: {e}"))?
+        .port();
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("mock nonblocking: {e}"))?;
+    let handle = thread::spawn(move || {
+        let mut workers = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let stop = stop.clone();
+                    workers.push(thread::spawn(move || serve_mock_conn(stream, &stop)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        for w in workers {
+            let _ = w.join();
+        }
+    });
+    Ok((port, handle))
+}
+
+fn serve_mock_conn(stream: TcpStream, stop: &AtomicBool) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    // Wake up now and then to notice `stop` (Envoy keeps idle upstream connections open).
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut writer = stream;
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{MOCK_RESPONSE}",
+        MOCK_RESPONSE.len()
+    );
+    while !stop.load(Ordering::Relaxed) {
+        // Wait for the next request without consuming bytes, so a timeout never splits a message.
+        match reader.fill_buf() {
+            Ok([]) => break,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                continue
+            }
+            Err(_) => break,
+        }
+        let _ = writer.set_read_timeout(Some(Duration::from_secs(10)));
+        let ok = match read_head(&mut reader) {
+            Ok(Some((_, headers))) => read_body(&mut reader, &headers).is_ok(),
+            _ => false,
+        };
+        let _ = writer.set_read_timeout(Some(Duration::from_millis(200)));
+        if !ok || writer.write_all(response.as_bytes()).is_err() {
+            break;
+        }
+    }
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Load
+
+#[derive(Clone, Default)]
+struct Measurement {
+    requests: usize,
+    errors: usize,
+    seconds: f64,
+    /// Sorted latencies in microseconds.
+    latencies_us: Vec<u32>,
+}
+
+impl Measurement {
+    fn rps(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.requests as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    fn mean_ms(&self) -> f64 {
+        if self.latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        let sum: u64 = self.latencies_us.iter().map(|&l| u64::from(l)).sum();
+        sum as f64 / self.latencies_us.len() as f64 / 1000.0
+    }
+
+    fn percentile_ms(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * (self.latencies_us.len() - 1) as f64).round() as usize;
+        self.latencies_us[rank.min(self.latencies_us.len() - 1)] as f64 / 1000.0
+    }
+}
+
+/// Closed-loop load: `CLIENTS` connections for `duration` (or the request cap), latency per request.
+fn load(port: u16, duration: Duration) -> Measurement {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            thread::spawn(move || {
+                let mut lat = Vec::with_capacity(16_384);
+                let mut errors = 0usize;
+                let mut conn: Option<Conn> = None;
+                while lat.len() < MAX_REQUESTS_PER_CLIENT && Instant::now() < deadline {
+                    if conn.is_none() {
+                        match Conn::open(port) {
+                            Ok(c) => conn = Some(c),
+                            Err(_) => {
+                                errors += 1;
+                                thread::sleep(Duration::from_millis(10));
+                                continue;
+                            }
+                        }
+                    }
+                    let Some(c) = conn.as_mut() else { continue };
+                    let t0 = Instant::now();
+                    match c.request() {
+                        Ok(r) if r.status == 200 => {
+                            lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                        }
+                        Ok(_) => errors += 1,
+                        Err(_) => {
+                            errors += 1;
+                            conn = None;
+                        }
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for w in workers {
+        if let Ok((lat, e)) = w.join() {
+            all.extend(lat);
+            errors += e;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    Measurement {
+        requests: all.len(),
+        errors,
+        seconds,
+        latencies_us: all,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+fn run() -> Result<()> {
+    let root = repo_root();
+    let envoy = env_path("ENVOY_BIN", root.join(".venv/bin/envoy"));
+    if !envoy.exists() {
+        return Err(format!(
+            "no Envoy at {} (set ENVOY_BIN or run `make deps`)",
+            envoy.display()
+        ));
+    }
+    let seconds: f64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|s: &f64| *s > 0.0 && *s <= 120.0)
+        .unwrap_or(5.0);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|r| (1..=10).contains(r))
+        .unwrap_or(2);
+    let only: Option<Vec<String>> = std::env::var("BENCH_VARIANTS")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.split(',').map(|x| x.trim().to_string()).collect());
+
+    let all = variants();
+    let selected: Vec<usize> = (0..all.len())
+        .filter(|&i| {
+            only.as_ref()
+                .is_none_or(|names| names.iter().any(|n| all[i].name.starts_with(n.as_str())))
+        })
+        .collect();
+
+    let mut work = WorkDir {
+        path: std::env::temp_dir().join(format!("tokengate-bench-{}", std::process::id())),
+        keep: false,
+    };
+    std::fs::create_dir_all(&work.path).map_err(|e| format!("mkdir: {e}"))?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mock_port, mock) = start_mock(stop.clone())?;
+
+    let result = (|| -> Result<Vec<(usize, Option<Measurement>)>> {
+        let needs_webdis = selected
+            .iter()
+            .any(|&i| all[i].needs_webdis && all[i].skip.is_none());
+        let (webdis_port, _aux) = if needs_webdis {
+            let (port, procs) = start_webdis(&work.path)?;
+            (Some(port), procs)
+        } else {
+            (None, Vec::new())
+        };
+        // Start every runnable Envoy once; they idle while another one is measured.
+        let mut envoys = Vec::new();
+        for &i in &selected {
+            let v = &all[i];
+            if let Some(why) = &v.skip {
+                eprintln!("bench: skipping {:?}: {why}", v.name);
+                continue;
+            }
+            let webdis = if v.needs_webdis { webdis_port } else { None };
+            let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis)?;
+            // Warm up, then check that the filter is really in the path.
+            let warm = load(e.port, WARMUP);
+            if warm.requests == 0 {
+                return Err(format!(
+                    "{}: no successful request during warm-up ({} errors):\n{}",
+                    e.proc.name,
+                    warm.errors,
+                    tail(&e.proc.log, 30)
+                ));
+            }
+            if let Some(h) = v.expect_header {
+                let resp = Conn::open(e.port)?.request()?;
+                if header(&resp.headers, h).is_none() {
+                    return Err(format!(
+                        "{}: response has no {h} header: the filter did not run (status {})",
+                        e.proc.name, resp.status
+                    ));
+                }
+            }
+            envoys.push(e);
+        }
+        eprintln!(
+            "bench: {} variants x {rounds} rounds x {seconds:.1} s, {CLIENTS} clients, Envoy --concurrency 2",
+            envoys.len()
+        );
+        let mut best: Vec<Option<Measurement>> = vec![None; all.len()];
+        for round in 1..=rounds {
+            for e in envoys.iter_mut() {
+                if let Some(status) = e.proc.exited() {
+                    return Err(format!(
+                        "{} died ({status}):\n{}",
+                        e.proc.name,
+                        tail(&e.proc.log, 30)
+                    ));
+                }
+                let m = load(e.port, Duration::from_secs_f64(seconds));
+                eprintln!(
+                    "bench: round {round} {:<22} {:>9.0} req/s  mean {:.3} ms  p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  errors {}",
+                    all[e.variant].name,
+                    m.rps(),
+                    m.mean_ms(),
+                    m.percentile_ms(50.0),
+                    m.percentile_ms(90.0),
+                    m.percentile_ms(99.0),
+                    m.errors
+                );
+                let slot = &mut best[e.variant];
+                if slot.as_ref().is_none_or(|b| m.rps() > b.rps()) {
+                    *slot = Some(m);
+                }
+            }
+        }
+        Ok(selected.iter().map(|&i| (i, best[i].take())).collect())
+    })();
+
+    stop.store(true, Ordering::Relaxed);
+    let _ = mock.join();
+
+    let rows = match result {
+        Ok(rows) => rows,
+        Err(e) => {
+            work.keep = true;
+            return Err(e);
+        }
+    };
+    print_table(&all, &rows, seconds, rounds);
+    Ok(())
+}
+
+fn print_table(
+    all: &[Variant],
+    rows: &[(usize, Option<Measurement>)],
+    seconds: f64,
+    rounds: usize,
+) {
+    let find = |name: &str| {
+        rows.iter()
+            .find(|(i, _)| all[*i].name == name)
+            .and_then(|(_, m)| m.as_ref())
+    };
+    let empty_rps = find("empty wasm").map(|m| m.rps());
+    let base_p50 = find("no filter").map(|m| m.percentile_ms(50.0));
+    println!();
+    println!(
+        "Envoy 1.40 --concurrency 2 -> in-process mock provider; {CLIENTS} keep-alive clients, POST \
+         /v1/chat/completions ({} B body); best of {rounds} x {seconds:.1} s per config.",
+        REQUEST_BODY.len()
+    );
+    println!();
+    println!(
+        "| config | req/s | vs empty wasm | p50 ms | p99 ms | p50 added vs no filter ms | errors |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (i, m) in rows {
+        let name = all[*i].name;
+        let Some(m) = m else {
+            let why = all[*i].skip.as_deref().unwrap_or("not run");
+            println!("| {name} | - | - | - | - | - | skipped: {why} |");
+            continue;
+        };
+        let ratio = empty_rps
+            .filter(|r| *r > 0.0)
+            .map(|r| format!("{:.2}", m.rps() / r))
+            .unwrap_or_else(|| "-".to_string());
+        let added = base_p50
+            .map(|b| format!("{:+.3}", m.percentile_ms(50.0) - b))
+            .unwrap_or_else(|| "-".to_string());
+        println!(
+            "| {name} | {:.0} | {ratio} | {:.3} | {:.3} | {added} | {} |",
+            m.rps(),
+            m.percentile_ms(50.0),
+            m.percentile_ms(99.0),
+            m.errors
+        );
+    }
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench: error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,752 @@
+//! `mock-provider`: a deterministic fake of an OpenAI-compatible LLM provider (plus Anthropic
+//! `/v1/messages`) that the integration tests put behind Envoy.
+//!
+//! ```text
+//! mock-provider --port 0        # first stdout line: "listening on 127.0.0.1:<port>"
+//! ```
+//!
+//! HTTP/1.1 on 127.0.0.1 only, one thread per connection, keep-alive, `content-length` or chunked
+//! request bodies (Envoy sends chunked when the filter removed `content-length`).
+//!
+//! Endpoints (POST): `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses`,
+//! `/v1/messages` (matched on the path suffix, query ignored, like the filter). `GET /healthz`
+//! answers `{"ok":true}`; any other path answers 200 `{"ok":true,"path":<path>}`.
+//!
+//! Usage is a pure function of the request so tests can predict it:
+//! - `prompt_tokens` = max(1, bytes of all string leaves under `messages`/`prompt`/`input`/`system`/
+//!   `instructions`, not counting values of `role`/`type` keys, / 4)
+//! - `completion_tokens` = the request limit (`max_tokens`, `max_completion_tokens` or
+//!   `max_output_tokens`, else 16); header `x-mock-completion-tokens: N` replaces it, but never
+//!   exceeds an explicit request limit (as a real provider). Embeddings have no completion tokens.
+//!
+//! Failure injection by request header:
+//! - `x-mock-status: 503`        answer that status with an OpenAI-shaped error body
+//! - `x-mock-retry-after: 7`     with a 429 status: add `retry-after: 7`
+//! - `x-mock-delay-ms: 500`      sleep before answering
+//! - `x-mock-reset: 1`           close the TCP connection without answering
+//! - `x-mock-cut-after: N`       stream: send N SSE events then close without the final chunk
+//!   (non-stream: send the headers and half the body, then close)
+//! - `x-mock-chunk-delay-ms: N`  pause between SSE events (default 5)
+//! - `x-mock-completion-tokens: N`  see above
+//! - `x-mock-id: name`           echoed as response header `x-mock-served-by`
+//!
+//! Every answer carries `x-mock-port: <port>`.
+//!
+//! Recording: `GET /_mock/requests` returns a JSON array of `{method, path, headers, body}` for every
+//! complete request (except `/_mock/*`) since start or the last `POST /_mock/reset`.
+//! `GET /_mock/incomplete` lists requests whose headers arrived but whose body never completed
+//! (the client or Envoy reset the stream): a request rejected by the filter in the headers phase
+//! appears in neither list, one rejected in the body phase may appear here.
+
+use serde_json::{json, Map, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Requests seen by this process, shared by every connection thread.
+#[derive(Default)]
+struct Recorder {
+    complete: Vec<Value>,
+    incomplete: Vec<Value>,
+}
+
+type Shared = Arc<Mutex<Recorder>>;
+
+/// A parsed HTTP/1.1 request.
+struct Request {
+    method: String,
+    path: String,
+    /// Lowercased names, in arrival order.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn header_num(&self, name: &str) -> Option<u64> {
+        self.header(name).and_then(|v| v.trim().parse().ok())
+    }
+
+    fn wants_close(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+    }
+
+    fn to_record(&self) -> Value {
+        let mut headers = Map::new();
+        for (k, v) in &self.headers {
+            headers.insert(k.clone(), Value::String(v.clone()));
+        }
+        json!({
+            "method": self.method,
+            "path": self.path,
+            "headers": headers,
+            "body": String::from_utf8_lossy(&self.body),
+        })
+    }
+}
+
+enum ReadOutcome {
+    Request(Request),
+    /// Clean end of connection before a new request started.
+    Closed,
+    /// Headers arrived but the body did not complete.
+    Incomplete(Request),
+}
+
+fn main() {
+    let mut port: u16 = 0;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--port" => {
+                port = match args.next().and_then(|p| p.parse().ok()) {
+                    Some(p) => p,
+                    None => fail("--port needs a number"),
+                }
+            }
+            "-h" | "--help" => {
+                println!("usage: mock-provider --port N   (0 picks a free port)");
+                return;
+            }
+            other => fail(&format!("unknown argument {other}")),
+        }
+    }
+    let listener = match TcpListener::bind(("127.0.0.1", port)) {
+        Ok(l) => l,
+        Err(e) => fail(&format!("bind 127.0.0.1:{port}: {e}")),
+    };
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
+    println!("listening on 127.0.0.1:{port}");
+    let _ = std::io::stdout().flush();
+
+    let shared: Shared = Arc::new(Mutex::new(Recorder::default()));
+    for conn in listener.incoming() {
+        let Ok(stream) = conn else { continue };
+        let shared = shared.clone();
+        thread::spawn(move || serve_connection(stream, port, shared));
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("mock-provider: {msg}");
+    std::process::exit(2);
+}
+
+fn serve_connection(stream: TcpStream, port: u16, shared: Shared) {
+    let _ = stream.set_nodelay(true);
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut out = stream;
+    loop {
+        let req = match read_request(&mut reader, &mut out) {
+            ReadOutcome::Request(r) => r,
+            ReadOutcome::Closed => return,
+            ReadOutcome::Incomplete(r) => {
+                if !r.path.starts_with("/_mock/") {
+                    lock(&shared).incomplete.push(r.to_record());
+                }
+                return;
+            }
+        };
+        let keep = handle(&req, &mut out, port, &shared);
+        if !keep || req.wants_close() {
+            let _ = out.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Recorder> {
+    match shared.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn read_line(reader: &mut BufReader<TcpStream>) -> Option<String> {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim_end_matches(['\r', '\n']).to_string()),
+    }
+}
+
+fn read_request(reader: &mut BufReader<TcpStream>, out: &mut TcpStream) -> ReadOutcome {
+    // Request line (skip stray empty lines between pipelined requests).
+    let line = loop {
+        match read_line(reader) {
+            None => return ReadOutcome::Closed,
+            Some(l) if l.is_empty() => continue,
+            Some(l) => break l,
+        }
+    };
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let path = parts.next().unwrap_or("/").to_string();
+    let mut req = Request {
+        method,
+        path,
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    loop {
+        match read_line(reader) {
+            None => return ReadOutcome::Incomplete(req),
+            Some(l) if l.is_empty() => break,
+            Some(l) => {
+                if let Some((k, v)) = l.split_once(':') {
+                    req.headers
+                        .push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                }
+            }
+        }
+    }
+    if req
+        .header("expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+    {
+        let _ = out.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    let chunked = req
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    if chunked {
+        loop {
+            let Some(size_line) = read_line(reader) else {
+                return ReadOutcome::Incomplete(req);
+            };
+            let size_hex = size_line.split(';').next().unwrap_or("").trim();
+            let Ok(size) = usize::from_str_radix(size_hex, 16) else {
+                return ReadOutcome::Incomplete(req);
+            };
+            if size == 0 {
+                // Trailers until the empty line.
+                loop {
+                    match read_line(reader) {
+                        None => return ReadOutcome::Incomplete(req),
+                        Some(l) if l.is_empty() => break,
+                        Some(_) => {}
+                    }
+                }
+                break;
+            }
+            let mut buf = vec![0u8; size];
+            if reader.read_exact(&mut buf).is_err() {
+                return ReadOutcome::Incomplete(req);
+            }
+            req.body.extend_from_slice(&buf);
+            let mut crlf = [0u8; 2];
+            if reader.read_exact(&mut crlf).is_err() {
+                return ReadOutcome::Incomplete(req);
+            }
+        }
+    } else if let Some(len) = req.header_num("content-length") {
+        let mut buf = vec![0u8; len as usize];
+        if reader.read_exact(&mut buf).is_err() {
+            return ReadOutcome::Incomplete(req);
+        }
+        req.body = buf;
+    }
+    ReadOutcome::Request(req)
+}
+
+/// Writes the answer. Returns false when the connection must be closed.
+fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> bool {
+    let bare_path = req.path.split('?').next().unwrap_or("");
+    let mut extra: Vec<(String, String)> = vec![("x-mock-port".into(), port.to_string())];
+    if let Some(id) = req.header("x-mock-id") {
+        extra.push(("x-mock-served-by".into(), id.to_string()));
+    }
+
+    // Control endpoints: not recorded, no failure injection.
+    match (req.method.as_str(), bare_path) {
+        ("GET", "/_mock/requests") => {
+            let body = Value::Array(lock(shared).complete.clone()).to_string();
+            return write_response(out, 200, "application/json", &extra, body.as_bytes());
+        }
+        ("GET", "/_mock/incomplete") => {
+            let body = Value::Array(lock(shared).incomplete.clone()).to_string();
+            return write_response(out, 200, "application/json", &extra, body.as_bytes());
+        }
+        ("POST", "/_mock/reset") => {
+            let mut rec = lock(shared);
+            rec.complete.clear();
+            rec.incomplete.clear();
+            drop(rec);
+            return write_response(out, 200, "application/json", &extra, b"{\"ok\":true}");
+        }
+        _ => {}
+    }
+    lock(shared).complete.push(req.to_record());
+
+    if let Some(ms) = req.header_num("x-mock-delay-ms") {
+        thread::sleep(Duration::from_millis(ms.min(600_000)));
+    }
+    if req.header("x-mock-reset").is_some_and(|v| v.trim() == "1") {
+        let _ = out.shutdown(Shutdown::Both);
+        return false;
+    }
+    if let Some(status) = req.header_num("x-mock-status") {
+        let status = status.clamp(100, 599) as u16;
+        if status >= 400 {
+            if status == 429 {
+                if let Some(ra) = req.header("x-mock-retry-after") {
+                    extra.push(("retry-after".into(), ra.to_string()));
+                }
+            }
+            let (etype, code) = match status {
+                429 => ("rate_limit_error", "rate_limit_exceeded"),
+                400..=499 => ("invalid_request_error", "mock_error"),
+                _ => ("server_error", "mock_upstream_error"),
+            };
+            let body = json!({"error": {
+                "message": format!("mock-provider injected status {status}"),
+                "type": etype, "param": null, "code": code}});
+            return write_response(
+                out,
+                status,
+                "application/json",
+                &extra,
+                body.to_string().as_bytes(),
+            );
+        }
+    }
+
+    let kind = Endpoint::of(bare_path);
+    if req.method != "POST" || kind.is_none() {
+        let body = if bare_path == "/healthz" {
+            json!({"ok": true})
+        } else {
+            json!({"ok": true, "path": bare_path})
+        };
+        return write_response(
+            out,
+            200,
+            "application/json",
+            &extra,
+            body.to_string().as_bytes(),
+        );
+    }
+    let Some(kind) = kind else { return false };
+    let parsed: Value = match serde_json::from_slice(&req.body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            let body = json!({"error": {"message": "mock-provider: request body is not a JSON object",
+                "type": "invalid_request_error", "param": null, "code": "invalid_json"}});
+            return write_response(
+                out,
+                400,
+                "application/json",
+                &extra,
+                body.to_string().as_bytes(),
+            );
+        }
+    };
+    let usage = Usage::of(&parsed, kind, req);
+    let model = parsed
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("mock-model")
+        .to_string();
+    let stream = parsed.get("stream").and_then(Value::as_bool) == Some(true);
+    let cut_after = req.header_num("x-mock-cut-after").map(|n| n as usize);
+    if stream && kind != Endpoint::Embeddings {
+        let include_usage = parsed
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let delay = Duration::from_millis(req.header_num("x-mock-chunk-delay-ms").unwrap_or(5));
+        let events = stream_events(kind, &model, &usage, include_usage);
+        return write_stream(out, &extra, &events, delay, cut_after);
+    }
+    let body = full_body(kind, &model, &usage).to_string();
+    if cut_after.is_some() {
+        let head = response_head(200, "application/json", &extra, Some(body.len()));
+        let half = body.len() / 2;
+        let _ = out.write_all(head.as_bytes());
+        let _ = out.write_all(body.as_bytes().get(..half).unwrap_or_default());
+        let _ = out.flush();
+        let _ = out.shutdown(Shutdown::Both);
+        return false;
+    }
+    write_response(out, 200, "application/json", &extra, body.as_bytes())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+    Responses,
+    Messages,
+}
+
+impl Endpoint {
+    fn of(path: &str) -> Option<Endpoint> {
+        if path.ends_with("/chat/completions") {
+            Some(Endpoint::Chat)
+        } else if path.ends_with("/completions") {
+            Some(Endpoint::Completions)
+        } else if path.ends_with("/embeddings") {
+            Some(Endpoint::Embeddings)
+        } else if path.ends_with("/responses") {
+            Some(Endpoint::Responses)
+        } else if path.ends_with("/messages") {
+            Some(Endpoint::Messages)
+        } else {
+            None
+        }
+    }
+}
+
+struct Usage {
+    prompt: u64,
+    completion: u64,
+    /// True when `completion` hit the request's explicit limit.
+    hit_limit: bool,
+}
+
+impl Usage {
+    fn of(body: &Value, kind: Endpoint, req: &Request) -> Usage {
+        let mut bytes = 0usize;
+        for field in ["messages", "prompt", "input", "system", "instructions"] {
+            if let Some(v) = body.get(field) {
+                bytes += text_bytes(v);
+            }
+        }
+        let prompt = ((bytes / 4) as u64).max(1);
+        if kind == Endpoint::Embeddings {
+            return Usage {
+                prompt,
+                completion: 0,
+                hit_limit: false,
+            };
+        }
+        let explicit = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|k| body.get(*k).and_then(Value::as_u64));
+        let over = req.header_num("x-mock-completion-tokens");
+        let completion = match (explicit, over) {
+            (Some(m), Some(o)) => m.min(o),
+            (None, Some(o)) => o,
+            (Some(m), None) => m,
+            (None, None) => 16,
+        };
+        Usage {
+            prompt,
+            completion,
+            hit_limit: explicit == Some(completion),
+        }
+    }
+}
+
+/// Bytes of all string leaves, not counting the values of `role` and `type` keys.
+fn text_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(text_bytes).sum(),
+        Value::Object(o) => o
+            .iter()
+            .filter(|(k, _)| k.as_str() != "role" && k.as_str() != "type")
+            .map(|(_, v)| text_bytes(v))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The generated completion split into at most 4 pieces (one per stream event).
+fn pieces(completion: u64) -> Vec<String> {
+    let n = completion.clamp(1, 4);
+    let per = completion / n;
+    (0..n)
+        .map(|i| {
+            let count = if i + 1 == n {
+                completion - per * (n - 1)
+            } else {
+                per
+            };
+            (0..count).map(|j| format!("t{} ", i * per + j)).collect()
+        })
+        .collect()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn full_body(kind: Endpoint, model: &str, u: &Usage) -> Value {
+    let text: String = pieces(u.completion).concat();
+    let finish = if u.hit_limit { "length" } else { "stop" };
+    let created = now_secs();
+    match kind {
+        Endpoint::Chat => json!({
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": null, "finish_reason": finish}],
+            "usage": {"prompt_tokens": u.prompt, "completion_tokens": u.completion,
+                      "total_tokens": u.prompt + u.completion}
+        }),
+        Endpoint::Completions => json!({
+            "id": "cmpl-mock", "object": "text_completion", "created": created, "model": model,
+            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+            "usage": {"prompt_tokens": u.prompt, "completion_tokens": u.completion,
+                      "total_tokens": u.prompt + u.completion}
+        }),
+        Endpoint::Embeddings => json!({
+            "object": "list", "model": model,
+            "data": [{"object": "embedding", "index": 0,
+                      "embedding": [0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]}],
+            "usage": {"prompt_tokens": u.prompt, "total_tokens": u.prompt}
+        }),
+        Endpoint::Responses => responses_object(model, &text, u, created),
+        Endpoint::Messages => json!({
+            "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": if u.hit_limit { "max_tokens" } else { "end_turn" },
+            "stop_sequence": null,
+            "usage": {"input_tokens": u.prompt, "output_tokens": u.completion}
+        }),
+    }
+}
+
+fn responses_object(model: &str, text: &str, u: &Usage, created: u64) -> Value {
+    json!({
+        "id": "resp_mock", "object": "response", "created_at": created, "status": "completed",
+        "model": model,
+        "output": [{"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "usage": {"input_tokens": u.prompt, "output_tokens": u.completion,
+                  "total_tokens": u.prompt + u.completion}
+    })
+}
+
+/// SSE events, each already framed (`data: …\n\n` or `event: …\ndata: …\n\n`).
+fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) -> Vec<String> {
+    let data = |v: Value| format!("data: {v}\n\n");
+    let named = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n");
+    let created = now_secs();
+    let finish = if u.hit_limit { "length" } else { "stop" };
+    let parts = pieces(u.completion);
+    let mut ev = Vec::new();
+    match kind {
+        Endpoint::Chat => {
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
+                       "model": model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": null,
+                                    "finish_reason": finish}]})
+            };
+            ev.push(data(chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            )));
+            for p in &parts {
+                ev.push(data(chunk(json!({"content": p}), Value::Null)));
+            }
+            ev.push(data(chunk(json!({}), json!(finish))));
+            if include_usage {
+                ev.push(data(
+                    json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk",
+                    "created": created, "model": model, "choices": [],
+                    "usage": {"prompt_tokens": u.prompt, "completion_tokens": u.completion,
+                              "total_tokens": u.prompt + u.completion}}),
+                ));
+            }
+            ev.push("data: [DONE]\n\n".to_string());
+        }
+        Endpoint::Completions => {
+            for (i, p) in parts.iter().enumerate() {
+                let fin = if i + 1 == parts.len() {
+                    json!(finish)
+                } else {
+                    Value::Null
+                };
+                ev.push(data(json!({"id": "cmpl-mock", "object": "text_completion",
+                    "created": created, "model": model,
+                    "choices": [{"text": p, "index": 0, "logprobs": null, "finish_reason": fin}]})));
+            }
+            if include_usage {
+                ev.push(data(json!({"id": "cmpl-mock", "object": "text_completion",
+                    "created": created, "model": model, "choices": [],
+                    "usage": {"prompt_tokens": u.prompt, "completion_tokens": u.completion,
+                              "total_tokens": u.prompt + u.completion}})));
+            }
+            ev.push("data: [DONE]\n\n".to_string());
+        }
+        Endpoint::Responses => {
+            let mut seq = 0u64;
+            let mut next = || {
+                seq += 1;
+                seq
+            };
+            let mut in_progress = responses_object(model, "", u, created);
+            in_progress["status"] = json!("in_progress");
+            in_progress["output"] = json!([]);
+            in_progress["usage"] = Value::Null;
+            ev.push(named(
+                "response.created",
+                json!({"type": "response.created", "sequence_number": next(),
+                       "response": in_progress}),
+            ));
+            for p in &parts {
+                ev.push(named(
+                    "response.output_text.delta",
+                    json!({"type": "response.output_text.delta", "sequence_number": next(),
+                           "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                           "delta": p}),
+                ));
+            }
+            let text: String = parts.concat();
+            ev.push(named(
+                "response.output_text.done",
+                json!({"type": "response.output_text.done", "sequence_number": next(),
+                       "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                       "text": text}),
+            ));
+            ev.push(named(
+                "response.completed",
+                json!({"type": "response.completed", "sequence_number": next(),
+                       "response": responses_object(model, &text, u, created)}),
+            ));
+        }
+        Endpoint::Messages => {
+            ev.push(named(
+                "message_start",
+                json!({"type": "message_start", "message": {
+                    "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+                    "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": u.prompt, "output_tokens": 1}}}),
+            ));
+            ev.push(named(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}),
+            ));
+            for p in &parts {
+                ev.push(named(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": p}}),
+                ));
+            }
+            ev.push(named(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ));
+            ev.push(named(
+                "message_delta",
+                json!({"type": "message_delta",
+                       "delta": {"stop_reason": if u.hit_limit { "max_tokens" } else { "end_turn" },
+                                 "stop_sequence": null},
+                       "usage": {"output_tokens": u.completion}}),
+            ));
+            ev.push(named("message_stop", json!({"type": "message_stop"})));
+        }
+        Endpoint::Embeddings => {}
+    }
+    ev
+}
+
+fn response_head(
+    status: u16,
+    ctype: &str,
+    extra: &[(String, String)],
+    len: Option<usize>,
+) -> String {
+    let mut h = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: {ctype}\r\n",
+        reason(status)
+    );
+    match len {
+        Some(n) => h.push_str(&format!("content-length: {n}\r\n")),
+        None => h.push_str("transfer-encoding: chunked\r\n"),
+    }
+    for (k, v) in extra {
+        h.push_str(&format!("{k}: {v}\r\n"));
+    }
+    h.push_str("\r\n");
+    h
+}
+
+fn write_response(
+    out: &mut TcpStream,
+    status: u16,
+    ctype: &str,
+    extra: &[(String, String)],
+    body: &[u8],
+) -> bool {
+    let mut buf = response_head(status, ctype, extra, Some(body.len())).into_bytes();
+    buf.extend_from_slice(body);
+    out.write_all(&buf).and_then(|_| out.flush()).is_ok()
+}
+
+fn write_stream(
+    out: &mut TcpStream,
+    extra: &[(String, String)],
+    events: &[String],
+    delay: Duration,
+    cut_after: Option<usize>,
+) -> bool {
+    let mut extra = extra.to_vec();
+    extra.push(("cache-control".into(), "no-cache".into()));
+    let head = response_head(200, "text/event-stream", &extra, None);
+    if out.write_all(head.as_bytes()).is_err() {
+        return false;
+    }
+    for (i, e) in events.iter().enumerate() {
+        if cut_after.is_some_and(|n| i >= n) {
+            let _ = out.flush();
+            let _ = out.shutdown(Shutdown::Both);
+            return false;
+        }
+        if i > 0 && !delay.is_zero() {
+            thread::sleep(delay);
+        }
+        let chunk = format!("{:x}\r\n{e}\r\n", e.len());
+        if out
+            .write_all(chunk.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return false;
+        }
+    }
+    if cut_after.is_some() {
+        // Asked to cut after more events than exist: still never send the terminating chunk.
+        let _ = out.shutdown(Shutdown::Both);
+        return false;
+    }
+    out.write_all(b"0\r\n\r\n")
+        .and_then(|_| out.flush())
+        .is_ok()
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        413 => "Payload Too Large",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}

