@@ -406,7 +406,7 @@ mod tests {
     }
 
     #[test]
-    fn two_workers_interleaving_never_admit_more_than_the_burst() {
+    fn repeated_charges_never_admit_more_than_the_burst() {
         // Worker B writes between worker A's read and write on every other call: CAS retries keep
         // the total exact.
         let c = cfg("");

@@ -22,6 +22,9 @@ use std::collections::HashSet;
 /// Shared count of created breaker keys.
 pub const BREAKER_KEY_COUNTER: &str = "tg:n:breakers";
 
+/// Gives the fallback of a name and, for clusters, the route-header value that selects it.
+pub type NextFn<'a> = &'a dyn Fn(&str) -> Option<(String, Option<String>)>;
+
 /// The target chosen by [`peek_chain`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
@@ -40,7 +43,7 @@ pub fn peek_chain(
     settings: &BreakerSettings,
     scope: &str,
     primary: &str,
-    next: &dyn Fn(&str) -> Option<(String, Option<String>)>,
+    next: NextFn<'_>,
     now_ns: u64,
 ) -> Result<Choice, u64> {
     let mut name = primary.to_string();

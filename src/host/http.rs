@@ -956,9 +956,10 @@ impl HttpContext for Http {
             if let Some(action) = self.exhausted_cached(q) {
                 return action;
             }
-            self.request_id = abi::get_header(Map::RequestHeaders, "x-request-id")
-                .filter(|r| !r.is_empty())
-                .unwrap_or_else(|| format!("{}-{}", now_ns(), self.id));
+            // Names this request's settlement (retries reuse it). Clients can send `x-request-id`, so
+            // it is made unique with the context id and the time.
+            let rid = abi::get_header(Map::RequestHeaders, "x-request-id").unwrap_or_default();
+            self.request_id = format!("{}-{}-{}", rid.get(..64).unwrap_or(&rid), self.id, now_ns());
             self.idem_key = abi::get_header(Map::RequestHeaders, "idempotency-key")
                 .or_else(|| abi::get_header(Map::RequestHeaders, "x-idempotency-key"))
                 .filter(|k| !k.trim().is_empty());
@@ -1148,11 +1149,14 @@ impl HttpContext for Http {
                 }
             }
         } else if let Some(qr) = self.quota.as_mut() {
-            if qr.answered && !qr.fail_open && !qr.duplicate && body_size > 0 {
-                if qr.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE {
-                    if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
-                        qr.json.extend_from_slice(&chunk);
-                    }
+            if qr.answered
+                && !qr.fail_open
+                && !qr.duplicate
+                && body_size > 0
+                && qr.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE
+            {
+                if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
+                    qr.json.extend_from_slice(&chunk);
                 }
             }
         }
