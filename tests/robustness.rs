@@ -1,0 +1,185 @@
+//! Fuzz-style robustness: every parser of untrusted bytes gets tens of thousands of mutated and random
+//! inputs from a deterministic generator and must return (Ok or Err) without panicking. A panic in the
+//! wasm build kills the worker's VM, so "never panic" is checked here for each entry point the host feeds
+//! with request, response, callout or shared-data bytes.
+
+use tokengate::breaker::BreakerState;
+use tokengate::bucket::BucketState;
+use tokengate::estimate::{self, ApiKind, OutputLimits};
+use tokengate::quota::{self, ExhaustedMarker};
+use tokengate::rewrite::{self, Edits};
+use tokengate::store::Codec;
+use tokengate::usage::{self, SseScanner};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+const TOKENS: &[&str] = &[
+    "{", "}", "[", "]", ",", ":", "\"", "\\", "\\u0000", "\\ud800", "null", "true", "-1", "1e308",
+    "18446744073709551616", "\"model\"", "\"messages\"", "\"content\"", "\"role\"", "\"max_tokens\"",
+    "\"stream\"", "\"usage\"", "\"prompt_tokens\"", "\"choices\"", "data: ", "\n\n", "\r\n", "[DONE]",
+    "event: message_stop", "ไทย", "日本語", "\u{0}", "\u{FFFF}", "😀", "{\"EVAL\":", "[false,\"ERR x\"]",
+];
+
+fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
+    let mut v = seed.to_vec();
+    for _ in 0..=rng.below(6) {
+        match rng.below(6) {
+            0 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v.remove(i);
+            }
+            1 => {
+                let i = rng.below(v.len() + 1);
+                v.insert(i, rng.next() as u8);
+            }
+            2 => {
+                let i = rng.below(v.len() + 1);
+                let t = TOKENS[rng.below(TOKENS.len())].as_bytes();
+                v.splice(i..i, t.iter().copied());
+            }
+            3 if !v.is_empty() => {
+                let a = rng.below(v.len());
+                let b = a + rng.below(v.len() - a);
+                v.truncate(b.max(a));
+            }
+            4 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v[i] ^= 1 << rng.below(8);
+            }
+            _ => {
+                let n = rng.below(64);
+                v.extend((0..n).map(|_| rng.next() as u8));
+            }
+        }
+    }
+    v
+}
+
+const REQUESTS: &[&str] = &[
+    r#"{"model":"gpt-4.1","messages":[{"role":"user","content":"hello"}],"max_tokens":20}"#,
+    r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"n":3,"stream":true,"stream_options":{"include_usage":true}}"#,
+    r#"{"model":"text","prompt":["a","b"],"max_tokens":5}"#,
+    r#"{"model":"e","input":[[1,2,3],[4]]}"#,
+    r#"{"model":"r","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"instructions":"be brief","max_output_tokens":9}"#,
+    r#"{"model":"claude","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":"r"}]}],"max_tokens":100}"#,
+];
+
+#[test]
+fn estimator_never_panics_on_mutated_or_random_bodies() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let limits = |_: Option<&str>| OutputLimits {
+        default_tokens: 100,
+        cap_tokens: 1000,
+    };
+    let kinds = [
+        ApiKind::ChatCompletions,
+        ApiKind::Completions,
+        ApiKind::Embeddings,
+        ApiKind::Responses,
+        ApiKind::AnthropicMessages,
+    ];
+    for i in 0..20_000 {
+        let seed = REQUESTS[i % REQUESTS.len()].as_bytes();
+        let body = mutate(&mut rng, seed);
+        let _ = estimate::estimate(kinds[i % kinds.len()], &body, &limits);
+        let _ = estimate::text_tokens(&String::from_utf8_lossy(&body));
+    }
+    // deep nesting and huge numbers
+    let deep = "[".repeat(100_000);
+    let _ = estimate::estimate(ApiKind::ChatCompletions, deep.as_bytes(), &limits);
+    let nested = format!(
+        r#"{{"messages":[{{"role":"user","content":{}1{}}}]}}"#,
+        "[".repeat(120),
+        "]".repeat(120)
+    );
+    let _ = estimate::estimate(ApiKind::ChatCompletions, nested.as_bytes(), &limits);
+}
+
+#[test]
+fn config_parser_never_panics() {
+    let mut rng = Rng(42);
+    let seed = br#"{"tenant_header":"x-tenant-id","rules":[{"name":"a","model":"gpt-4*","tokens_per_second":10,"burst":100,"requests_per_minute":5,"max_wait_ms":10}],"breaker":{"failure_threshold":2,"model_fallbacks":{"a":"b"}},"quota":{"cluster":"webdis","monthly_limit":100,"tenants":{"t":{"monthly_limit":5}}}}"#;
+    assert!(tokengate::config::parse(seed).is_ok());
+    for _ in 0..20_000 {
+        let _ = tokengate::config::parse(&mutate(&mut rng, seed));
+    }
+}
+
+#[test]
+fn response_usage_and_sse_scanner_never_panic() {
+    let mut rng = Rng(7);
+    let json = br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":1}}}"#;
+    let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":3}}\n\ndata: [DONE]\n\n";
+    for _ in 0..20_000 {
+        let _ = usage::from_json(&mutate(&mut rng, json));
+        let stream = mutate(&mut rng, sse);
+        for strip in [false, true] {
+            let mut sc = SseScanner::with_max_event(strip, 64);
+            let mut at = 0;
+            while at < stream.len() {
+                let n = 1 + rng.below(17);
+                let end = (at + n).min(stream.len());
+                let _ = sc.feed(&stream[at..end]);
+                at = end;
+            }
+            let _ = sc.finish();
+            let _ = (sc.usage(), sc.completed(), sc.content_bytes());
+        }
+    }
+}
+
+#[test]
+fn shim_replies_never_panic() {
+    let mut rng = Rng(99);
+    let seeds: [&[u8]; 4] = [
+        br#"{"EVAL":[1,300,1000,300,-1,0,50,0]}"#,
+        br#"{"EVALSHA":[false,"NOSCRIPT No matching script"]}"#,
+        br#"{"EVAL":[1,10,0]}"#,
+        b"",
+    ];
+    for i in 0..20_000 {
+        let body = mutate(&mut rng, seeds[i % seeds.len()]);
+        let status = [0u32, 200, 403, 503, 504, 500][i % 6];
+        let _ = quota::parse_reserve_reply(status, &body);
+        let _ = quota::parse_settle_reply(status, &body);
+    }
+}
+
+#[test]
+fn body_rewrites_never_panic() {
+    let mut rng = Rng(1234);
+    let edits = Edits {
+        set_model: Some("fallback".into()),
+        inject_include_usage: true,
+        clamp_max_output: Some(5),
+        max_output_field: "max_tokens".into(),
+    };
+    for i in 0..20_000 {
+        let body = mutate(&mut rng, REQUESTS[i % REQUESTS.len()].as_bytes());
+        let _ = rewrite::rewrite(&body, &edits);
+    }
+}
+
+#[test]
+fn shared_state_decoders_reject_garbage_without_panicking() {
+    let mut rng = Rng(5);
+    for _ in 0..50_000 {
+        let n = rng.below(300);
+        let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+        let _ = BucketState::decode(&bytes);
+        let _ = BreakerState::decode(&bytes);
+        let _ = ExhaustedMarker::decode(&bytes);
+        let _ = tokengate::host::abi::deserialize_map(&bytes);
+    }
+}
