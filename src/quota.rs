@@ -850,15 +850,17 @@ pub fn output_tokens_for_cost(cost: u64, weights: &Weights) -> u64 {
 pub struct ExhaustedMarker {
     /// When the quota resets ([`month_end_unix`]); the marker is void from then on.
     pub month_end_unix: i64,
-    /// The limit that was exhausted (for the 429 body and to notice a changed limit).
+    /// The effective limit that was exhausted (override or configured), for the 429.
     pub limit: u64,
+    /// The configured limit when the marker was written: a configuration change voids the marker.
+    pub config_limit: u64,
 }
 
 impl ExhaustedMarker {
     /// Version byte of the encoding.
-    pub const VERSION: u8 = 1;
-    /// Encoded length.
-    pub const LEN: usize = 17;
+    pub const VERSION: u8 = 2;
+    /// Encoded length: `[version=2][valid_until i64][limit u64][config_limit u64]`.
+    pub const LEN: usize = 25;
 
     /// True while the marker still blocks the tenant.
     pub fn is_active(&self, now_unix_s: i64) -> bool {
@@ -877,6 +879,7 @@ impl Codec for ExhaustedMarker {
         v.push(Self::VERSION);
         v.extend_from_slice(&self.month_end_unix.to_le_bytes());
         v.extend_from_slice(&self.limit.to_le_bytes());
+        v.extend_from_slice(&self.config_limit.to_le_bytes());
         v
     }
 
@@ -887,6 +890,7 @@ impl Codec for ExhaustedMarker {
         Some(Self {
             month_end_unix: i64::from_le_bytes(read_u64(bytes, 1)?.to_le_bytes()),
             limit: read_u64(bytes, 9)?,
+            config_limit: read_u64(bytes, 17)?,
         })
     }
 }
@@ -1313,14 +1317,15 @@ mod tests {
         let m = ExhaustedMarker {
             month_end_unix: 1_796_083_200,
             limit: 5_000_000,
+            config_limit: 6_000_000,
         };
         let bytes = m.encode();
         assert_eq!(bytes.len(), ExhaustedMarker::LEN);
         assert_eq!(ExhaustedMarker::decode(&bytes), Some(m));
         let mut v2 = bytes.clone();
-        v2[0] = 2;
+        v2[0] = 1;
         assert_eq!(ExhaustedMarker::decode(&v2), None);
-        assert_eq!(ExhaustedMarker::decode(&bytes[..16]), None);
+        assert_eq!(ExhaustedMarker::decode(&bytes[..24]), None);
         assert_eq!(ExhaustedMarker::decode(&[]), None);
         assert!(m.is_active(1_796_083_199));
         assert!(!m.is_active(1_796_083_200));
@@ -1333,6 +1338,7 @@ mod tests {
         let m = ExhaustedMarker {
             month_end_unix: -5,
             limit: 7,
+            config_limit: 7,
         };
         crate::store::SharedStore::set(&s, "k", &m.encode(), 0).unwrap();
         assert_eq!(

@@ -729,11 +729,13 @@ impl Http {
                     }
                     self.proceed(false);
                 } else {
+                    // Nothing was reserved: nothing to settle.
+                    qr.settled = true;
                     let (limit, reset_s) = (qr.limit, qr.reset_s);
                     metrics::inc(m.quota_rejected);
                     self.refund(&cfg, now_ns());
                     if r.reason == Reason::TenantLimit {
-                        self.mark_exhausted(&cfg, q);
+                        self.mark_exhausted(&cfg, q, limit);
                     }
                     let what = if r.reason == Reason::ModelLimit {
                         format!("for model '{}'", self.model)
@@ -767,7 +769,7 @@ impl Http {
     }
 
     /// Remembers in shared data that this tenant is out of quota (bounded keys; see README).
-    fn mark_exhausted(&mut self, cfg: &Config, q: &QuotaSettings) {
+    fn mark_exhausted(&mut self, cfg: &Config, q: &QuotaSettings, effective_limit: u64) {
         let key = ExhaustedMarker::key(&self.tenant);
         let now_s = unix_s(q);
         let ok = VM.with(|vm| {
@@ -789,7 +791,8 @@ impl Http {
             .min(now_s.saturating_add(i64::try_from(q.exhausted_recheck_s).unwrap_or(60)));
         let marker = ExhaustedMarker {
             month_end_unix: until,
-            limit: q.tenant(&self.tenant).monthly_limit,
+            limit: effective_limit,
+            config_limit: q.tenant(&self.tenant).monthly_limit,
         };
         let _ = HostStore.set(&key, &marker.encode(), 0);
     }
@@ -801,12 +804,12 @@ impl Http {
         let (marker, _) = crate::store::peek::<ExhaustedMarker>(&HostStore, &key).ok()?;
         let marker = marker?;
         let tq = q.tenant(&self.tenant);
-        if !marker.is_active(now_s) || marker.limit != tq.monthly_limit {
+        if !marker.is_active(now_s) || marker.config_limit != tq.monthly_limit {
             return None;
         }
         metrics::inc(metrics::get().quota_rejected_cached);
         let reply = quota_reply(
-            tq.monthly_limit,
+            marker.limit,
             0,
             quota::seconds_to_reset(now_s, q.month_offset_minutes),
             "for this tenant",
