@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# `make run`: tokengate in Envoy on 127.0.0.1:10000, in front of two mock providers (or a real one).
+# `make run`: tokengate in Envoy on 127.0.0.1:10000 with all three mechanisms of envoy/envoy.yaml (token
+# buckets, circuit breaker with cluster/model fallbacks, monthly quotas), in front of two mock providers (or a
+# real one), plus the quota store: a private redis-server and Webdis in front of it.
 #
 # Builds nothing (make did): needs target/wasm32-wasip1/release/tokengate.wasm, the mock-provider binary
-# (target/release or target/debug) and Envoy ($ENVOY_BIN, else the one in .venv).
+# (target/release or target/debug), Envoy ($ENVOY_BIN, else the one in .venv), redis-server and webdis
+# (`make deps`).
 #
 #   scripts/run.sh                       mocks on 127.0.0.1:8081 (provider) and :8082 (provider_fallback)
 #   UPSTREAM_URL=https://api.openai.com UPSTREAM_API_KEY=sk-... scripts/run.sh
 #                                        no mocks: cluster `provider` goes to that host over TLS and every
 #                                        request routed to it gets `authorization: Bearer $UPSTREAM_API_KEY`
+#                                        (Redis and Webdis are still started locally: quotas keep working)
 #
-# Optional: UPSTREAM_CA (CA bundle, default /etc/ssl/certs/ca-certificates.crt), ENVOY_LOG_LEVEL (warn).
-# Runtime files go to .run/ (gitignored). Ctrl-C stops everything this script started, by PID.
+# Quota store, in both modes: redis-server on 127.0.0.1:$REDIS_PORT (default 6380, so a system Redis on 6379
+# is left alone; no persistence: counters start from zero at every run) and Webdis with .run/webdis.json,
+# generated from envoy/webdis.json (same ACL) with redis_port pointed at that Redis and http_port taken from
+# the `webdis` cluster of envoy/envoy.yaml (7379).
+#
+# Optional: UPSTREAM_CA (CA bundle, default /etc/ssl/certs/ca-certificates.crt), ENVOY_LOG_LEVEL (warn),
+# REDIS_PORT (6380). Runtime files go to .run/ (gitignored). Ctrl-C stops everything this script started,
+# by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,6 +29,7 @@ WASM="target/wasm32-wasip1/release/tokengate.wasm"
 LISTEN_PORT=10000
 ADMIN_PORT=9901
 MOCK_PORTS=(8081 8082)
+REDIS_PORT=${REDIS_PORT:-6380}
 
 die() { printf 'run: %s\n' "$*" >&2; exit 1; }
 
@@ -26,6 +37,24 @@ ENVOY=$(scripts/envoy-bin.sh) || die "no Envoy 1.40 found: run 'make deps' (or s
 [ -f "$WASM" ] || die "$WASM is not built: run 'make build'"
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Redis answers PING with +PONG (inline command, bash only).
+redis_ok() {
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf 'PING\r\n' >&3
+        IFS= read -r -t 2 line <&3 && [[ "$line" == +PONG* ]]
+    ) 2>/dev/null
+}
+
+# Webdis answers GET /PING with {"PING":[true,"PONG"]} once it reaches Redis (503 while it cannot).
+webdis_ok() {
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf 'GET /PING HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+        reply=$(timeout 2 cat <&3) && [[ "$reply" == "HTTP/1."?" 200"* && "$reply" == *PONG* ]]
+    ) 2>/dev/null
+}
 
 PIDS=()
 cleanup() {
@@ -107,9 +136,58 @@ EOF
     grep -q 'request_headers_to_add' "$CONFIG" || die "could not add the authorization header in $CONFIG"
 fi
 
+REDIS=$(command -v redis-server) || die "redis-server is not installed: run 'make deps'"
+WEBDIS=$(command -v webdis) || die "webdis is not installed: run 'make deps'"
+[[ "$REDIS_PORT" =~ ^[0-9]+$ ]] || die "REDIS_PORT must be a port number, got: $REDIS_PORT"
+# Webdis must listen where Envoy's `webdis` cluster points.
+WEBDIS_PORT=$(sed -n 's/.*port_value: \([0-9]*\) }  # tokengate:webdis-address.*/\1/p' envoy/envoy.yaml)
+[[ "$WEBDIS_PORT" =~ ^[0-9]+$ ]] || die "cannot find the webdis cluster's port in envoy/envoy.yaml"
+[ "$REDIS_PORT" != "$WEBDIS_PORT" ] || die "REDIS_PORT must differ from Webdis' port $WEBDIS_PORT"
+
 for p in "$LISTEN_PORT" "$ADMIN_PORT"; do
     if port_busy "$p"; then die "127.0.0.1:$p is already in use (another 'make run'?)"; fi
 done
+if port_busy "$REDIS_PORT"; then
+    die "127.0.0.1:$REDIS_PORT is already in use (set REDIS_PORT to a free port for tokengate's Redis)"
+fi
+if port_busy "$WEBDIS_PORT"; then
+    die "127.0.0.1:$WEBDIS_PORT is already in use (Webdis; the webdis cluster of envoy/envoy.yaml points there)"
+fi
+
+# Quota store: Redis (loopback, no persistence) and Webdis in front of it, with envoy/webdis.json's ACL.
+sed -E \
+    -e "s|(\"redis_host\"[[:space:]]*:[[:space:]]*)\"[^\"]*\"|\\1\"127.0.0.1\"|" \
+    -e "s|(\"redis_port\"[[:space:]]*:[[:space:]]*)[0-9]+|\\1$REDIS_PORT|" \
+    -e "s|(\"http_host\"[[:space:]]*:[[:space:]]*)\"[^\"]*\"|\\1\"127.0.0.1\"|" \
+    -e "s|(\"http_port\"[[:space:]]*:[[:space:]]*)[0-9]+|\\1$WEBDIS_PORT|" \
+    -e "s|(\"daemonize\"[[:space:]]*:[[:space:]]*)[a-z]+|\\1false|" \
+    -e "s|(\"logfile\"[[:space:]]*:[[:space:]]*)\"[^\"]*\"|\\1\"$RUN_DIR/webdis.log\"|" \
+    envoy/webdis.json > "$RUN_DIR/webdis.json"
+for want in "\"redis_port\": $REDIS_PORT" "\"http_port\": $WEBDIS_PORT" '"daemonize": false' \
+    "\"logfile\": \"$RUN_DIR/webdis.log\"" '{"disabled": ["*"]}'; do
+    grep -qF "$want" "$RUN_DIR/webdis.json" || die "could not derive $RUN_DIR/webdis.json from envoy/webdis.json ($want)"
+done
+
+"$REDIS" --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --daemonize no \
+    --dir "$RUN_DIR" --logfile "$RUN_DIR/redis.log" > /dev/null 2>&1 &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+for _ in $(seq 1 50); do
+    kill -0 "$REDIS_PID" 2>/dev/null || die "redis-server exited at start; see $RUN_DIR/redis.log"
+    if redis_ok "$REDIS_PORT"; then break; fi
+    sleep 0.1
+done
+redis_ok "$REDIS_PORT" || die "redis-server did not answer PING on 127.0.0.1:$REDIS_PORT within 5 s; see $RUN_DIR/redis.log"
+
+"$WEBDIS" "$RUN_DIR/webdis.json" > /dev/null 2>&1 &
+WEBDIS_PID=$!
+PIDS+=("$WEBDIS_PID")
+for _ in $(seq 1 50); do
+    kill -0 "$WEBDIS_PID" 2>/dev/null || die "webdis exited at start; see $RUN_DIR/webdis.log"
+    if webdis_ok "$WEBDIS_PORT"; then break; fi
+    sleep 0.1
+done
+webdis_ok "$WEBDIS_PORT" || die "webdis did not answer /PING on 127.0.0.1:$WEBDIS_PORT within 5 s; see $RUN_DIR/webdis.log"
 
 if [ "$UPSTREAM_MODE" = 0 ]; then
     MOCK=""
@@ -143,38 +221,61 @@ if [ "$UPSTREAM_MODE" = 0 ]; then
     done
 fi
 
+URL="http://127.0.0.1:$LISTEN_PORT/v1/chat/completions"
 body='{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":"Say hello"}]}'
 big='{"model":"gpt-4.1","max_tokens":1500,"messages":[{"role":"user","content":"Write a long story"}]}'
+flaky='{"model":"claude-sonnet-4.5","max_tokens":64,"messages":[{"role":"user","content":"Say hello"}]}'
 cat <<EOF
 
 tokengate is running (config: $CONFIG)
-  listener   http://127.0.0.1:$LISTEN_PORT   (Envoy + $WASM)
+  listener   http://127.0.0.1:$LISTEN_PORT   (Envoy + $WASM: buckets, circuit breaker, monthly quotas)
 EOF
 if [ "$UPSTREAM_MODE" = 1 ]; then
     cat <<EOF
   provider   $UPSTREAM_URL  (TLS: $([ "$scheme" = https ] && echo "yes, sni $host" || echo no); authorization added by Envoy)
-  fallback   127.0.0.1:8082 is not started in this mode (x-tokengate-route: fallback answers 503)
+  fallback   127.0.0.1:8082 is not started in this mode (the breaker's fallback cluster answers 503)
 EOF
 else
     cat <<EOF
   provider   http://127.0.0.1:8081  (mock; log $RUN_DIR/mock-8081.log)
-  fallback   http://127.0.0.1:8082  (mock; requests with x-tokengate-route: fallback)
+  fallback   http://127.0.0.1:8082  (mock; cluster provider_fallback, used while the breaker of provider is open)
 EOF
 fi
 cat <<EOF
+  quotas     Webdis http://127.0.0.1:$WEBDIS_PORT -> Redis 127.0.0.1:$REDIS_PORT (no persistence; logs $RUN_DIR/webdis.log, $RUN_DIR/redis.log)
   admin      http://127.0.0.1:$ADMIN_PORT
   logs       access log below (audit=...), Envoy messages also in $RUN_DIR/envoy.log
 
-Admitted (rule gpt-4.1; look at the x-ratelimit-* and x-tokengate-estimated-tokens headers):
-  curl -si http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$body'
+Admitted (rule gpt-4.1; look at the x-ratelimit-*, x-tokengate-estimated-tokens and x-tokengate-quota-* headers):
+  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$body'
 
-Rate-limited (tenant demo-small: burst 2000 tokens, 50 tokens/s, 5 requests/min; the 2nd call gets 429):
-  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: application/json' -H 'x-tenant-id: demo-small' -d '$big'; done
+Rate-limited (tenant demo-small: burst 2000 tokens, 50 tokens/s, 5 requests/min; the 2nd call gets 429 tokens_per_second_exceeded):
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-small' -d '$big'; done
 
-Metrics:
-  curl -s http://127.0.0.1:$ADMIN_PORT/stats/prometheus | grep '^tokengate_'
+Monthly quota (tenant demo-quota: 2000 tokens a month; the 1st call uses ~1500, the 2nd gets 429 insufficient_quota):
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code} quota-remaining=%header{x-tokengate-quota-remaining}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-quota' -d '$big'; done
+  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-quota' -d '$big'
+EOF
+if [ "$UPSTREAM_MODE" = 0 ]; then
+    cat <<EOF
 
-Ctrl-C stops Envoy$([ "$UPSTREAM_MODE" = 0 ] && echo " and the mocks").
+Circuit breaker (5 failures within 60 s open a breaker for 30 s; x-mock-status: 500 makes the mock fail).
+The 5 failures open the breakers of model claude-sonnet-4.5 (no model fallback) and of cluster provider:
+  for i in 1 2 3 4 5; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -H 'x-mock-status: 500' -d '$flaky'; done
+then claude-sonnet-4.5 gets 503 circuit_open from tokengate itself (retry-after, reset_in; not sent upstream):
+  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$flaky'
+while cluster provider is open, other models are served by the fallback cluster (provider_fallback, the mock on
+127.0.0.1:8082: response headers x-tokengate-fallback: provider -> provider_fallback and x-mock-port: 8082):
+  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$body'
+(gpt-4.1 itself falls back to deepseek-v3.2 when its model breaker opens; after 30 s the breakers let 3 probes through.)
+EOF
+fi
+cat <<EOF
+
+Metrics (tokengate_* counters, tokengate_quota_*, tokengate_breaker_*):
+  curl -s http://127.0.0.1:$ADMIN_PORT/stats/prometheus | grep tokengate_
+
+Ctrl-C stops Envoy, Webdis$([ "$UPSTREAM_MODE" = 0 ] && echo ", Redis and the mocks" || echo " and Redis").
 
 EOF
 

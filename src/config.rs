@@ -161,6 +161,8 @@ pub struct QuotaSettings {
     pub idempotency_window_s: u64,
     /// How long a tenant known exhausted is refused without asking Redis.
     pub exhausted_recheck_s: u64,
+    /// A refused tenant with fewer weighted tokens left than this counts as exhausted.
+    pub exhausted_below: u64,
     /// Add `stream_options.include_usage` to streaming requests and strip the extra chunk.
     pub inject_stream_usage: bool,
     /// Breaker on the shim itself.
@@ -354,6 +356,7 @@ struct RawQuota {
     grace_seconds: Option<u64>,
     idempotency_window_s: Option<u64>,
     exhausted_recheck_s: Option<u64>,
+    exhausted_below: Option<u64>,
     inject_stream_usage: Option<bool>,
     shim_breaker: Option<RawShimBreaker>,
     settle_retry_ms: Option<u64>,
@@ -535,6 +538,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         grace_seconds: raw.grace_seconds.unwrap_or(7 * 86_400),
         idempotency_window_s: raw.idempotency_window_s.unwrap_or(86_400),
         exhausted_recheck_s: raw.exhausted_recheck_s.unwrap_or(60).max(1),
+        exhausted_below: raw.exhausted_below.unwrap_or(1000).max(1),
         inject_stream_usage: raw.inject_stream_usage.unwrap_or(true),
         shim_breaker,
         settle_retry_ms: raw.settle_retry_ms.unwrap_or(500).max(10),

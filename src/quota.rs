@@ -220,6 +220,9 @@ pub struct QuotaKeys {
     pub idem: String,
     /// `tg:q:{t}:settled:<request-id>` — settlement done marker.
     pub settled: String,
+    /// `tg:q:{t}:req:<request-id>` — what this request reserved (`<cost>`), or `C` once reconciled:
+    /// a reservation that reaches Redis after that does nothing.
+    pub request: String,
     /// True when a model is tracked (the model keys are real).
     pub has_model: bool,
 }
@@ -252,6 +255,7 @@ impl QuotaKeys {
                 .map(|k| format!("{p}:idem:{}", sanitize(k)))
                 .unwrap_or_else(|| none.clone()),
             settled: format!("{p}:settled:{}", sanitize(request_id)),
+            request: format!("{p}:req:{}", sanitize(request_id)),
             has_model: model.is_some(),
         }
     }
@@ -267,7 +271,7 @@ pub const PROTOCOL_TAG: &str = "tg1";
 
 /// The reservation script (all or nothing).
 ///
-/// KEYS: `used_total, used_model, limit_override, limit_model_override, idem`.
+/// KEYS: `used_total, used_model, limit_override, limit_model_override, idem, request`.
 /// ARGV: `prompt_cost, output_cost, default_limit, default_model_limit (0 = none), expire_at_unix,
 /// idem_window_s (0 = none), request_id, clamp (1/0), min_output_cost, has_model (1/0), "tg1"`.
 /// Reply: `[allowed, used_after, limit, model_used_after, model_limit (-1 = none), duplicate,
@@ -279,6 +283,7 @@ local dl, dml = tonumber(ARGV[3]), tonumber(ARGV[4])
 local win, mino = tonumber(ARGV[6]), tonumber(ARGV[9])
 local clamp, hasm = ARGV[8] == '1', ARGV[10] == '1'
 if not (p and o and dl and dml and win and mino) then return redis.error_reply('ERR tokengate: bad argument') end
+if redis.call('GET', KEYS[6]) == 'C' then return redis.error_reply('ERR tokengate: request already reconciled') end
 local function num(k, dflt)
   local v = redis.call('GET', k)
   if not v then return dflt end
@@ -322,6 +327,7 @@ if hasm then
   ma = redis.call('INCRBY', KEYS[2], cost)
   redis.call('EXPIREAT', KEYS[2], ARGV[5])
 end
+redis.call('SET', KEYS[6], cost, 'EX', 172800)
 local r = {1, ua, lim, ma, mlim, 0, grant, reason}
 if win > 0 then
   local f = string.format('%d,%d,%d,%d,%d,0,%d,%d ', 1, ua, lim, ma, mlim, grant, reason)
@@ -331,7 +337,7 @@ return r
 "#;
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "b6e171626a241bb4c0182aafdd04cd73a2a9068e";
+pub const RESERVE_SHA1: &str = "42b32324bb9905c1e6264c88f02725aae0bba0af";
 
 /// The settlement script (once per request id).
 ///
@@ -361,6 +367,43 @@ return {1, u, m}
 
 /// SHA-1 of [`SETTLE_SCRIPT`] (checked against a real Redis in the tests).
 pub const SETTLE_SHA1: &str = "7c87e64ca0014aa64f4b5f808b72ebd8ed9fa9c2";
+
+/// The reconciliation script, for a request whose reservation outcome is unknown (the callout timed out
+/// or answered garbage): charges `actual` minus whatever this request had reserved (0 if the
+/// reservation never arrived) and leaves a tombstone so a reservation arriving later does nothing.
+///
+/// KEYS: `used_total, used_model, request, settled_marker`. ARGV: `actual, expire_at_unix, ttl_s,
+/// has_model (1/0), "tg1"`. Reply: `[applied, used_after, model_used_after]` (as settlement).
+pub const RECONCILE_SCRIPT: &str = r#"-- tokengate reconcile v1
+if ARGV[5] ~= 'tg1' then return redis.error_reply('ERR tokengate: protocol mismatch') end
+local a, ttl, hasm = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1'
+if not a or a < 0 or not ttl or ttl < 1 then return redis.error_reply('ERR tokengate: bad argument') end
+local u, m = tonumber(redis.call('GET', KEYS[1]) or '0'), 0
+if hasm then m = tonumber(redis.call('GET', KEYS[2]) or '0') end
+if not u or not m then return redis.error_reply('ERR tokengate: not a count at ' .. KEYS[1] .. ' or ' .. KEYS[2]) end
+if redis.call('EXISTS', KEYS[4]) == 1 then return {0, u, m} end
+local rec = redis.call('GET', KEYS[3])
+local r = 0
+if rec and rec ~= 'C' then r = tonumber(rec) or 0 end
+local d = a - r
+local function apply(k, v)
+  local n = v + d
+  if n < 0 then n = 0 end
+  if n ~= v then redis.call('SET', k, string.format('%d', n)) end
+  redis.call('EXPIREAT', k, ARGV[2])
+  return n
+end
+if d ~= 0 then
+  u = apply(KEYS[1], u)
+  if hasm then m = apply(KEYS[2], m) end
+end
+redis.call('SET', KEYS[3], 'C', 'EX', ARGV[3])
+redis.call('SET', KEYS[4], '1', 'EX', ARGV[3])
+return {1, u, m}
+"#;
+
+/// SHA-1 of [`RECONCILE_SCRIPT`].
+pub const RECONCILE_SHA1: &str = "29ab5479340433f189723c915183efdd7a2d1b4a";
 
 /// How the host names the script to Webdis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -482,6 +525,7 @@ pub fn reserve_request(args: &ReserveArgs, call: ScriptCall) -> String {
         k.limit_override.as_str(),
         k.limit_model_override.as_str(),
         k.idem.as_str(),
+        k.request.as_str(),
     ];
     let argv = [
         lua_int(args.prompt_cost),
@@ -536,6 +580,38 @@ pub fn settle_request(args: &SettleArgs, call: ScriptCall) -> String {
         PROTOCOL_TAG.to_string(),
     ];
     command_body(call, SETTLE_SCRIPT, SETTLE_SHA1, &keys, &argv)
+}
+
+/// Everything one reconciliation needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileArgs {
+    /// The keys from the reservation attempt.
+    pub keys: QuotaKeys,
+    /// Weighted tokens the request really cost (0 when it was not served).
+    pub actual: u64,
+    /// Same fixed expiry as the reservation.
+    pub expire_at_unix: i64,
+    /// How long the tombstone and the settled marker live.
+    pub marker_ttl_s: u64,
+}
+
+/// The Webdis body (`POST /`) that runs the reconciliation script.
+pub fn reconcile_request(args: &ReconcileArgs, call: ScriptCall) -> String {
+    let k = &args.keys;
+    let keys = [
+        k.used_total.as_str(),
+        k.used_model.as_str(),
+        k.request.as_str(),
+        k.settled.as_str(),
+    ];
+    let argv = [
+        lua_int(args.actual),
+        args.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
+        lua_int(args.marker_ttl_s.max(1)),
+        if k.has_model { "1" } else { "0" }.to_string(),
+        PROTOCOL_TAG.to_string(),
+    ];
+    command_body(call, RECONCILE_SCRIPT, RECONCILE_SHA1, &keys, &argv)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -854,13 +930,15 @@ pub struct ExhaustedMarker {
     pub limit: u64,
     /// The configured limit when the marker was written: a configuration change voids the marker.
     pub config_limit: u64,
+    /// What was left (below the exhaustion threshold), for the 429's headers.
+    pub remaining: u64,
 }
 
 impl ExhaustedMarker {
     /// Version byte of the encoding.
     pub const VERSION: u8 = 2;
-    /// Encoded length: `[version=2][valid_until i64][limit u64][config_limit u64]`.
-    pub const LEN: usize = 25;
+    /// Encoded length: `[version=2][valid_until i64][limit u64][config_limit u64][remaining u64]`.
+    pub const LEN: usize = 33;
 
     /// True while the marker still blocks the tenant.
     pub fn is_active(&self, now_unix_s: i64) -> bool {
@@ -880,6 +958,7 @@ impl Codec for ExhaustedMarker {
         v.extend_from_slice(&self.month_end_unix.to_le_bytes());
         v.extend_from_slice(&self.limit.to_le_bytes());
         v.extend_from_slice(&self.config_limit.to_le_bytes());
+        v.extend_from_slice(&self.remaining.to_le_bytes());
         v
     }
 
@@ -891,6 +970,7 @@ impl Codec for ExhaustedMarker {
             month_end_unix: i64::from_le_bytes(read_u64(bytes, 1)?.to_le_bytes()),
             limit: read_u64(bytes, 9)?,
             config_limit: read_u64(bytes, 17)?,
+            remaining: read_u64(bytes, 25)?,
         })
     }
 }
@@ -1067,9 +1147,10 @@ mod tests {
         assert_eq!(
             body,
             format!(
-                "EVALSHA/{RESERVE_SHA1}/5/tg%3Aq%3A%7Bacme%7D%3A2026-11/\
+                "EVALSHA/{RESERVE_SHA1}/6/tg%3Aq%3A%7Bacme%7D%3A2026-11/\
                  tg%3Aq%3A%7Bacme%7D%3A2026-11%3Am%3Agpt-4%2E1/tg%3Aq%3A%7Bacme%7D%3Alimit/\
                  tg%3Aq%3A%7Bacme%7D%3Alimit%3Am%3Agpt-4%2E1/tg%3Aq%3A%7Bacme%7D%3Anone/\
+                 tg%3Aq%3A%7Bacme%7D%3Areq%3Areq-1/\
                  100/50/1000/0/1796688000/0/req-1/0/0/1/tg1"
             )
         );
@@ -1089,7 +1170,7 @@ mod tests {
             assert!(!body.contains('+') && !body.contains(' ') && !body.contains('.'));
             assert!(body.ends_with("/tg1"));
             let segments = body.split('/').count();
-            assert_eq!(segments, 2 + 1 + 5 + 11);
+            assert_eq!(segments, 2 + 1 + 6 + 11);
         }
         assert!(webdis_encode(RESERVE_SCRIPT)
             .bytes()
@@ -1318,6 +1399,7 @@ mod tests {
             month_end_unix: 1_796_083_200,
             limit: 5_000_000,
             config_limit: 6_000_000,
+            remaining: 3,
         };
         let bytes = m.encode();
         assert_eq!(bytes.len(), ExhaustedMarker::LEN);
@@ -1325,7 +1407,7 @@ mod tests {
         let mut v2 = bytes.clone();
         v2[0] = 1;
         assert_eq!(ExhaustedMarker::decode(&v2), None);
-        assert_eq!(ExhaustedMarker::decode(&bytes[..24]), None);
+        assert_eq!(ExhaustedMarker::decode(&bytes[..32]), None);
         assert_eq!(ExhaustedMarker::decode(&[]), None);
         assert!(m.is_active(1_796_083_199));
         assert!(!m.is_active(1_796_083_200));
@@ -1339,6 +1421,7 @@ mod tests {
             month_end_unix: -5,
             limit: 7,
             config_limit: 7,
+            remaining: 0,
         };
         crate::store::SharedStore::set(&s, "k", &m.encode(), 0).unwrap();
         assert_eq!(
@@ -1564,6 +1647,51 @@ mod live {
         let Some(st) = Stack::start() else { return };
         assert_eq!(st.cli(&["SCRIPT", "LOAD", RESERVE_SCRIPT]), RESERVE_SHA1);
         assert_eq!(st.cli(&["SCRIPT", "LOAD", SETTLE_SCRIPT]), SETTLE_SHA1);
+        assert_eq!(
+            st.cli(&["SCRIPT", "LOAD", RECONCILE_SCRIPT]),
+            RECONCILE_SHA1
+        );
+    }
+
+    #[test]
+    fn reconcile_charges_actual_minus_a_landed_reservation_and_blocks_a_late_one() {
+        let Some(st) = Stack::start() else { return };
+        // (a) the reservation landed before the reconciliation: net charge = actual
+        let a = base();
+        reserve(&st, &a).unwrap();
+        let k = a.keys();
+        assert_eq!(st.cli(&["GET", &k.used_total]), "150");
+        let rec = ReconcileArgs {
+            keys: k.clone(),
+            actual: 40,
+            expire_at_unix: 1_796_688_000,
+            marker_ttl_s: 60,
+        };
+        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
+        assert!(parse_settle_reply(status, &body).unwrap().applied);
+        assert_eq!(st.cli(&["GET", &k.used_total]), "40");
+        // a repeat changes nothing
+        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
+        assert!(!parse_settle_reply(status, &body).unwrap().applied);
+        assert_eq!(st.cli(&["GET", &k.used_total]), "40");
+        // (b) reconciled first (actual 0: not served), the reservation arrives late: no charge
+        let mut b = base();
+        b.request_id = "req-2".into();
+        let kb = b.keys();
+        let rec_b = ReconcileArgs {
+            keys: kb.clone(),
+            actual: 0,
+            expire_at_unix: 1_796_688_000,
+            marker_ttl_s: 60,
+        };
+        let (status, body) = st.post(&reconcile_request(&rec_b, ScriptCall::Eval));
+        assert!(parse_settle_reply(status, &body).unwrap().applied);
+        let late = reserve(&st, &b).unwrap_err();
+        assert!(
+            matches!(&late, ShimError::RedisError(e) if e.contains("reconciled")),
+            "{late:?}"
+        );
+        assert_eq!(st.cli(&["GET", &kb.used_total]), "40");
     }
 
     #[test]
@@ -1576,8 +1704,9 @@ mod live {
             &k.limit_override,
             &k.limit_model_override,
             &k.idem,
+            &k.request,
         ];
-        let mut cmd: Vec<&str> = vec!["EVAL", RESERVE_SCRIPT, "5"];
+        let mut cmd: Vec<&str> = vec!["EVAL", RESERVE_SCRIPT, "6"];
         cmd.extend(keys.iter().map(|s| s.as_str()));
         cmd.extend([
             "100",

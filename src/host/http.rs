@@ -11,7 +11,7 @@
 //!    `x-tokengate-shaped-ms`).
 
 use super::abi::{self, Buffer, Level, Map};
-use super::quota as quota_host;
+use super::quota::{self as quota_host, Job};
 use super::store::HostStore;
 use super::{gauges, log, metrics, now_ns, KNOWN_KEYS_CACHE, VM};
 use crate::accounting::{self, Ending, Reserved, UsageSource};
@@ -22,7 +22,9 @@ use crate::config::{Config, InvalidBody, QuotaFailure, QuotaSettings, StoreFailu
 use crate::estimate::{self, ApiKind};
 use crate::failover::{self, Choice};
 use crate::identity;
-use crate::quota::{self, ExhaustedMarker, Reason, ReserveArgs, ScriptCall, SettleArgs, ShimError};
+use crate::quota::{
+    self, ExhaustedMarker, Reason, ReconcileArgs, ReserveArgs, ScriptCall, SettleArgs, ShimError,
+};
 use crate::reply::{self, LocalReply};
 use crate::rewrite::{self, Edits};
 use crate::store::{Codec, SharedStore};
@@ -78,6 +80,8 @@ pub struct Http {
     idem_key: Option<String>,
     /// Quota reservation state.
     quota: Option<QReq>,
+    /// The decision last written to the audit record (kept when settlement facts are added).
+    decision: &'static str,
 }
 
 /// Shared-data count of exhausted-tenant markers.
@@ -105,6 +109,9 @@ struct QReq {
     json: Vec<u8>,
     actual: Option<u64>,
     source: Option<UsageSource>,
+    /// The reservation callout failed in a way that may still have reserved (timeout, garbage):
+    /// the request is reconciled instead of settled.
+    uncertain: bool,
 }
 
 /// Seconds since the epoch for month arithmetic (host clock plus the configured skew).
@@ -187,6 +194,7 @@ impl Http {
             request_id: String::new(),
             idem_key: None,
             quota: None,
+            decision: "-",
         }
     }
 
@@ -285,7 +293,8 @@ impl Http {
         Action::Pause
     }
 
-    fn audit(&self, decision: &str, model: &str) {
+    fn audit(&mut self, decision: &'static str, model: &str) {
+        self.decision = decision;
         let mut rec = format!(
             "tenant={} model={} estimated={} decision={}",
             if self.tenant.is_empty() {
@@ -590,6 +599,7 @@ impl Http {
             json: Vec::new(),
             actual: None,
             source: None,
+            uncertain: false,
         });
         match quota_host::shim_admit(q, cfg.cas_max_retries) {
             Err(_) => {
@@ -697,6 +707,12 @@ impl Http {
             }
             Err(e) => {
                 quota_host::shim_record(q, false, probe, cfg.cas_max_retries);
+                if matches!(e, ShimError::Unavailable | ShimError::Garbage(_)) {
+                    // Webdis may have run the script after all (a timeout): reconcile at the end.
+                    if let Some(qr) = self.quota.as_mut() {
+                        qr.uncertain = true;
+                    }
+                }
                 self.quota_unavailable(&cfg, q, &e.to_string(), false);
             }
             Ok(r) => {
@@ -734,8 +750,8 @@ impl Http {
                     let (limit, reset_s) = (qr.limit, qr.reset_s);
                     metrics::inc(m.quota_rejected);
                     self.refund(&cfg, now_ns());
-                    if r.reason == Reason::TenantLimit {
-                        self.mark_exhausted(&cfg, q, limit);
+                    if r.reason == Reason::TenantLimit && r.remaining() < q.exhausted_below {
+                        self.mark_exhausted(&cfg, q, limit, r.remaining());
                     }
                     let what = if r.reason == Reason::ModelLimit {
                         format!("for model '{}'", self.model)
@@ -769,7 +785,13 @@ impl Http {
     }
 
     /// Remembers in shared data that this tenant is out of quota (bounded keys; see README).
-    fn mark_exhausted(&mut self, cfg: &Config, q: &QuotaSettings, effective_limit: u64) {
+    fn mark_exhausted(
+        &mut self,
+        cfg: &Config,
+        q: &QuotaSettings,
+        effective_limit: u64,
+        remaining: u64,
+    ) {
         let key = ExhaustedMarker::key(&self.tenant);
         let now_s = unix_s(q);
         let ok = VM.with(|vm| {
@@ -793,6 +815,7 @@ impl Http {
             month_end_unix: until,
             limit: effective_limit,
             config_limit: q.tenant(&self.tenant).monthly_limit,
+            remaining,
         };
         let _ = HostStore.set(&key, &marker.encode(), 0);
     }
@@ -810,7 +833,7 @@ impl Http {
         metrics::inc(metrics::get().quota_rejected_cached);
         let reply = quota_reply(
             marker.limit,
-            0,
+            marker.remaining,
             quota::seconds_to_reset(now_s, q.month_offset_minutes),
             "for this tenant",
         );
@@ -837,7 +860,36 @@ impl Http {
         let Some(qr) = self.quota.as_mut() else {
             return;
         };
-        if qr.settled || !qr.answered || qr.fail_open || qr.duplicate {
+        if qr.settled || qr.duplicate {
+            return;
+        }
+        if qr.uncertain {
+            // Charge what the request really cost, whatever the lost reservation did.
+            qr.settled = true;
+            let ending = if !(200..300).contains(&status) {
+                Ending::NotServed
+            } else if completed && ending_complete {
+                Ending::Completed { usage }
+            } else {
+                Ending::Cut {
+                    usage,
+                    content_bytes,
+                }
+            };
+            let st = accounting::settle(&qr.reserved, ending);
+            qr.actual = Some(st.actual);
+            qr.source = Some(st.source);
+            quota_host::enqueue(Job::Reconcile(ReconcileArgs {
+                keys: qr.keys.clone(),
+                actual: st.actual,
+                expire_at_unix: qr.expire_at,
+                marker_ttl_s: SETTLED_MARKER_TTL_S,
+            }));
+            let (model, decision) = (self.model.clone(), self.decision);
+            self.audit(decision, &model);
+            return;
+        }
+        if !qr.answered || qr.fail_open {
             return;
         }
         qr.settled = true;
@@ -855,18 +907,18 @@ impl Http {
         qr.actual = Some(st.actual);
         qr.source = Some(st.source);
         if st.delta != 0 {
-            quota_host::enqueue(SettleArgs {
+            quota_host::enqueue(Job::Settle(SettleArgs {
                 keys: qr.keys.clone(),
                 delta: st.delta,
                 expire_at_unix: qr.expire_at,
                 marker_ttl_s: SETTLED_MARKER_TTL_S,
-            });
+            }));
         } else {
             metrics::inc(metrics::get().quota_settled);
         }
         let _ = cfg;
-        let model = self.model.clone();
-        self.audit("settled", &model);
+        let (model, decision) = (self.model.clone(), self.decision);
+        self.audit(decision, &model);
     }
 }
 
@@ -1088,7 +1140,7 @@ impl HttpContext for Http {
         let settling = self
             .quota
             .as_ref()
-            .is_some_and(|q| q.answered && !q.fail_open && !q.duplicate);
+            .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain));
         if !self.breakers.is_empty() || settling {
             let sse = abi::get_header(Map::ResponseHeaders, "content-type")
                 .is_some_and(|c| c.contains("text/event-stream"));
@@ -1152,8 +1204,7 @@ impl HttpContext for Http {
                 }
             }
         } else if let Some(qr) = self.quota.as_mut() {
-            if qr.answered
-                && !qr.fail_open
+            if ((qr.answered && !qr.fail_open) || qr.uncertain)
                 && !qr.duplicate
                 && body_size > 0
                 && qr.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE

@@ -64,6 +64,7 @@ counters!(
     quota_shim_errors,
     quota_fail_open,
     quota_fail_closed,
+    quota_reconciled,
 );
 
 /// Id used when a metric could not be defined (Envoy numbers counters from 0).

@@ -16,18 +16,42 @@ use super::store::HostStore;
 use super::{log, metrics, now_ns, VM};
 use crate::breaker::{self, Admission, Outcome};
 use crate::config::QuotaSettings;
-use crate::quota::{self, ScriptCall, SettleArgs, ShimError};
+use crate::quota::{self, ReconcileArgs, ScriptCall, SettleArgs, ShimError};
 
 /// Settlements dispatched at most at once per VM.
 pub const MAX_INFLIGHT_SETTLEMENTS: usize = 32;
 /// Settlements kept queued per VM; beyond, the oldest is dropped (counted).
 pub const MAX_QUEUED_SETTLEMENTS: usize = 100_000;
 
+/// What a settlement job sends.
+#[derive(Debug, Clone)]
+pub enum Job {
+    /// `actual − reserved` for a known reservation.
+    Settle(SettleArgs),
+    /// `actual` against whatever an uncertain reservation did (see `quota::RECONCILE_SCRIPT`).
+    Reconcile(ReconcileArgs),
+}
+
+impl Job {
+    fn marker(&self) -> &str {
+        match self {
+            Job::Settle(a) => &a.keys.settled,
+            Job::Reconcile(a) => &a.keys.settled,
+        }
+    }
+    fn body(&self, call: ScriptCall) -> String {
+        match self {
+            Job::Settle(a) => quota::settle_request(a, call),
+            Job::Reconcile(a) => quota::reconcile_request(a, call),
+        }
+    }
+}
+
 /// One settlement waiting to be sent (or re-sent).
 #[derive(Debug, Clone)]
 pub struct SettleJob {
     /// What to send.
-    pub args: SettleArgs,
+    pub job: Job,
     /// Attempts made so far.
     pub attempts: u32,
     /// Not before (ns).
@@ -135,7 +159,7 @@ pub fn call_response(body_size: usize) -> (u32, Vec<u8>) {
 }
 
 /// Queues a settlement for the root's tick.
-pub fn enqueue(args: SettleArgs) {
+pub fn enqueue(job: Job) {
     VM.with(|vm| {
         let mut vm = vm.borrow_mut();
         if vm.settle_queue.len() >= MAX_QUEUED_SETTLEMENTS {
@@ -143,16 +167,25 @@ pub fn enqueue(args: SettleArgs) {
             metrics::inc(metrics::get().quota_settle_dropped);
         }
         vm.settle_queue.push(SettleJob {
-            args,
+            job,
             attempts: 0,
             due_ns: 0,
         });
     });
 }
 
-/// Root tick: dispatches due settlements.
+/// Root tick: dispatches due settlements (none while the shim breaker is open).
 pub fn tick(q: &QuotaSettings) {
     let now = now_ns();
+    if VM.with(|vm| vm.borrow().settle_queue.is_empty()) {
+        return;
+    }
+    if let Ok((Some(st), _)) = crate::store::peek::<breaker::BreakerState>(&HostStore, &shim_key(q))
+    {
+        if breaker::peek_state(&st, &q.shim_breaker, now).1 > 0 {
+            return;
+        }
+    }
     let due: Vec<SettleJob> = VM.with(|vm| {
         let mut vm = vm.borrow_mut();
         let room = MAX_INFLIGHT_SETTLEMENTS.saturating_sub(vm.settle_inflight.len());
@@ -172,7 +205,7 @@ pub fn tick(q: &QuotaSettings) {
         take
     });
     for job in due {
-        let body = quota::settle_request(&job.args, script_call());
+        let body = job.job.body(script_call());
         match dispatch(q, &body) {
             Ok(token) => VM.with(|vm| {
                 vm.borrow_mut().settle_inflight.insert(token, job);
@@ -191,7 +224,8 @@ fn retry(q: &QuotaSettings, mut job: SettleJob, why: &str) {
             Level::Error,
             &format!(
                 "settlement for {} given up after {} attempts ({why}); the reservation stands",
-                job.args.keys.settled, job.attempts
+                job.job.marker(),
+                job.attempts
             ),
         );
         return;
@@ -217,10 +251,14 @@ pub fn on_settle_response(q: &QuotaSettings, token: u32, body_size: usize) {
             set_script_loaded(true);
             if reply.applied {
                 metrics::inc(m.quota_settled);
-                if job.args.delta < 0 {
-                    metrics::add(m.quota_refunded_tokens, job.args.delta.unsigned_abs());
+                if let Job::Settle(a) = &job.job {
+                    if a.delta < 0 {
+                        metrics::add(m.quota_refunded_tokens, a.delta.unsigned_abs());
+                    } else {
+                        metrics::add(m.quota_extra_charged_tokens, a.delta.unsigned_abs());
+                    }
                 } else {
-                    metrics::add(m.quota_extra_charged_tokens, job.args.delta.unsigned_abs());
+                    metrics::inc(m.quota_reconciled);
                 }
             } else {
                 metrics::inc(m.quota_settle_duplicates);
@@ -232,6 +270,9 @@ pub fn on_settle_response(q: &QuotaSettings, token: u32, body_size: usize) {
         }
         Err(e) => {
             metrics::inc(m.quota_shim_errors);
+            if e == ShimError::Unavailable {
+                shim_record(q, false, false, 8);
+            }
             retry(q, job, &e.to_string());
         }
     }

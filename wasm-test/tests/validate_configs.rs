@@ -5,6 +5,9 @@
 //!   so a field the filter does not know (unknown fields are rejected) fails here.
 //! - The plugin configuration is the same JSON in `envoy.yaml`, `envoy-docker.yaml` and the Istio
 //!   `WasmPlugin` (`istio-wasmplugin.yaml`, whose `pluginConfig` is written as JSON-compatible YAML).
+//! - That configuration enables all three mechanisms (buckets, circuit breaker, monthly quota) with the
+//!   values `make run` demonstrates, and both bootstraps define the clusters it names and route the
+//!   breaker's fallback header value to the fallback cluster.
 //! - The Webdis configs allow only the commands the filter uses, and docker-compose names files that exist.
 //!
 //! Envoy: `$ENVOY_BIN`, else `<repo>/.venv/bin/envoy` (`make deps`). Wasm: `$TOKENGATE_WASM`, else
@@ -168,6 +171,87 @@ fn istio_plugin_config() -> Value {
         .unwrap_or_else(|e| panic!("{file}: pluginConfig is not a JSON object: {e}\n{text}"))
 }
 
+/// The names of the bootstrap's static clusters (`- name: …` items right under `clusters:`).
+fn cluster_names(yaml: &str) -> Vec<String> {
+    let mut lines = yaml.lines().skip_while(|l| l.trim_start() != "clusters:");
+    let Some(key_line) = lines.next() else {
+        return Vec::new();
+    };
+    let key_indent = key_line.len() - key_line.trim_start().len();
+    let mut names = Vec::new();
+    for line in lines {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim_start();
+        if !trimmed.is_empty() && !trimmed.starts_with('#') && indent < key_indent {
+            break;
+        }
+        if indent == key_indent {
+            if let Some(name) = trimmed.strip_prefix("- name: ") {
+                names.push(name.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The port of the endpoint marked `# tokengate:<marker>` (`socket_address: { address: …, port_value: N }`).
+fn marked_port(yaml: &str, marker: &str) -> Option<u64> {
+    let line = yaml
+        .lines()
+        .find(|l| l.trim_end().ends_with(&format!("# tokengate:{marker}")))?;
+    let rest = &line[line.find("port_value:")? + "port_value:".len()..];
+    rest.trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The cluster of the first route whose match requires request header `header` to equal `value`, and the
+/// position of that route among the routes (first match wins in Envoy).
+/// Routes are the `- match:` items of the route table; a header match is written as
+/// `- name: <header>` followed by `string_match: { exact: <value> }`.
+fn route_for_header(yaml: &str, header: &str, value: &str) -> Option<(usize, String)> {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut route_idx = None::<usize>;
+    let mut header_matches = false;
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("- match:") {
+            route_idx = Some(route_idx.map_or(0, |n| n + 1));
+            header_matches = false;
+        } else if t == format!("- name: {header}") {
+            let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+            if next == format!("string_match: {{ exact: {value} }}") {
+                header_matches = true;
+            }
+        } else if header_matches {
+            if let Some(cluster) = t.strip_prefix("cluster: ") {
+                return Some((route_idx?, cluster.trim().to_string()));
+            }
+        }
+    }
+    None
+}
+
+/// The position and cluster of the first route that matches every request (`- match: { prefix: "/" }`).
+fn catch_all_route(yaml: &str) -> Option<(usize, String)> {
+    let mut route_idx = None::<usize>;
+    let mut catch_all = false;
+    for line in yaml.lines() {
+        let t = line.trim_start();
+        if t.starts_with("- match:") {
+            route_idx = Some(route_idx.map_or(0, |n| n + 1));
+            catch_all = t == "- match: { prefix: \"/\" }";
+        } else if catch_all {
+            if let Some(cluster) = t.strip_prefix("cluster: ") {
+                return Some((route_idx?, cluster.trim().to_string()));
+            }
+        }
+    }
+    None
+}
+
 fn rule_names(config: &Value) -> Vec<String> {
     config["rules"]
         .as_array()
@@ -287,6 +371,124 @@ fn sample_config_has_the_documented_rules() {
     );
     assert_eq!(config["tenant_header"], "x-tenant-id");
     assert_eq!(config["api_key_tenants"], true);
+}
+
+#[test]
+fn sample_config_enables_the_breaker_and_the_monthly_quota() {
+    let config = envoy_plugin_config("envoy.yaml");
+
+    let breaker = &config["breaker"];
+    assert!(
+        breaker.is_object(),
+        "envoy.yaml must enable the circuit breaker (`breaker` section)"
+    );
+    assert_eq!(breaker["keys"], serde_json::json!(["cluster", "model"]));
+    assert_eq!(breaker["failure_threshold"], 5);
+    assert_eq!(breaker["window_ms"], 60_000);
+    assert_eq!(breaker["recovery_ms"], 30_000);
+    assert_eq!(breaker["half_open_max_calls"], 3);
+    assert_eq!(
+        breaker["cluster_fallbacks"],
+        serde_json::json!({"provider": {"cluster": "provider_fallback", "route": "fallback"}})
+    );
+    assert_eq!(
+        breaker["model_fallbacks"],
+        serde_json::json!({"gpt-4.1": "deepseek-v3.2"})
+    );
+    // A fallback model must have its own bucket rule (not only the default one).
+    let rules = rule_names(&config);
+    for to in breaker["model_fallbacks"]
+        .as_object()
+        .expect("model_fallbacks object")
+        .values()
+    {
+        let to = to.as_str().expect("fallback model is a string");
+        assert!(
+            rules.iter().any(|r| r == to),
+            "fallback model {to} has no rule"
+        );
+    }
+
+    let quota = &config["quota"];
+    assert!(
+        quota.is_object(),
+        "envoy.yaml must enable monthly quotas (`quota` section)"
+    );
+    assert_eq!(quota["cluster"], "webdis");
+    assert_eq!(quota["on_failure"], "closed");
+    assert_eq!(quota["timeout_ms"], 100);
+    assert!(
+        quota["monthly_limit"].as_u64().expect("monthly_limit") >= 1_000_000,
+        "the default monthly limit must not get in the way of the other demos"
+    );
+    // The demo tenant of `make run` exhausts its month with two requests of max_tokens 1500.
+    let demo = quota["tenants"]["demo-quota"]["monthly_limit"]
+        .as_u64()
+        .expect("quota.tenants.demo-quota.monthly_limit");
+    assert!(
+        (1_600..3_000).contains(&demo),
+        "demo-quota limit {demo}: one 1500-token request must pass and the second must not"
+    );
+}
+
+#[test]
+fn bootstraps_define_the_clusters_and_the_fallback_route_the_plugin_uses() {
+    let config = envoy_plugin_config("envoy.yaml");
+    let route_header = config["breaker"]["route_header"]
+        .as_str()
+        .unwrap_or("x-tokengate-route");
+    let fallbacks = config["breaker"]["cluster_fallbacks"]
+        .as_object()
+        .expect("breaker.cluster_fallbacks object");
+    let quota_cluster = config["quota"]["cluster"]
+        .as_str()
+        .expect("quota.cluster string");
+    for file in ["envoy.yaml", "envoy-docker.yaml"] {
+        let yaml = read(&envoy_dir().join(file));
+        let clusters = cluster_names(&yaml);
+        for c in ["provider", "provider_fallback", quota_cluster] {
+            assert!(
+                clusters.iter().any(|n| n == c),
+                "{file}: no cluster named {c} (clusters: {clusters:?})"
+            );
+        }
+        let (catch_all_idx, catch_all) = catch_all_route(&yaml).unwrap_or_else(|| {
+            panic!("{file}: no catch-all route (`- match: {{ prefix: \"/\" }}`)")
+        });
+        assert_eq!(
+            catch_all, "provider",
+            "{file}: requests without the route header must go to provider"
+        );
+        for (from, f) in fallbacks {
+            let to = f["cluster"].as_str().expect("fallback cluster");
+            let value = f["route"].as_str().expect("fallback route value");
+            assert!(
+                clusters.iter().any(|n| n == from) && clusters.iter().any(|n| n == to),
+                "{file}: cluster fallback {from} -> {to} names a cluster that does not exist"
+            );
+            let (idx, cluster) = route_for_header(&yaml, route_header, value).unwrap_or_else(|| {
+                panic!("{file}: no route matching `{route_header}: {value}` (breaker fallback of {from})")
+            });
+            assert_eq!(
+                cluster, to,
+                "{file}: `{route_header}: {value}` must route to {to}"
+            );
+            assert!(
+                idx < catch_all_idx,
+                "{file}: the `{route_header}: {value}` route must come before the catch-all route"
+            );
+        }
+    }
+    // `make run` (scripts/run.sh) starts Webdis on the port of the local bootstrap's webdis cluster;
+    // envoy/webdis.json is the local config it derives from.
+    let local = read(&envoy_dir().join("envoy.yaml"));
+    let webdis: Value =
+        serde_json::from_str(&read(&envoy_dir().join("webdis.json"))).expect("webdis.json is JSON");
+    assert_eq!(
+        marked_port(&local, "webdis-address"),
+        webdis["http_port"].as_u64(),
+        "envoy.yaml's webdis cluster and envoy/webdis.json's http_port differ"
+    );
 }
 
 #[test]

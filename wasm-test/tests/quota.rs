@@ -1,0 +1,1670 @@
+//! Monthly quotas (SPEC.md "Monthly quota") as clients and operators see them: the release
+//! tokengate.wasm in a real Envoy, a real `redis-server` behind a real Webdis (the bootstrap's `webdis`
+//! cluster), and the mock provider whose usage is a pure function of the request
+//! (prompt = max(1, text bytes / 4), completion = max_tokens, or `x-mock-completion-tokens` when
+//! smaller).
+//!
+//! Counters are read straight from Redis (`GET tg:q:{tenant}:<YYYY-MM>`). Settlement is asynchronous
+//! (queued per VM, sent by the root tick every 20 ms): a test that expects a settled value polls Redis
+//! for at most [`SETTLE_WAIT`]; nothing relies on a fixed "long enough" sleep except where the test
+//! asserts that something does NOT change (then it waits a bounded, stated time).
+//!
+//! Month labels and month ends are computed here independently of the filter (UTC, Howard Hinnant's
+//! civil-from-days), from `SystemTime` plus the configured `clock_skew_s`.
+
+use serde_json::{json, Value};
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use wasm_test::http::{self, StreamOpts};
+use wasm_test::tg::{self, assert_error, header_u64, rule};
+use wasm_test::{mock_provider, Envoy, EnvoyOpts, MockProvider, RedisServer, RespValue, Webdis};
+
+/// Upper bound for an asynchronous settlement to reach Redis.
+const SETTLE_WAIT: Duration = Duration::from_secs(3);
+/// The model the tests send (no per-model limits unless a test sets one).
+const MODEL: &str = "gpt-test";
+/// The prompt of every chat body here: 38 bytes, so the mock reports 9 prompt tokens.
+const PROMPT: &str = "Write one short sentence about rivers.";
+
+// ---------------------------------------------------------------------------------------------
+// Calendar (independent of the filter)
+// ---------------------------------------------------------------------------------------------
+
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m as u32, d as u32)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let (m, d) = (i64::from(m), i64::from(d));
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468
+}
+
+/// `"2026-11"` for a UTC instant.
+fn month_label(t: i64) -> String {
+    let (y, m, _) = civil_from_days(t.div_euclid(86_400));
+    format!("{y:04}-{m:02}")
+}
+
+/// First instant (UTC) of the month after the one containing `t`.
+fn month_end(t: i64) -> i64 {
+    let (y, m, _) = civil_from_days(t.div_euclid(86_400));
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    days_from_civil(ny, nm, 1) * 86_400
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stack: Redis + Webdis + mock provider, and Envoy in front
+// ---------------------------------------------------------------------------------------------
+
+struct Stack {
+    mock: MockProvider,
+    // Webdis before Redis: dropped first.
+    webdis: Option<Webdis>,
+    redis: Option<RedisServer>,
+}
+
+impl Stack {
+    fn start() -> Stack {
+        let redis = RedisServer::start();
+        let webdis = Webdis::start(redis.port);
+        Stack {
+            mock: mock_provider!(),
+            webdis: Some(webdis),
+            redis: Some(redis),
+        }
+    }
+
+    fn redis(&self) -> &RedisServer {
+        self.redis.as_ref().expect("redis running")
+    }
+
+    fn webdis_port(&self) -> u16 {
+        self.webdis.as_ref().expect("webdis running").port
+    }
+
+    /// Envoy (concurrency 2) with `quota` merged over the defaults of [`quota_config`].
+    fn envoy(&self, quota: Value) -> Envoy {
+        tg::start_opts(opts(self.mock.port, quota_config(quota)).webdis(self.webdis_port()))
+    }
+}
+
+/// Envoy options with a generous readiness timeout (the V8 compile of the module is slow on a
+/// loaded 2-core machine).
+fn opts(provider_port: u16, cfg: Value) -> EnvoyOpts {
+    let mut o = EnvoyOpts::new(provider_port, cfg);
+    o.ready_timeout = Duration::from_secs(60);
+    o
+}
+
+/// A plugin config with one roomy bucket (never the limiting factor) and a quota section:
+/// `{"cluster": "webdis", "timeout_ms": 1000}` overridden by `quota`.
+fn quota_config(quota: Value) -> Value {
+    tg::merge(
+        tg::config(json!([rule("all", "*", "*", 10_000_000.0, 1_000_000_000)])),
+        json!({ "quota": tg::merge(json!({"cluster": "webdis", "timeout_ms": 1000}), quota) }),
+    )
+}
+
+/// `tg:q:{tenant}:<month>`.
+fn used_key(tenant: &str, month: &str) -> String {
+    format!("tg:q:{{{tenant}}}:{month}")
+}
+
+/// Integer value of a key (0 when absent).
+fn get_i64(redis: &RedisServer, key: &str) -> i64 {
+    match redis.cmd(&["GET", key]) {
+        Ok(RespValue::Bulk(None)) => 0,
+        Ok(v) => v
+            .as_int()
+            .unwrap_or_else(|| panic!("GET {key}: not an integer: {v:?}")),
+        Err(e) => panic!("GET {key}: {e}"),
+    }
+}
+
+/// Polls (≤ `SETTLE_WAIT`) until `key` holds `want`; returns the last value read.
+fn wait_key(redis: &RedisServer, key: &str, want: i64) -> i64 {
+    let deadline = Instant::now() + SETTLE_WAIT;
+    loop {
+        let v = get_i64(redis, key);
+        if v == want || Instant::now() >= deadline {
+            return v;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Integer reply of a command.
+fn int_cmd(redis: &RedisServer, args: &[&str]) -> i64 {
+    match redis.cmd(args) {
+        Ok(RespValue::Int(i)) => i,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
+
+/// Number of EVAL + EVALSHA commands Redis executed (from `INFO commandstats`; our own INFO/GET
+/// calls do not count here).
+fn script_calls(redis: &RedisServer) -> u64 {
+    let text = redis
+        .cmd(&["INFO", "commandstats"])
+        .ok()
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split(['=', ','])
+                .nth(1)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Waits (bounded) until `stat >= min`, then returns it.
+fn wait_stat(envoy: &Envoy, name: &str, min: u64) -> u64 {
+    envoy.wait_stat(name, min, SETTLE_WAIT)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests and the mock's usage
+// ---------------------------------------------------------------------------------------------
+
+/// A chat body with [`PROMPT`].
+fn chat_body(max_tokens: u64, stream: bool, include_usage: Option<bool>) -> Vec<u8> {
+    let mut v = json!({"model": MODEL, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": PROMPT}]});
+    if stream {
+        v["stream"] = json!(true);
+    }
+    if let Some(iu) = include_usage {
+        v["stream_options"] = json!({"include_usage": iu});
+    }
+    v.to_string().into_bytes()
+}
+
+/// An Anthropic `/v1/messages` body with [`PROMPT`].
+fn messages_body(max_tokens: u64, stream: bool) -> Vec<u8> {
+    let mut v = json!({"model": "claude-test", "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": PROMPT}]});
+    if stream {
+        v["stream"] = json!(true);
+    }
+    v.to_string().into_bytes()
+}
+
+/// Bytes of string leaves, not counting `role`/`type` values (the mock's rule).
+fn text_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(text_bytes).sum(),
+        Value::Object(o) => o
+            .iter()
+            .filter(|(k, _)| k.as_str() != "role" && k.as_str() != "type")
+            .map(|(_, v)| text_bytes(v))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// What the mock will report for `body` (as received) with `x-mock-completion-tokens: over`.
+fn mock_usage(body: &[u8], over: Option<u64>) -> (u64, u64) {
+    let v: Value = serde_json::from_slice(body).expect("json body");
+    let bytes: usize = ["messages", "prompt", "input", "system", "instructions"]
+        .iter()
+        .filter_map(|f| v.get(*f))
+        .map(text_bytes)
+        .sum();
+    let prompt = ((bytes / 4) as u64).max(1);
+    let explicit = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_u64));
+    let completion = match (explicit, over) {
+        (Some(m), Some(o)) => m.min(o),
+        (None, Some(o)) => o,
+        (Some(m), None) => m,
+        (None, None) => 16,
+    };
+    (prompt, completion)
+}
+
+/// POST on a fresh connection as `tenant`, with extra headers; returns the response and its latency.
+fn post_t(
+    envoy: &Envoy,
+    path: &str,
+    tenant: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+) -> (http::Response, Duration) {
+    let mut h = vec![
+        ("x-tenant-id", tenant),
+        ("content-type", "application/json"),
+    ];
+    h.extend_from_slice(extra);
+    let t0 = Instant::now();
+    let r = http::post(envoy.port, path, &h, body).unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    (r, t0.elapsed())
+}
+
+/// POST a chat body as `tenant`.
+fn post(envoy: &Envoy, tenant: &str, extra: &[(&str, &str)], body: &[u8]) -> http::Response {
+    post_t(envoy, tg::CHAT, tenant, extra, body).0
+}
+
+/// Streams a POST as `tenant`.
+fn post_stream(
+    envoy: &Envoy,
+    path: &str,
+    tenant: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    opts: &StreamOpts,
+) -> http::StreamResponse {
+    let mut h = vec![
+        ("x-tenant-id", tenant),
+        ("content-type", "application/json"),
+    ];
+    h.extend_from_slice(extra);
+    http::post_stream(envoy.port, path, &h, body, opts)
+        .unwrap_or_else(|e| panic!("POST (stream) {path}: {e}"))
+}
+
+/// `prompt_tokens + completion_tokens` (or Anthropic's input + output) of a JSON response.
+fn reported_usage(r: &http::Response) -> u64 {
+    let u = &r.json()["usage"];
+    let n = |k: &str| u.get(k).and_then(Value::as_u64);
+    match (n("prompt_tokens"), n("completion_tokens")) {
+        (Some(p), Some(c)) => p + c,
+        _ => match (n("input_tokens"), n("output_tokens")) {
+            (Some(p), Some(c)) => p + c,
+            _ => panic!("no usage in {}", r.text()),
+        },
+    }
+}
+
+fn ok(r: &http::Response) {
+    assert_eq!(
+        r.status,
+        200,
+        "expected admission; headers {:?} body {}",
+        r.headers,
+        r.text()
+    );
+}
+
+/// Access-log lines whose audit says `decision=<decision>` for `tenant`.
+fn audit_lines(envoy: &Envoy, tenant: &str) -> Vec<String> {
+    envoy
+        .access_log()
+        .lines()
+        .filter(|l| l.contains(&format!("tenant={tenant} ")))
+        .map(String::from)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Exhaustion at the limit
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn exhaustion_exactly_at_the_limit() {
+    const LIMIT: u64 = 100;
+    const MAX_TOKENS: u64 = 20;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": LIMIT, "exhausted_recheck_s": 60}));
+    let tenant = "exh";
+    let month = month_label(now_unix());
+    let key = used_key(tenant, &month);
+    let body = chat_body(MAX_TOKENS, false, None);
+    let (mp, mc) = mock_usage(&body, None);
+    let actual = (mp + mc) as i64; // what each admitted request finally costs
+
+    // Sequential requests, each settled before the next one: request k (0-based) reserves E on top of
+    // k * actual, and is admitted iff k * actual + E <= LIMIT.
+    let mut reservation = None;
+    let mut admitted = 0i64;
+    let mut rejection = None;
+    for k in 0..20i64 {
+        let r = post(&envoy, tenant, &[], &body);
+        if r.status != 200 {
+            rejection = Some(r);
+            break;
+        }
+        let e = tg::estimated(&r) as i64;
+        let e = *reservation.get_or_insert(e);
+        assert_eq!(tg::estimated(&r) as i64, e, "same body, same reservation");
+        assert_eq!(reported_usage(&r) as i64, actual, "mock usage as predicted");
+        // Admitted responses carry the quota headers after this request's reservation.
+        assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), LIMIT);
+        assert_eq!(
+            header_u64(&r, "x-tokengate-quota-remaining") as i64,
+            LIMIT as i64 - (k * actual + e),
+            "remaining after reserving request #{k}"
+        );
+        let reset = header_u64(&r, "x-tokengate-quota-reset") as i64;
+        let want_reset = month_end(now_unix()) - now_unix();
+        assert!(
+            (reset - want_reset).abs() <= 5,
+            "quota-reset {reset} vs {want_reset}"
+        );
+        admitted += 1;
+        let got = wait_key(s.redis(), &key, (k + 1) * actual);
+        assert_eq!(got, (k + 1) * actual, "counter after settling request #{k}");
+    }
+    let e = reservation.expect("at least one admitted request");
+    let expect_admitted = if LIMIT as i64 >= e {
+        (LIMIT as i64 - e) / actual + 1
+    } else {
+        0
+    };
+    println!("reservation E={e}, actual={actual}, limit={LIMIT}: admitted {admitted} (expected {expect_admitted})");
+    assert_eq!(
+        admitted, expect_admitted,
+        "admitted exactly until the reservation would exceed the limit"
+    );
+
+    let r = rejection.expect("a 429 before 20 requests");
+    let err = assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    let reset_in = err["reset_in"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("reset_in must be a number: {err}"));
+    let want = (month_end(now_unix()) - now_unix()) as f64;
+    assert!(
+        (reset_in - want).abs() <= 5.0,
+        "reset_in {reset_in} vs seconds to month end {want}"
+    );
+    assert_eq!(
+        header_u64(&r, "retry-after"),
+        (reset_in.ceil() as u64).max(1)
+    );
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), LIMIT);
+    assert_eq!(
+        header_u64(&r, "x-tokengate-quota-remaining") as i64,
+        LIMIT as i64 - admitted * actual
+    );
+    let qreset = header_u64(&r, "x-tokengate-quota-reset") as f64;
+    assert!(
+        (qreset - want).abs() <= 5.0,
+        "x-tokengate-quota-reset {qreset} vs {want}"
+    );
+    assert_eq!(envoy.stat("tokengate_quota_rejected"), 1);
+
+    // A rejected reservation charged nothing, so nothing may be refunded for it either: the counter
+    // stays at admitted * actual (give any stray settlement 500 ms to show up).
+    thread::sleep(Duration::from_millis(500));
+    let after_reject = get_i64(s.redis(), &key);
+    let calls_before = script_calls(s.redis());
+
+    // Later requests are refused from the shared-data marker: no Redis command at all.
+    let cached_before = envoy.stat("tokengate_quota_rejected_cached");
+    let t0 = Instant::now();
+    let r2 = post(&envoy, tenant, &[], &body);
+    let cached_ms = t0.elapsed().as_secs_f64() * 1e3;
+    assert_error(&r2, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_eq!(header_u64(&r2, "x-tokengate-quota-limit"), LIMIT);
+    // The cached refusal reports what Redis said was left when the tenant was marked exhausted.
+    assert_eq!(
+        header_u64(&r2, "x-tokengate-quota-remaining"),
+        header_u64(&r, "x-tokengate-quota-remaining")
+    );
+    assert!(r2.header("retry-after").is_some());
+    assert_eq!(
+        envoy.stat("tokengate_quota_rejected_cached"),
+        cached_before + 1,
+        "refused from the cached marker"
+    );
+    thread::sleep(Duration::from_millis(200));
+    let calls_after = script_calls(s.redis());
+    println!(
+        "cached rejection in {cached_ms:.1} ms; redis script calls {calls_before} -> {calls_after}"
+    );
+    assert_eq!(
+        calls_after, calls_before,
+        "no Redis call for a cached rejection"
+    );
+    assert_eq!(
+        s.mock.count(tg::CHAT) as i64,
+        admitted,
+        "the provider saw only the admitted requests"
+    );
+    for l in audit_lines(&envoy, tenant)
+        .iter()
+        .filter(|l| l.starts_with("429"))
+    {
+        println!("access log: {l}");
+    }
+    // A rejected reservation charged nothing, so nothing is refunded for it either.
+    assert_eq!(
+        after_reject,
+        admitted * actual,
+        "counter after the 429 (refund of a reservation that was never made?)"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Refund on upstream 500
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn refund_on_upstream_500() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let tenant = "refund";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(30, false, None);
+
+    let r = post(&envoy, tenant, &[], &body);
+    ok(&r);
+    let first = reported_usage(&r) as i64;
+    assert_eq!(wait_key(s.redis(), &key, first), first);
+
+    let r = post(&envoy, tenant, &[("x-mock-status", "500")], &body);
+    assert_eq!(
+        r.status,
+        500,
+        "the provider's 500 is passed through: {}",
+        r.text()
+    );
+    assert!(r.header("x-mock-port").is_some());
+    let e = tg::estimated(&r);
+    // The reservation was made (the counter went up by E) and must be refunded in full.
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 2), 2);
+    let got = wait_key(s.redis(), &key, first);
+    println!("reservation {e} refunded: counter {got} (before the 500: {first})");
+    assert_eq!(
+        got, first,
+        "counter back to its value before the failed request"
+    );
+    // First request: delta = first - E (refund if negative); second: -E.
+    let first_delta = first - e as i64;
+    let want_refunded = e as i64 + (-first_delta).max(0);
+    assert_eq!(
+        envoy.stat("tokengate_quota_refunded_tokens") as i64,
+        want_refunded,
+        "refunded tokens"
+    );
+
+    // The provider resets the connection: Envoy answers 503 itself, and the reservation is refunded too.
+    let r = post(&envoy, tenant, &[("x-mock-reset", "1")], &body);
+    assert_eq!(
+        r.status,
+        503,
+        "Envoy's own reply for an upstream reset: {}",
+        r.text()
+    );
+    assert!(r.header("x-mock-port").is_none());
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 3), 3);
+    let got = wait_key(s.redis(), &key, first);
+    println!("upstream reset: counter {got} (expected {first})");
+    assert_eq!(got, first, "counter back after an upstream reset");
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Exact settlement for JSON and SSE, OpenAI and Anthropic
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn exact_settlement_for_json_and_sse() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let month = month_label(now_unix());
+    // The provider reports fewer completion tokens than reserved (max_tokens 50, completion 7), so an
+    // unsettled reservation and the exact usage differ.
+    let over = [("x-mock-completion-tokens", "7")];
+    struct Case {
+        tenant: &'static str,
+        path: &'static str,
+        body: Vec<u8>,
+        stream: bool,
+    }
+    let cases = [
+        Case {
+            tenant: "ex-json",
+            path: tg::CHAT,
+            body: chat_body(50, false, None),
+            stream: false,
+        },
+        Case {
+            tenant: "ex-sse-usage",
+            path: tg::CHAT,
+            body: chat_body(50, true, Some(true)),
+            stream: true,
+        },
+        Case {
+            tenant: "ex-sse-injected",
+            path: tg::CHAT,
+            body: chat_body(50, true, None),
+            stream: true,
+        },
+        Case {
+            tenant: "ex-anthropic-json",
+            path: "/v1/messages",
+            body: messages_body(50, false),
+            stream: false,
+        },
+        Case {
+            tenant: "ex-anthropic-sse",
+            path: "/v1/messages",
+            body: messages_body(50, true),
+            stream: true,
+        },
+    ];
+    let mut failures = Vec::new();
+    for c in &cases {
+        let (p, comp) = mock_usage(&c.body, Some(7));
+        let want = (p + comp) as i64;
+        let reserved = if c.stream {
+            let r = post_stream(
+                &envoy,
+                c.path,
+                c.tenant,
+                &over,
+                &c.body,
+                &StreamOpts::default(),
+            );
+            assert_eq!(r.status, 200, "{}: {}", c.tenant, r.text());
+            assert!(r.complete, "{}: stream complete", c.tenant);
+            r.header("x-tokengate-estimated-tokens")
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(-1)
+        } else {
+            let (r, _) = post_t(&envoy, c.path, c.tenant, &over, &c.body);
+            ok(&r);
+            assert_eq!(
+                reported_usage(&r) as i64,
+                want,
+                "{}: mock usage as predicted",
+                c.tenant
+            );
+            tg::estimated(&r) as i64
+        };
+        let got = wait_key(s.redis(), &used_key(c.tenant, &month), want);
+        println!(
+            "{:<18} reserved {reserved:>3}  provider usage {want:>3}  redis {got:>3}",
+            c.tenant
+        );
+        if got != want {
+            failures.push(format!(
+                "{}: redis {got}, provider usage {want} (reserved {reserved})",
+                c.tenant
+            ));
+        }
+        // The tenant x model counter settles the same way.
+        let model = if c.path == tg::CHAT {
+            MODEL
+        } else {
+            "claude-test"
+        };
+        let mkey = format!("{}:m:{model}", used_key(c.tenant, &month));
+        let mgot = wait_key(s.redis(), &mkey, want);
+        if mgot != want {
+            failures.push(format!(
+                "{}: model counter {mgot}, provider usage {want}",
+                c.tenant
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "settlement not exact:\n{}",
+        failures.join("\n")
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. The injected usage chunk is stripped
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn injected_usage_chunk_is_not_visible_to_the_client() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let tenant = "inject";
+    let body = chat_body(40, true, None);
+    let r = post_stream(
+        &envoy,
+        tg::CHAT,
+        tenant,
+        &[("x-mock-completion-tokens", "11")],
+        &body,
+        &StreamOpts::default(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.complete);
+    let data = http::sse_data(&r.body());
+    println!("client saw {} SSE events: {:?}", data.len(), data);
+    assert!(
+        data.iter().all(|d| !d.contains("\"usage\"")),
+        "the client did not ask for usage and must not see the injected chunk: {data:?}"
+    );
+    assert_eq!(
+        data.last().map(String::as_str),
+        Some("[DONE]"),
+        "stream ends with [DONE]"
+    );
+    // role chunk + 4 content pieces + finish chunk + [DONE]: nothing else was dropped.
+    assert_eq!(data.len(), 7, "{data:?}");
+    let content: String = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(
+        content.split_whitespace().count(),
+        11,
+        "all 11 generated tokens arrived: {content:?}"
+    );
+
+    let reqs = s.mock.requests();
+    let sent = reqs
+        .iter()
+        .find(|q| q.path == tg::CHAT)
+        .expect("the mock received the request");
+    let v = sent.json();
+    assert_eq!(
+        v.pointer("/stream_options/include_usage"),
+        Some(&json!(true)),
+        "the provider was asked for usage: {}",
+        sent.body
+    );
+    assert_eq!(
+        v["messages"][0]["content"], PROMPT,
+        "rest of the body intact"
+    );
+    assert_eq!(v["max_tokens"], 40);
+    let (p, c) = mock_usage(&body, Some(11));
+    let key = used_key(tenant, &month_label(now_unix()));
+    let got = wait_key(s.redis(), &key, (p + c) as i64);
+    println!("redis {got}, provider usage {}", p + c);
+    assert_eq!(got, (p + c) as i64, "exact usage from the stripped chunk");
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Client abort mid-stream
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn abort_mid_stream() {
+    const MAX_TOKENS: u64 = 400;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let tenant = "abort";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(MAX_TOKENS, true, None);
+    // 4 content events of 100 tokens ("t0 " … "t99 ", 390 bytes) 300 ms apart; the first event (role)
+    // is ~190 bytes, so aborting at 400 bytes closes right after the first content event.
+    let opts = StreamOpts {
+        abort_after_bytes: Some(400),
+        timeout: Duration::from_secs(10),
+    };
+    let r = post_stream(
+        &envoy,
+        tg::CHAT,
+        tenant,
+        &[("x-mock-chunk-delay-ms", "300")],
+        &body,
+        &opts,
+    );
+    assert_eq!(r.status, 200);
+    assert!(
+        r.aborted && !r.complete,
+        "aborted: {} complete: {}",
+        r.aborted,
+        r.complete
+    );
+    let reserved = r
+        .header("x-tokengate-estimated-tokens")
+        .and_then(|v| v.parse::<i64>().ok())
+        .expect("estimated header");
+    let prompt_cost = reserved - MAX_TOKENS as i64;
+    let content_bytes: usize = http::sse_data(&r.body())
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .map(str::len)
+        })
+        .sum();
+    let est_out = content_bytes.div_ceil(4) as i64;
+    let want = prompt_cost + est_out;
+    // Wait for the counter to leave the reservation, then for it to be stable.
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let mut got = get_i64(s.redis(), &key);
+    while got == reserved && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        got = get_i64(s.redis(), &key);
+    }
+    println!(
+        "reserved {reserved} (prompt {prompt_cost} + {MAX_TOKENS}), client got {content_bytes} content bytes \
+         (≈{est_out} tokens): redis {got}, expected {want}"
+    );
+    assert!(
+        got >= prompt_cost && got <= reserved,
+        "prompt ≤ charge ≤ reservation: {got}"
+    );
+    assert!(
+        got < reserved,
+        "an aborted stream is not charged the whole reservation"
+    );
+    assert_eq!(
+        got, want,
+        "prompt + output estimated from the streamed bytes"
+    );
+
+    // The audit record says where the number comes from.
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let mut lines = audit_lines(&envoy, tenant);
+    while lines.is_empty() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+        lines = audit_lines(&envoy, tenant);
+    }
+    println!("access log: {lines:?}");
+    let line = lines
+        .first()
+        .expect("an access-log line for the aborted request");
+    assert!(line.contains("usage_source=estimate"), "{line}");
+    assert!(line.contains(&format!("actual={want}")), "{line}");
+    assert!(line.contains(&format!("reserved={reserved}")), "{line}");
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Idempotency-Key
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn idempotent_repeat_is_charged_once() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000, "idempotency_window_s": 600}));
+    let tenant = "idem";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(25, false, None);
+    let h = [
+        ("idempotency-key", "order-42"),
+        ("x-mock-completion-tokens", "5"),
+    ];
+    let r1 = post(&envoy, tenant, &h, &body);
+    ok(&r1);
+    let once = reported_usage(&r1) as i64;
+    assert_eq!(wait_key(s.redis(), &key, once), once);
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 1), 1);
+
+    let r2 = post(&envoy, tenant, &h, &body);
+    ok(&r2);
+    assert_eq!(
+        envoy.stat("tokengate_quota_duplicates"),
+        1,
+        "recognised as a duplicate"
+    );
+    // Give a (wrong) second charge or settlement time to land, then check nothing moved.
+    thread::sleep(Duration::from_millis(500));
+    let got = get_i64(s.redis(), &key);
+    println!("two requests with one Idempotency-Key: redis {got} (one request = {once})");
+    assert_eq!(got, once, "charged once");
+    assert_eq!(envoy.stat("tokengate_quota_reserved"), 1, "reserved once");
+    assert_eq!(envoy.stat("tokengate_quota_settled"), 1, "settled once");
+    // X-Idempotency-Key is the same thing.
+    let r3 = post(&envoy, tenant, &[("x-idempotency-key", "order-42")], &body);
+    ok(&r3);
+    assert_eq!(envoy.stat("tokengate_quota_duplicates"), 2);
+    // A different key is a new request.
+    let r4 = post(
+        &envoy,
+        tenant,
+        &[
+            ("idempotency-key", "order-43"),
+            ("x-mock-completion-tokens", "5"),
+        ],
+        &body,
+    );
+    ok(&r4);
+    assert_eq!(wait_key(s.redis(), &key, 2 * once), 2 * once);
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. clamp_output
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn clamp() {
+    const LIMIT: u64 = 100;
+    const MAX_TOKENS: u64 = 500;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000,
+        "tenants": {"clampy": {"monthly_limit": LIMIT, "clamp_output": true},
+                    "strict": {"monthly_limit": LIMIT}}}));
+    let key = used_key("clampy", &month_label(now_unix()));
+    let body = chat_body(MAX_TOKENS, false, None);
+
+    // Without clamp_output the same request cannot fit.
+    let r = post(&envoy, "strict", &[], &body);
+    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+
+    let r = post(&envoy, "clampy", &[], &body);
+    ok(&r);
+    let prompt_cost = tg::estimated(&r) - MAX_TOKENS;
+    let granted = LIMIT - prompt_cost;
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), LIMIT);
+    assert_eq!(
+        header_u64(&r, "x-tokengate-quota-remaining"),
+        0,
+        "everything left was reserved"
+    );
+    let sent = s
+        .mock
+        .requests()
+        .into_iter()
+        .find(|q| q.path == tg::CHAT && q.header("x-tenant-id") == Some("clampy"))
+        .expect("the mock received the clamped request");
+    let sent_max = sent.json()["max_tokens"].as_u64();
+    println!("asked {MAX_TOKENS}, prompt cost {prompt_cost}, limit {LIMIT}: provider got max_tokens {sent_max:?}");
+    assert_eq!(
+        sent_max,
+        Some(granted),
+        "max_tokens clamped to what is left: {}",
+        sent.body
+    );
+    assert_eq!(sent.json()["messages"][0]["content"], PROMPT);
+    assert_eq!(envoy.stat("tokengate_quota_clamped"), 1);
+    let want = reported_usage(&r) as i64;
+    let (mp, _) = mock_usage(&body, None);
+    assert_eq!(
+        want,
+        (mp + granted) as i64,
+        "the provider generated the clamped amount"
+    );
+    assert_eq!(
+        wait_key(s.redis(), &key, want),
+        want,
+        "counter settled exactly"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Redis down, Webdis down, both failure policies
+// ---------------------------------------------------------------------------------------------
+
+/// One request as `tenant`; asserts the answer of the tenant's failure policy in < 2 s.
+fn expect_policy(envoy: &Envoy, tenant: &str, open: bool, what: &str) -> Duration {
+    let (r, took) = post_t(envoy, tg::CHAT, tenant, &[], &chat_body(10, false, None));
+    assert!(
+        took < Duration::from_secs(2),
+        "{what}: answered in {took:?}"
+    );
+    if open {
+        assert_eq!(
+            r.status,
+            200,
+            "{what}: on_failure=open admits; body {}",
+            r.text()
+        );
+        assert!(
+            r.header("x-mock-port").is_some(),
+            "{what}: served by the provider"
+        );
+    } else {
+        assert_error(&r, 503, "server_error", "quota_unavailable");
+    }
+    took
+}
+
+#[test]
+fn redis_down_and_webdis_down_under_both_policies() {
+    // A shim breaker that never opens here: every request really tries the shim.
+    let quota = json!({"monthly_limit": 1_000_000, "timeout_ms": 300,
+        "shim_breaker": {"failure_threshold": 1000},
+        "tenants": {"closed-t": {"on_failure": "closed"}, "open-t": {"on_failure": "open"}}});
+    for phase in ["redis down", "webdis down"] {
+        let mut s = Stack::start();
+        let envoy = s.envoy(quota.clone());
+        // Healthy first: both admitted and charged.
+        ok(&post(&envoy, "closed-t", &[], &chat_body(10, false, None)));
+        ok(&post(&envoy, "open-t", &[], &chat_body(10, false, None)));
+        if phase == "redis down" {
+            drop(s.redis.take());
+        } else {
+            drop(s.webdis.take());
+        }
+        let mut lat = Vec::new();
+        for i in 0..3 {
+            let open_before = envoy.stat("tokengate_quota_fail_open");
+            let closed_before = envoy.stat("tokengate_quota_fail_closed");
+            lat.push(expect_policy(
+                &envoy,
+                "closed-t",
+                false,
+                &format!("{phase} closed #{i}"),
+            ));
+            assert_eq!(envoy.stat("tokengate_quota_fail_closed"), closed_before + 1);
+            lat.push(expect_policy(
+                &envoy,
+                "open-t",
+                true,
+                &format!("{phase} open #{i}"),
+            ));
+            assert_eq!(
+                envoy.stat("tokengate_quota_fail_open"),
+                open_before + 1,
+                "{phase}"
+            );
+        }
+        let audit = envoy.wait_access_log(8, Duration::from_secs(2));
+        assert!(audit.contains("decision=admit_quota_fail_open"), "{audit}");
+        println!(
+            "{phase}: latencies {:?}",
+            lat.iter()
+                .map(|d| format!("{:.1}ms", d.as_secs_f64() * 1e3))
+                .collect::<Vec<_>>()
+        );
+        tg::assert_no_panic(&envoy);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. A Webdis that never answers
+// ---------------------------------------------------------------------------------------------
+
+/// A loopback TCP listener that accepts, reads and never answers; counts the HTTP requests it got.
+struct BlackHole {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    requests: Arc<AtomicUsize>,
+    acceptor: Option<thread::JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<thread::JoinHandle<()>>>>,
+}
+
+impl BlackHole {
+    fn start() -> BlackHole {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let conns: Arc<Mutex<Vec<thread::JoinHandle<()>>>> = Arc::default();
+        let (stop2, req2, conns2) = (stop.clone(), requests.clone(), conns.clone());
+        let acceptor = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !stop2.load(Ordering::Relaxed) && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (stop3, req3) = (stop2.clone(), req2.clone());
+                        let h = thread::spawn(move || hold(stream, &stop3, &req3));
+                        conns2.lock().expect("lock").push(h);
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        BlackHole {
+            port,
+            stop,
+            requests,
+            acceptor: Some(acceptor),
+            conns,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+/// Reads (counting request lines) until stopped; never writes.
+fn hold(mut stream: TcpStream, stop: &AtomicBool, requests: &AtomicUsize) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut buf = [0u8; 8192];
+    let mut carry = Vec::new();
+    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                carry.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&carry).into_owned();
+                let found = text.matches("POST / HTTP/1.1").count();
+                if found > 0 {
+                    requests.fetch_add(found, Ordering::Relaxed);
+                    let last = text.rfind("POST / HTTP/1.1").unwrap_or(0) + 15;
+                    carry = carry[last.min(carry.len())..].to_vec();
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        let conns: Vec<_> = self
+            .conns
+            .lock()
+            .map(|mut v| v.drain(..).collect())
+            .unwrap_or_default();
+        for t in conns {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn slow_webdis_times_out() {
+    let mock = mock_provider!();
+    let hole = BlackHole::start();
+    let cfg = quota_config(json!({"monthly_limit": 1_000_000, "timeout_ms": 50,
+        "shim_breaker": {"failure_threshold": 2, "window_ms": 10000, "recovery_ms": 10000},
+        "tenants": {"closed-t": {"on_failure": "closed"}, "open-t": {"on_failure": "open"}}}));
+    let envoy = tg::start_opts(opts(mock.port, cfg).webdis(hole.port));
+    let mut lat = Vec::new();
+    for i in 0..10 {
+        let (r, took) = post_t(
+            &envoy,
+            tg::CHAT,
+            "closed-t",
+            &[],
+            &chat_body(10, false, None),
+        );
+        assert_error(&r, 503, "server_error", "quota_unavailable");
+        lat.push(took);
+        println!(
+            "closed #{i}: 503 in {:.1} ms, callouts so far {}",
+            took.as_secs_f64() * 1e3,
+            hole.requests()
+        );
+    }
+    let (r, took_open) = post_t(&envoy, tg::CHAT, "open-t", &[], &chat_body(10, false, None));
+    assert_eq!(
+        r.status,
+        200,
+        "open tenant admitted while the shim is down: {}",
+        r.text()
+    );
+    println!(
+        "open tenant while the shim breaker is open: 200 in {:.1} ms",
+        took_open.as_secs_f64() * 1e3
+    );
+    for (i, t) in lat.iter().enumerate() {
+        assert!(
+            *t < Duration::from_secs(1),
+            "#{i} answered in under 1 s: {t:?}"
+        );
+    }
+    // The first two waited for the 50 ms callout timeout; once the breaker is open nothing waits for
+    // it. Single latencies on a loaded 2-core machine jitter by tens of ms, so the later ones are
+    // judged by their median and by the callout count (the black hole saw exactly two).
+    assert!(
+        lat[0] >= Duration::from_millis(50) && lat[1] >= Duration::from_millis(50),
+        "{lat:?}"
+    );
+    let mut later: Vec<Duration> = lat[2..].to_vec();
+    later.sort();
+    let median = later[later.len() / 2];
+    println!(
+        "later closed answers: median {:.1} ms, max {:.1} ms",
+        median.as_secs_f64() * 1e3,
+        later.last().map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0)
+    );
+    assert!(
+        median < Duration::from_millis(25),
+        "short-circuited by the shim breaker: {later:?}"
+    );
+    assert!(took_open < Duration::from_millis(500), "{took_open:?}");
+    thread::sleep(Duration::from_millis(100));
+    // The two reservations that timed out, plus at most their two reconciliations (sent in the
+    // background until the shim breaker opened); the later requests sent nothing.
+    let reached = hole.requests();
+    assert!(
+        (2..=4).contains(&reached),
+        "{reached} callouts reached the shim"
+    );
+    assert!(
+        envoy.wait_log("quota shim webdis: closed -> open", Duration::from_secs(2)),
+        "{}",
+        envoy.log()
+    );
+    assert_eq!(envoy.stat("tokengate_quota_fail_closed"), 10);
+    assert_eq!(envoy.stat("tokengate_quota_fail_open"), 1);
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. Month rollover
+// ---------------------------------------------------------------------------------------------
+
+fn expiretime(redis: &RedisServer, key: &str) -> i64 {
+    int_cmd(redis, &["EXPIRETIME", key])
+}
+
+#[test]
+fn month_rollover() {
+    const GRACE: i64 = 3600;
+    let s = Stack::start();
+    let tenant = "roll";
+    let now = now_unix();
+    let m_end = month_end(now);
+    let (label_m, label_n) = (month_label(now), month_label(m_end));
+    let n_end = month_end(m_end);
+    let (key_m, key_n) = (used_key(tenant, &label_m), used_key(tenant, &label_n));
+    let body = chat_body(10, false, None);
+    let (mp, mc) = mock_usage(&body, None);
+    let a = (mp + mc) as i64;
+
+    // Envoy A: its clock reads 23:59:40 on the last day of this month when the config is written
+    // (Envoy may take several seconds to become ready on a loaded machine); once it is ready we wait
+    // until that clock reads 23:59:58 and send a request every 200 ms until 00:00:01.
+    let skew_a = (m_end - 20) - now;
+    let envoy = s
+        .envoy(json!({"monthly_limit": 1_000_000, "grace_seconds": GRACE, "clock_skew_s": skew_a}));
+    let ready_at = now_unix() + skew_a;
+    assert!(
+        ready_at < m_end - 2,
+        "Envoy took {} s to start; its clock already reads {} s before midnight",
+        ready_at - (m_end - 20),
+        m_end - ready_at
+    );
+    while now_unix() + skew_a < m_end - 2 {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (mut in_m, mut in_n, mut unsure) = (0i64, 0i64, 0i64);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for _ in 0..40 {
+        let before = now_unix() + skew_a;
+        let r = post(&envoy, tenant, &[], &body);
+        let after = now_unix() + skew_a;
+        ok(&r);
+        if after < m_end {
+            in_m += 1;
+        } else if before >= m_end {
+            in_n += 1;
+        } else {
+            unsure += 1;
+        }
+        if before > m_end || Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    println!("{label_m}: {in_m} requests, {label_n}: {in_n}, straddling the second: {unsure}");
+    assert!(
+        in_m + unsure >= 1,
+        "no request before midnight (Envoy took > 2 s to start?)"
+    );
+    assert!(in_n >= 1, "no request after midnight");
+    let total = (in_m + in_n + unsure) * a;
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let (mut cm, mut cn) = (0, 0);
+    while Instant::now() < deadline {
+        cm = get_i64(s.redis(), &key_m);
+        cn = get_i64(s.redis(), &key_n);
+        if cm + cn == total && cm % a == 0 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    println!("redis {key_m} = {cm}, {key_n} = {cn} (total expected {total})");
+    assert_eq!(cm + cn, total, "every request counted exactly once");
+    assert!(
+        cm >= in_m * a && cm <= (in_m + unsure) * a && cm % a == 0,
+        "{key_m} = {cm}"
+    );
+    assert!(cm > 0 && cn > 0, "both months got requests");
+
+    // Counters expire at the month end + grace, fixed.
+    assert_eq!(
+        expiretime(s.redis(), &key_m),
+        m_end + GRACE,
+        "EXPIRETIME {key_m}"
+    );
+    assert_eq!(
+        expiretime(s.redis(), &key_n),
+        n_end + GRACE,
+        "EXPIRETIME {key_n}"
+    );
+    let ttl_m = int_cmd(s.redis(), &["TTL", &key_m]);
+    assert!(
+        (ttl_m - (m_end + GRACE - now_unix())).abs() <= 2,
+        "TTL {key_m} = {ttl_m}"
+    );
+    let ttl_n_before = int_cmd(s.redis(), &["TTL", &key_n]);
+    drop(envoy);
+
+    // Envoy B, restarted an hour into next month: its requests land in the next month's key, and
+    // neither key's expiry moves.
+    let skew_b = (m_end + 3600) - now_unix();
+    let envoy = s
+        .envoy(json!({"monthly_limit": 1_000_000, "grace_seconds": GRACE, "clock_skew_s": skew_b}));
+    thread::sleep(Duration::from_millis(1100)); // let the TTL visibly run down by a second
+    for _ in 0..3 {
+        ok(&post(&envoy, tenant, &[], &body));
+    }
+    assert_eq!(
+        wait_key(s.redis(), &key_n, cn + 3 * a),
+        cn + 3 * a,
+        "restarted Envoy counts into {label_n}"
+    );
+    assert_eq!(get_i64(s.redis(), &key_m), cm, "{label_m} untouched");
+    assert_eq!(
+        expiretime(s.redis(), &key_n),
+        n_end + GRACE,
+        "EXPIREAT not pushed forward"
+    );
+    assert_eq!(expiretime(s.redis(), &key_m), m_end + GRACE);
+    let ttl_n_after = int_cmd(s.redis(), &["TTL", &key_n]);
+    println!(
+        "EXPIRETIME {label_m} = month end + {GRACE}; {label_n}: TTL {ttl_n_before} -> {ttl_n_after} across later requests"
+    );
+    assert!(
+        ttl_n_after < ttl_n_before,
+        "TTL keeps running down: {ttl_n_before} -> {ttl_n_after}"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. Two Envoys, one Redis, concurrent load
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn two_envoys_share_one_redis_under_concurrent_load() {
+    const LIMIT: i64 = 4000;
+    const THREADS: usize = 8;
+    const PER_THREAD: usize = 40;
+    let s = Stack::start();
+    // A generous callout timeout: a loaded 2-core machine must not turn into quota_unavailable 503s.
+    let quota = json!({"monthly_limit": LIMIT, "exhausted_recheck_s": 60, "timeout_ms": 5000});
+    let e1 = s.envoy(quota.clone());
+    let e2 = s.envoy(quota);
+    let tenant = "shared";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let ports = [e1.port, e2.port];
+
+    // Watch the counter while the load runs (reservations included) to see its peak.
+    let stop = Arc::new(AtomicBool::new(false));
+    let redis_port = s.redis().port;
+    let watcher = {
+        let (stop, key) = (stop.clone(), key.clone());
+        thread::spawn(move || {
+            let mut peak = 0i64;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                if let Ok(v) = wasm_test::redis_cmd(redis_port, &["GET", &key]) {
+                    peak = peak.max(v.as_int().unwrap_or(0));
+                }
+                thread::sleep(Duration::from_millis(2));
+            }
+            peak
+        })
+    };
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let port = ports[i % 2];
+            thread::spawn(move || {
+                let mut client = http::Client::new(port);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let (mut admitted, mut rejected, mut usage, mut other) =
+                    (0u64, 0u64, 0u64, Vec::new());
+                for j in 0..PER_THREAD {
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    let over = (5 + (i * 7 + j * 3) % 16).to_string();
+                    let h = [
+                        ("x-tenant-id", tenant),
+                        ("content-type", "application/json"),
+                        ("x-mock-completion-tokens", over.as_str()),
+                    ];
+                    match client.post(tg::CHAT, &h, &chat_body(20, false, None)) {
+                        Ok(r) if r.status == 200 => {
+                            admitted += 1;
+                            usage += reported_usage(&r);
+                        }
+                        Ok(r) if r.status == 429 => {
+                            assert_eq!(
+                                r.json()["error"]["code"],
+                                "monthly_quota_exceeded",
+                                "{}",
+                                r.text()
+                            );
+                            rejected += 1;
+                        }
+                        Ok(r) => other.push(format!("{} {}", r.status, r.text())),
+                        Err(e) => other.push(e),
+                    }
+                }
+                (admitted, rejected, usage, other)
+            })
+        })
+        .collect();
+    let (mut admitted, mut rejected, mut usage, mut other) = (0, 0, 0, Vec::new());
+    for w in workers {
+        let (a, r, u, o) = w.join().expect("worker");
+        admitted += a;
+        rejected += r;
+        usage += u;
+        other.extend(o);
+    }
+    let elapsed = t0.elapsed();
+    let counter = wait_key(s.redis(), &key, usage as i64);
+    stop.store(true, Ordering::Relaxed);
+    let peak = watcher.join().unwrap_or(-1);
+    let overshoot = (counter - LIMIT).max(0);
+    // What the tenant really consumed (provider-reported usage of admitted requests) vs the limit.
+    let true_overshoot = (usage as i64 - LIMIT).max(0);
+    let peak_overshoot = (peak - LIMIT).max(0);
+    let reserved = e1.stat("tokengate_quota_reserved") + e2.stat("tokengate_quota_reserved");
+    let rej_redis = e1.stat("tokengate_quota_rejected") + e2.stat("tokengate_quota_rejected");
+    let rej_cached =
+        e1.stat("tokengate_quota_rejected_cached") + e2.stat("tokengate_quota_rejected_cached");
+    println!(
+        "{THREADS} threads over 2 Envoys in {elapsed:?}: admitted {admitted}, rejected {rejected} \
+         (redis {rej_redis}, cached {rej_cached}), other {}; limit {LIMIT}; settled usage of admitted \
+         requests {usage}; final counter {counter}; overshoot {overshoot}; peak counter during the run \
+         {peak} (peak overshoot {peak_overshoot}); real usage over the limit {true_overshoot}; \
+         counter short of the usage by {}",
+        other.len(),
+        usage as i64 - counter
+    );
+    let why: Vec<String> = [&e1, &e2]
+        .iter()
+        .flat_map(|e| {
+            e.log()
+                .lines()
+                .filter(|l| l.contains("quota"))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        other.is_empty(),
+        "unexpected answers: {other:?}\nenvoy log:\n{}",
+        why.join("\n")
+    );
+    assert!(rejected > 0, "the limit was hit");
+    assert_eq!(reserved, admitted, "one reservation per admitted request");
+    assert_eq!(overshoot, 0, "final counter over the limit");
+    assert_eq!(peak_overshoot, 0, "reservations never exceed the limit");
+    assert_eq!(
+        counter, usage as i64,
+        "counter = sum of the provider usage of admitted requests"
+    );
+    assert_eq!(
+        true_overshoot, 0,
+        "admitted requests consumed more than the limit"
+    );
+    tg::assert_no_panic(&e1);
+    tg::assert_no_panic(&e2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. Operator override
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn operator_override_in_redis() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000, "exhausted_recheck_s": 1}));
+    let tenant = "ops";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(20, false, None);
+    let r = post(&envoy, tenant, &[], &body);
+    ok(&r);
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), 1_000_000);
+    let a = reported_usage(&r) as i64;
+    assert_eq!(wait_key(s.redis(), &key, a), a);
+
+    // The operator lowers the limit in Redis: the next request (a + E > 50) is refused at once.
+    let limit_key = format!("tg:q:{{{tenant}}}:limit");
+    assert_eq!(
+        s.redis().cmd(&["SET", &limit_key, "50"]),
+        Ok(RespValue::Simple("OK".into()))
+    );
+    let r = post(&envoy, tenant, &[], &body);
+    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_eq!(
+        header_u64(&r, "x-tokengate-quota-limit"),
+        50,
+        "the override is the limit"
+    );
+    assert_eq!(header_u64(&r, "x-tokengate-quota-remaining") as i64, 50 - a);
+    // Refused again from the cached marker (within exhausted_recheck_s).
+    let cached = post(&envoy, tenant, &[], &body);
+    assert_error(&cached, 429, "insufficient_quota", "monthly_quota_exceeded");
+    let cached_by_marker = envoy.stat("tokengate_quota_rejected_cached");
+
+    // Raised again: after exhausted_recheck_s the tenant is admitted, no restart.
+    assert_eq!(
+        s.redis().cmd(&["SET", &limit_key, "10000"]),
+        Ok(RespValue::Simple("OK".into()))
+    );
+    thread::sleep(Duration::from_millis(1200));
+    let r = post(&envoy, tenant, &[], &body);
+    ok(&r);
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), 10_000);
+    println!(
+        "override 50 -> 429 (remaining {}), cached rejections {cached_by_marker}, cached reply says limit {:?}; \
+         override 10000 -> 200",
+        50 - a,
+        cached.header("x-tokengate-quota-limit")
+    );
+    // The cached (shared-data) rejection reports the effective limit from the override.
+    if cached_by_marker == 1 {
+        assert_eq!(
+            header_u64(&cached, "x-tokengate-quota-limit"),
+            50,
+            "a cached rejection reports the effective (overridden) limit"
+        );
+    }
+    tg::assert_no_panic(&envoy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 13. Bad quota config
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn bad_quota_config_is_refused() {
+    let mock = mock_provider!();
+    let base = tg::config(json!([rule("all", "*", "*", 1000.0, 100_000)]));
+    let cases = [
+        ("quota.cluster", json!({"monthly_limit": 1000})),
+        (
+            "quota.monthly_limit",
+            json!({"cluster": "webdis", "monthly_limit": 0}),
+        ),
+        ("quota.monthly_limit", json!({"cluster": "webdis"})),
+        (
+            "bogus_knob",
+            json!({"cluster": "webdis", "monthly_limit": 1000, "bogus_knob": 1}),
+        ),
+        (
+            "quota.on_failure",
+            json!({"cluster": "webdis", "monthly_limit": 1000, "on_failure": "maybe"}),
+        ),
+    ];
+    for (field, quota) in cases {
+        let cfg = tg::merge(base.clone(), json!({ "quota": quota }));
+        let log = Envoy::start_expect_failure(opts(mock.port, cfg.clone()));
+        let naming: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("invalid configuration") && l.contains(field))
+            .collect();
+        assert!(
+            !naming.is_empty(),
+            "no log line names {field:?} for {cfg}:\n{log}"
+        );
+        println!("{field}: {}", naming[0].trim());
+    }
+    assert!(mock.requests().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extra: a reservation that reaches Redis after the callout timed out
+// ---------------------------------------------------------------------------------------------
+
+/// A loopback TCP proxy to `upstream` that holds every client→upstream chunk for `delay` before
+/// forwarding it (answers flow back at once): a Webdis/Redis that is slow, not dead.
+struct SlowProxy {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    threads: Arc<Mutex<Vec<thread::JoinHandle<()>>>>,
+}
+
+impl SlowProxy {
+    fn start(upstream: u16, delay: Duration) -> SlowProxy {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Arc<Mutex<Vec<thread::JoinHandle<()>>>> = Arc::default();
+        let (stop2, threads2) = (stop.clone(), threads.clone());
+        let acceptor = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !stop2.load(Ordering::Relaxed) && Instant::now() < deadline {
+                let Ok((client, _)) = listener.accept() else {
+                    thread::sleep(Duration::from_millis(2));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let Ok(up) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let pairs = [
+                    (client.try_clone(), up.try_clone(), delay),
+                    (up.try_clone(), client.try_clone(), Duration::ZERO),
+                ];
+                for (from, to, d) in pairs {
+                    if let (Ok(from), Ok(to)) = (from, to) {
+                        let st = stop2.clone();
+                        let h = thread::spawn(move || pump(from, to, d, &st));
+                        threads2.lock().expect("lock").push(h);
+                    }
+                }
+            }
+        });
+        threads.lock().expect("lock").push(acceptor);
+        SlowProxy {
+            port,
+            stop,
+            threads,
+        }
+    }
+}
+
+/// Copies `from` → `to`, sleeping `delay` before each forwarded chunk; bounded by `stop` and 60 s.
+fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration, stop: &AtomicBool) {
+    use std::io::Write;
+    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = [0u8; 16384];
+    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if !delay.is_zero() {
+                    thread::sleep(delay);
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let all: Vec<_> = self
+            .threads
+            .lock()
+            .map(|mut v| v.drain(..).collect())
+            .unwrap_or_default();
+        for t in all {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The shim answers after the callout timeout (Redis slow, not down): the client gets the failure
+/// policy's answer, and a request refused with 503 must not stay charged once the late reservation
+/// lands in Redis.
+#[test]
+fn late_reservation_after_timeout_is_not_charged() {
+    let s = Stack::start();
+    let proxy = SlowProxy::start(s.webdis_port(), Duration::from_millis(300));
+    let cfg =
+        quota_config(json!({"monthly_limit": 1_000_000, "timeout_ms": 50, "on_failure": "closed"}));
+    let envoy = tg::start_opts(opts(s.mock.port, cfg).webdis(proxy.port));
+    let tenant = "late";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let calls_before = script_calls(s.redis());
+    let (r, took) = post_t(&envoy, tg::CHAT, tenant, &[], &chat_body(20, false, None));
+    assert_error(&r, 503, "server_error", "quota_unavailable");
+    println!("answered 503 in {:.1} ms", took.as_secs_f64() * 1e3);
+    assert!(
+        took < Duration::from_millis(300),
+        "answered at the 50 ms timeout, not when Redis did: {took:?}"
+    );
+    // Wait (bounded) until the delayed reservation reached Redis, then give any compensation time.
+    let deadline = Instant::now() + SETTLE_WAIT;
+    while script_calls(s.redis()) == calls_before && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let landed = script_calls(s.redis()) > calls_before;
+    thread::sleep(Duration::from_millis(1000));
+    let got = get_i64(s.redis(), &key);
+    println!("late reservation reached Redis: {landed}; counter of the refused tenant: {got}");
+    assert!(
+        landed,
+        "the delayed reservation never reached Redis (proxy broken?)"
+    );
+    // The reservation reaches Redis after the filter gave up and answered 503: the reconciliation
+    // (sent when the request ended) left a tombstone, so it charges nothing.
+    assert_eq!(got, 0, "a request refused with 503 is not charged");
+    tg::assert_no_panic(&envoy);
+}
