@@ -83,6 +83,7 @@ extern "C" {
         val_len: usize,
     ) -> u32;
     fn proxy_remove_header_map_value(t: u32, key: *const u8, key_len: usize) -> u32;
+    fn proxy_get_header_map_pairs(t: u32, ret_data: *mut *mut u8, ret_size: *mut usize) -> u32;
     fn proxy_get_shared_data(
         key: *const u8,
         key_len: usize,
@@ -188,6 +189,9 @@ mod native {
         1
     }
     pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
+        1
+    }
+    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
         1
     }
     pub unsafe fn proxy_get_shared_data(
@@ -346,6 +350,24 @@ pub fn get_header(m: Map, key: &str) -> Option<String> {
         .ok()
         .flatten()
         .and_then(|b| String::from_utf8(b).ok())
+}
+
+/// Every header of a map in one host call (names are lower case; values decoded lossily).
+pub fn get_headers(m: Map) -> Vec<(String, String)> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    match unsafe { proxy_get_header_map_pairs(m as u32, &mut data, &mut size) } {
+        OK => deserialize_map(&unsafe { owned(data, size) }),
+        _ => Vec::new(),
+    }
+}
+
+/// Looks a header up in a list from [`get_headers`].
+pub fn find<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// Appends a header.

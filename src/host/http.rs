@@ -396,7 +396,10 @@ impl Http {
             edits.inject_include_usage = q.inject_stream_usage && e.stream && !e.include_usage;
             edits.max_output_field = output_field(kind, body).to_string();
         }
-        self.body = body.to_vec();
+        if cfg.quota.is_some() {
+            // Kept for a max_tokens clamp after the reservation.
+            self.body = body.to_vec();
+        }
         if edits.set_model.is_some() || edits.inject_include_usage {
             match rewrite::rewrite_with_report(body, &edits) {
                 Ok(r) => {
@@ -405,7 +408,9 @@ impl Http {
                             log(Level::Warn, "cannot rewrite the request body");
                             return self.circuit_open("model", &model, 1000);
                         }
-                        self.body = new_body;
+                        if cfg.quota.is_some() {
+                            self.body = new_body;
+                        }
                     }
                     if r.model_changed {
                         metrics::inc(m.breaker_fallbacks);
@@ -964,16 +969,14 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         self.phase = Phase::Metering;
+        // One host call for every header this request needs from here on.
+        let headers = abi::get_headers(Map::RequestHeaders);
+        let h = |name: &str| abi::find(&headers, name);
 
-        let header_tenant = cfg
-            .tenant_header
-            .as_deref()
-            .and_then(|h| abi::get_header(Map::RequestHeaders, h));
-        let auth = abi::get_header(Map::RequestHeaders, "authorization");
-        let xkey = abi::get_header(Map::RequestHeaders, "x-api-key");
-        let key = identity::api_key(auth.as_deref(), xkey.as_deref());
+        let header_tenant = cfg.tenant_header.as_deref().and_then(h);
+        let key = identity::api_key(h("authorization"), h("x-api-key"));
         match identity::resolve(
-            header_tenant.as_deref(),
+            header_tenant,
             key,
             cfg.api_key_tenants,
             cfg.default_tenant.as_deref(),
@@ -996,12 +999,11 @@ impl HttpContext for Http {
         self.model_hint = cfg
             .model_header
             .as_deref()
-            .and_then(|h| abi::get_header(Map::RequestHeaders, h))
-            .filter(|s| !s.is_empty());
+            .and_then(h)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
 
-        if let Some(len) = abi::get_header(Map::RequestHeaders, "content-length")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
+        if let Some(len) = h("content-length").and_then(|v| v.trim().parse::<u64>().ok()) {
             if len > cfg.max_body_bytes as u64 {
                 return self.too_large(&cfg);
             }
@@ -1013,11 +1015,12 @@ impl HttpContext for Http {
             }
             // Names this request's settlement (retries reuse it). Clients can send `x-request-id`, so
             // it is made unique with the context id and the time.
-            let rid = abi::get_header(Map::RequestHeaders, "x-request-id").unwrap_or_default();
-            self.request_id = format!("{}-{}-{}", rid.get(..64).unwrap_or(&rid), self.id, now_ns());
-            self.idem_key = abi::get_header(Map::RequestHeaders, "idempotency-key")
-                .or_else(|| abi::get_header(Map::RequestHeaders, "x-idempotency-key"))
-                .filter(|k| !k.trim().is_empty());
+            let rid = h("x-request-id").unwrap_or_default();
+            self.request_id = format!("{}-{}-{}", rid.get(..64).unwrap_or(rid), self.id, now_ns());
+            self.idem_key = h("idempotency-key")
+                .or_else(|| h("x-idempotency-key"))
+                .filter(|k| !k.trim().is_empty())
+                .map(str::to_string);
             // The body may be rewritten (include_usage, max_tokens clamp): let Envoy send it chunked.
             let _ = abi::remove_header(Map::RequestHeaders, "content-length");
         }
@@ -1119,10 +1122,13 @@ impl HttpContext for Http {
         if self.phase != Phase::Admitted {
             return Action::Continue;
         }
-        self.resp.status = abi::get_header(Map::ResponseHeaders, ":status")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        if !self.breakers.is_empty() {
+        if !self.breakers.is_empty() || self.quota.is_some() {
+            self.resp.status = abi::get_header(Map::ResponseHeaders, ":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+        }
+        // Retry hints matter only on failures.
+        if !self.breakers.is_empty() && (self.resp.status == 429 || self.resp.status >= 500) {
             self.resp.retry_after = abi::get_header(Map::ResponseHeaders, "retry-after");
             for h in [
                 "x-ratelimit-reset-requests",
