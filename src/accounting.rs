@@ -8,6 +8,7 @@
 //! | not served: non-2xx from the provider or Envoy's own reply | 0 (full refund)                     | none         |
 //! | cut mid-way (client abort, upstream cut), usage known    | weighted usage                       | provider     |
 //! | cut mid-way, no usage                                    | prompt + output estimated from the bytes streamed, at most the reservation | estimate |
+//! | client gone before any response (host passes a cut with 0 bytes) | the prompt                | estimate     |
 
 use crate::quota::{weighted, Weights};
 use crate::usage::Usage;

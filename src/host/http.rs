@@ -868,19 +868,27 @@ impl Http {
         if qr.settled || qr.duplicate {
             return;
         }
+        // No response headers at all (status 0) means the client went away before any answer: the
+        // provider may have billed the prompt, so that is charged (a cut with nothing streamed).
+        // Envoy's own failure replies (503/504 …) and provider errors are not served: refunded.
+        let ending = if status == 0 && self.phase == Phase::Admitted {
+            Ending::Cut {
+                usage: None,
+                content_bytes: 0,
+            }
+        } else if !(200..300).contains(&status) {
+            Ending::NotServed
+        } else if completed && ending_complete {
+            Ending::Completed { usage }
+        } else {
+            Ending::Cut {
+                usage,
+                content_bytes,
+            }
+        };
         if qr.uncertain {
             // Charge what the request really cost, whatever the lost reservation did.
             qr.settled = true;
-            let ending = if !(200..300).contains(&status) {
-                Ending::NotServed
-            } else if completed && ending_complete {
-                Ending::Completed { usage }
-            } else {
-                Ending::Cut {
-                    usage,
-                    content_bytes,
-                }
-            };
             let st = accounting::settle(&qr.reserved, ending);
             qr.actual = Some(st.actual);
             qr.source = Some(st.source);
@@ -898,16 +906,6 @@ impl Http {
             return;
         }
         qr.settled = true;
-        let ending = if !(200..300).contains(&status) {
-            Ending::NotServed
-        } else if completed && ending_complete {
-            Ending::Completed { usage }
-        } else {
-            Ending::Cut {
-                usage,
-                content_bytes,
-            }
-        };
         let st = accounting::settle(&qr.reserved, ending);
         qr.actual = Some(st.actual);
         qr.source = Some(st.source);
