@@ -6,10 +6,12 @@
 //!    (tiktoken-rs, vocabulary bundled in the crate, no network) and estimated with `text_tokens` and
 //!    with the naive `chars / 4`. Per class: median relative error and p95 |relative error|, on all lines
 //!    and on the odd (held-out: the weights were fitted on the even lines) lines.
-//! 2. Speed: each sample wrapped in a chat-completions body; `estimate` timed against
-//!    `serde_json::from_slice::<Value>` alone, in µs per KB of body (bounded: ≤ 1 s and ≤ 10 000 passes each).
+//! 2. Speed: chat-completions bodies (each corpus line; English and CJK text joined to ~1 KB, ~16 KB and
+//!    ~256 KB); `estimate` timed against `serde_json::from_slice::<Value>` alone in the same run, in µs per
+//!    KB of body, best of 5 interleaved trials of ≥ 120 ms. Then `text_tokens` alone.
 //!
-//! Exits non-zero when any class has p95 |error| above 15 % (all lines).
+//! Exits non-zero when any class has p95 |error| above 15 % (all lines). Speed is printed, never gated:
+//! absolute times depend on the machine and its load (the target is ≤ 2 µs/KB natively).
 use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -71,13 +73,13 @@ fn stats(errs: &[f64]) -> Stats {
     }
 }
 
-/// Time `f` over all `bodies` repeatedly; returns µs per KB.
-fn time_per_kb(bodies: &[Vec<u8>], mut f: impl FnMut(&[u8])) -> f64 {
+/// µs per KB of running `f` over all `bodies`: the best of `TRIALS` trials of ≥ `TRIAL` each (the
+/// minimum is the least noisy estimate on a shared machine).
+fn time_per_kb(bodies: &[Vec<u8>], f: &mut dyn FnMut(&[u8])) -> f64 {
     let bytes: usize = bodies.iter().map(Vec::len).sum();
-    let budget = Duration::from_secs(1);
-    let start = Instant::now();
     let mut passes = 0u32;
-    while passes < 10_000 && (passes < 3 || start.elapsed() < budget) {
+    let start = Instant::now();
+    while passes < 100_000 && (passes < 2 || start.elapsed() < TRIAL) {
         for b in bodies {
             f(black_box(b));
         }
@@ -85,6 +87,68 @@ fn time_per_kb(bodies: &[Vec<u8>], mut f: impl FnMut(&[u8])) -> f64 {
     }
     let secs = start.elapsed().as_secs_f64();
     secs * 1e6 / (bytes as f64 / 1024.0 * f64::from(passes))
+}
+
+const TRIALS: usize = 5;
+const TRIAL: Duration = Duration::from_millis(120);
+
+/// Best-of-`TRIALS` µs/KB of each function, trials interleaved so that load spikes hit all of them.
+/// A function under test: one call per body.
+type Bench<'a> = &'a mut dyn FnMut(&[u8]);
+
+fn compare(bodies: &[Vec<u8>], fs: &mut [Bench<'_>]) -> Vec<f64> {
+    let mut best = vec![f64::INFINITY; fs.len()];
+    for _ in 0..TRIALS {
+        for (f, b) in fs.iter_mut().zip(best.iter_mut()) {
+            *b = b.min(time_per_kb(bodies, *f));
+        }
+    }
+    best
+}
+
+fn chat_body(texts: &[&str]) -> Vec<u8> {
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
+    for t in texts {
+        messages.push(serde_json::json!({"role": "user", "content": t}));
+    }
+    serde_json::json!({
+        "model": "gpt-4.1",
+        "messages": messages,
+        "max_tokens": 256,
+        "stream": true,
+        "stream_options": {"include_usage": true}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Bodies of about `size` bytes: one user message of corpus texts joined (cycling, so the bodies
+/// differ) and cut at a character boundary.
+fn sized_bodies(texts: &[String], size: usize, count: usize) -> Vec<Vec<u8>> {
+    // The rest of the body (model, system message, options) is about 180 bytes.
+    let target = size.saturating_sub(180).max(1);
+    let mut out = Vec::new();
+    let mut next = texts.iter().cycle();
+    for _ in 0..count {
+        let mut content = String::new();
+        while content.len() < target {
+            match next.next() {
+                Some(t) => {
+                    content.push_str(t);
+                    content.push_str("\n\n");
+                }
+                None => break,
+            }
+        }
+        let mut cut = target.min(content.len());
+        while !content.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        content.truncate(cut);
+        out.push(chat_body(&[content.as_str()]));
+    }
+    out
 }
 
 fn main() {
@@ -142,45 +206,83 @@ fn main() {
         }
     }
 
-    // Speed: chat-completions bodies around each sample.
-    let bodies: Vec<Vec<u8>> = corpus
-        .iter()
-        .flat_map(|(_, texts)| texts.iter())
-        .map(|t| {
-            serde_json::json!({
-                "model": "gpt-4.1",
-                "messages": [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": t}
-                ],
-                "max_tokens": 256,
-                "stream": true,
-                "stream_options": {"include_usage": true}
-            })
-            .to_string()
-            .into_bytes()
-        })
-        .collect();
+    // Speed. Absolute numbers depend on the machine and its load; they are printed, never gated.
     let limits = |_: Option<&str>| OutputLimits {
         default_tokens: 1024,
         cap_tokens: 32768,
     };
-    let kb = bodies.iter().map(Vec::len).sum::<usize>() as f64 / 1024.0;
-    let ours = time_per_kb(&bodies, |b| {
-        black_box(estimate(ApiKind::ChatCompletions, b, &limits).ok());
-    });
-    let parse = time_per_kb(&bodies, |b| {
-        black_box(serde_json::from_slice::<serde_json::Value>(b).ok());
-    });
+    let class = |name: &str| -> Vec<String> {
+        corpus
+            .iter()
+            .filter(|(n, _)| n == name)
+            .flat_map(|(_, t)| t.iter().cloned())
+            .collect()
+    };
+    let (english, chinese) = (class("english"), class("chinese"));
+    let all: Vec<Vec<u8>> = corpus
+        .iter()
+        .flat_map(|(_, texts)| texts.iter())
+        .map(|t| chat_body(&[t]))
+        .collect();
+    let sets: Vec<(String, Vec<Vec<u8>>)> = vec![
+        (format!("every corpus line, {} bodies", all.len()), all),
+        (
+            "English ~1 KB × 64".into(),
+            sized_bodies(&english, 1 << 10, 64),
+        ),
+        (
+            "English ~16 KB × 8".into(),
+            sized_bodies(&english, 16 << 10, 8),
+        ),
+        (
+            "English ~256 KB × 1".into(),
+            sized_bodies(&english, 256 << 10, 1),
+        ),
+        ("CJK ~1 KB × 64".into(), sized_bodies(&chinese, 1 << 10, 64)),
+        ("CJK ~16 KB × 8".into(), sized_bodies(&chinese, 16 << 10, 8)),
+        (
+            "CJK ~256 KB × 1".into(),
+            sized_bodies(&chinese, 256 << 10, 1),
+        ),
+    ];
+    println!("\nSpeed of `estimate` (chat-completions bodies; µs per KB of body, best of {TRIALS} interleaved trials):\n");
     println!(
-        "\nSpeed ({} chat-completions bodies, {kb:.0} KB in total, release build):\n",
-        bodies.len()
+        "| bodies | KB each | `estimate` | `from_slice::<Value>` alone | estimate / Value parse |"
     );
-    println!("| what | µs per KB |");
-    println!("|---|---:|");
-    println!("| `estimate` (parse + walk + count) | {ours:.3} |");
-    println!("| `serde_json::from_slice::<Value>` alone | {parse:.3} |");
-    println!("| ratio estimate / parse | {:.2}× |", ours / parse);
+    println!("|---|---:|---:|---:|---:|");
+    for (label, bodies) in &sets {
+        let kb_each =
+            bodies.iter().map(Vec::len).sum::<usize>() as f64 / 1024.0 / bodies.len().max(1) as f64;
+        let mut ours = |b: &[u8]| {
+            black_box(estimate(ApiKind::ChatCompletions, b, &limits).ok());
+        };
+        let mut parse = |b: &[u8]| {
+            black_box(serde_json::from_slice::<serde_json::Value>(b).ok());
+        };
+        let t = compare(bodies, &mut [&mut ours, &mut parse]);
+        let (ours, parse) = (
+            t.first().copied().unwrap_or(f64::NAN),
+            t.get(1).copied().unwrap_or(f64::NAN),
+        );
+        println!(
+            "| {label} | {kb_each:.1} | {ours:.3} | {parse:.3} | {:.2}× |",
+            ours / parse
+        );
+    }
+    // Where the time goes: `text_tokens` alone over the texts (per KB of text).
+    let texts: Vec<Vec<u8>> = corpus
+        .iter()
+        .flat_map(|(_, t)| t.iter())
+        .map(|t| t.clone().into_bytes())
+        .collect();
+    let mut count = |b: &[u8]| {
+        black_box(text_tokens(std::str::from_utf8(b).unwrap_or("")));
+    };
+    let t = compare(&texts, &mut [&mut count]);
+    println!(
+        "\n`text_tokens` alone over every corpus line: {:.3} µs per KB of text",
+        t.first().copied().unwrap_or(f64::NAN)
+    );
 
     if !failed.is_empty() {
         eprintln!(
