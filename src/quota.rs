@@ -405,6 +405,45 @@ return {1, u, m}
 /// SHA-1 of [`RECONCILE_SCRIPT`].
 pub const RECONCILE_SHA1: &str = "29ab5479340433f189723c915183efdd7a2d1b4a";
 
+/// Several settlements of ONE tenant in one call (their keys share the tenant's hash tag, so the batch
+/// stays on one Redis Cluster slot). Same rules as [`SETTLE_SCRIPT`] per entry.
+///
+/// KEYS: `used_total, used_model, settled_marker` per entry. ARGV: `delta, expire_at_unix, ttl_s,
+/// has_model (1/0)` per entry, then `"tg1"`. Reply: one integer per entry: 1 applied, 0 already settled,
+/// −1 a counter in Redis is not a number (that entry is skipped).
+pub const SETTLE_BATCH_SCRIPT: &str = r#"-- tokengate settle batch v1
+local n = (#ARGV - 1) / 4
+if ARGV[#ARGV] ~= 'tg1' then return redis.error_reply('ERR tokengate: protocol mismatch') end
+if n < 1 or n ~= math.floor(n) or #KEYS ~= 3 * n then return redis.error_reply('ERR tokengate: bad argument') end
+local out = {}
+for i = 0, n - 1 do
+  local ku, km, ks = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local d, exp, ttl, hasm = tonumber(ARGV[4 * i + 1]), ARGV[4 * i + 2], tonumber(ARGV[4 * i + 3]), ARGV[4 * i + 4] == '1'
+  local u, m = tonumber(redis.call('GET', ku) or '0'), 0
+  if hasm then m = tonumber(redis.call('GET', km) or '0') end
+  if not d or not ttl or ttl < 1 or not u or not m then
+    out[#out + 1] = -1
+  elseif redis.call('EXISTS', ks) == 1 then
+    out[#out + 1] = 0
+  else
+    local function apply(k, v)
+      local x = v + d
+      if x < 0 then x = 0 end
+      if x ~= v then redis.call('SET', k, string.format('%d', x)) end
+      redis.call('EXPIREAT', k, exp)
+    end
+    apply(ku, u)
+    if hasm then apply(km, m) end
+    redis.call('SET', ks, '1', 'EX', ttl)
+    out[#out + 1] = 1
+  end
+end
+return out
+"#;
+
+/// SHA-1 of [`SETTLE_BATCH_SCRIPT`].
+pub const SETTLE_BATCH_SHA1: &str = "b8e529771fa4c7b275a3ff3c63878405569ad4c1";
+
 /// How the host names the script to Webdis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptCall {
@@ -580,6 +619,49 @@ pub fn settle_request(args: &SettleArgs, call: ScriptCall) -> String {
         PROTOCOL_TAG.to_string(),
     ];
     command_body(call, SETTLE_SCRIPT, SETTLE_SHA1, &keys, &argv)
+}
+
+/// The hash-tag prefix of a settlement's keys (`tg:q:{tenant}`): settlements may be batched per prefix.
+pub fn tenant_tag(keys: &QuotaKeys) -> &str {
+    match keys.used_total.find("}:") {
+        Some(i) => keys.used_total.get(..=i).unwrap_or(&keys.used_total),
+        None => &keys.used_total,
+    }
+}
+
+/// The Webdis body that runs several settlements of one tenant (see [`SETTLE_BATCH_SCRIPT`]).
+pub fn settle_batch_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
+    let lim = MAX_LUA_INT as i64;
+    let mut keys: Vec<&str> = Vec::with_capacity(batch.len() * 3);
+    let mut argv: Vec<String> = Vec::with_capacity(batch.len() * 4 + 1);
+    for a in batch {
+        keys.extend([
+            a.keys.used_total.as_str(),
+            a.keys.used_model.as_str(),
+            a.keys.settled.as_str(),
+        ]);
+        argv.extend([
+            a.delta.clamp(-lim, lim).to_string(),
+            a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
+            lua_int(a.marker_ttl_s.max(1)),
+            if a.keys.has_model { "1" } else { "0" }.to_string(),
+        ]);
+    }
+    argv.push(PROTOCOL_TAG.to_string());
+    command_body(call, SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1, &keys, &argv)
+}
+
+/// Parses a batch settlement reply: one of 1 / 0 / −1 per entry, `n` entries.
+pub fn parse_settle_batch_reply(
+    http_status: u32,
+    body: &[u8],
+    n: usize,
+) -> Result<Vec<i64>, ShimError> {
+    let v = parse_int_array(http_status, body, n)?;
+    if v.iter().any(|x| !(-1..=1).contains(x)) {
+        return Err(ShimError::Garbage("batch entry out of range".into()));
+    }
+    Ok(v)
 }
 
 /// Everything one reconciliation needs.
@@ -1651,6 +1733,39 @@ mod live {
             st.cli(&["SCRIPT", "LOAD", RECONCILE_SCRIPT]),
             RECONCILE_SHA1
         );
+    }
+
+    #[test]
+    fn a_settlement_batch_applies_each_entry_once_through_webdis() {
+        let Some(st) = Stack::start() else { return };
+        let mut jobs = Vec::new();
+        for (i, delta) in [(1, -20i64), (2, 5), (3, -500)] {
+            let mut a = base();
+            a.request_id = format!("b-{i}");
+            reserve(&st, &a).unwrap();
+            jobs.push(SettleArgs {
+                keys: a.keys(),
+                delta,
+                expire_at_unix: 1_796_688_000,
+                marker_ttl_s: 60,
+            });
+        }
+        let k = jobs[0].keys.clone();
+        assert_eq!(st.cli(&["GET", &k.used_total]), "450");
+        let refs: Vec<&SettleArgs> = jobs.iter().collect();
+        let (status, body) = st.post(&settle_batch_request(&refs, ScriptCall::Eval));
+        assert_eq!(
+            parse_settle_batch_reply(status, &body, 3).unwrap(),
+            [1, 1, 1]
+        );
+        // 450 - 20 + 5 - 500 stops at 0
+        assert_eq!(st.cli(&["GET", &k.used_total]), "0");
+        let (status, body) = st.post(&settle_batch_request(&refs, ScriptCall::EvalSha));
+        assert_eq!(
+            parse_settle_batch_reply(status, &body, 3).unwrap(),
+            [0, 0, 0]
+        );
+        assert_eq!(tenant_tag(&k), "tg:q:{acme}");
     }
 
     #[test]

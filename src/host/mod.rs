@@ -24,8 +24,8 @@ pub struct Vm {
     pub known_keys: std::collections::HashSet<String>,
     /// Settlements waiting for the root's tick.
     pub settle_queue: Vec<quota::SettleJob>,
-    /// Settlements sent, by callout token.
-    pub settle_inflight: std::collections::HashMap<u32, quota::SettleJob>,
+    /// Settlements sent, by callout token (one tenant's batch, or one reconciliation).
+    pub settle_inflight: std::collections::HashMap<u32, Vec<quota::SettleJob>>,
     /// Redis has our scripts cached (EVALSHA works).
     pub script_loaded: bool,
 }

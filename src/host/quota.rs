@@ -39,12 +39,6 @@ impl Job {
             Job::Reconcile(a) => &a.keys.settled,
         }
     }
-    fn body(&self, call: ScriptCall) -> String {
-        match self {
-            Job::Settle(a) => quota::settle_request(a, call),
-            Job::Reconcile(a) => quota::reconcile_request(a, call),
-        }
-    }
 }
 
 /// One settlement waiting to be sent (or re-sent).
@@ -174,7 +168,11 @@ pub fn enqueue(job: Job) {
     });
 }
 
-/// Root tick: dispatches due settlements (none while the shim breaker is open).
+/// Most settlements of one tenant sent in one callout.
+pub const MAX_BATCH: usize = 32;
+
+/// Root tick: dispatches due settlements (none while the shim breaker is open). Settlements of one
+/// tenant go together in one callout (their keys share one Redis Cluster slot).
 pub fn tick(q: &QuotaSettings) {
     let now = now_ns();
     if VM.with(|vm| vm.borrow().settle_queue.is_empty()) {
@@ -186,31 +184,62 @@ pub fn tick(q: &QuotaSettings) {
             return;
         }
     }
-    let due: Vec<SettleJob> = VM.with(|vm| {
+    let batches: Vec<Vec<SettleJob>> = VM.with(|vm| {
         let mut vm = vm.borrow_mut();
-        let room = MAX_INFLIGHT_SETTLEMENTS.saturating_sub(vm.settle_inflight.len());
-        if room == 0 || vm.settle_queue.is_empty() {
-            return Vec::new();
-        }
-        let mut take = Vec::new();
+        let mut room = MAX_INFLIGHT_SETTLEMENTS.saturating_sub(vm.settle_inflight.len());
+        let mut batches: Vec<Vec<SettleJob>> = Vec::new();
         let mut keep = Vec::new();
         for job in std::mem::take(&mut vm.settle_queue) {
-            if job.due_ns <= now && take.len() < room {
-                take.push(job);
-            } else {
+            if job.due_ns > now {
                 keep.push(job);
+                continue;
+            }
+            let tag = match &job.job {
+                Job::Settle(a) => Some(quota::tenant_tag(&a.keys).to_string()),
+                Job::Reconcile(_) => None,
+            };
+            let slot = tag.as_ref().and_then(|t| {
+                batches.iter().position(|b| {
+                    b.len() < MAX_BATCH
+                        && matches!(b.first().map(|j| &j.job), Some(Job::Settle(a)) if quota::tenant_tag(&a.keys) == t)
+                })
+            });
+            match slot.and_then(|i| batches.get_mut(i)) {
+                Some(batch) => batch.push(job),
+                None if room > 0 => {
+                    room -= 1;
+                    batches.push(vec![job]);
+                }
+                None => keep.push(job),
             }
         }
         vm.settle_queue = keep;
-        take
+        batches
     });
-    for job in due {
-        let body = job.job.body(script_call());
+    let call = script_call();
+    for batch in batches {
+        let body = match batch.first().map(|j| &j.job) {
+            Some(Job::Reconcile(a)) => quota::reconcile_request(a, call),
+            _ => {
+                let args: Vec<&SettleArgs> = batch
+                    .iter()
+                    .filter_map(|j| match &j.job {
+                        Job::Settle(a) => Some(a),
+                        Job::Reconcile(_) => None,
+                    })
+                    .collect();
+                quota::settle_batch_request(&args, call)
+            }
+        };
         match dispatch(q, &body) {
             Ok(token) => VM.with(|vm| {
-                vm.borrow_mut().settle_inflight.insert(token, job);
+                vm.borrow_mut().settle_inflight.insert(token, batch);
             }),
-            Err(_) => retry(q, job, "dispatch refused"),
+            Err(_) => {
+                for job in batch {
+                    retry(q, job, "dispatch refused");
+                }
+            }
         }
     }
 }
@@ -239,41 +268,64 @@ fn retry(q: &QuotaSettings, mut job: SettleJob, why: &str) {
     VM.with(|vm| vm.borrow_mut().settle_queue.push(job));
 }
 
+fn applied(job: &SettleJob) {
+    let m = metrics::get();
+    metrics::inc(m.quota_settled);
+    match &job.job {
+        Job::Settle(a) if a.delta < 0 => {
+            metrics::add(m.quota_refunded_tokens, a.delta.unsigned_abs())
+        }
+        Job::Settle(a) => metrics::add(m.quota_extra_charged_tokens, a.delta.unsigned_abs()),
+        Job::Reconcile(_) => metrics::inc(m.quota_reconciled),
+    }
+}
+
 /// Root: a settlement callout answered.
 pub fn on_settle_response(q: &QuotaSettings, token: u32, body_size: usize) {
-    let Some(job) = VM.with(|vm| vm.borrow_mut().settle_inflight.remove(&token)) else {
+    let Some(batch) = VM.with(|vm| vm.borrow_mut().settle_inflight.remove(&token)) else {
         return;
     };
     let (status, body) = call_response(body_size);
     let m = metrics::get();
-    match quota::parse_settle_reply(status, &body) {
-        Ok(reply) => {
+    let result = match batch.first().map(|j| &j.job) {
+        Some(Job::Reconcile(_)) => {
+            quota::parse_settle_reply(status, &body).map(|r| vec![i64::from(r.applied)])
+        }
+        _ => quota::parse_settle_batch_reply(status, &body, batch.len()),
+    };
+    match result {
+        Ok(flags) => {
             set_script_loaded(true);
-            if reply.applied {
-                metrics::inc(m.quota_settled);
-                if let Job::Settle(a) = &job.job {
-                    if a.delta < 0 {
-                        metrics::add(m.quota_refunded_tokens, a.delta.unsigned_abs());
-                    } else {
-                        metrics::add(m.quota_extra_charged_tokens, a.delta.unsigned_abs());
+            for (job, flag) in batch.iter().zip(flags) {
+                match flag {
+                    1 => applied(job),
+                    0 => metrics::inc(m.quota_settle_duplicates),
+                    _ => {
+                        metrics::inc(m.quota_settle_dropped);
+                        log(
+                            Level::Error,
+                            &format!(
+                                "settlement for {} skipped: a counter in Redis is not a number",
+                                job.job.marker()
+                            ),
+                        );
                     }
-                } else {
-                    metrics::inc(m.quota_reconciled);
                 }
-            } else {
-                metrics::inc(m.quota_settle_duplicates);
             }
         }
         Err(ShimError::NoScript) => {
             set_script_loaded(false);
-            VM.with(|vm| vm.borrow_mut().settle_queue.push(job));
+            VM.with(|vm| vm.borrow_mut().settle_queue.extend(batch));
         }
         Err(e) => {
             metrics::inc(m.quota_shim_errors);
             if e == ShimError::Unavailable {
                 shim_record(q, false, false, 8);
             }
-            retry(q, job, &e.to_string());
+            let why = e.to_string();
+            for job in batch {
+                retry(q, job, &why);
+            }
         }
     }
 }
