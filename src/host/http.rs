@@ -1242,12 +1242,16 @@ impl Http {
         let Some(b) = &cfg.breaker else {
             return;
         };
-        let status = abi::get_property(&["response", "code"])
-            .ok()
-            .flatten()
-            .and_then(|v| crate::store::read_u64(&v, 0))
-            .map(|c| u32::try_from(c).unwrap_or(0))
-            .unwrap_or(self.resp.status);
+        let status = if self.resp.status != 0 {
+            self.resp.status
+        } else {
+            abi::get_property(&["response", "code"])
+                .ok()
+                .flatten()
+                .and_then(|v| crate::store::read_u64(&v, 0))
+                .map(|c| u32::try_from(c).unwrap_or(0))
+                .unwrap_or(0)
+        };
         let details = abi::get_property(&["response", "code_details"])
             .ok()
             .flatten()
@@ -1268,6 +1272,14 @@ impl Http {
         ));
         let now = now_ns();
         for (key, probe) in std::mem::take(&mut self.breakers) {
+            // A success of a request admitted while CLOSED changes nothing unless successes are
+            // counted for a failure rate: no shared-data access at all.
+            if outcome == breaker::Outcome::Success
+                && !probe
+                && b.cfg.failure_rate_percent.is_none()
+            {
+                continue;
+            }
             match breaker::record_shared(
                 &HostStore,
                 &key,
