@@ -240,6 +240,9 @@ pub struct Rule {
     pub params: BucketParams,
     /// Shaping: hold a request up to this long instead of rejecting (0 = off).
     pub max_wait_ms: u64,
+    /// Give back to the bucket what the provider's reported usage shows was not used (and everything
+    /// for a request the provider did not serve).
+    pub refund_unused: bool,
 }
 
 impl Rule {
@@ -717,6 +720,7 @@ struct RawRule {
     requests_per_minute: Option<f64>,
     per_model: Option<bool>,
     max_wait_ms: Option<u64>,
+    refund_unused: Option<bool>,
 }
 
 /// Default header giving the model in the headers phase.
@@ -920,6 +924,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 requests_per_minute: rpm,
             },
             max_wait_ms,
+            refund_unused: r.refund_unused.unwrap_or(false),
         });
     }
     let max_tenants = raw.max_tenants.unwrap_or(10_000);

@@ -106,7 +106,6 @@ struct QReq {
     settled: bool,
     used_eval: bool,
     shim_probe: bool,
-    json: Vec<u8>,
     actual: Option<u64>,
     source: Option<UsageSource>,
     /// The reservation callout failed in a way that may still have reserved (timeout, garbage):
@@ -167,6 +166,12 @@ struct RespFacts {
     reset_headers: Vec<String>,
     /// An SSE response: its final event, usage and content size.
     stream: Option<SseScanner>,
+    /// Keep a JSON response body to read its `usage` (quota settlement, bucket refunds).
+    collect: bool,
+    /// The kept JSON body (bounded by `MAX_JSON_RESPONSE`).
+    json: Vec<u8>,
+    /// Unused bucket tokens were already given back.
+    refunded: bool,
 }
 
 impl Http {
@@ -601,7 +606,6 @@ impl Http {
             settled: false,
             used_eval: false,
             shim_probe: false,
-            json: Vec::new(),
             actual: None,
             source: None,
             uncertain: false,
@@ -854,13 +858,7 @@ impl Http {
         let status = self.resp.status;
         let (usage, completed, content_bytes) = match &self.resp.stream {
             Some(sc) => (sc.usage(), sc.completed(), sc.content_bytes()),
-            None => (
-                self.quota
-                    .as_ref()
-                    .and_then(|qr| usage::from_json(&qr.json)),
-                ending_complete,
-                0,
-            ),
+            None => (usage::from_json(&self.resp.json), ending_complete, 0),
         };
         let Some(qr) = self.quota.as_mut() else {
             return;
@@ -1120,7 +1118,12 @@ impl HttpContext for Http {
         if self.phase != Phase::Admitted {
             return Action::Continue;
         }
-        if !self.breakers.is_empty() || self.quota.is_some() {
+        let refunding = self
+            .charged
+            .as_ref()
+            .and_then(|(i, _, _)| self.cfg.as_ref().and_then(|c| c.rules.get(*i)))
+            .is_some_and(|r| r.refund_unused);
+        if !self.breakers.is_empty() || self.quota.is_some() || refunding {
             self.resp.status = abi::get_header(Map::ResponseHeaders, ":status")
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
@@ -1145,11 +1148,14 @@ impl HttpContext for Http {
             .quota
             .as_ref()
             .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain));
-        if !self.breakers.is_empty() || settling {
+        if !self.breakers.is_empty() || settling || refunding {
             let sse = abi::get_header(Map::ResponseHeaders, "content-type")
                 .is_some_and(|c| c.contains("text/event-stream"));
             if sse {
                 self.resp.stream = Some(SseScanner::new(self.injected_usage));
+            } else {
+                self.resp.collect =
+                    (settling || refunding) && (200..300).contains(&self.resp.status);
             }
         }
         if let Some(qr) = &self.quota {
@@ -1207,19 +1213,17 @@ impl HttpContext for Http {
                     let _ = abi::set_buffer(Buffer::ResponseBody, u32::MAX as usize, 0, &rest);
                 }
             }
-        } else if let Some(qr) = self.quota.as_mut() {
-            if ((qr.answered && !qr.fail_open) || qr.uncertain)
-                && !qr.duplicate
-                && body_size > 0
-                && qr.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE
-            {
-                if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
-                    qr.json.extend_from_slice(&chunk);
-                }
+        } else if self.resp.collect
+            && body_size > 0
+            && self.resp.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE
+        {
+            if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
+                self.resp.json.extend_from_slice(&chunk);
             }
         }
         if end_of_stream {
             self.settle(true);
+            self.refund_unused();
         }
         Action::Continue
     }
@@ -1227,6 +1231,45 @@ impl HttpContext for Http {
     fn on_log(&mut self) {
         self.record_breakers();
         self.settle(false);
+        self.refund_unused();
+    }
+}
+
+impl Http {
+    /// `refund_unused` rules: gives back to the bucket what the provider's usage shows was not used
+    /// (everything when the provider did not serve the request). Without a response (client gone) or
+    /// without reported usage the estimate stands.
+    fn refund_unused(&mut self) {
+        if self.resp.refunded || self.phase != Phase::Admitted {
+            return;
+        }
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        let Some((idx, key, cost)) = self.charged.clone() else {
+            return;
+        };
+        let Some(rule) = cfg.rules.get(idx).filter(|r| r.refund_unused) else {
+            return;
+        };
+        self.resp.refunded = true;
+        let status = self.resp.status;
+        let amount = if status == 0 {
+            0
+        } else if !(200..300).contains(&status) {
+            cost
+        } else {
+            let usage = match &self.resp.stream {
+                Some(sc) => sc.usage(),
+                None => usage::from_json(&self.resp.json),
+            };
+            usage.map_or(0, |u| {
+                cost.saturating_sub(u.prompt_tokens.saturating_add(u.completion_tokens))
+            })
+        };
+        if amount > 0 && admission::credit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
+            metrics::add(metrics::get().tokens_credited, amount);
+        }
     }
 }
 

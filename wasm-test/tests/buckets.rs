@@ -475,3 +475,67 @@ fn concurrent_requests_never_exceed_capacity_plus_refill() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+#[test]
+fn refund_unused_gives_back_what_the_provider_did_not_use() {
+    let mock = mock_provider!();
+    let burst = 5000u64;
+    let envoy = tg::start(
+        &mock,
+        tg::config(json!([rule_with(
+            rule("all", "*", "*", 1.0, burst),
+            json!({"refund_unused": true})
+        )])),
+    );
+    // A: reserves ~500 output tokens; the provider reports far less.
+    let a = tg::post_chat(&envoy, "acme", &chat("gpt-test", 500));
+    let cost_a = admitted(&a);
+    assert_eq!(
+        header_u64(&a, "x-ratelimit-remaining-tokens"),
+        burst - cost_a
+    );
+    let usage = &a.json()["usage"];
+    let used_a =
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap();
+    assert!(
+        used_a < cost_a,
+        "the mock uses less than reserved: {used_a} < {cost_a}"
+    );
+    // B: the bucket holds burst - used_a (not burst - cost_a) before B's own charge (+≤1 s refill).
+    let b = tg::post_chat(&envoy, "acme", &chat("gpt-test", 500));
+    let cost_b = admitted(&b);
+    let remaining = header_u64(&b, "x-ratelimit-remaining-tokens") as i64;
+    let want = (burst - used_a - cost_b) as i64;
+    assert!(
+        (remaining - want).abs() <= 2,
+        "remaining {remaining}, want {want} (without refund it would be {})",
+        burst - cost_a - cost_b
+    );
+    // C: a provider 500 is refunded entirely.
+    let c = http::post(
+        envoy.port,
+        tg::CHAT,
+        &[
+            ("x-tenant-id", "acme"),
+            ("content-type", "application/json"),
+            ("x-mock-status", "500"),
+        ],
+        &chat("gpt-test", 500),
+    )
+    .expect("POST");
+    assert_eq!(c.status, 500);
+    let d = tg::post_chat(&envoy, "acme", &chat("gpt-test", 500));
+    let cost_d = admitted(&d);
+    let remaining_d = header_u64(&d, "x-ratelimit-remaining-tokens") as i64;
+    let used_b = {
+        let u = &b.json()["usage"];
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    };
+    let want_d = (burst - used_a - used_b - cost_d) as i64;
+    assert!(
+        (remaining_d - want_d).abs() <= 3,
+        "after a refunded 500: remaining {remaining_d}, want {want_d}"
+    );
+    assert!(envoy.stat("tokengate_tokens_credited") > 0);
+    tg::assert_no_panic(&envoy);
+}

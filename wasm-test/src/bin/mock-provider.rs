@@ -104,6 +104,8 @@ enum ReadOutcome {
 
 fn main() {
     let mut port: u16 = 0;
+    // Loopback by default; a container (docker-compose) passes `--host 0.0.0.0`.
+    let mut host = String::from("127.0.0.1");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -113,19 +115,25 @@ fn main() {
                     None => fail("--port needs a number"),
                 }
             }
+            "--host" => {
+                host = match args.next() {
+                    Some(h) => h,
+                    None => fail("--host needs an address"),
+                }
+            }
             "-h" | "--help" => {
-                println!("usage: mock-provider --port N   (0 picks a free port)");
+                println!("usage: mock-provider [--host ADDR] --port N   (0 picks a free port; host 127.0.0.1)");
                 return;
             }
             other => fail(&format!("unknown argument {other}")),
         }
     }
-    let listener = match TcpListener::bind(("127.0.0.1", port)) {
+    let listener = match TcpListener::bind((host.as_str(), port)) {
         Ok(l) => l,
-        Err(e) => fail(&format!("bind 127.0.0.1:{port}: {e}")),
+        Err(e) => fail(&format!("bind {host}:{port}: {e}")),
     };
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
-    println!("listening on 127.0.0.1:{port}");
+    println!("listening on {host}:{port}");
     let _ = std::io::stdout().flush();
 
     let shared: Shared = Arc::new(Mutex::new(Recorder::default()));
