@@ -1090,6 +1090,50 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_sample_and_a_config_with_every_documented_field_parse() {
+        let readme = include_str!("../README.md");
+        let sample = readme
+            .split("## Sample configuration")
+            .nth(1)
+            .and_then(|s| s.split("```json\n").nth(1))
+            .and_then(|s| s.split("```").next())
+            .unwrap();
+        let c = parse(sample.as_bytes()).unwrap();
+        assert!(c.breaker.is_some() && c.quota.is_some());
+        let every = r#"{
+          "tenant_header": "x-tenant-id", "api_key_tenants": true, "default_tenant": "anon",
+          "model_header": "x-model", "max_body_bytes": 1048576,
+          "invalid_body": {"action": "charge", "tokens": 100},
+          "default_output": {"default_max_tokens": 512, "max_tokens_cap": 4096},
+          "models": {"gpt-4*": {"default_max_tokens": 256, "max_tokens_cap": 1024}},
+          "rules": [{"name": "r", "tenant": "*", "model": "*", "per_model": false,
+                     "tokens_per_second": 10, "burst": 100, "requests_per_minute": 60,
+                     "max_wait_ms": 500, "refund_unused": true}],
+          "max_tenants": 100, "cas_max_retries": 8, "on_store_error": "deny",
+          "breaker": {"keys": ["cluster", "model"], "failure_threshold": 3, "window_ms": 30000,
+            "failure_rate_percent": 50, "min_requests": 10, "recovery_ms": 1000,
+            "backoff_multiplier": 1.5, "max_recovery_ms": 60000, "half_open_max_calls": 2,
+            "half_open_successes_to_close": 1, "probe_timeout_ms": 5000,
+            "failure_statuses": [[500, 599]], "count_429": true, "count_incomplete_streams": true,
+            "route_header": "x-route", "cluster_fallbacks": {"a": {"cluster": "b", "route": "fb"}},
+            "model_fallbacks": {"m1": "m2"}, "max_fallback_hops": 2, "max_keys": 50},
+          "quota": {"cluster": "webdis", "authority": "webdis", "timeout_ms": 80,
+            "monthly_limit": 1000, "model_limits": {"m1": 10}, "on_failure": "open",
+            "clamp_output": true, "tenants": {"t": {"monthly_limit": 5, "model_limits": {"m1": 2},
+            "on_failure": "closed", "clamp_output": false}},
+            "weights": {"m1": {"input": 1, "output": 4, "cached_input": 0.5, "reasoning": 4}},
+            "month_offset_minutes": 540, "grace_seconds": 60, "idempotency_window_s": 0,
+            "exhausted_recheck_s": 5, "exhausted_below": 10, "inject_stream_usage": false,
+            "shim_breaker": {"failure_threshold": 2, "window_ms": 1000, "recovery_ms": 500},
+            "settle_retry_ms": 100, "settle_max_attempts": 3, "clock_skew_s": 0}
+        }"#;
+        let c = parse(every.as_bytes()).unwrap();
+        assert_eq!(c.on_store_error, StoreFailure::Deny);
+        assert!(c.rules[0].refund_unused);
+        assert_eq!(c.quota.unwrap().exhausted_below, 10);
+    }
+
+    #[test]
     fn breaker_section_is_validated_naming_the_field() {
         let base =
             |b: &str| format!(r#"{{"breaker":{b},"rules":[{{"tokens_per_second":1,"burst":1}}]}}"#);
