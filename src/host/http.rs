@@ -1,14 +1,21 @@
-//! The per-request flow (see ENVOY-NOTES for why it is split this way):
+//! The per-request flow. In Envoy 1.40 a pause in the request-headers callback means the body never
+//! arrives, and request headers are gone once the body is read; so the work is split this way:
 //!
 //! 1. **Request headers**: non-LLM paths and non-POST methods pass untouched. Resolve the tenant (401 when
-//!    none), read the model hint header, refuse a `content-length` over `max_body_bytes` (413), and when the
-//!    bucket is already known from headers alone and cannot pass even one token, answer 429 now: the
-//!    upstream is never contacted. Otherwise continue (Envoy starts the upstream request).
-//! 2. **Request body**: buffer to end of stream (413 past `max_body_bytes`), estimate the cost, charge the
-//!    bucket with one CAS update; admit, hold (shaping: released by the root's tick), or answer 429/413/400
-//!    (the upstream request already started is dropped by Envoy).
-//! 3. **Response headers**: add `x-ratelimit-*`, `x-tokengate-estimated-tokens` (and
-//!    `x-tokengate-shaped-ms`).
+//!    none), refuse a `content-length` over `max_body_bytes` (413), refuse a tenant whose quota is known
+//!    exhausted (shared-data marker, 429), peek the cluster breaker (set the route header for a fallback
+//!    cluster, or 503), and when the bucket is known from headers alone and cannot pass even one token,
+//!    answer 429. Any of these answers means the upstream is never contacted. Otherwise continue (Envoy
+//!    starts the upstream request); `content-length` is removed when the body may be rewritten.
+//! 2. **Request body**: buffer to end of stream (413 past `max_body_bytes`), estimate the cost, peek the
+//!    model breaker (rewrite `model` for a fallback, or 503), inject `include_usage`, charge the bucket
+//!    (one CAS), take the breaker admissions (probe permits), then either continue, hold (shaping:
+//!    released by the root's tick) or — with quotas — pause for the one reservation callout and resume
+//!    from its answer. Rejections here drop the upstream request Envoy already started.
+//! 3. **Response**: add `x-ratelimit-*`, `x-tokengate-estimated-tokens`, quota and fallback headers; scan
+//!    SSE chunks (final event, usage; strip the injected usage chunk) or keep a JSON body for its usage.
+//! 4. **End** (end of stream, or `on_log` for aborts): record the breaker outcome, queue the quota
+//!    settlement (or reconciliation) for the root's tick, refund unused bucket tokens (`refund_unused`).
 
 use super::abi::{self, Buffer, Level, Map};
 use super::quota::{self as quota_host, Job};

@@ -1628,7 +1628,7 @@ pub fn json(r: &http::Response) -> Value {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Helpers for filter tests (SPEC.md response contract)
+// Helpers for filter tests (the README response contract)
 // ---------------------------------------------------------------------------------------------
 
 /// Small builders and assertions shared by the filter tests.
@@ -1639,7 +1639,7 @@ pub mod tg {
     /// The OpenAI chat path.
     pub const CHAT: &str = "/v1/chat/completions";
 
-    /// Every counter SPEC.md promises.
+    /// Every counter the README promises.
     pub const COUNTERS: [&str; 12] = [
         "tokengate_requests_admitted",
         "tokengate_requests_limited_tokens",

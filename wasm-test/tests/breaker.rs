@@ -1,4 +1,4 @@
-//! The circuit breaker (SPEC.md "Circuit breaker") as a client sees it, through the release
+//! The circuit breaker (README "Circuit breaker") as a client sees it, through the release
 //! tokengate.wasm in a real Envoy (concurrency 2) in front of mock providers that fail on demand
 //! (`x-mock-status`, `x-mock-delay-ms`, `x-mock-cut-after`, `x-mock-retry-after`).
 //!

@@ -1,7 +1,7 @@
 //! Token buckets as a client sees them, through the release tokengate.wasm in a real Envoy.
 //!
 //! Costs are read from `x-tokengate-estimated-tokens` rather than assumed, so these tests hold
-//! whatever the estimator does, as long as the estimate includes `max_tokens` (SPEC.md): requests
+//! whatever the estimator does, as long as the estimate includes `max_tokens` (README): requests
 //! use a short prompt and a large `max_tokens`, so cost ≈ max_tokens + a few tokens.
 
 use serde_json::json;

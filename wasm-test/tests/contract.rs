@@ -1,4 +1,4 @@
-//! The rest of SPEC.md's response contract through the release tokengate.wasm in a real Envoy:
+//! The rest of the README's response contract through the release tokengate.wasm in a real Envoy:
 //! invalid bodies, tenants, passthrough, configuration refusal and metrics.
 
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! Monthly quotas (SPEC.md "Monthly quota") as clients and operators see them: the release
+//! Monthly quotas (README "Monthly quotas") as clients and operators see them: the release
 //! tokengate.wasm in a real Envoy, a real `redis-server` behind a real Webdis (the bootstrap's `webdis`
 //! cluster), and the mock provider whose usage is a pure function of the request
 //! (prompt = max(1, text bytes / 4), completion = max_tokens, or `x-mock-completion-tokens` when
