@@ -961,10 +961,11 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         let m = metrics::get();
-        let method = abi::get_header(Map::RequestHeaders, ":method");
-        let path = abi::get_header(Map::RequestHeaders, ":path").unwrap_or_default();
-        self.kind = match method.as_deref() {
-            Some("POST") => ApiKind::from_path(&path),
+        // One host call for every header this request needs (pseudo-headers included).
+        let headers = abi::get_headers(Map::RequestHeaders);
+        let h = |name: &str| abi::find(&headers, name);
+        self.kind = match h(":method") {
+            Some("POST") => ApiKind::from_path(h(":path").unwrap_or_default()),
             _ => None,
         };
         if self.kind.is_none() {
@@ -972,9 +973,6 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         self.phase = Phase::Metering;
-        // One host call for every header this request needs from here on.
-        let headers = abi::get_headers(Map::RequestHeaders);
-        let h = |name: &str| abi::find(&headers, name);
 
         let header_tenant = cfg.tenant_header.as_deref().and_then(h);
         let key = identity::api_key(h("authorization"), h("x-api-key"));
