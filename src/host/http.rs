@@ -859,6 +859,9 @@ impl Http {
 
     /// Settles the reservation once the response ended (or the stream went away).
     fn settle(&mut self, ending_complete: bool) {
+        if self.quota.as_ref().is_none_or(|q| q.settled) {
+            return;
+        }
         let Some(cfg) = self.cfg.clone() else {
             return;
         };
