@@ -31,8 +31,7 @@ pub mod rewrite;
 pub mod store;
 pub mod usage;
 
-// The Envoy entry point: only in the wasm build (natively `_initialize` would clash with nothing, but
-// the SDK's exports are not wanted in test binaries).
+// The Envoy entry point, only in the wasm build: native test binaries need no `_initialize` export.
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

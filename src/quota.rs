@@ -610,15 +610,30 @@ pub fn settle_request(args: &SettleArgs, call: ScriptCall) -> String {
         k.used_model.as_str(),
         k.settled.as_str(),
     ];
-    let lim = MAX_LUA_INT as i64;
-    let argv = [
-        args.delta.clamp(-lim, lim).to_string(),
-        args.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
-        lua_int(args.marker_ttl_s.max(1)),
-        if k.has_model { "1" } else { "0" }.to_string(),
-        PROTOCOL_TAG.to_string(),
-    ];
+    let mut argv = settle_argv(args).to_vec();
+    argv.push(PROTOCOL_TAG.to_string());
     command_body(call, SETTLE_SCRIPT, SETTLE_SHA1, &keys, &argv)
+}
+
+/// The per-entry arguments shared by settlement and reconciliation scripts:
+/// `amount, expire_at_unix, ttl_s, has_model`.
+fn counter_argv(amount: String, keys: &QuotaKeys, expire_at_unix: i64, ttl_s: u64) -> [String; 4] {
+    [
+        amount,
+        expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
+        lua_int(ttl_s.max(1)),
+        if keys.has_model { "1" } else { "0" }.to_string(),
+    ]
+}
+
+fn settle_argv(a: &SettleArgs) -> [String; 4] {
+    let lim = MAX_LUA_INT as i64;
+    counter_argv(
+        a.delta.clamp(-lim, lim).to_string(),
+        &a.keys,
+        a.expire_at_unix,
+        a.marker_ttl_s,
+    )
 }
 
 /// The hash-tag prefix of a settlement's keys (`tg:q:{tenant}`): settlements may be batched per prefix.
@@ -631,7 +646,6 @@ pub fn tenant_tag(keys: &QuotaKeys) -> &str {
 
 /// The Webdis body that runs several settlements of one tenant (see [`SETTLE_BATCH_SCRIPT`]).
 pub fn settle_batch_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
-    let lim = MAX_LUA_INT as i64;
     let mut keys: Vec<&str> = Vec::with_capacity(batch.len() * 3);
     let mut argv: Vec<String> = Vec::with_capacity(batch.len() * 4 + 1);
     for a in batch {
@@ -640,12 +654,7 @@ pub fn settle_batch_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
             a.keys.used_model.as_str(),
             a.keys.settled.as_str(),
         ]);
-        argv.extend([
-            a.delta.clamp(-lim, lim).to_string(),
-            a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
-            lua_int(a.marker_ttl_s.max(1)),
-            if a.keys.has_model { "1" } else { "0" }.to_string(),
-        ]);
+        argv.extend(settle_argv(a));
     }
     argv.push(PROTOCOL_TAG.to_string());
     command_body(call, SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1, &keys, &argv)
@@ -686,13 +695,14 @@ pub fn reconcile_request(args: &ReconcileArgs, call: ScriptCall) -> String {
         k.request.as_str(),
         k.settled.as_str(),
     ];
-    let argv = [
+    let mut argv = counter_argv(
         lua_int(args.actual),
-        args.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
-        lua_int(args.marker_ttl_s.max(1)),
-        if k.has_model { "1" } else { "0" }.to_string(),
-        PROTOCOL_TAG.to_string(),
-    ];
+        k,
+        args.expire_at_unix,
+        args.marker_ttl_s,
+    )
+    .to_vec();
+    argv.push(PROTOCOL_TAG.to_string());
     command_body(call, RECONCILE_SCRIPT, RECONCILE_SHA1, &keys, &argv)
 }
 

@@ -184,10 +184,11 @@ pub fn tick(q: &QuotaSettings) {
             return;
         }
     }
-    let batches: Vec<Vec<SettleJob>> = VM.with(|vm| {
+    // (tenant tag for settlements, None for a reconciliation; jobs)
+    let batches: Vec<(Option<String>, Vec<SettleJob>)> = VM.with(|vm| {
         let mut vm = vm.borrow_mut();
         let mut room = MAX_INFLIGHT_SETTLEMENTS.saturating_sub(vm.settle_inflight.len());
-        let mut batches: Vec<Vec<SettleJob>> = Vec::new();
+        let mut batches: Vec<(Option<String>, Vec<SettleJob>)> = Vec::new();
         let mut keep = Vec::new();
         for job in std::mem::take(&mut vm.settle_queue) {
             if job.due_ns > now {
@@ -199,16 +200,15 @@ pub fn tick(q: &QuotaSettings) {
                 Job::Reconcile(_) => None,
             };
             let slot = tag.as_ref().and_then(|t| {
-                batches.iter().position(|b| {
-                    b.len() < MAX_BATCH
-                        && matches!(b.first().map(|j| &j.job), Some(Job::Settle(a)) if quota::tenant_tag(&a.keys) == t)
-                })
+                batches
+                    .iter()
+                    .position(|(bt, b)| bt.as_ref() == Some(t) && b.len() < MAX_BATCH)
             });
             match slot.and_then(|i| batches.get_mut(i)) {
-                Some(batch) => batch.push(job),
+                Some((_, batch)) => batch.push(job),
                 None if room > 0 => {
                     room -= 1;
-                    batches.push(vec![job]);
+                    batches.push((tag, vec![job]));
                 }
                 None => keep.push(job),
             }
@@ -217,7 +217,7 @@ pub fn tick(q: &QuotaSettings) {
         batches
     });
     let call = script_call();
-    for batch in batches {
+    for (_, batch) in batches {
         let body = match batch.first().map(|j| &j.job) {
             Some(Job::Reconcile(a)) => quota::reconcile_request(a, call),
             _ => {
