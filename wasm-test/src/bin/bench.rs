@@ -66,6 +66,10 @@ const MAX_REQUESTS_PER_CLIENT: usize = 200_000;
 const WARMUP: Duration = Duration::from_millis(700);
 /// How long to wait for an Envoy to answer its first request.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same under valgrind (about 50x slower to start).
+const CALLGRIND_START_TIMEOUT: Duration = Duration::from_secs(300);
+/// Requests sent before callgrind starts counting (JIT tiers, pools, buckets).
+const CALLGRIND_WARMUP: usize = 400;
 
 const REQUEST_BODY: &str = r#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#;
 
@@ -108,6 +112,8 @@ struct Settings {
     rounds: usize,
     /// Envoy on CPU 0 with one worker, the bench on CPU 1.
     pin: bool,
+    /// Count instructions under callgrind for this many requests instead of timing (`BENCH_CALLGRIND`).
+    callgrind: Option<usize>,
 }
 
 fn repo_root() -> PathBuf {
@@ -418,6 +424,17 @@ static_resources:
     )
 }
 
+/// How an Envoy of the bench is started.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    /// `--concurrency 2`, unpinned.
+    Plain,
+    /// `--concurrency 1` on CPU 0 (`BENCH_PIN=1`).
+    Pinned,
+    /// `--concurrency 1` under `valgrind --tool=callgrind` (`BENCH_CALLGRIND=N`).
+    Callgrind,
+}
+
 struct RunningEnvoy {
     variant: usize,
     port: u16,
@@ -431,7 +448,7 @@ fn start_envoy(
     variant: &Variant,
     upstream: u16,
     webdis: Option<u16>,
-    pin: bool,
+    how: Launch,
 ) -> Result<RunningEnvoy> {
     let port = free_port()?;
     let admin = free_port()?;
@@ -446,19 +463,37 @@ fn start_envoy(
         std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
     let log_err = log_file.try_clone().map_err(|e| format!("dup log: {e}"))?;
     // Pinned: `taskset` execs Envoy, so the child's PID is still Envoy's.
-    let mut cmd = if pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(envoy);
-        c
-    } else {
-        Command::new(envoy)
+    let mut cmd = match how {
+        Launch::Pinned => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0"]).arg(envoy);
+            c
+        }
+        Launch::Callgrind => {
+            // `--smc-check`: V8 writes and patches machine code; `--instr-atstart=no`: counting starts
+            // when `callgrind_window` switches it on, after the warm-up.
+            let mut c = Command::new("valgrind");
+            c.args([
+                "--tool=callgrind",
+                "--smc-check=all-non-file",
+                "--instr-atstart=no",
+                "--dump-instr=no",
+            ])
+            .arg(format!(
+                "--callgrind-out-file={}",
+                work.join(format!("callgrind-{index}.out")).display()
+            ))
+            .arg(envoy);
+            c
+        }
+        Launch::Plain => Command::new(envoy),
     };
     let child = cmd
         .arg("-c")
         .arg(&config)
         .args([
             "--concurrency",
-            if pin { "1" } else { "2" },
+            if how == Launch::Plain { "2" } else { "1" },
             "--disable-hot-restart",
             "--log-level",
             "warn",
@@ -473,7 +508,12 @@ fn start_envoy(
         child,
         log,
     };
-    let deadline = Instant::now() + START_TIMEOUT;
+    let timeout = if how == Launch::Callgrind {
+        CALLGRIND_START_TIMEOUT
+    } else {
+        START_TIMEOUT
+    };
+    let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = proc.exited() {
             return Err(format!(
@@ -491,7 +531,7 @@ fn start_envoy(
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{} did not answer 200 within {START_TIMEOUT:?}:\n{}",
+                "{} did not answer 200 within {timeout:?}:\n{}",
                 proc.name,
                 tail(&proc.log, 30)
             ));
@@ -961,6 +1001,10 @@ fn settings() -> Settings {
         clients: env_num("BENCH_CLIENTS", |c: &usize| (1..=64).contains(c), CLIENTS),
         rounds: env_num("BENCH_ROUNDS", |r: &usize| (1..=10).contains(r), 2),
         pin: std::env::var("BENCH_PIN").is_ok_and(|v| !v.is_empty() && v != "0"),
+        callgrind: std::env::var("BENCH_CALLGRIND")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| (1..=100_000).contains(n)),
     }
 }
 
@@ -1011,7 +1055,7 @@ fn run() -> Result<()> {
 
     let mut work = WorkDir {
         path: std::env::temp_dir().join(format!("tokengate-bench-{}", std::process::id())),
-        keep: false,
+        keep: std::env::var_os("BENCH_KEEP").is_some(),
     };
     std::fs::create_dir_all(&work.path).map_err(|e| format!("mkdir: {e}"))?;
 
@@ -1028,6 +1072,26 @@ fn run() -> Result<()> {
         } else {
             (None, Vec::new())
         };
+        if let Some(n) = s.callgrind {
+            let mut counts = Vec::new();
+            for &i in &selected {
+                let v = &all[i];
+                if let Some(why) = &v.skip {
+                    eprintln!("bench: skipping {:?}: {why}", v.name);
+                    continue;
+                }
+                let webdis = if v.needs_webdis { webdis_port } else { None };
+                let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis, Launch::Callgrind)?;
+                let per_request = callgrind_window(&e, v, &work.path, n)?;
+                eprintln!(
+                    "bench: callgrind {:<26} {:>10.0} instructions/request",
+                    v.name, per_request
+                );
+                counts.push((i, per_request));
+            }
+            print_callgrind(&all, &counts, n);
+            return Ok(Vec::new());
+        }
         // Start every runnable Envoy once; they idle while another one is measured.
         let mut envoys = Vec::new();
         for &i in &selected {
@@ -1037,7 +1101,8 @@ fn run() -> Result<()> {
                 continue;
             }
             let webdis = if v.needs_webdis { webdis_port } else { None };
-            let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis, s.pin)?;
+            let how = if s.pin { Launch::Pinned } else { Launch::Plain };
+            let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis, how)?;
             // Warm up, then check that the filter is really in the path.
             let warm = load(e.port, s.clients, WARMUP, e.proc.child.id());
             if warm.requests == 0 {
@@ -1130,8 +1195,114 @@ fn run() -> Result<()> {
             return Err(e);
         }
     };
-    print_tables(&all, &rows, &s);
+    if s.callgrind.is_none() {
+        print_tables(&all, &rows, &s);
+    }
     Ok(())
+}
+
+/// `BENCH_CALLGRIND=N`: warms `e` up, counts the instructions Envoy (every thread, the wasm VM
+/// included) executes for `n` sequential requests on one keep-alive connection, and returns the count per
+/// request. Instruction counts do not depend on what else the machine runs, so two builds or
+/// configurations can be compared to the percent on a shared machine where req/s moves by +-30 %.
+fn callgrind_window(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize) -> Result<f64> {
+    let pid = e.proc.child.id().to_string();
+    let mut conn = Conn::open(e.port)?;
+    for _ in 0..CALLGRIND_WARMUP {
+        conn.request()?;
+    }
+    if let Some(h) = v.expect_header {
+        let resp = conn.request()?;
+        if header(&resp.headers, h).is_none() {
+            return Err(format!(
+                "{}: response has no {h} header: the filter did not run (status {})",
+                e.proc.name, resp.status
+            ));
+        }
+    }
+    let control = |args: &[&str]| -> Result<()> {
+        let out = Command::new("callgrind_control")
+            .args(args)
+            .arg(&pid)
+            .output()
+            .map_err(|e| format!("callgrind_control: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "callgrind_control {args:?} {pid}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    control(&["-z"])?;
+    control(&["-i", "on"])?;
+    let mut failed = 0usize;
+    for _ in 0..n {
+        match conn.request() {
+            Ok(r) if r.status == 200 => {}
+            _ => failed += 1,
+        }
+    }
+    control(&["-i", "off"])?;
+    control(&["-d"])?;
+    if failed > 0 {
+        return Err(format!("{}: {failed} of {n} requests failed", e.proc.name));
+    }
+    // The dump is `callgrind-<index>.out.<k>`; its `totals:` (or `summary:`) line holds the count.
+    let prefix = format!("callgrind-{}.out.", e.variant);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut total = None;
+        if let Ok(dir) = std::fs::read_dir(work) {
+            for entry in dir.flatten() {
+                if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    continue;
+                }
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                let count = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+                    .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+                    .max();
+                total = total.max(count);
+            }
+        }
+        if let Some(t) = total {
+            return Ok(t as f64 / n as f64);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{}: no callgrind dump in {}", e.proc.name, work.display()));
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The instruction table of `BENCH_CALLGRIND`.
+fn print_callgrind(all: &[Variant], counts: &[(usize, f64)], n: usize) {
+    let of = |name: &str| {
+        counts
+            .iter()
+            .find(|(i, _)| all[*i].name == name)
+            .map(|(_, c)| *c)
+    };
+    let (empty, buffer) = (of(EMPTY), of(EMPTY_BUFFER));
+    println!();
+    println!(
+        "Envoy instructions per request (callgrind, --concurrency 1, {n} sequential requests after {CALLGRIND_WARMUP} warm-up)"
+    );
+    println!();
+    println!("| variant | instructions/request | x empty wasm (throughput if CPU-bound) | added over empty wasm (buffer body) |");
+    println!("|---|---:|---:|---:|");
+    for (i, c) in counts {
+        println!(
+            "| {} | {:.0} | {} | {} |",
+            all[*i].name,
+            c,
+            ratio(empty, Some(*c)),
+            diff(Some(*c), buffer, 0),
+        );
+    }
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
