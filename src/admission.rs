@@ -15,6 +15,33 @@ use crate::config::{Config, Rule};
 use crate::reply::{self, LocalReply};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
 use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FNV-1a as a `Hasher`: keys are short and chosen by this filter (tenant names are bounded by
+/// `max_tenants`), so SipHash's flood resistance buys nothing on the per-request lookup.
+#[derive(Default)]
+pub struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// The per-VM cache of keys known to exist.
+pub type KeySet = HashSet<String, BuildHasherDefault<Fnv>>;
 
 /// Name of the shared counter of created bucket keys.
 pub const KEY_COUNTER: &str = "tg:n:buckets";
@@ -72,11 +99,23 @@ pub fn key_model(model: &str) -> &str {
 
 /// The plain key of a rule's bucket for this tenant and model (no bound applied).
 pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
-    if rule.per_model {
-        format!("tg:b:{}:{}:{}", rule.name, tenant, key_model(model))
+    let model = if rule.per_model {
+        Some(key_model(model))
     } else {
-        format!("tg:b:{}:{}", rule.name, tenant)
+        None
+    };
+    let mut key = String::with_capacity(
+        6 + rule.name.len() + 1 + tenant.len() + model.map_or(0, |m| m.len() + 1),
+    );
+    key.push_str("tg:b:");
+    key.push_str(&rule.name);
+    key.push(':');
+    key.push_str(tenant);
+    if let Some(m) = model {
+        key.push(':');
+        key.push_str(m);
     }
+    key
 }
 
 /// Claims a slot for `key` under a shared count bounded by `max` (or finds it already exists).
@@ -86,7 +125,7 @@ pub fn claim_slot(
     counter_key: &str,
     max: u32,
     retries: u32,
-    known: &mut HashSet<String>,
+    known: &mut KeySet,
     cache_limit: usize,
     key: &str,
 ) -> bool {
@@ -118,7 +157,7 @@ pub fn claim_slot(
 pub fn bucket_key(
     store: &dyn SharedStore,
     cfg: &Config,
-    known: &mut HashSet<String>,
+    known: &mut KeySet,
     cache_limit: usize,
     rule: &Rule,
     tenant: &str,
@@ -324,7 +363,7 @@ mod tests {
     fn key_count_is_bounded_and_extra_tenants_share_overflow_buckets() {
         let c = cfg(r#""max_tenants": 3,"#);
         let s = MemStore::new();
-        let mut known = HashSet::new();
+        let mut known = KeySet::default();
         let rule = &c.rules[0];
         let mut overflow = 0;
         for t in 0..50 {
@@ -345,10 +384,10 @@ mod tests {
         let c = cfg(r#""max_tenants": 1,"#);
         let s = MemStore::new();
         let rule = &c.rules[0];
-        let (k1, _) = bucket_key(&s, &c, &mut HashSet::new(), 10, rule, "a", "m");
+        let (k1, _) = bucket_key(&s, &c, &mut KeySet::default(), 10, rule, "a", "m");
         let _ = charge(&s, &c, rule, &k1, 1, 0);
         // another VM (empty cache) still finds the key without a slot
-        let (k2, info) = bucket_key(&s, &c, &mut HashSet::new(), 10, rule, "a", "m");
+        let (k2, info) = bucket_key(&s, &c, &mut KeySet::default(), 10, rule, "a", "m");
         assert_eq!(k1, k2);
         assert!(!info.overflow);
     }

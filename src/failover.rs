@@ -17,7 +17,7 @@ use crate::admission::claim_slot;
 use crate::breaker::{self, Admission, State, Transition};
 use crate::config::BreakerSettings;
 use crate::store::{self, SharedStore};
-use std::collections::HashSet;
+use crate::admission::KeySet;
 
 /// Shared count of created breaker keys.
 pub const BREAKER_KEY_COUNTER: &str = "tg:n:breakers";
@@ -95,7 +95,7 @@ pub fn admit(
     name: &str,
     now_ns: u64,
     retries: u32,
-    known: &mut HashSet<String>,
+    known: &mut KeySet,
     cache_limit: usize,
 ) -> (Result<Admitted, u64>, Option<Transition>) {
     let key = breaker::key(scope, name);
@@ -218,7 +218,7 @@ mod tests {
         let s = MemStore::new();
         let st = settings();
         open(&s, &st, "a", 0);
-        let mut known = HashSet::new();
+        let mut known = KeySet::default();
         let mut probes = 0;
         let mut rejected = 0;
         for _ in 0..5 {
@@ -236,7 +236,7 @@ mod tests {
         let s = MemStore::new();
         let mut st = settings();
         st.max_keys = 1;
-        let mut known = HashSet::new();
+        let mut known = KeySet::default();
         let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100)
             .0
             .unwrap();

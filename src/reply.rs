@@ -27,20 +27,86 @@ pub struct LocalReply {
     pub body: Vec<u8>,
 }
 
+/// A short decimal formatted on the stack: the hot path writes every admitted response's
+/// `x-ratelimit-*` values with no allocation and none of `core::fmt`'s machinery.
+#[derive(Clone, Copy)]
+pub struct Dec {
+    buf: [u8; 24],
+    start: usize,
+}
+
+impl Dec {
+    /// `v` in decimal.
+    pub fn int(v: u64) -> Dec {
+        let mut d = Dec {
+            buf: [0; 24],
+            start: 24,
+        };
+        d.push_int(v);
+        d
+    }
+
+    /// Seconds as a short decimal, rounded up to the millisecond: `0.25`, `3`, `12.5`; `0` for
+    /// non-positive or non-finite input.
+    pub fn secs(s: f64) -> Dec {
+        if !s.is_finite() || s <= 0.0 {
+            return Dec::int(0);
+        }
+        let ms = (s * 1000.0).ceil();
+        let whole = (ms / 1000.0).floor();
+        let frac = (ms - whole * 1000.0) as u64;
+        let mut d = Dec {
+            buf: [0; 24],
+            start: 24,
+        };
+        if frac != 0 {
+            // Three digits, trailing zeros dropped.
+            let (mut f, mut digits) = (frac, 3);
+            while f % 10 == 0 {
+                f /= 10;
+                digits -= 1;
+            }
+            for _ in 0..digits {
+                d.push((f % 10) as u8 + b'0');
+                f /= 10;
+            }
+            d.push(b'.');
+        }
+        d.push_int(whole as u64);
+        d
+    }
+
+    fn push(&mut self, b: u8) {
+        if let Some(i) = self.start.checked_sub(1) {
+            if let Some(slot) = self.buf.get_mut(i) {
+                *slot = b;
+                self.start = i;
+            }
+        }
+    }
+
+    fn push_int(&mut self, mut v: u64) {
+        loop {
+            self.push((v % 10) as u8 + b'0');
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+    }
+
+    /// The digits.
+    pub fn as_str(&self) -> &str {
+        self.buf
+            .get(self.start..)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("0")
+    }
+}
+
 /// Formats seconds as a short decimal: `0.25`, `3`, `12.5`.
 pub fn secs(s: f64) -> String {
-    if !s.is_finite() || s <= 0.0 {
-        return "0".to_string();
-    }
-    let ms = (s * 1000.0).ceil();
-    let whole = (ms / 1000.0).floor();
-    let frac = ms - whole * 1000.0;
-    if frac == 0.0 {
-        format!("{}", whole as u64)
-    } else {
-        let f = format!("{:03}", frac as u64);
-        format!("{}.{}", whole as u64, f.trim_end_matches('0'))
-    }
+    Dec::secs(s).as_str().to_string()
 }
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1.
@@ -61,33 +127,37 @@ fn reset_number(s: f64) -> f64 {
     }
 }
 
+/// Calls `f(name, value)` for each `x-ratelimit-*` header of a snapshot, without allocating.
+pub fn each_ratelimit_header(snap: &Snapshot, mut f: impl FnMut(&'static str, &str)) {
+    f(
+        "x-ratelimit-limit-tokens",
+        Dec::int(snap.limit_tokens.floor() as u64).as_str(),
+    );
+    f(
+        "x-ratelimit-remaining-tokens",
+        Dec::int(snap.remaining_tokens).as_str(),
+    );
+    f(
+        "x-ratelimit-reset-tokens",
+        Dec::secs(snap.reset_tokens_s).as_str(),
+    );
+    if let Some((limit, remaining, reset)) = snap.requests {
+        f(
+            "x-ratelimit-limit-requests",
+            Dec::int(limit.floor() as u64).as_str(),
+        );
+        f(
+            "x-ratelimit-remaining-requests",
+            Dec::int(remaining).as_str(),
+        );
+        f("x-ratelimit-reset-requests", Dec::secs(reset).as_str());
+    }
+}
+
 /// The `x-ratelimit-*` headers for a snapshot.
 pub fn ratelimit_headers(snap: &Snapshot) -> Vec<(String, String)> {
-    let mut h = vec![
-        (
-            "x-ratelimit-limit-tokens".to_string(),
-            format!("{}", snap.limit_tokens.floor() as u64),
-        ),
-        (
-            "x-ratelimit-remaining-tokens".to_string(),
-            snap.remaining_tokens.to_string(),
-        ),
-        (
-            "x-ratelimit-reset-tokens".to_string(),
-            secs(snap.reset_tokens_s),
-        ),
-    ];
-    if let Some((limit, remaining, reset)) = snap.requests {
-        h.push((
-            "x-ratelimit-limit-requests".to_string(),
-            format!("{}", limit.floor() as u64),
-        ));
-        h.push((
-            "x-ratelimit-remaining-requests".to_string(),
-            remaining.to_string(),
-        ));
-        h.push(("x-ratelimit-reset-requests".to_string(), secs(reset)));
-    }
+    let mut h = Vec::with_capacity(6);
+    each_ratelimit_header(snap, |k, v| h.push((k.to_string(), v.to_string())));
     h
 }
 
@@ -146,6 +216,39 @@ pub fn rate_limited(code: &str, message: &str, reset_in_s: f64, snap: &Snapshot)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `format!` implementation `Dec` replaced.
+    fn secs_reference(s: f64) -> String {
+        if !s.is_finite() || s <= 0.0 {
+            return "0".to_string();
+        }
+        let ms = (s * 1000.0).ceil();
+        let whole = (ms / 1000.0).floor();
+        let frac = ms - whole * 1000.0;
+        if frac == 0.0 {
+            format!("{}", whole as u64)
+        } else {
+            let f = format!("{:03}", frac as u64);
+            format!("{}.{}", whole as u64, f.trim_end_matches('0'))
+        }
+    }
+
+    #[test]
+    fn stack_decimals_match_format() {
+        let mut x = 0.000_01f64;
+        while x < 1e7 {
+            for v in [x, x * 1.37, x * 2.0001, x * 9.999] {
+                assert_eq!(Dec::secs(v).as_str(), secs_reference(v), "{v}");
+            }
+            x *= 1.7;
+        }
+        for v in [0.0, -1.0, f64::NAN, f64::INFINITY, 0.001, 0.01, 0.1, 1.0, 1.5, 2.25, 59.999, 1e15, 1.8e19, 1e30] {
+            assert_eq!(Dec::secs(v).as_str(), secs_reference(v), "{v}");
+        }
+        for v in [0u64, 1, 9, 10, 99, 100, 12345, u64::MAX] {
+            assert_eq!(Dec::int(v).as_str(), v.to_string());
+        }
+    }
 
     fn snap() -> Snapshot {
         Snapshot {

@@ -352,22 +352,72 @@ pub fn get_header(m: Map, key: &str) -> Option<String> {
         .and_then(|b| String::from_utf8(b).ok())
 }
 
-/// Every header of a map in one host call (names are lower case; values decoded lossily).
-pub fn get_headers(m: Map) -> Vec<(String, String)> {
-    let mut data = null_mut();
-    let mut size = 0usize;
-    match unsafe { proxy_get_header_map_pairs(m as u32, &mut data, &mut size) } {
-        OK => deserialize_map(&unsafe { owned(data, size) }),
-        _ => Vec::new(),
-    }
+/// Every header of a map, read in one host call and kept as the host's serialized blob: lookups borrow
+/// from it, nothing is copied per header (the per-header `String`s of a parsed list cost more than the
+/// host call itself).
+pub struct HeaderBlob {
+    bytes: Vec<u8>,
 }
 
-/// Looks a header up in a list from [`get_headers`].
-pub fn find<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
+impl HeaderBlob {
+    /// Reads map `m` (empty when the host refuses). A value that is not UTF-8 reads as its lossy
+    /// decoding, as Envoy's own string accessors would show it.
+    pub fn get(m: Map) -> HeaderBlob {
+        let mut data = null_mut();
+        let mut size = 0usize;
+        let bytes = match unsafe { proxy_get_header_map_pairs(m as u32, &mut data, &mut size) } {
+            OK => unsafe { owned(data, size) },
+            _ => Vec::new(),
+        };
+        HeaderBlob::from_bytes(bytes)
+    }
+
+    /// Wraps a serialized map; rebuilt lossily (rare) when a name or value is not UTF-8.
+    pub fn from_bytes(bytes: Vec<u8>) -> HeaderBlob {
+        let blob = HeaderBlob { bytes };
+        if blob.entries().all(|(k, v)| std::str::from_utf8(k).is_ok() && std::str::from_utf8(v).is_ok()) {
+            return blob;
+        }
+        let owned: Vec<(String, String)> = blob
+            .entries()
+            .map(|(k, v)| {
+                (
+                    String::from_utf8_lossy(k).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                )
+            })
+            .collect();
+        let pairs: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        HeaderBlob {
+            bytes: serialize_map(&pairs),
+        }
+    }
+
+    /// (name, value) byte slices in order; stops at the first entry the blob does not hold in full.
+    fn entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        let b = &self.bytes;
+        let n = crate::store::read_u32(b, 0).unwrap_or(0) as usize;
+        let mut p = 4usize.saturating_add(n.saturating_mul(8));
+        (0..n).map_while(move |i| {
+            let at = i.saturating_mul(8).saturating_add(4);
+            let kl = crate::store::read_u32(b, at)? as usize;
+            let vl = crate::store::read_u32(b, at.saturating_add(4))? as usize;
+            let k_end = p.saturating_add(kl);
+            let k = b.get(p..k_end)?;
+            let v_start = k_end.saturating_add(1);
+            let v_end = v_start.saturating_add(vl);
+            let v = b.get(v_start..v_end)?;
+            p = v_end.saturating_add(1);
+            Some((k, v))
+        })
+    }
+
+    /// The first value of header `name` (lower case).
+    pub fn find(&self, name: &str) -> Option<&str> {
+        self.entries()
+            .find(|(k, _)| *k == name.as_bytes())
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
 }
 
 /// Appends a header.
@@ -424,42 +474,6 @@ pub fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
         out.push(0);
         out.extend_from_slice(v.as_bytes());
         out.push(0);
-    }
-    out
-}
-
-/// Parses the ABI's map format (for callout response headers).
-pub fn deserialize_map(bytes: &[u8]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let Some(n) = crate::store::read_u32(bytes, 0) else {
-        return out;
-    };
-    let n = n as usize;
-    let mut lens = Vec::new();
-    for i in 0..n {
-        let (Some(k), Some(v)) = (
-            crate::store::read_u32(bytes, i.saturating_mul(8).saturating_add(4)),
-            crate::store::read_u32(bytes, i.saturating_mul(8).saturating_add(8)),
-        ) else {
-            return out;
-        };
-        lens.push((k as usize, v as usize));
-    }
-    let mut p = 4usize.saturating_add(n.saturating_mul(8));
-    for (kl, vl) in lens {
-        let k_end = p.saturating_add(kl);
-        let k = bytes.get(p..k_end);
-        p = k_end.saturating_add(1);
-        let v_end = p.saturating_add(vl);
-        let v = bytes.get(p..v_end);
-        p = v_end.saturating_add(1);
-        match (k, v) {
-            (Some(k), Some(v)) => out.push((
-                String::from_utf8_lossy(k).into_owned(),
-                String::from_utf8_lossy(v).into_owned(),
-            )),
-            _ => break,
-        }
     }
     out
 }
@@ -622,21 +636,34 @@ mod tests {
             ("x", ""),
             ("content-type", "application/json"),
         ];
-        let b = serialize_map(&pairs);
-        let back = deserialize_map(&b);
-        assert_eq!(back.len(), 3);
-        assert_eq!(
-            back[2],
-            ("content-type".to_string(), "application/json".to_string())
-        );
+        let blob = HeaderBlob::from_bytes(serialize_map(&pairs));
+        assert_eq!(blob.entries().count(), 3);
+        assert_eq!(blob.find("content-type"), Some("application/json"));
+        assert_eq!(blob.find("x"), Some(""));
+        assert_eq!(blob.find(":status"), Some("200"));
+        assert_eq!(blob.find("missing"), None);
+    }
+
+    #[test]
+    fn non_utf8_values_read_lossily() {
+        let mut b = serialize_map(&[("a", "xy"), ("t", "ok")]);
+        // The value of "a" starts after the count, two length pairs and "a\0".
+        let at = 4 + 16 + 2;
+        b[at] = 0xff;
+        let blob = HeaderBlob::from_bytes(b);
+        assert_eq!(blob.find("a"), Some("\u{fffd}y"));
+        assert_eq!(blob.find("t"), Some("ok"));
     }
 
     #[test]
     fn truncated_maps_do_not_panic() {
-        let b = serialize_map(&[("abc", "def")]);
+        let b = serialize_map(&[("abc", "def"), ("g", "h")]);
         for i in 0..b.len() {
-            let _ = deserialize_map(&b[..i]);
+            let blob = HeaderBlob::from_bytes(b[..i].to_vec());
+            assert!(blob.entries().count() <= 2);
+            let _ = blob.find("abc");
         }
-        let _ = deserialize_map(&[255, 255, 255, 255]);
+        let blob = HeaderBlob::from_bytes(vec![255, 255, 255, 255]);
+        assert_eq!(blob.find("abc"), None);
     }
 }

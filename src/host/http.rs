@@ -307,17 +307,26 @@ impl Http {
 
     fn audit(&mut self, decision: &'static str, model: &str) {
         self.decision = decision;
-        let mut rec = format!(
-            "tenant={} model={} estimated={} decision={}",
-            if self.tenant.is_empty() {
-                "-"
-            } else {
-                &self.tenant
-            },
-            if model.is_empty() { "-" } else { model },
-            self.cost.unwrap_or(0),
-            decision
-        );
+        let tenant = if self.tenant.is_empty() {
+            "-"
+        } else {
+            &self.tenant
+        };
+        let model = if model.is_empty() { "-" } else { model };
+        let estimated = reply::Dec::int(self.cost.unwrap_or(0));
+        let mut rec = String::with_capacity(64 + tenant.len() + model.len());
+        for part in [
+            "tenant=",
+            tenant,
+            " model=",
+            model,
+            " estimated=",
+            estimated.as_str(),
+            " decision=",
+            decision,
+        ] {
+            rec.push_str(part);
+        }
         if let Some(q) = &self.quota {
             rec.push_str(&format!(" reserved={}", q.reserved.total()));
             if let (Some(a), Some(src)) = (q.actual, q.source) {
@@ -965,8 +974,8 @@ impl HttpContext for Http {
         };
         let m = metrics::get();
         // One host call for every header this request needs (pseudo-headers included).
-        let headers = abi::get_headers(Map::RequestHeaders);
-        let h = |name: &str| abi::find(&headers, name);
+        let headers = abi::HeaderBlob::get(Map::RequestHeaders);
+        let h = |name: &str| headers.find(name);
         self.kind = match h(":method") {
             Some("POST") => ApiKind::from_path(h(":path").unwrap_or_default()),
             _ => None,
@@ -1181,22 +1190,22 @@ impl HttpContext for Http {
             let _ = abi::add_header(Map::ResponseHeaders, "x-tokengate-fallback", f);
         }
         if let Some(snap) = &self.snapshot {
-            for (k, v) in reply::ratelimit_headers(snap) {
-                let _ = abi::set_header(Map::ResponseHeaders, &k, &v);
-            }
+            reply::each_ratelimit_header(snap, |k, v| {
+                let _ = abi::set_header(Map::ResponseHeaders, k, v);
+            });
         }
         if let Some(cost) = self.cost {
             let _ = abi::set_header(
                 Map::ResponseHeaders,
                 "x-tokengate-estimated-tokens",
-                &cost.to_string(),
+                reply::Dec::int(cost).as_str(),
             );
         }
         if self.shaped_ms > 0 {
             let _ = abi::set_header(
                 Map::ResponseHeaders,
                 "x-tokengate-shaped-ms",
-                &self.shaped_ms.to_string(),
+                reply::Dec::int(self.shaped_ms).as_str(),
             );
         }
         Action::Continue

@@ -21,7 +21,7 @@ pub struct Vm {
     /// Requests held by shaping: (context id, release time ns).
     pub held: Vec<(u32, u64)>,
     /// Bucket keys known to exist in shared data (saves a read per request; bounded).
-    pub known_keys: std::collections::HashSet<String>,
+    pub known_keys: crate::admission::KeySet,
     /// Settlements waiting for the root's tick.
     pub settle_queue: Vec<quota::SettleJob>,
     /// Settlements sent, by callout token (one tenant's batch, or one reconciliation).

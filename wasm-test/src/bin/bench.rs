@@ -9,6 +9,10 @@
 //! - `empty wasm (buffer body)`: the same filter with configuration `buffer`: it holds the request body to
 //!   end of stream and copies it into the VM once, the least a filter that estimates from the body must
 //!   do. This is the honest baseline for tokengate (which must read the body);
+//! - `host-call floor`: the same filter with configuration `floor`: `buffer` plus only the host calls that
+//!   a shared-data bucket and the `x-ratelimit-*-tokens` response headers need (one read of the request
+//!   headers, one shared-data read and CAS write, three response headers), no logic. What proxy-wasm
+//!   on V8 charges for those calls is a cost no such filter can avoid;
 //! - `tokengate (buckets)`: the built filter with buckets on and a rule so generous that nothing is rejected;
 //! - `tokengate + breaker`: the same plus the circuit breaker on keys cluster and model (thresholds so high
 //!   that nothing opens);
@@ -79,6 +83,7 @@ const MOCK_RESPONSE: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion"
 const NO_FILTER: &str = "no filter";
 const EMPTY: &str = "empty wasm";
 const EMPTY_BUFFER: &str = "empty wasm (buffer body)";
+const FLOOR: &str = "host-call floor";
 const BUCKETS: &str = "tokengate (buckets)";
 
 type Result<T> = std::result::Result<T, String>;
@@ -243,6 +248,7 @@ fn variants() -> Vec<Variant> {
         },
         empty_row(EMPTY, "{}"),
         empty_row(EMPTY_BUFFER, "buffer"),
+        empty_row(FLOOR, "floor"),
         tg(BUCKETS, &tokengate, tokengate_config().to_string()),
         tg("tokengate + breaker", &tokengate, breaker_config()),
     ];
