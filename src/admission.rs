@@ -40,8 +40,11 @@ impl Hasher for Fnv {
     }
 }
 
+/// `BuildHasher` of [`Fnv`].
+pub type FnvBuild = BuildHasherDefault<Fnv>;
+
 /// The per-VM cache of keys known to exist.
-pub type KeySet = HashSet<String, BuildHasherDefault<Fnv>>;
+pub type KeySet = HashSet<String, FnvBuild>;
 
 /// Name of the shared counter of created bucket keys.
 pub const KEY_COUNTER: &str = "tg:n:buckets";

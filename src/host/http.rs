@@ -988,11 +988,12 @@ impl HttpContext for Http {
 
         let header_tenant = cfg.tenant_header.as_deref().and_then(h);
         let key = identity::api_key(h("authorization"), h("x-api-key"));
-        match identity::resolve(
+        match identity::resolve_with(
             header_tenant,
             key,
             cfg.api_key_tenants,
             cfg.default_tenant.as_deref(),
+            |k| VM.with(|vm| vm.borrow_mut().key_tenants.tenant(k)),
         ) {
             Some((t, _)) => self.tenant = t,
             None => {

@@ -26,6 +26,8 @@ pub struct Vm {
     pub settle_queue: Vec<quota::SettleJob>,
     /// Settlements sent, by callout token (one tenant's batch, or one reconciliation).
     pub settle_inflight: std::collections::HashMap<u32, Vec<quota::SettleJob>>,
+    /// Tenant ids of recently seen API keys.
+    pub key_tenants: crate::identity::KeyCache,
     /// Redis has our scripts cached (EVALSHA works).
     pub script_loaded: bool,
 }
