@@ -34,6 +34,8 @@ pub struct Choice {
     pub from: Option<String>,
     /// Route-header value for a cluster fallback.
     pub route: Option<String>,
+    /// The target's breaker was read CLOSED: [`admit`] may take the admission without reading it again.
+    pub closed: bool,
 }
 
 /// Follows fallbacks while breakers would reject. `next(name)` gives the fallback and its route value.
@@ -52,16 +54,20 @@ pub fn peek_chain(
     let mut seen = vec![name.clone()];
     for hop in 0..=settings.max_fallback_hops {
         let key = breaker::key(scope, &name);
-        let reset = match store::peek::<breaker::BreakerState>(store, &key) {
-            Ok((Some(st), _)) => breaker::peek_state(&st, &settings.cfg, now_ns).1,
+        let (reset, closed) = match store::peek::<breaker::BreakerState>(store, &key) {
+            Ok((Some(st), _)) => (
+                breaker::peek_state(&st, &settings.cfg, now_ns).1,
+                st.state() == State::Closed,
+            ),
             // Missing, corrupt or unreadable: nothing says it is open.
-            _ => 0,
+            _ => (0, false),
         };
         if reset == 0 {
             return Ok(Choice {
                 from: (hop > 0).then(|| primary.to_string()),
                 target: name,
                 route,
+                closed,
             });
         }
         primary_reset.get_or_insert(reset);
@@ -87,6 +93,11 @@ pub struct Admitted {
 }
 
 /// Takes the admission on `name`'s breaker. `Err(reset_in_ms)` when it rejects.
+///
+/// `seen_closed`: the caller read this breaker CLOSED a moment ago ([`Choice::closed`]). A CLOSED
+/// breaker admits without a state change, so when its key is known to exist the admission is taken
+/// without reading it again (one shared-data read less per request). A breaker that opened in between
+/// lets this one request through, as if it had arrived a moment earlier.
 #[allow(clippy::too_many_arguments)]
 pub fn admit(
     store: &dyn SharedStore,
@@ -97,8 +108,18 @@ pub fn admit(
     retries: u32,
     known: &mut KeySet,
     cache_limit: usize,
+    seen_closed: bool,
 ) -> (Result<Admitted, u64>, Option<Transition>) {
     let key = breaker::key(scope, name);
+    if seen_closed && known.contains(&key) {
+        return (
+            Ok(Admitted {
+                key: Some(key),
+                probe: false,
+            }),
+            None,
+        );
+    }
     if !claim_slot(
         store,
         BREAKER_KEY_COUNTER,
@@ -214,6 +235,28 @@ mod tests {
     }
 
     #[test]
+    fn a_breaker_seen_closed_admits_without_a_read_only_once_its_key_is_known() {
+        let s = MemStore::new();
+        let st = settings();
+        let mut known = KeySet::default();
+        // Missing key: peek does not call it closed; admit creates and caches the key.
+        let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
+        assert!(!c.closed);
+        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed).0.unwrap();
+        assert_eq!(a.key.as_deref(), Some(breaker::key("model", "a").as_str()));
+        let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
+        assert!(c.closed);
+        let reads = s.reads();
+        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed).0.unwrap();
+        assert!(!a.probe);
+        assert_eq!(s.reads(), reads, "no shared-data read for a breaker seen closed");
+        // An open breaker is never reported closed.
+        open(&s, &st, "a", 0);
+        let c = peek_chain(&s, &st, "model", "a", &next(&st), MS).unwrap();
+        assert_eq!((c.target.as_str(), c.closed), ("b", false));
+    }
+
+    #[test]
     fn admit_after_recovery_takes_exactly_the_probe_permits() {
         let s = MemStore::new();
         let st = settings();
@@ -222,7 +265,7 @@ mod tests {
         let mut probes = 0;
         let mut rejected = 0;
         for _ in 0..5 {
-            match admit(&s, &st, "model", "a", 1001 * MS, 8, &mut known, 100).0 {
+            match admit(&s, &st, "model", "a", 1001 * MS, 8, &mut known, 100, false).0 {
                 Ok(a) if a.probe => probes += 1,
                 Ok(_) => panic!("half-open must only admit probes"),
                 Err(_) => rejected += 1,
@@ -237,11 +280,11 @@ mod tests {
         let mut st = settings();
         st.max_keys = 1;
         let mut known = KeySet::default();
-        let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100)
+        let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100, false)
             .0
             .unwrap();
         assert!(a.key.is_some());
-        let b = admit(&s, &st, "model", "y", 0, 8, &mut known, 100)
+        let b = admit(&s, &st, "model", "y", 0, 8, &mut known, 100, false)
             .0
             .unwrap();
         assert_eq!(b.key, None);

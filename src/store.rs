@@ -140,6 +140,7 @@ pub fn peek<S: Codec>(store: &dyn SharedStore, key: &str) -> Result<(Option<S>, 
 #[derive(Default)]
 pub struct MemStore {
     map: std::cell::RefCell<std::collections::HashMap<String, (Vec<u8>, u32)>>,
+    reads: std::cell::Cell<u64>,
 }
 
 impl MemStore {
@@ -155,10 +156,15 @@ impl MemStore {
     pub fn is_empty(&self) -> bool {
         self.map.borrow().is_empty()
     }
+    /// Reads so far (tests check that a path needs none).
+    pub fn reads(&self) -> u64 {
+        self.reads.get()
+    }
 }
 
 impl SharedStore for MemStore {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+        self.reads.set(self.reads.get().saturating_add(1));
         Ok(self.map.borrow().get(key).cloned())
     }
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {

@@ -65,6 +65,10 @@ pub struct Http {
     shaped_ms: u64,
     /// Cluster chosen in the headers phase (after any fallback).
     cluster: Option<String>,
+    /// When the chosen cluster's breaker was read CLOSED (ns), for [`failover::admit`].
+    cluster_closed_at: Option<u64>,
+    /// The chosen model's breaker was read CLOSED in the body phase.
+    model_closed: bool,
     /// Breakers this request was admitted by: (key, holds a probe permit).
     breakers: Vec<(String, bool)>,
     /// `x-tokengate-fallback` values.
@@ -179,6 +183,8 @@ struct RespFacts {
     json: Vec<u8>,
     /// Unused bucket tokens were already given back.
     refunded: bool,
+    /// The response reached its end of stream (the upstream finished it).
+    ended: bool,
 }
 
 impl Http {
@@ -195,6 +201,8 @@ impl Http {
             cost: None,
             shaped_ms: 0,
             cluster: None,
+            cluster_closed_at: None,
+            model_closed: false,
             breakers: Vec::new(),
             fallbacks: Vec::new(),
             charged: None,
@@ -234,15 +242,20 @@ impl Http {
         let Some(b) = &cfg.breaker else {
             return Ok(());
         };
-        let mut targets: Vec<(&str, String)> = Vec::new();
+        // A cluster read CLOSED in the headers phase counts as seen closed for a second (long uploads
+        // read it again).
+        let cluster_closed = self
+            .cluster_closed_at
+            .is_some_and(|t| now.saturating_sub(t) < 1_000_000_000);
+        let mut targets: Vec<(&str, String, bool)> = Vec::new();
         if let Some(c) = self.cluster.clone() {
-            targets.push(("cluster", c));
+            targets.push(("cluster", c, cluster_closed));
         }
         if b.keys.model && !model.is_empty() {
-            targets.push(("model", model.to_string()));
+            targets.push(("model", model.to_string(), self.model_closed));
         }
         let store = HostStore;
-        for (scope, name) in targets {
+        for (scope, name, seen_closed) in targets {
             let (res, t) = VM.with(|vm| {
                 let mut vm = vm.borrow_mut();
                 failover::admit(
@@ -254,6 +267,7 @@ impl Http {
                     cfg.cas_max_retries,
                     &mut vm.known_keys,
                     KNOWN_KEYS_CACHE,
+                    seen_closed,
                 )
             });
             if let Some(t) = t {
@@ -404,12 +418,14 @@ impl Http {
                 Ok(Choice {
                     target,
                     from: Some(from),
+                    closed,
                     ..
                 }) => {
+                    self.model_closed = closed;
                     edits.set_model = Some(target.clone());
                     self.fallbacks.push(format!("{from} -> {target}"));
                 }
-                Ok(_) => {}
+                Ok(choice) => self.model_closed = choice.closed,
                 Err(reset) => return self.circuit_open("model", &model, reset),
             }
         }
@@ -1036,12 +1052,17 @@ impl HttpContext for Http {
                 .filter(|k| !k.trim().is_empty())
                 .map(str::to_string);
             // The body may be rewritten (include_usage, max_tokens clamp): let Envoy send it chunked.
-            let _ = abi::remove_header(Map::RequestHeaders, "content-length");
+            if h("content-length").is_some() {
+                let _ = abi::remove_header(Map::RequestHeaders, "content-length");
+            }
         }
         if let Some(b) = &cfg.breaker {
             // Only the filter may steer requests to a fallback cluster.
-            let _ = abi::remove_header(Map::RequestHeaders, &b.route_header);
-            if !b.model_fallbacks.is_empty() {
+            if h(&b.route_header).is_some() {
+                let _ = abi::remove_header(Map::RequestHeaders, &b.route_header);
+            }
+            if !b.model_fallbacks.is_empty() && cfg.quota.is_none() && h("content-length").is_some()
+            {
                 // The body may be rewritten (model fallback): let Envoy send it chunked.
                 let _ = abi::remove_header(Map::RequestHeaders, "content-length");
             }
@@ -1056,9 +1077,12 @@ impl HttpContext for Http {
                         b.cluster_fallback(c)
                             .map(|f| (f.to.clone(), Some(f.route.clone())))
                     };
-                    match failover::peek_chain(&HostStore, b, "cluster", &cluster, &next, now_ns())
-                    {
+                    let now = now_ns();
+                    match failover::peek_chain(&HostStore, b, "cluster", &cluster, &next, now) {
                         Ok(choice) => {
+                            if choice.closed {
+                                self.cluster_closed_at = Some(now);
+                            }
                             if let (Some(from), Some(route)) = (&choice.from, &choice.route) {
                                 // Envoy re-picks the route when a header changes in this phase.
                                 if abi::set_header(Map::RequestHeaders, &b.route_header, route)
@@ -1132,10 +1156,11 @@ impl HttpContext for Http {
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if self.phase != Phase::Admitted {
             return Action::Continue;
         }
+        self.resp.ended = end_of_stream;
         let refunding = self
             .charged
             .as_ref()
@@ -1216,6 +1241,7 @@ impl HttpContext for Http {
         if self.phase != Phase::Admitted {
             return Action::Continue;
         }
+        self.resp.ended |= end_of_stream;
         if let Some(sc) = self.resp.stream.as_mut() {
             if body_size > 0 {
                 if let Ok(chunk) = abi::get_buffer(Buffer::ResponseBody, 0, body_size) {
@@ -1313,10 +1339,16 @@ impl Http {
                 .map(|c| u32::try_from(c).unwrap_or(0))
                 .unwrap_or(0)
         };
-        let details = abi::get_property(&["response", "code_details"])
-            .ok()
-            .flatten()
-            .and_then(|v| String::from_utf8(v).ok());
+        // A 2xx/3xx that reached its end of stream came whole from the upstream ("via_upstream"): its
+        // details cannot change the outcome, so the property is not read.
+        let details = if self.resp.ended && (200..400).contains(&status) {
+            None
+        } else {
+            abi::get_property(&["response", "code_details"])
+                .ok()
+                .flatten()
+                .and_then(|v| String::from_utf8(v).ok())
+        };
         let completed = if b.count_incomplete_streams {
             self.resp.stream.as_ref().map(SseScanner::completed)
         } else {
