@@ -5,6 +5,7 @@
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
 #   make lint       rustfmt check, clippy (native, all targets) and clippy for wasm32-wasip1 with -D warnings
 #   make bench      estimator micro-benchmark, then Envoy side by side: no filter / empty wasm / tokengate
+#                   (req/s, CPU, latency), then the same rows' instructions per request under callgrind
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
 #   make clean      cargo clean, remove .run/ and the empty-filter build (keeps .venv)
 #   make distclean  clean + remove .venv
@@ -56,12 +57,20 @@ lint: deps-rust
 	cargo clippy -q -p tokengate --target $(WASM_TARGET) -- -D warnings || rc=1; \
 	exit $$rc
 
-bench: deps build build-empty
+# BENCH_CALLGRIND: requests counted per row in the instruction table (0 = skip that table).
+BENCH_CALLGRIND ?= 500
+
+bench: build build-empty
+	@scripts/deps.sh --bench
 	@if [ -f benches/estimate.rs ]; then \
 		echo "cargo bench --bench estimate -p tokengate"; cargo bench --bench estimate -p tokengate; \
 	else echo "make bench: benches/estimate.rs not there yet, skipping the estimator micro-benchmark"; fi
 	@cargo build -q --release -p wasm-test --bin bench
-	$(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" $(ROOT)/target/release/bench
+	env -u BENCH_CALLGRIND $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" $(ROOT)/target/release/bench
+	@if [ "$(BENCH_CALLGRIND)" != 0 ]; then \
+		echo "BENCH_CALLGRIND=$(BENCH_CALLGRIND) target/release/bench   (instructions per request, callgrind)"; \
+		$(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" BENCH_CALLGRIND=$(BENCH_CALLGRIND) $(ROOT)/target/release/bench; \
+	fi
 
 run: deps build
 	@cargo build -q --release -p wasm-test --bin mock-provider

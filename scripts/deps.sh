@@ -7,10 +7,13 @@
 #
 #   scripts/deps.sh               everything
 #   scripts/deps.sh --rust-only   only the Rust target (what `make build` and `make lint` need)
+#   scripts/deps.sh --bench       everything, plus valgrind (`make bench` counts instructions with callgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUST_ONLY=0
+BENCH=0
 if [ "${1:-}" = --rust-only ]; then RUST_ONLY=1; fi
+if [ "${1:-}" = --bench ]; then BENCH=1; fi
 
 ENVOY_VERSION=1.40.0
 export DEBIAN_FRONTEND=noninteractive
@@ -76,6 +79,7 @@ fi
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v webdis >/dev/null 2>&1 || missing+=(webdis)
+if [ "$BENCH" = 1 ]; then command -v valgrind >/dev/null 2>&1 || missing+=(valgrind); fi
 if [ "${#missing[@]}" -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     apt_install "${missing[@]}"

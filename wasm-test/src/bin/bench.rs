@@ -41,6 +41,14 @@
 //! Rounds alternate the variants (a, b, c, a, b, c) so that drift of the machine hits all of them; per
 //! variant the best round is reported (highest req/s, lowest CPU/request, lowest p50 with its p99).
 //!
+//! `BENCH_CALLGRIND=N` replaces both with an instruction count: each Envoy (`--concurrency 1`) runs under
+//! `valgrind --tool=callgrind` with instrumentation off, gets 400 warm-up requests, then counting is
+//! switched on (`callgrind_control -i on`) for N sequential requests on one keep-alive connection. The
+//! table gives instructions per request (all Envoy threads, V8 and the wasm code included): the same
+//! binary and inputs give the same count within 0.1 % whatever else the machine runs, so this is the
+//! number to compare builds with on a shared machine. `BENCH_KEEP=1` keeps the work directory (the
+//! callgrind dumps, bootstraps and logs).
+//!
 //! `BENCH_PIN=1`: Envoy runs with `--concurrency 1` pinned to CPU 0 (`taskset`), the load generator and
 //! the mock pinned to CPU 1, so Envoy never competes with the client for a core (needs >= 2 CPUs).
 //!
