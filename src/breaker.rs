@@ -605,6 +605,33 @@ pub fn record(
     }
 }
 
+/// Gives back a probe permit taken by [`admit`] for a request that was then not sent (a bucket or the
+/// quota refused it after the breaker admitted it), so the next request can probe at once instead of
+/// waiting for `probe_timeout_ms`. Only in HALF_OPEN, and never below the probes already answered.
+pub fn release_probe(state: &BreakerState) -> Option<BreakerState> {
+    if state.state != State::HalfOpen || state.probes_issued <= state.probe_successes {
+        return None;
+    }
+    let mut next = *state;
+    next.probes_issued -= 1;
+    Some(next)
+}
+
+/// [`release_probe`] as one bounded CAS read-modify-write of `key` (nothing is created).
+pub fn release_probe_shared(
+    store: &dyn SharedStore,
+    key: &str,
+    max_retries: u32,
+) -> Result<(), UpdateError> {
+    if !matches!(store.get(key), Ok(Some(_))) {
+        return Ok(());
+    }
+    store::update(store, key, max_retries, &BreakerState::default(), |s| {
+        ((), release_probe(s))
+    })
+    .map(|_| ())
+}
+
 /// Read-only view for headers-phase checks (e.g. on fallback targets) and gauges: the state as it
 /// stands at `now_ns` and the ms until it may admit (0 when it would admit now). An OPEN breaker whose
 /// recovery has passed reads as HALF_OPEN.
@@ -1136,6 +1163,29 @@ mod tests {
             })
         );
         assert_eq!(s.state(), State::HalfOpen);
+    }
+
+    #[test]
+    fn a_released_probe_permit_can_be_taken_again_at_once() {
+        let c = cfg();
+        let at = T0 + 30 * S;
+        let mut s = half_open_at(&c, at);
+        while adm(&mut s, &c, at).0 == Admission::Probe {}
+        assert!(matches!(adm(&mut s, &c, at).0, Admission::Rejected { .. }));
+        s = release_probe(&s).unwrap();
+        assert_eq!(adm(&mut s, &c, at).0, Admission::Probe);
+        // Never below the probes already answered; nothing outside HALF_OPEN.
+        let mut done = half_open_at(&c, at);
+        rec(&mut done, &c, Outcome::Success, true, at);
+        if done.state() == State::HalfOpen {
+            assert!(release_probe(&done).is_none());
+        }
+        assert!(release_probe(&BreakerState::default()).is_none());
+        assert!(release_probe(&opened(&c)).is_none());
+        // Shared: a missing key is not created.
+        let store = MemStore::new();
+        release_probe_shared(&store, "tg:cb:model=x", 8).unwrap();
+        assert!(store.is_empty());
     }
 
     #[test]

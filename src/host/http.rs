@@ -291,8 +291,14 @@ impl Http {
         Ok(())
     }
 
-    /// Gives the bucket charge back (the request was not sent after all).
+    /// Gives the bucket charge and any breaker probe permits back (the request was not sent after
+    /// all).
     fn refund(&mut self, cfg: &Config, now: u64) {
+        for (key, probe) in std::mem::take(&mut self.breakers) {
+            if probe {
+                let _ = breaker::release_probe_shared(&HostStore, &key, cfg.cas_max_retries);
+            }
+        }
         if let Some((idx, key, cost)) = self.charged.take() {
             if let Some(rule) = cfg.rules.get(idx) {
                 if admission::credit(&HostStore, cfg, rule, &key, cost, now).is_ok() {

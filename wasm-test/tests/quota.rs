@@ -1668,3 +1668,45 @@ fn late_reservation_after_timeout_is_not_charged() {
     assert_eq!(got, 0, "a request refused with 503 is not charged");
     tg::assert_no_panic(&envoy);
 }
+
+/// A request the breaker admitted as its HALF_OPEN probe and the quota then refused never reaches the
+/// provider: its probe permit is given back at once, so the next request probes (and closes the
+/// breaker) instead of being refused until `probe_timeout_ms` (60 s here) expires the permit.
+#[test]
+fn a_quota_refusal_gives_the_breaker_probe_permit_back() {
+    let s = Stack::start();
+    let cfg = tg::merge(
+        quota_config(json!({"monthly_limit": 1_000_000, "tenants": {"poor": {"monthly_limit": 1}}})),
+        json!({"breaker": {"keys": ["model"], "failure_threshold": 2, "recovery_ms": 500,
+                           "half_open_max_calls": 1, "probe_timeout_ms": 60000}}),
+    );
+    let envoy = tg::start_opts(opts(s.mock.port, cfg).webdis(s.webdis_port()));
+    let body = chat_body(10, false, None);
+    for _ in 0..2 {
+        let r = post(&envoy, "rich", &[("x-mock-status", "500")], &body);
+        assert_eq!(r.status, 500, "{}", r.text());
+    }
+    assert_eq!(
+        envoy.wait_stat("tokengate_breaker_opened", 1, Duration::from_secs(3)),
+        1
+    );
+    assert_eq!(post(&envoy, "rich", &[], &body).status, 503, "open");
+    thread::sleep(Duration::from_millis(700));
+
+    // Recovery elapsed: the poor tenant's request takes the one probe permit, then the quota refuses it.
+    let r = post(&envoy, "poor", &[], &body);
+    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_eq!(envoy.stat("tokengate_breaker_probes"), 1);
+    let sent = s.mock.requests().len();
+
+    // The permit is back: the next request is the probe; it reaches the provider and closes the breaker.
+    let r = post(&envoy, "rich", &[], &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(envoy.stat("tokengate_breaker_probes"), 2);
+    assert_eq!(s.mock.requests().len(), sent + 1);
+    assert_eq!(
+        envoy.wait_stat("tokengate_breaker_closed", 1, Duration::from_secs(3)),
+        1
+    );
+    tg::assert_no_panic(&envoy);
+}
