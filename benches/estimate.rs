@@ -7,8 +7,10 @@
 //!    with the naive `chars / 4`. Per class: median relative error and p95 |relative error|, on all lines
 //!    and on the odd (held-out: the weights were fitted on the even lines) lines.
 //! 2. Speed: chat-completions bodies (each corpus line; English and CJK text joined to ~1 KB, ~16 KB and
-//!    ~256 KB); `estimate` timed against `serde_json::from_slice::<Value>` alone in the same run, in µs per
-//!    KB of body, best of 5 interleaved trials of ≥ 120 ms. Then `text_tokens` alone.
+//!    ~256 KB; every other corpus class joined to ~1 KB and ~16 KB); `estimate` timed against
+//!    `serde_json::from_slice::<Value>` alone in the same run, in µs per KB of body, best of 5
+//!    interleaved trials of ≥ 120 ms. Then a 154-byte chat body in ns per call (the fixed cost of a
+//!    call), and `text_tokens` alone.
 //!
 //! Exits non-zero when any class has p95 |error| above 15 % (all lines). Speed is printed, never gated:
 //! absolute times depend on the machine and its load (the target is ≤ 2 µs/KB natively).
@@ -219,12 +221,14 @@ fn main() {
             .collect()
     };
     let (english, chinese) = (class("english"), class("chinese"));
+    // The fixed cost of a call: what a short chat request pays (once per request in the filter).
+    let tiny = br#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#.to_vec();
     let all: Vec<Vec<u8>> = corpus
         .iter()
         .flat_map(|(_, texts)| texts.iter())
         .map(|t| chat_body(&[t]))
         .collect();
-    let sets: Vec<(String, Vec<Vec<u8>>)> = vec![
+    let mut sets: Vec<(String, Vec<Vec<u8>>)> = vec![
         (format!("every corpus line, {} bodies", all.len()), all),
         (
             "English ~1 KB × 64".into(),
@@ -245,6 +249,18 @@ fn main() {
             sized_bodies(&chinese, 256 << 10, 1),
         ),
     ];
+    // The other corpus classes (CJK above is Chinese).
+    for name in ["japanese", "korean", "thai", "code", "json", "mixed"] {
+        let texts = class(name);
+        sets.push((
+            format!("{name} ~1 KB × 64"),
+            sized_bodies(&texts, 1 << 10, 64),
+        ));
+        sets.push((
+            format!("{name} ~16 KB × 8"),
+            sized_bodies(&texts, 16 << 10, 8),
+        ));
+    }
     println!("\nSpeed of `estimate` (chat-completions bodies; µs per KB of body, best of {TRIALS} interleaved trials):\n");
     println!(
         "| bodies | KB each | `estimate` | `from_slice::<Value>` alone | estimate / Value parse |"
@@ -269,6 +285,14 @@ fn main() {
             ours / parse
         );
     }
+    let mut ours = |b: &[u8]| {
+        black_box(estimate(ApiKind::ChatCompletions, b, &limits).ok());
+    };
+    let t = compare(std::slice::from_ref(&tiny), &mut [&mut ours]);
+    println!(
+        "\n`estimate` on the 154-byte chat body: {:.0} ns per call",
+        t.first().copied().unwrap_or(f64::NAN) * tiny.len() as f64 / 1024.0 * 1000.0
+    );
     // Where the time goes: `text_tokens` alone over the texts (per KB of text).
     let texts: Vec<Vec<u8>> = corpus
         .iter()
