@@ -14,10 +14,10 @@
 //! count (`tg:n:breakers`): a name beyond it is not tracked (admitted, counted).
 
 use crate::admission::claim_slot;
+use crate::admission::KeySet;
 use crate::breaker::{self, Admission, State, Transition};
 use crate::config::BreakerSettings;
 use crate::store::{self, SharedStore};
-use crate::admission::KeySet;
 
 /// Shared count of created breaker keys.
 pub const BREAKER_KEY_COUNTER: &str = "tg:n:breakers";
@@ -242,14 +242,22 @@ mod tests {
         // Missing key: peek does not call it closed; admit creates and caches the key.
         let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
         assert!(!c.closed);
-        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed).0.unwrap();
+        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed)
+            .0
+            .unwrap();
         assert_eq!(a.key.as_deref(), Some(breaker::key("model", "a").as_str()));
         let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
         assert!(c.closed);
         let reads = s.reads();
-        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed).0.unwrap();
+        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed)
+            .0
+            .unwrap();
         assert!(!a.probe);
-        assert_eq!(s.reads(), reads, "no shared-data read for a breaker seen closed");
+        assert_eq!(
+            s.reads(),
+            reads,
+            "no shared-data read for a breaker seen closed"
+        );
         // An open breaker is never reported closed.
         open(&s, &st, "a", 0);
         let c = peek_chain(&s, &st, "model", "a", &next(&st), MS).unwrap();

@@ -375,7 +375,10 @@ impl HeaderBlob {
     /// Wraps a serialized map; rebuilt lossily (rare) when a name or value is not UTF-8.
     pub fn from_bytes(bytes: Vec<u8>) -> HeaderBlob {
         let blob = HeaderBlob { bytes };
-        if blob.entries().all(|(k, v)| std::str::from_utf8(k).is_ok() && std::str::from_utf8(v).is_ok()) {
+        if blob
+            .entries()
+            .all(|(k, v)| std::str::from_utf8(k).is_ok() && std::str::from_utf8(v).is_ok())
+        {
             return blob;
         }
         let owned: Vec<(String, String)> = blob
@@ -387,7 +390,10 @@ impl HeaderBlob {
                 )
             })
             .collect();
-        let pairs: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = owned
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         HeaderBlob {
             bytes: serialize_map(&pairs),
         }

@@ -1676,7 +1676,9 @@ fn late_reservation_after_timeout_is_not_charged() {
 fn a_quota_refusal_gives_the_breaker_probe_permit_back() {
     let s = Stack::start();
     let cfg = tg::merge(
-        quota_config(json!({"monthly_limit": 1_000_000, "tenants": {"poor": {"monthly_limit": 1}}})),
+        quota_config(
+            json!({"monthly_limit": 1_000_000, "tenants": {"poor": {"monthly_limit": 1}}}),
+        ),
         json!({"breaker": {"keys": ["model"], "failure_threshold": 2, "recovery_ms": 500,
                            "half_open_max_calls": 1, "probe_timeout_ms": 60000}}),
     );

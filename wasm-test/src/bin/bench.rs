@@ -1095,7 +1095,15 @@ fn run() -> Result<()> {
                     continue;
                 }
                 let webdis = if v.needs_webdis { webdis_port } else { None };
-                let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis, Launch::Callgrind)?;
+                let e = start_envoy(
+                    &envoy,
+                    &work.path,
+                    i,
+                    v,
+                    mock_port,
+                    webdis,
+                    Launch::Callgrind,
+                )?;
                 let per_request = callgrind_window(&e, v, &work.path, n)?;
                 eprintln!(
                     "bench: callgrind {:<26} {:>10.0} instructions/request",
@@ -1276,7 +1284,10 @@ fn callgrind_window(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize) -> Res
                 let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let count = text
                     .lines()
-                    .filter_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+                    .filter_map(|l| {
+                        l.strip_prefix("totals:")
+                            .or_else(|| l.strip_prefix("summary:"))
+                    })
                     .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
                     .max();
                 total = total.max(count);
@@ -1286,7 +1297,11 @@ fn callgrind_window(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize) -> Res
             return Ok(t as f64 / n as f64);
         }
         if Instant::now() > deadline {
-            return Err(format!("{}: no callgrind dump in {}", e.proc.name, work.display()));
+            return Err(format!(
+                "{}: no callgrind dump in {}",
+                e.proc.name,
+                work.display()
+            ));
         }
         thread::sleep(Duration::from_millis(200));
     }
