@@ -67,8 +67,9 @@ pub struct Http {
     cluster: Option<String>,
     /// When the chosen cluster's breaker was read CLOSED (ns), for [`failover::admit`].
     cluster_closed_at: Option<u64>,
-    /// The chosen model's breaker was read CLOSED in the body phase.
-    model_closed: bool,
+    /// The model whose breaker was read CLOSED in the body phase (the fallback target when one was
+    /// chosen); the admission skips its second read only for that very name.
+    model_closed: Option<String>,
     /// Breakers this request was admitted by: (key, holds a probe permit).
     breakers: Vec<(String, bool)>,
     /// `x-tokengate-fallback` values.
@@ -202,7 +203,7 @@ impl Http {
             shaped_ms: 0,
             cluster: None,
             cluster_closed_at: None,
-            model_closed: false,
+            model_closed: None,
             breakers: Vec::new(),
             fallbacks: Vec::new(),
             charged: None,
@@ -252,7 +253,8 @@ impl Http {
             targets.push(("cluster", c, cluster_closed));
         }
         if b.keys.model && !model.is_empty() {
-            targets.push(("model", model.to_string(), self.model_closed));
+            let seen = self.model_closed.as_deref() == Some(model);
+            targets.push(("model", model.to_string(), seen));
         }
         let store = HostStore;
         for (scope, name, seen_closed) in targets {
@@ -427,11 +429,11 @@ impl Http {
                     closed,
                     ..
                 }) => {
-                    self.model_closed = closed;
+                    self.model_closed = closed.then(|| target.clone());
                     edits.set_model = Some(target.clone());
                     self.fallbacks.push(format!("{from} -> {target}"));
                 }
-                Ok(choice) => self.model_closed = choice.closed,
+                Ok(choice) => self.model_closed = choice.closed.then_some(choice.target),
                 Err(reset) => return self.circuit_open("model", &model, reset),
             }
         }
