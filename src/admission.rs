@@ -27,16 +27,12 @@ impl Hasher for Fnv {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
+        let h = if self.0 == 0 {
+            store::FNV_OFFSET
         } else {
             self.0
         };
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self.0 = h;
+        self.0 = store::fnv1a(h, bytes);
     }
 }
 
@@ -75,15 +71,11 @@ impl Codec for Count {
     }
 }
 
+/// FNV-1a over `parts`, each followed by a 0 byte.
 fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain(std::iter::once(0u8)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
+    parts.iter().fold(store::FNV_OFFSET, |h, p| {
+        store::fnv1a(store::fnv1a(h, p.as_bytes()), &[0])
+    })
 }
 
 /// A model name made safe for a key: at most 128 bytes of `[A-Za-z0-9._:/@-]`, else `~other`.

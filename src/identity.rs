@@ -57,11 +57,13 @@ impl KeyCache {
 
     /// The tenant id of `key` ([`tenant_from_key`]), cached.
     pub fn tenant(&mut self, key: &str) -> String {
-        let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x9e37_79b9_7f4a_7c15u64);
-        for &c in key.as_bytes() {
-            a = (a ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3);
-            b = (b.rotate_left(5) ^ u64::from(c)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        }
+        let a = crate::store::fnv1a(crate::store::FNV_OFFSET, key.as_bytes());
+        let b = key
+            .as_bytes()
+            .iter()
+            .fold(0x9e37_79b9_7f4a_7c15u64, |h, &c| {
+                (h.rotate_left(5) ^ u64::from(c)).wrapping_mul(0xff51_afd7_ed55_8ccd)
+            });
         let id = (a, b, key.len());
         if let Some(t) = self.map.get(&id) {
             return t.clone();

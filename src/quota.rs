@@ -146,12 +146,6 @@ pub fn seconds_to_reset(now_unix_s: i64, offset_min: i32) -> u64 {
 /// Longest sanitized tenant/model/key part; longer values are cut and suffixed with `~<16 hex>`.
 pub const MAX_PART_LEN: usize = 128;
 
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn hex_digit(n: u8) -> char {
@@ -172,7 +166,10 @@ pub fn sanitize(raw: &str) -> String {
     }
     let mut short = encode_key_part(raw, MAX_PART_LEN - 17);
     short.push('~');
-    short.push_str(&format!("{:016x}", fnv1a64(raw.as_bytes())));
+    short.push_str(&format!(
+        "{:016x}",
+        crate::store::fnv1a(crate::store::FNV_OFFSET, raw.as_bytes())
+    ));
     short
 }
 
