@@ -1086,24 +1086,28 @@ fn run() -> Result<()> {
         } else {
             (None, Vec::new())
         };
+        // The variants that can run (a note for each one that cannot), and how to start one.
+        let runnable: Vec<usize> = selected
+            .iter()
+            .copied()
+            .filter(|&i| match &all[i].skip {
+                Some(why) => {
+                    eprintln!("bench: skipping {:?}: {why}", all[i].name);
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        let start = |i: usize, how: Launch| {
+            let v = &all[i];
+            let webdis = if v.needs_webdis { webdis_port } else { None };
+            start_envoy(&envoy, &work.path, i, v, mock_port, webdis, how)
+        };
         if let Some(n) = s.callgrind {
             let mut counts = Vec::new();
-            for &i in &selected {
+            for &i in &runnable {
                 let v = &all[i];
-                if let Some(why) = &v.skip {
-                    eprintln!("bench: skipping {:?}: {why}", v.name);
-                    continue;
-                }
-                let webdis = if v.needs_webdis { webdis_port } else { None };
-                let e = start_envoy(
-                    &envoy,
-                    &work.path,
-                    i,
-                    v,
-                    mock_port,
-                    webdis,
-                    Launch::Callgrind,
-                )?;
+                let e = start(i, Launch::Callgrind)?;
                 let per_request = callgrind_window(&e, v, &work.path, n)?;
                 eprintln!(
                     "bench: callgrind {:<26} {:>10.0} instructions/request",
@@ -1116,15 +1120,9 @@ fn run() -> Result<()> {
         }
         // Start every runnable Envoy once; they idle while another one is measured.
         let mut envoys = Vec::new();
-        for &i in &selected {
+        for &i in &runnable {
             let v = &all[i];
-            if let Some(why) = &v.skip {
-                eprintln!("bench: skipping {:?}: {why}", v.name);
-                continue;
-            }
-            let webdis = if v.needs_webdis { webdis_port } else { None };
-            let how = if s.pin { Launch::Pinned } else { Launch::Plain };
-            let e = start_envoy(&envoy, &work.path, i, v, mock_port, webdis, how)?;
+            let e = start(i, if s.pin { Launch::Pinned } else { Launch::Plain })?;
             // Warm up, then check that the filter is really in the path.
             let warm = load(e.port, s.clients, WARMUP, e.proc.child.id());
             if warm.requests == 0 {
