@@ -245,27 +245,27 @@ fn limited(v: Verdict, snap: &Snapshot, rule: &Rule) -> Option<(LocalReply, Reje
 
 /// Headers-phase check: the reply to send now if the bucket is already too short for any request.
 /// Reads only; a missing key means a full bucket.
+///
+/// What was read is left in `seen` (when the key exists), for [`charge`] to start from.
 pub fn precheck(
     store: &dyn SharedStore,
     rule: &Rule,
     key: &str,
     now_ns: u64,
+    seen: &mut Option<store::Seen>,
 ) -> Result<Option<(LocalReply, RejectReason)>, bool> {
-    match store::peek::<BucketState>(store, key) {
-        Ok((Some(state), _)) => {
-            Ok(
-                bucket::precheck(&state, &rule.params, now_ns, rule.max_wait_ms)
-                    .and_then(|(v, snap)| limited(v, &snap, rule)),
-            )
-        }
-        Ok((None, corrupt)) => {
-            if corrupt {
-                Err(true)
-            } else {
-                Ok(None)
-            }
-        }
-        Err(_) => Err(false),
+    let read = store.get(key).map_err(|_| false)?;
+    let Some((bytes, cas)) = read else {
+        return Ok(None);
+    };
+    let state = BucketState::decode(&bytes);
+    *seen = Some((bytes, cas));
+    match state {
+        Some(state) => Ok(
+            bucket::precheck(&state, &rule.params, now_ns, rule.max_wait_ms)
+                .and_then(|(v, snap)| limited(v, &snap, rule)),
+        ),
+        None => Err(true),
     }
 }
 
@@ -277,9 +277,10 @@ pub fn charge(
     key: &str,
     cost: u64,
     now_ns: u64,
+    seen: Option<store::Seen>,
 ) -> (Decision, UpdateStats) {
     let init = BucketState::full(&rule.params, now_ns);
-    let result = store::update(store, key, cfg.cas_max_retries, &init, |s| {
+    let result = store::update_from(store, key, cfg.cas_max_retries, &init, seen, |s| {
         let (v, snap, next) = bucket::charge(s, &rule.params, cost, now_ns, rule.max_wait_ms);
         ((v, snap), next)
     });
@@ -367,7 +368,7 @@ mod tests {
                 overflow += 1;
                 assert!(k.contains("~overflow"));
             }
-            let _ = charge(&s, &c, rule, &k, 1, 0);
+            let _ = charge(&s, &c, rule, &k, 1, 0, None);
         }
         assert_eq!(overflow, 47);
         // 3 tenant keys + at most 64 overflow keys + the counter
@@ -380,7 +381,7 @@ mod tests {
         let s = MemStore::new();
         let rule = &c.rules[0];
         let (k1, _) = bucket_key(&s, &c, &mut KeySet::default(), 10, rule, "a", "m");
-        let _ = charge(&s, &c, rule, &k1, 1, 0);
+        let _ = charge(&s, &c, rule, &k1, 1, 0, None);
         // another VM (empty cache) still finds the key without a slot
         let (k2, info) = bucket_key(&s, &c, &mut KeySet::default(), 10, rule, "a", "m");
         assert_eq!(k1, k2);
@@ -392,10 +393,10 @@ mod tests {
         let c = cfg("");
         let s = MemStore::new();
         let rule = &c.rules[0];
-        let (d, st) = charge(&s, &c, rule, "k", 80, 0);
+        let (d, st) = charge(&s, &c, rule, "k", 80, 0, None);
         assert!(st.created);
         assert!(matches!(d, Decision::Admit { cost: 80, .. }));
-        let (d, _) = charge(&s, &c, rule, "k", 80, 0);
+        let (d, _) = charge(&s, &c, rule, "k", 80, 0, None);
         match d {
             Decision::Reject { reply, reason } => {
                 assert_eq!(reason, RejectReason::Tokens);
@@ -413,13 +414,53 @@ mod tests {
         let c = cfg("");
         let s = MemStore::new();
         let rule = &c.rules[0];
-        assert_eq!(precheck(&s, rule, "k", 0), Ok(None));
-        let _ = charge(&s, &c, rule, "k", 100, 0);
-        let r = precheck(&s, rule, "k", 0).unwrap().unwrap();
+        assert_eq!(precheck(&s, rule, "k", 0, &mut None), Ok(None));
+        let _ = charge(&s, &c, rule, "k", 100, 0, None);
+        let r = precheck(&s, rule, "k", 0, &mut None).unwrap().unwrap();
         assert_eq!(r.1, RejectReason::Tokens);
-        assert_eq!(precheck(&s, rule, "k", 200_000_000), Ok(None));
+        assert_eq!(precheck(&s, rule, "k", 200_000_000, &mut None), Ok(None));
         s.set("bad", b"xx", 0).unwrap();
-        assert_eq!(precheck(&s, rule, "bad", 0), Err(true));
+        assert_eq!(precheck(&s, rule, "bad", 0, &mut None), Err(true));
+    }
+
+    #[test]
+    fn charge_starts_from_the_precheck_read_and_stays_exact_when_it_is_stale() {
+        let c = cfg("");
+        let s = MemStore::new();
+        let rule = &c.rules[0];
+        let _ = charge(&s, &c, rule, "k", 10, 0, None);
+        // Fresh: the charge reuses the headers-phase read (no second read).
+        let mut seen = None;
+        assert_eq!(precheck(&s, rule, "k", 0, &mut seen), Ok(None));
+        assert!(seen.is_some());
+        let reads = s.reads();
+        let (d, st) = charge(&s, &c, rule, "k", 10, 0, seen);
+        assert!(matches!(d, Decision::Admit { .. }));
+        assert_eq!(s.reads(), reads, "no read when the earlier one is current");
+        assert_eq!(st.retries, 0);
+        // Stale: another worker charged 70 after the read; the CAS fails, the charge re-reads and
+        // sees only 10 left, so 20 more is refused instead of admitted on the old state.
+        let mut seen = None;
+        assert_eq!(precheck(&s, rule, "k", 0, &mut seen), Ok(None));
+        let _ = charge(&s, &c, rule, "k", 70, 0, None);
+        let reads = s.reads();
+        let (d, st) = charge(&s, &c, rule, "k", 20, 0, seen);
+        assert!(
+            matches!(
+                d,
+                Decision::Reject {
+                    reason: RejectReason::Tokens,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert_eq!(s.reads(), reads + 1);
+        assert_eq!(st.retries, 0, "a stale earlier read is not a CAS conflict");
+        // A missing key leaves nothing to reuse.
+        let mut seen = None;
+        assert_eq!(precheck(&s, rule, "other", 0, &mut seen), Ok(None));
+        assert!(seen.is_none());
     }
 
     #[test]
@@ -427,7 +468,7 @@ mod tests {
         let c = cfg("");
         let s = MemStore::new();
         let rule = &c.rules[0];
-        let (d, _) = charge(&s, &c, rule, "k", 101, 0);
+        let (d, _) = charge(&s, &c, rule, "k", 101, 0, None);
         assert!(matches!(
             d,
             Decision::Reject {
@@ -435,7 +476,7 @@ mod tests {
                 ..
             }
         ));
-        let (d, _) = charge(&s, &c, rule, "k", 100, 0);
+        let (d, _) = charge(&s, &c, rule, "k", 100, 0, None);
         assert!(matches!(d, Decision::Admit { .. }));
     }
 
@@ -448,12 +489,12 @@ mod tests {
         let rule = &c.rules[0];
         let mut admitted = 0u64;
         for i in 0..40 {
-            let (d, _) = charge(&s, &c, rule, "k", 7, 0);
+            let (d, _) = charge(&s, &c, rule, "k", 7, 0, None);
             if matches!(d, Decision::Admit { .. }) {
                 admitted += 7;
             }
             if i % 2 == 0 {
-                let (d, _) = charge(&s, &c, rule, "k", 7, 0);
+                let (d, _) = charge(&s, &c, rule, "k", 7, 0, None);
                 if matches!(d, Decision::Admit { .. }) {
                     admitted += 7;
                 }
@@ -468,9 +509,9 @@ mod tests {
         let c = cfg("");
         let s = MemStore::new();
         let rule = &c.rules[0];
-        let _ = charge(&s, &c, rule, "k", 100, 0);
+        let _ = charge(&s, &c, rule, "k", 100, 0, None);
         credit(&s, &c, rule, "k", 60, 0).unwrap();
-        let (d, _) = charge(&s, &c, rule, "k", 60, 0);
+        let (d, _) = charge(&s, &c, rule, "k", 60, 0, None);
         assert!(matches!(d, Decision::Admit { .. }));
     }
 

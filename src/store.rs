@@ -74,6 +74,28 @@ pub fn update<S, D, F>(
     key: &str,
     max_retries: u32,
     init: &S,
+    f: F,
+) -> Result<(D, UpdateStats), UpdateError>
+where
+    S: Codec,
+    F: FnMut(&S) -> (D, Option<S>),
+{
+    update_from(store, key, max_retries, init, None, f)
+}
+
+/// A value and its CAS token as [`SharedStore::get`] returned them (kept to save a later read).
+pub type Seen = (Vec<u8>, u32);
+
+/// [`update`], starting from `seen` (an earlier [`SharedStore::get`] of `key`) instead of a fresh read.
+/// The CAS makes this exact: if anyone wrote `key` since `seen` was read, the write fails and the loop
+/// reads afresh. That stale first attempt is not counted as a conflict (`stats.retries`) nor against
+/// `max_retries`.
+pub fn update_from<S, D, F>(
+    store: &dyn SharedStore,
+    key: &str,
+    max_retries: u32,
+    init: &S,
+    mut seen: Option<Seen>,
     mut f: F,
 ) -> Result<(D, UpdateStats), UpdateError>
 where
@@ -85,7 +107,13 @@ where
     loop {
         // Step 1: read. A missing key is created with `init` and read back, so that the change in step 2
         // is a real CAS against a known token.
-        let (state, cas) = match store.get(key).map_err(|_| UpdateError::Host)? {
+        let earlier = seen.take();
+        let from_earlier = earlier.is_some();
+        let read = match earlier {
+            Some(v) => Some(v),
+            None => store.get(key).map_err(|_| UpdateError::Host)?,
+        };
+        let (state, cas) = match read {
             Some((bytes, cas)) => match S::decode(&bytes) {
                 Some(s) => (s, cas),
                 None => {
@@ -112,6 +140,7 @@ where
         };
         match store.set(key, &next.encode(), cas) {
             Ok(()) => return Ok((decision, stats)),
+            Err(StoreError::CasMismatch) if from_earlier => {}
             Err(StoreError::CasMismatch) => {
                 stats.retries += 1;
                 attempt += 1;

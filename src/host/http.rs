@@ -61,6 +61,9 @@ pub struct Http {
     tenant: String,
     model_hint: Option<String>,
     snapshot: Option<Snapshot>,
+    /// The bucket read in the headers phase (key, value, CAS token): the body-phase charge of that
+    /// same key starts from it instead of reading again (its CAS catches any write in between).
+    prechecked: Option<(String, crate::store::Seen)>,
     cost: Option<u64>,
     shaped_ms: u64,
     /// Cluster chosen in the headers phase (after any fallback).
@@ -199,6 +202,7 @@ impl Http {
             tenant: String::new(),
             model_hint: None,
             snapshot: None,
+            prechecked: None,
             cost: None,
             shaped_ms: 0,
             cluster: None,
@@ -502,7 +506,11 @@ impl Http {
             if info.overflow {
                 metrics::inc(m.tenant_overflow);
             }
-            let (decision, stats) = admission::charge(&store, cfg, rule, &key, cost, now);
+            let seen = self
+                .prechecked
+                .take()
+                .and_then(|(k, seen)| (k == key).then_some(seen));
+            let (decision, stats) = admission::charge(&store, cfg, rule, &key, cost, now, seen);
             if stats.corrupt {
                 metrics::inc(m.state_corrupt);
                 log(
@@ -1120,9 +1128,12 @@ impl HttpContext for Http {
         if let Some(rule) = rule_idx.and_then(|i| cfg.rules.get(i)) {
             let model = self.model_hint.clone().unwrap_or_default();
             let key = admission::plain_key(rule, &self.tenant, &model);
-            match admission::precheck(&HostStore, rule, &key, now_ns()) {
+            let mut seen = None;
+            match admission::precheck(&HostStore, rule, &key, now_ns(), &mut seen) {
                 Ok(Some((r, reason))) => return self.reject(&r, reason, &model),
-                Ok(None) => {}
+                Ok(None) => {
+                    self.prechecked = seen.map(|seen| (key, seen));
+                }
                 Err(corrupt) => {
                     // The body phase re-reads and repairs; nothing is decided here.
                     if corrupt {

@@ -370,6 +370,18 @@ fn shaping_holds_the_request_instead_of_rejecting() {
 
 #[test]
 fn concurrent_requests_never_exceed_capacity_plus_refill() {
+    concurrent_requests_stay_within_capacity_plus_refill(false);
+}
+
+/// The same with the model named in a header: the headers phase reads the bucket (and rejects when
+/// it is empty), and the body-phase charge starts from that read, which other requests have often
+/// made stale by then (the CAS must catch it).
+#[test]
+fn concurrent_requests_checked_in_the_headers_phase_never_exceed_capacity_plus_refill() {
+    concurrent_requests_stay_within_capacity_plus_refill(true);
+}
+
+fn concurrent_requests_stay_within_capacity_plus_refill(model_header: bool) {
     // Time-driven (≈2 s, so refill matters), bounded in count too.
     const THREADS: usize = 16;
     const PER_THREAD: usize = 1500;
@@ -404,6 +416,14 @@ fn concurrent_requests_never_exceed_capacity_plus_refill() {
                             &[
                                 ("x-tenant-id", "shared"),
                                 ("content-type", "application/json"),
+                                (
+                                    if model_header {
+                                        "x-tokengate-model"
+                                    } else {
+                                        "x-unused"
+                                    },
+                                    "gpt-test",
+                                ),
                             ],
                             &body,
                         )
