@@ -252,6 +252,10 @@ Admitted (rule gpt-4.1; look at the x-ratelimit-*, x-tokengate-estimated-tokens 
 Rate-limited (tenant demo-small: burst 2000 tokens, 50 tokens/s, 5 requests/min; the 2nd call gets 429 tokens_per_second_exceeded):
   for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-small' -d '$big'; done
 
+Global bucket in Redis, shared by every Envoy replica (tenant demo-global: burst 2000 tokens, 50 tokens/s; 2nd call 429):
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-global' -d '$big'; done
+  redis-cli -p $REDIS_PORT HGETALL 'tg:gb:{demo-global:demo-global}'
+
 Monthly quota (tenant demo-quota: 2000 tokens a month; the 1st call uses ~1500, the 2nd gets 429 insufficient_quota):
   for i in 1 2; do curl -s -o /dev/null -w '%{http_code} quota-remaining=%header{x-tokengate-quota-remaining}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-quota' -d '$big'; done
   curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-quota' -d '$big'

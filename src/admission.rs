@@ -286,37 +286,39 @@ pub fn charge(
     });
     match result {
         Err(e) => (Decision::StoreFailed(e), UpdateStats::default()),
-        Ok(((v, snap), stats)) => {
-            let d = match v {
-                Verdict::Admit => Decision::Admit {
-                    snapshot: snap,
-                    cost,
-                    wait_ms: 0,
-                },
-                Verdict::Wait { wait_ms } => Decision::Admit {
-                    snapshot: snap,
-                    cost,
-                    wait_ms,
-                },
-                Verdict::TooLarge => Decision::Reject {
-                    reply: reply::error(
-                        413,
-                        "invalid_request_error",
-                        "cost_exceeds_burst",
-                        &format!(
-                            "This request's estimated cost of {cost} tokens exceeds the burst of {} tokens of rule '{}'; it can never be admitted. Lower max_tokens or shorten the prompt.",
-                            rule.params.burst, rule.name
-                        ),
-                    ),
-                    reason: RejectReason::TooLarge,
-                },
-                other => match limited(other, &snap, rule) {
-                    Some((reply, reason)) => Decision::Reject { reply, reason },
-                    None => Decision::StoreFailed(UpdateError::Host),
-                },
-            };
-            (d, stats)
-        }
+        Ok(((v, snap), stats)) => (decision(v, snap, rule, cost), stats),
+    }
+}
+
+/// The decision for a bucket's verdict on a charge of `cost` (local or global bucket alike).
+pub fn decision(v: Verdict, snap: Snapshot, rule: &Rule, cost: u64) -> Decision {
+    match v {
+        Verdict::Admit => Decision::Admit {
+            snapshot: snap,
+            cost,
+            wait_ms: 0,
+        },
+        Verdict::Wait { wait_ms } => Decision::Admit {
+            snapshot: snap,
+            cost,
+            wait_ms,
+        },
+        Verdict::TooLarge => Decision::Reject {
+            reply: reply::error(
+                413,
+                "invalid_request_error",
+                "cost_exceeds_burst",
+                &format!(
+                    "This request's estimated cost of {cost} tokens exceeds the burst of {} tokens of rule '{}'; it can never be admitted. Lower max_tokens or shorten the prompt.",
+                    rule.params.burst, rule.name
+                ),
+            ),
+            reason: RejectReason::TooLarge,
+        },
+        other => match limited(other, &snap, rule) {
+            Some((reply, reason)) => Decision::Reject { reply, reason },
+            None => Decision::StoreFailed(UpdateError::Host),
+        },
     }
 }
 

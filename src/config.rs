@@ -243,6 +243,9 @@ pub struct Rule {
     /// Give back to the bucket what the provider's reported usage shows was not used (and everything
     /// for a request the provider did not serve).
     pub refund_unused: bool,
+    /// The bucket lives in Redis (through `global_buckets`), shared by every Envoy replica, instead of
+    /// in this Envoy's shared data.
+    pub global: bool,
 }
 
 impl Rule {
@@ -283,6 +286,34 @@ pub struct Config {
     pub breaker: Option<BreakerSettings>,
     /// Monthly quotas, when configured.
     pub quota: Option<QuotaSettings>,
+    /// Where the buckets of `global` rules live, when configured.
+    pub global: Option<GlobalSettings>,
+}
+
+/// What a request of a `global` rule gets when Redis cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalFailure {
+    /// Charge this Envoy's own shared-data bucket of the rule instead (per replica).
+    Local,
+    /// Admit without charging any bucket.
+    Open,
+    /// Answer 503 `rate_limiter_unavailable`.
+    Closed,
+}
+
+/// Global buckets: the Webdis shim in front of the Redis that holds them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalSettings {
+    /// Envoy cluster of the Webdis shim.
+    pub cluster: String,
+    /// `:authority` of callouts.
+    pub authority: String,
+    /// Callout timeout.
+    pub timeout_ms: u32,
+    /// Policy when the shim or Redis cannot answer.
+    pub on_failure: GlobalFailure,
+    /// Breaker on the shim itself (shared with the quota's when both use one cluster).
+    pub shim_breaker: BreakerConfig,
 }
 
 impl Config {
@@ -311,7 +342,7 @@ impl Config {
 
     /// True when the root context needs ticks (shaping, quota settlements).
     pub fn needs_tick(&self) -> bool {
-        self.shaping() || self.quota.is_some()
+        self.shaping() || self.quota.is_some() || self.global.is_some()
     }
 
     /// True when any rule shapes (needs the root tick).
@@ -338,6 +369,17 @@ struct RawConfig {
     on_store_error: Option<String>,
     breaker: Option<RawBreaker>,
     quota: Option<RawQuota>,
+    global_buckets: Option<RawGlobal>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGlobal {
+    cluster: Option<String>,
+    authority: Option<String>,
+    timeout_ms: Option<u32>,
+    on_failure: Option<String>,
+    shim_breaker: Option<RawShimBreaker>,
 }
 
 #[derive(Deserialize)]
@@ -419,6 +461,63 @@ fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
     } else {
         Ok(v)
     }
+}
+
+/// The breaker on a Webdis shim (`field` names it in errors).
+fn shim_breaker(field: &str, raw: Option<RawShimBreaker>) -> Result<BreakerConfig, ConfigError> {
+    let sb = raw.unwrap_or(RawShimBreaker {
+        failure_threshold: None,
+        window_ms: None,
+        recovery_ms: None,
+    });
+    let b = BreakerConfig {
+        failure_threshold: sb.failure_threshold.unwrap_or(3),
+        window_ms: sb.window_ms.unwrap_or(10_000),
+        recovery_ms: sb.recovery_ms.unwrap_or(5_000),
+        max_recovery_ms: sb.recovery_ms.unwrap_or(5_000).max(60_000),
+        half_open_max_calls: 1,
+        ..BreakerConfig::default()
+    };
+    b.validate().map_err(|e| prefixed_err(field, &e))?;
+    Ok(b)
+}
+
+fn global(raw: RawGlobal) -> Result<GlobalSettings, ConfigError> {
+    let cluster = raw
+        .cluster
+        .filter(|c| !c.trim().is_empty())
+        .ok_or_else(|| {
+            err(
+                "global_buckets.cluster",
+                "is required (the Envoy cluster of the Webdis shim)",
+            )
+        })?;
+    let authority = raw.authority.unwrap_or_else(|| cluster.clone());
+    let timeout_ms = raw.timeout_ms.unwrap_or(50);
+    if timeout_ms == 0 || timeout_ms > 60_000 {
+        return Err(err(
+            "global_buckets.timeout_ms",
+            "must be between 1 and 60000",
+        ));
+    }
+    let on_failure = match raw.on_failure.as_deref() {
+        None | Some("local") => GlobalFailure::Local,
+        Some("open") => GlobalFailure::Open,
+        Some("closed") => GlobalFailure::Closed,
+        Some(o) => {
+            return Err(err(
+                "global_buckets.on_failure",
+                format!("'{o}' is not one of \"local\", \"open\", \"closed\""),
+            ))
+        }
+    };
+    Ok(GlobalSettings {
+        cluster,
+        authority,
+        timeout_ms,
+        on_failure,
+        shim_breaker: shim_breaker("global_buckets.shim_breaker", raw.shim_breaker)?,
+    })
 }
 
 fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
@@ -507,22 +606,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
             "must be within -840..=840",
         ));
     }
-    let sb = raw.shim_breaker.unwrap_or(RawShimBreaker {
-        failure_threshold: None,
-        window_ms: None,
-        recovery_ms: None,
-    });
-    let shim_breaker = BreakerConfig {
-        failure_threshold: sb.failure_threshold.unwrap_or(3),
-        window_ms: sb.window_ms.unwrap_or(10_000),
-        recovery_ms: sb.recovery_ms.unwrap_or(5_000),
-        max_recovery_ms: sb.recovery_ms.unwrap_or(5_000).max(60_000),
-        half_open_max_calls: 1,
-        ..BreakerConfig::default()
-    };
-    shim_breaker
-        .validate()
-        .map_err(|e| prefixed_err("quota.shim_breaker", &e))?;
+    let shim_breaker = shim_breaker("quota.shim_breaker", raw.shim_breaker)?;
     let settle_max_attempts = raw.settle_max_attempts.unwrap_or(20);
     if settle_max_attempts == 0 || settle_max_attempts > 1000 {
         return Err(err(
@@ -721,6 +805,7 @@ struct RawRule {
     per_model: Option<bool>,
     max_wait_ms: Option<u64>,
     refund_unused: Option<bool>,
+    global: Option<bool>,
 }
 
 /// Default header giving the model in the headers phase.
@@ -925,6 +1010,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             },
             max_wait_ms,
             refund_unused: r.refund_unused.unwrap_or(false),
+            global: r.global.unwrap_or(false),
         });
     }
     let max_tenants = raw.max_tenants.unwrap_or(10_000);
@@ -947,8 +1033,18 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     };
     let breaker = raw.breaker.map(breaker).transpose()?;
     let quota = raw.quota.map(quota).transpose()?;
+    let global = raw.global_buckets.map(global).transpose()?;
+    if global.is_none() {
+        if let Some(i) = rules.iter().position(|r| r.global) {
+            return Err(err(
+                format!("rules[{i}].global"),
+                "needs the top-level \"global_buckets\" section (the Webdis shim of the Redis holding the buckets)",
+            ));
+        }
+    }
     Ok(Config {
         quota,
+        global,
         breaker,
         on_store_error,
         tenant_header,
@@ -984,6 +1080,50 @@ mod tests {
         assert_eq!(c.rules[0].name, "rule0");
         assert_eq!(c.rules[0].model, ModelMatch::Any);
         assert!(c.rules[0].per_model);
+    }
+
+    #[test]
+    fn global_buckets_parse_with_defaults_and_refuse_what_is_wrong() {
+        let c = parse_str(
+            r#"{"rules":[{"tokens_per_second":10,"burst":100,"global":true}],
+                "global_buckets":{"cluster":"webdis"}}"#,
+        )
+        .unwrap();
+        assert!(c.rules[0].global);
+        let g = c.global.as_ref().unwrap();
+        assert_eq!(
+            (g.cluster.as_str(), g.authority.as_str()),
+            ("webdis", "webdis")
+        );
+        assert_eq!((g.timeout_ms, g.on_failure), (50, GlobalFailure::Local));
+        assert_eq!(g.shim_breaker.failure_threshold, 3);
+        assert!(c.needs_tick());
+        assert!(!parse_str(MIN).unwrap().rules[0].global);
+        for (cfg, field) in [
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100,"global":true}]}"#,
+                "rules[0].global",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{}}"#,
+                "global_buckets.cluster",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","on_failure":"maybe"}}"#,
+                "global_buckets.on_failure",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","timeout_ms":0}}"#,
+                "global_buckets.timeout_ms",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","redis":1}}"#,
+                "redis",
+            ),
+        ] {
+            let e = parse_str(cfg).unwrap_err();
+            assert_eq!(e.field, field, "{cfg}: {e}");
+        }
     }
 
     #[test]

@@ -471,7 +471,7 @@ pub fn webdis_encode(segment: &str) -> String {
     out
 }
 
-fn command_body(
+pub(crate) fn command_body(
     call: ScriptCall,
     script: &str,
     sha: &str,
@@ -793,7 +793,11 @@ pub struct SettleReply {
 }
 
 /// Checks the status and envelope and returns the array of integers the script answered.
-fn parse_int_array(http_status: u32, body: &[u8], len: usize) -> Result<Vec<i64>, ShimError> {
+pub(crate) fn parse_int_array(
+    http_status: u32,
+    body: &[u8],
+    len: usize,
+) -> Result<Vec<i64>, ShimError> {
     match http_status {
         200 => {}
         0 | 500..=599 => return Err(ShimError::Unavailable),
@@ -1523,7 +1527,7 @@ mod tests {
 /// Tests against a real `redis-server` (and real Webdis) started on free loopback ports; skipped with a
 /// message when the binaries are missing. Every process is killed by PID when its guard drops.
 #[cfg(test)]
-mod live {
+pub(crate) mod live {
     use super::*;
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
@@ -1563,7 +1567,7 @@ mod live {
     }
 
     /// Redis + Webdis (and optionally an ACL-restricted second Webdis) on their own ports.
-    struct Stack {
+    pub(crate) struct Stack {
         redis_port: u16,
         webdis_port: u16,
         redis: Option<Proc>,
@@ -1579,7 +1583,7 @@ mod live {
         }
     }
 
-    fn available() -> bool {
+    pub(crate) fn available() -> bool {
         let ok = [REDIS, REDIS_CLI, WEBDIS]
             .iter()
             .all(|p| Path::new(p).exists());

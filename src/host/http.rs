@@ -18,6 +18,7 @@
 //!    settlement (or reconciliation) for the root's tick, refund unused bucket tokens (`refund_unused`).
 
 use super::abi::{self, Buffer, Level, Map};
+use super::global as global_host;
 use super::quota::{self as quota_host, Job};
 use super::store::HostStore;
 use super::{gauges, log, metrics, now_ns, KNOWN_KEYS_CACHE, VM};
@@ -25,9 +26,12 @@ use crate::accounting::{self, Ending, Reserved, UsageSource};
 use crate::admission::{self, Decision, RejectReason};
 use crate::breaker::{self, Transition};
 use crate::bucket::Snapshot;
-use crate::config::{Config, InvalidBody, QuotaFailure, QuotaSettings, StoreFailure};
+use crate::config::{
+    Config, GlobalFailure, InvalidBody, QuotaFailure, QuotaSettings, StoreFailure,
+};
 use crate::estimate::{self, ApiKind};
 use crate::failover::{self, Choice};
+use crate::global;
 use crate::identity;
 use crate::quota::{
     self, ExhaustedMarker, Reason, ReconcileArgs, ReserveArgs, ScriptCall, SettleArgs, ShimError,
@@ -79,6 +83,14 @@ pub struct Http {
     fallbacks: Vec<String>,
     /// Bucket charged, for a refund if a later step rejects: (rule index, key, cost).
     charged: Option<(usize, String, u64)>,
+    /// Global (Redis) bucket charged, for a credit if a later step rejects: (rule index, key, cost).
+    charged_global: Option<(usize, String, u64)>,
+    /// The global bucket charge in flight.
+    global_req: Option<GReq>,
+    /// What the callout in flight is for.
+    callout: Callout,
+    /// Estimated (prompt, output) tokens, kept for the quota reservation after a global charge.
+    est_tokens: (u64, u64),
     /// Response facts for the breaker and the quota.
     resp: RespFacts,
     /// The model actually used (after any fallback).
@@ -105,6 +117,23 @@ const MARKER_COUNTER: &str = "tg:n:markers";
 const SETTLED_MARKER_TTL_S: u64 = 2 * 86_400;
 /// Largest JSON response kept to read its `usage`.
 const MAX_JSON_RESPONSE: usize = 16 * 1024 * 1024;
+
+/// What a context's callout in flight is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Callout {
+    None,
+    Reserve,
+    Global,
+}
+
+/// One request's global bucket charge.
+struct GReq {
+    rule: usize,
+    key: String,
+    cost: u64,
+    used_eval: bool,
+    shim_probe: bool,
+}
 
 /// One request's quota reservation.
 struct QReq {
@@ -144,6 +173,16 @@ fn output_field(kind: ApiKind, body: &[u8]) -> &'static str {
         }
         _ => "max_tokens",
     }
+}
+
+/// The 503 when a bucket cannot record the request (`on_store_error: deny`, global `on_failure: closed`).
+fn limiter_unavailable() -> LocalReply {
+    reply::error(
+        503,
+        "server_error",
+        "rate_limiter_unavailable",
+        "The rate limiter could not record this request; retry shortly.",
+    )
 }
 
 /// The 429 for an exhausted monthly quota.
@@ -203,6 +242,10 @@ impl Http {
             model_hint: None,
             snapshot: None,
             prechecked: None,
+            charged_global: None,
+            global_req: None,
+            callout: Callout::None,
+            est_tokens: (0, 0),
             cost: None,
             shaped_ms: 0,
             cluster: None,
@@ -311,6 +354,9 @@ impl Http {
                     metrics::add(metrics::get().tokens_credited, cost);
                 }
             }
+        }
+        if let Some((idx, key, cost)) = self.charged_global.take() {
+            global_host::enqueue_credit(key, idx, cost);
         }
     }
 
@@ -486,86 +532,276 @@ impl Http {
 
         let now = now_ns();
         let mut wait_ms = 0;
+        let mut global_charge = None;
         if let Some((idx, rule)) = cfg
             .rule_for(&self.tenant, &model)
             .and_then(|i| cfg.rules.get(i).map(|r| (i, r)))
         {
-            let store = HostStore;
-            let (key, info) = VM.with(|vm| {
-                let mut vm = vm.borrow_mut();
-                admission::bucket_key(
-                    &store,
-                    cfg,
-                    &mut vm.known_keys,
-                    KNOWN_KEYS_CACHE,
-                    rule,
-                    &self.tenant,
-                    &model,
-                )
-            });
-            if info.overflow {
-                metrics::inc(m.tenant_overflow);
-            }
-            let seen = self
-                .prechecked
-                .take()
-                .and_then(|(k, seen)| (k == key).then_some(seen));
-            let (decision, stats) = admission::charge(&store, cfg, rule, &key, cost, now, seen);
-            if stats.corrupt {
-                metrics::inc(m.state_corrupt);
-                log(
-                    Level::Warn,
-                    &format!("corrupt bucket state at {key}: reset to full"),
-                );
-            }
-            match decision {
-                Decision::Admit {
-                    snapshot,
-                    cost,
-                    wait_ms: w,
-                } => {
-                    self.charged = Some((idx, key, cost));
-                    self.snapshot = Some(snapshot);
-                    wait_ms = w;
-                }
-                Decision::Reject { reply, reason } => return self.reject(&reply, reason, &model),
-                Decision::StoreFailed(e) => {
-                    let id = match e {
-                        crate::store::UpdateError::CasExhausted => m.cas_exhausted,
-                        crate::store::UpdateError::Host => m.store_errors,
-                    };
-                    metrics::inc(id);
-                    log(
-                        Level::Warn,
-                        &format!("bucket update failed at {key}: {e:?}; applying on_store_error"),
-                    );
-                    if cfg.on_store_error == StoreFailure::Deny {
-                        self.audit("deny_store_error", &model);
-                        return self.send(
-                            &reply::error(
-                                503,
-                                "server_error",
-                                "rate_limiter_unavailable",
-                                "The rate limiter could not record this request; retry shortly.",
-                            ),
-                            "tokengate_store_error",
-                        );
-                    }
+            if rule.global && cfg.global.is_some() {
+                // Charged in Redis once the breakers admitted the request.
+                global_charge = Some((idx, global::key(rule, &self.tenant, &model)));
+            } else {
+                match self.charge_local(cfg, idx, &model, cost, now) {
+                    Ok(w) => wait_ms = w,
+                    Err(action) => return action,
                 }
             }
         }
         if let Err(action) = self.admit_breakers(cfg, &model, now) {
             return action;
         }
+        self.est_tokens = (prompt, output);
+        if let Some((idx, key)) = global_charge {
+            return self.start_global(cfg, idx, key, cost);
+        }
+        self.finish_admission(cfg, wait_ms, true)
+    }
+
+    /// Charges rule `idx`'s bucket in this Envoy's shared data: `Ok(wait_ms)` (admitted, held that
+    /// long first when shaped), or the action of the reply already sent.
+    fn charge_local(
+        &mut self,
+        cfg: &Config,
+        idx: usize,
+        model: &str,
+        cost: u64,
+        now: u64,
+    ) -> Result<u64, Action> {
+        let m = metrics::get();
+        let Some(rule) = cfg.rules.get(idx) else {
+            return Ok(0);
+        };
+        let store = HostStore;
+        let (key, info) = VM.with(|vm| {
+            let mut vm = vm.borrow_mut();
+            admission::bucket_key(
+                &store,
+                cfg,
+                &mut vm.known_keys,
+                KNOWN_KEYS_CACHE,
+                rule,
+                &self.tenant,
+                model,
+            )
+        });
+        if info.overflow {
+            metrics::inc(m.tenant_overflow);
+        }
+        let seen = self
+            .prechecked
+            .take()
+            .and_then(|(k, seen)| (k == key).then_some(seen));
+        let (decision, stats) = admission::charge(&store, cfg, rule, &key, cost, now, seen);
+        if stats.corrupt {
+            metrics::inc(m.state_corrupt);
+            log(
+                Level::Warn,
+                &format!("corrupt bucket state at {key}: reset to full"),
+            );
+        }
+        match decision {
+            Decision::Admit {
+                snapshot,
+                cost,
+                wait_ms,
+            } => {
+                self.charged = Some((idx, key, cost));
+                self.snapshot = Some(snapshot);
+                Ok(wait_ms)
+            }
+            Decision::Reject { reply, reason } => Err(self.reject(&reply, reason, model)),
+            Decision::StoreFailed(e) => {
+                let id = match e {
+                    crate::store::UpdateError::CasExhausted => m.cas_exhausted,
+                    crate::store::UpdateError::Host => m.store_errors,
+                };
+                metrics::inc(id);
+                log(
+                    Level::Warn,
+                    &format!("bucket update failed at {key}: {e:?}; applying on_store_error"),
+                );
+                if cfg.on_store_error == StoreFailure::Deny {
+                    self.audit("deny_store_error", model);
+                    return Err(self.send(&limiter_unavailable(), "tokengate_store_error"));
+                }
+                Ok(0)
+            }
+        }
+    }
+
+    /// Every bucket admitted the request: hold it if shaped, then the quota, then let it go. `sync` as
+    /// for [`Http::proceed`].
+    fn finish_admission(&mut self, cfg: &Config, wait_ms: u64, sync: bool) -> Action {
         if wait_ms > 0 {
-            metrics::inc(m.requests_shaped);
+            metrics::inc(metrics::get().requests_shaped);
             self.shaped_ms = wait_ms;
-            self.hold_until = Some(now.saturating_add(wait_ms.saturating_mul(1_000_000)));
+            self.hold_until = Some(now_ns().saturating_add(wait_ms.saturating_mul(1_000_000)));
         }
         if let Some(q) = &cfg.quota {
-            return self.start_reserve(cfg, q, prompt, output);
+            let (prompt, output) = self.est_tokens;
+            return self.start_reserve(cfg, q, prompt, output, sync);
         }
-        self.proceed(true)
+        self.proceed(sync)
+    }
+
+    /// Starts the global bucket charge of `cost` on `key` (rule `idx`).
+    fn start_global(&mut self, cfg: &Config, idx: usize, key: String, cost: u64) -> Action {
+        let Some(g) = cfg.global.as_ref() else {
+            return self.finish_admission(cfg, 0, true);
+        };
+        let probe = match global_host::shim_admit(g, cfg.cas_max_retries) {
+            Ok(probe) => probe,
+            Err(_) => {
+                return self.global_unavailable(cfg, idx, cost, "the shim's circuit is open", true)
+            }
+        };
+        self.global_req = Some(GReq {
+            rule: idx,
+            key,
+            cost,
+            used_eval: false,
+            shim_probe: probe,
+        });
+        self.dispatch_global(cfg, global_host::script_call(), true)
+    }
+
+    fn dispatch_global(&mut self, cfg: &Config, call: ScriptCall, sync: bool) -> Action {
+        let (Some(g), Some(gr)) = (cfg.global.as_ref(), self.global_req.as_mut()) else {
+            return Action::Continue;
+        };
+        let Some(rule) = cfg.rules.get(gr.rule) else {
+            return Action::Continue;
+        };
+        gr.used_eval = call == ScriptCall::Eval;
+        let body = global::charge_request(&gr.key, &rule.params, gr.cost, rule.max_wait_ms, call);
+        match global_host::dispatch(g, &body) {
+            Ok(_) => {
+                self.callout = Callout::Global;
+                Action::Pause
+            }
+            Err(s) => {
+                let (probe, idx, cost) = (gr.shim_probe, gr.rule, gr.cost);
+                global_host::shim_record(g, false, probe, cfg.cas_max_retries);
+                self.global_unavailable(
+                    cfg,
+                    idx,
+                    cost,
+                    &format!("callout refused by host (status {s})"),
+                    sync,
+                )
+            }
+        }
+    }
+
+    /// The global charge answered.
+    fn on_global_response(&mut self, body_size: usize) {
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        let Some(g) = cfg.global.as_ref() else {
+            return;
+        };
+        let Some((idx, used_eval, probe, cost)) = self
+            .global_req
+            .as_ref()
+            .map(|gr| (gr.rule, gr.used_eval, gr.shim_probe, gr.cost))
+        else {
+            return;
+        };
+        let Some(rule) = cfg.rules.get(idx) else {
+            return;
+        };
+        match global_host::response(body_size) {
+            Err(ShimError::NoScript) if !used_eval => {
+                global_host::set_script_loaded(false);
+                self.dispatch_global(&cfg, ScriptCall::Eval, false);
+            }
+            Err(e) => {
+                global_host::shim_record(g, false, probe, cfg.cas_max_retries);
+                self.global_unavailable(&cfg, idx, cost, &e.to_string(), false);
+            }
+            Ok(r) => {
+                global_host::shim_record(g, true, probe, cfg.cas_max_retries);
+                if used_eval {
+                    global_host::set_script_loaded(true);
+                }
+                metrics::inc(metrics::get().global_charged);
+                let snap = r.state.snapshot(&rule.params);
+                let model = self.model.clone();
+                match admission::decision(r.verdict, snap, rule, cost) {
+                    Decision::Admit {
+                        snapshot, wait_ms, ..
+                    } => {
+                        if let Some(gr) = self.global_req.take() {
+                            self.charged_global = Some((gr.rule, gr.key, gr.cost));
+                        }
+                        self.snapshot = Some(snapshot);
+                        self.finish_admission(&cfg, wait_ms, false);
+                    }
+                    Decision::Reject { reply, reason } => {
+                        // Nothing was charged; give back the breaker probe permits.
+                        self.refund(&cfg, now_ns());
+                        self.reject(&reply, reason, &model);
+                    }
+                    Decision::StoreFailed(_) => {
+                        self.global_unavailable(&cfg, idx, cost, "unexpected verdict", false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Redis could not charge the global bucket: apply `global_buckets.on_failure`.
+    fn global_unavailable(
+        &mut self,
+        cfg: &Config,
+        idx: usize,
+        cost: u64,
+        why: &str,
+        sync: bool,
+    ) -> Action {
+        let m = metrics::get();
+        metrics::inc(m.global_shim_errors);
+        self.global_req = None;
+        let policy = cfg
+            .global
+            .as_ref()
+            .map_or(GlobalFailure::Local, |g| g.on_failure);
+        let model = self.model.clone();
+        match policy {
+            GlobalFailure::Local => {
+                metrics::inc(m.global_fallback_local);
+                log(
+                    Level::Warn,
+                    &format!("global bucket unavailable ({why}); charging this Envoy's bucket (on_failure=local)"),
+                );
+                match self.charge_local(cfg, idx, &model, cost, now_ns()) {
+                    Ok(wait_ms) => self.finish_admission(cfg, wait_ms, sync),
+                    Err(action) => {
+                        self.refund(cfg, now_ns());
+                        action
+                    }
+                }
+            }
+            GlobalFailure::Open => {
+                metrics::inc(m.global_fail_open);
+                log(
+                    Level::Warn,
+                    &format!("global bucket unavailable ({why}); admitting (on_failure=open)"),
+                );
+                self.finish_admission(cfg, 0, sync)
+            }
+            GlobalFailure::Closed => {
+                metrics::inc(m.global_fail_closed);
+                log(
+                    Level::Warn,
+                    &format!("global bucket unavailable ({why}); rejecting (on_failure=closed)"),
+                );
+                self.refund(cfg, now_ns());
+                self.audit("global_unavailable", &model);
+                self.send(&limiter_unavailable(), "tokengate_global_unavailable")
+            }
+        }
     }
 
     /// Lets the request go on (or be held until its shaping release time). `sync` = called from a
@@ -609,6 +845,7 @@ impl Http {
         q: &QuotaSettings,
         prompt: u64,
         output: u64,
+        sync: bool,
     ) -> Action {
         let now_s = unix_s(q);
         let tq = q.tenant(&self.tenant);
@@ -660,7 +897,7 @@ impl Http {
         });
         match quota_host::shim_admit(q, cfg.cas_max_retries) {
             Err(_) => {
-                return self.quota_unavailable(cfg, q, "the quota shim's circuit is open", true)
+                return self.quota_unavailable(cfg, q, "the quota shim's circuit is open", sync)
             }
             Ok(probe) => {
                 if let Some(qr) = self.quota.as_mut() {
@@ -668,7 +905,7 @@ impl Http {
                 }
             }
         }
-        self.dispatch_reserve(cfg, q, quota_host::script_call(), true)
+        self.dispatch_reserve(cfg, q, quota_host::script_call(), sync)
     }
 
     fn dispatch_reserve(
@@ -684,7 +921,10 @@ impl Http {
         qr.used_eval = call == ScriptCall::Eval;
         let body = quota::reserve_request(&qr.args, call);
         match quota_host::dispatch(q, &body) {
-            Ok(_) => Action::Pause,
+            Ok(_) => {
+                self.callout = Callout::Reserve;
+                Action::Pause
+            }
             Err(s) => {
                 let probe = qr.shim_probe;
                 quota_host::shim_record(q, false, probe, cfg.cas_max_retries);
@@ -995,7 +1235,10 @@ impl Context for Http {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        self.on_reserve_response(body_size);
+        match std::mem::replace(&mut self.callout, Callout::None) {
+            Callout::Global => self.on_global_response(body_size),
+            Callout::Reserve | Callout::None => self.on_reserve_response(body_size),
+        }
     }
 }
 
@@ -1125,7 +1368,11 @@ impl HttpContext for Http {
             Some(model) => cfg.rule_for(&self.tenant, model),
             None => cfg.rule_without_model(&self.tenant),
         };
-        if let Some(rule) = rule_idx.and_then(|i| cfg.rules.get(i)) {
+        // (A global rule's bucket is in Redis: it is charged, and checked, in the body phase.)
+        if let Some(rule) = rule_idx
+            .and_then(|i| cfg.rules.get(i))
+            .filter(|r| !(r.global && cfg.global.is_some()))
+        {
             let model = self.model_hint.clone().unwrap_or_default();
             let key = admission::plain_key(rule, &self.tenant, &model);
             let mut seen = None;
@@ -1183,6 +1430,7 @@ impl HttpContext for Http {
         let refunding = self
             .charged
             .as_ref()
+            .or(self.charged_global.as_ref())
             .and_then(|(i, _, _)| self.cfg.as_ref().and_then(|c| c.rules.get(*i)))
             .is_some_and(|r| r.refund_unused);
         if !self.breakers.is_empty() || self.quota.is_some() || refunding {
@@ -1309,9 +1557,12 @@ impl Http {
         let Some(cfg) = self.cfg.clone() else {
             return;
         };
-        let Some((idx, key, cost)) = self.charged.clone() else {
-            return;
+        let (charged, global) = match (&self.charged, &self.charged_global) {
+            (Some(c), _) => (c.clone(), false),
+            (None, Some(c)) => (c.clone(), true),
+            (None, None) => return,
         };
+        let (idx, key, cost) = charged;
         let Some(rule) = cfg.rules.get(idx).filter(|r| r.refund_unused) else {
             return;
         };
@@ -1330,7 +1581,13 @@ impl Http {
                 cost.saturating_sub(u.prompt_tokens.saturating_add(u.completion_tokens))
             })
         };
-        if amount > 0 && admission::credit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
+        if amount == 0 {
+            return;
+        }
+        if global {
+            // Sent by the root's tick (counted in tokengate_global_tokens_credited when Redis takes it).
+            global_host::enqueue_credit(key, idx, amount);
+        } else if admission::credit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
             metrics::add(metrics::get().tokens_credited, amount);
         }
     }

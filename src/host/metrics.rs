@@ -65,6 +65,13 @@ counters!(
     quota_fail_open,
     quota_fail_closed,
     quota_reconciled,
+    global_charged,
+    global_shim_errors,
+    global_fallback_local,
+    global_fail_open,
+    global_fail_closed,
+    global_tokens_credited,
+    global_credits_dropped,
 );
 
 /// Id used when a metric could not be defined (Envoy numbers counters from 0).

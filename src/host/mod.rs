@@ -7,6 +7,7 @@
 
 pub mod abi;
 pub mod gauges;
+pub mod global;
 pub mod http;
 pub mod metrics;
 pub mod quota;
@@ -30,6 +31,12 @@ pub struct Vm {
     pub key_tenants: crate::identity::KeyCache,
     /// Redis has our scripts cached (EVALSHA works).
     pub script_loaded: bool,
+    /// Redis has the global bucket script cached.
+    pub global_script_loaded: bool,
+    /// Global bucket credits waiting for the root's tick: (key, rule index, tokens).
+    pub global_credits: Vec<(String, usize, u64)>,
+    /// Global bucket credits sent, by callout token.
+    pub global_credits_inflight: std::collections::HashMap<u32, (String, usize, u64)>,
 }
 
 /// Most entries kept in [`Vm::known_keys`] before it is cleared.

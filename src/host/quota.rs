@@ -14,6 +14,7 @@
 use super::abi::{self, Buffer, Level, Map};
 use super::store::HostStore;
 use super::{log, metrics, now_ns, VM};
+use crate::breaker::BreakerConfig;
 use crate::breaker::{self, Admission, Outcome};
 use crate::config::QuotaSettings;
 use crate::quota::{self, ReconcileArgs, ScriptCall, SettleArgs, ShimError};
@@ -59,26 +60,44 @@ pub fn shim_key(q: &QuotaSettings) -> String {
 
 /// Asks the shim breaker whether a callout may be made now.
 pub fn shim_admit(q: &QuotaSettings, retries: u32) -> Result<bool, u64> {
-    match breaker::admit_shared(&HostStore, &shim_key(q), &q.shim_breaker, now_ns(), retries) {
+    shim_admit_at(&q.cluster, &q.shim_breaker, retries)
+}
+
+/// Reports a callout outcome to the shim breaker.
+pub fn shim_record(q: &QuotaSettings, ok: bool, probe: bool, retries: u32) {
+    shim_record_at(&q.cluster, &q.shim_breaker, ok, probe, retries);
+}
+
+/// Asks the breaker of the Webdis shim at `cluster` whether a callout may be made now: `Ok(probe)`, or
+/// `Err(ms until it may)` while it is open. One breaker per cluster, whoever calls it (quota or global
+/// buckets).
+pub fn shim_admit_at(cluster: &str, cfg: &BreakerConfig, retries: u32) -> Result<bool, u64> {
+    match breaker::admit_shared(
+        &HostStore,
+        &breaker::key("shim", cluster),
+        cfg,
+        now_ns(),
+        retries,
+    ) {
         Ok((Admission::Rejected { reset_in_ms }, t, _)) => {
             if let Some(t) = t {
-                log_shim_transition(q, t);
+                log_shim_transition(cluster, t);
             }
             Err(reset_in_ms)
         }
         Ok((a, t, _)) => {
             if let Some(t) = t {
-                log_shim_transition(q, t);
+                log_shim_transition(cluster, t);
             }
             Ok(a == Admission::Probe)
         }
-        // The store failed: do not block quota traffic on it.
+        // The store failed: do not block traffic on it.
         Err(_) => Ok(false),
     }
 }
 
-/// Reports a callout outcome to the shim breaker.
-pub fn shim_record(q: &QuotaSettings, ok: bool, probe: bool, retries: u32) {
+/// Reports a callout outcome to the breaker of the Webdis shim at `cluster`.
+pub fn shim_record_at(cluster: &str, cfg: &BreakerConfig, ok: bool, probe: bool, retries: u32) {
     let outcome = if ok {
         Outcome::Success
     } else {
@@ -88,23 +107,23 @@ pub fn shim_record(q: &QuotaSettings, ok: bool, probe: bool, retries: u32) {
     };
     if let Ok((Some(t), _)) = breaker::record_shared(
         &HostStore,
-        &shim_key(q),
-        &q.shim_breaker,
+        &breaker::key("shim", cluster),
+        cfg,
         outcome,
         probe,
         now_ns(),
         retries,
     ) {
-        log_shim_transition(q, t);
+        log_shim_transition(cluster, t);
     }
 }
 
-fn log_shim_transition(q: &QuotaSettings, t: breaker::Transition) {
+fn log_shim_transition(cluster: &str, t: breaker::Transition) {
     log(
         Level::Warn,
         &format!(
-            "quota shim {}: {} -> {} ({})",
-            q.cluster,
+            "webdis shim {}: {} -> {} ({})",
+            cluster,
             t.from.as_str(),
             t.to.as_str(),
             t.reason
@@ -126,20 +145,30 @@ pub fn set_script_loaded(loaded: bool) {
     VM.with(|vm| vm.borrow_mut().script_loaded = loaded);
 }
 
-/// Sends a Webdis command (`POST /` with the command path as the form body).
+/// Sends a Webdis command to the quota shim.
 pub fn dispatch(q: &QuotaSettings, body: &str) -> Result<u32, u32> {
+    webdis_dispatch(&q.cluster, &q.authority, q.timeout_ms, body)
+}
+
+/// Sends a Webdis command (`POST /` with the command path as the form body).
+pub fn webdis_dispatch(
+    cluster: &str,
+    authority: &str,
+    timeout_ms: u32,
+    body: &str,
+) -> Result<u32, u32> {
     let len = body.len().to_string();
     abi::dispatch_http_call(
-        &q.cluster,
+        cluster,
         &[
             (":method", "POST"),
             (":path", quota::WEBDIS_PATH),
-            (":authority", &q.authority),
+            (":authority", authority),
             ("content-type", "application/x-www-form-urlencoded"),
             ("content-length", &len),
         ],
         body.as_bytes(),
-        q.timeout_ms,
+        timeout_ms,
     )
 }
 

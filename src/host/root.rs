@@ -3,7 +3,7 @@
 
 use super::abi::{self, Buffer, Level};
 use super::http::Http;
-use super::{log, metrics, now_ns, quota, VM};
+use super::{global, log, metrics, now_ns, quota, VM};
 use crate::config::{self, Config};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -28,7 +28,15 @@ impl Context for Root {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        if let Some(q) = self.cfg.as_ref().and_then(|c| c.quota.as_ref()) {
+        let Some(cfg) = self.cfg.as_ref() else {
+            return;
+        };
+        if let Some(g) = cfg.global.as_ref() {
+            if global::on_credit_response(cfg, g, token_id, body_size) {
+                return;
+            }
+        }
+        if let Some(q) = cfg.quota.as_ref() {
             quota::on_settle_response(q, token_id, body_size);
         }
     }
@@ -57,7 +65,7 @@ impl RootContext for Root {
             Ok(cfg) => {
                 let tick = if cfg.shaping() {
                     SHAPING_TICK_MS
-                } else if cfg.quota.is_some() {
+                } else if cfg.quota.is_some() || cfg.global.is_some() {
                     SETTLE_TICK_MS
                 } else {
                     0
@@ -98,6 +106,11 @@ impl RootContext for Root {
         }
         if let Some(q) = self.cfg.as_ref().and_then(|c| c.quota.as_ref()) {
             quota::tick(q);
+        }
+        if let Some(cfg) = self.cfg.as_ref() {
+            if let Some(g) = cfg.global.as_ref() {
+                global::tick(cfg, g);
+            }
         }
     }
 

@@ -1155,7 +1155,7 @@ fn slow_webdis_times_out() {
         "{reached} callouts reached the shim"
     );
     assert!(
-        envoy.wait_log("quota shim webdis: closed -> open", Duration::from_secs(2)),
+        envoy.wait_log("webdis shim webdis: closed -> open", Duration::from_secs(2)),
         "{}",
         envoy.log()
     );

@@ -1,0 +1,369 @@
+//! Global buckets (README "Global buckets"): a rule with `"global": true` keeps its bucket in Redis,
+//! reached through Webdis, so every Envoy replica charges the same bucket. Real Envoys (two of them
+//! for the cross-replica bound), a real `redis-server` behind a real Webdis, and the mock provider.
+
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+use wasm_test::http;
+use wasm_test::tg::{self, assert_error, header_u64, rule};
+use wasm_test::{mock_provider, Envoy, EnvoyOpts, MockProvider, RedisServer, RespValue, Webdis};
+
+const MODEL: &str = "gpt-test";
+
+/// Redis + Webdis + the mock provider.
+struct Stack {
+    mock: MockProvider,
+    webdis: Option<Webdis>,
+    redis: RedisServer,
+}
+
+impl Stack {
+    fn start() -> Stack {
+        let redis = RedisServer::start();
+        let webdis = Webdis::start(redis.port);
+        Stack {
+            mock: mock_provider!(),
+            webdis: Some(webdis),
+            redis,
+        }
+    }
+
+    fn webdis_port(&self) -> u16 {
+        self.webdis.as_ref().expect("webdis running").port
+    }
+
+    /// An Envoy with `rules` and `global_buckets` = `{"cluster": "webdis", "timeout_ms": 1000}`
+    /// merged with `global`; `extra` merged at the top level.
+    fn envoy(&self, rules: Value, global: Value, extra: Value, workers: u32) -> Envoy {
+        let cfg = tg::merge(
+            tg::merge(
+                tg::config(rules),
+                json!({"global_buckets": tg::merge(json!({"cluster": "webdis", "timeout_ms": 1000}), global)}),
+            ),
+            extra,
+        );
+        let mut o = EnvoyOpts::new(self.mock.port, cfg)
+            .webdis(self.webdis_port())
+            .concurrency(workers);
+        o.ready_timeout = Duration::from_secs(60);
+        tg::start_opts(o)
+    }
+}
+
+fn global_rule(name: &str, rate: f64, burst: u64, extra: Value) -> Value {
+    tg::rule_with(
+        rule(name, "*", "*", rate, burst),
+        tg::merge(json!({"global": true}), extra),
+    )
+}
+
+fn post(envoy: &Envoy, tenant: &str, max_tokens: u64, headers: &[(&str, &str)]) -> http::Response {
+    let mut h = vec![
+        ("x-tenant-id", tenant),
+        ("content-type", "application/json"),
+    ];
+    h.extend_from_slice(headers);
+    http::post(envoy.port, tg::CHAT, &h, &tg::chat(MODEL, max_tokens))
+        .unwrap_or_else(|e| panic!("POST: {e}"))
+}
+
+/// The bucket's token balance in Redis (`HGET <key> t`), if the key exists.
+fn tokens_in_redis(redis: &RedisServer, key: &str) -> Option<f64> {
+    match redis.cmd(&["HGET", key, "t"]) {
+        Ok(v) => v.as_str().and_then(|s| s.parse().ok()),
+        Err(e) => panic!("HGET {key}: {e}"),
+    }
+}
+
+/// Every key in Redis (for failure messages).
+fn keys(redis: &RedisServer) -> Vec<String> {
+    match redis.cmd(&["KEYS", "*"]) {
+        Ok(RespValue::Array(Some(v))) => v.iter().filter_map(RespValue::as_str).collect(),
+        other => vec![format!("{other:?}")],
+    }
+}
+
+#[test]
+fn a_global_rule_answers_with_the_same_contract_and_keeps_its_bucket_in_redis() {
+    let st = Stack::start();
+    let envoy = st.envoy(
+        json!([global_rule("g", 1.0, 1000, json!({})),]),
+        json!({}),
+        json!({}),
+        1,
+    );
+    let key = format!("tg:gb:{{g:acme}}:{MODEL}");
+    // Admitted: the x-ratelimit-* headers come from the Redis bucket.
+    let r = post(&envoy, "acme", 400, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let cost = header_u64(&r, "x-tokengate-estimated-tokens");
+    assert!(cost > 400 && cost < 430, "{cost}");
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    let remaining = header_u64(&r, "x-ratelimit-remaining-tokens");
+    assert!(
+        (1000 - cost..=1000 - cost + 2).contains(&remaining),
+        "{remaining}"
+    );
+    let t = tokens_in_redis(&st.redis, &key).expect("the bucket is in Redis");
+    assert!((t - (1000 - cost) as f64).abs() < 3.0, "{t}");
+    let ttl = st
+        .redis
+        .cmd(&["PTTL", &key])
+        .ok()
+        .and_then(|v| v.as_int())
+        .unwrap_or(-3);
+    assert!(ttl > 60_000 && ttl <= 61_000 + 1000 * cost as i64, "{ttl}");
+    // Not in Envoy's shared data: another tenant has its own global bucket.
+    assert_eq!(post(&envoy, "other", 400, &[]).status, 200);
+    // Spent (1000 − 2 × cost left): 429 with the documented body and headers.
+    assert_eq!(post(&envoy, "acme", 400, &[]).status, 200);
+    let r = post(&envoy, "acme", 400, &[]);
+    let err = assert_error(&r, 429, "rate_limit_error", "tokens_per_second_exceeded");
+    let reset_in = err["reset_in"].as_f64().expect("reset_in");
+    // At 1 token/s the missing (3 × cost − 1000) tokens take that many seconds.
+    let want = (3 * cost - 1000) as f64;
+    assert!((reset_in - want).abs() < 2.0, "{reset_in} vs {want}");
+    assert_eq!(header_u64(&r, "retry-after"), reset_in.ceil() as u64);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    assert!(header_u64(&r, "x-ratelimit-remaining-tokens") < cost);
+    // A cost above the burst can never pass.
+    let r = post(&envoy, "acme", 5000, &[]);
+    assert_error(&r, 413, "invalid_request_error", "cost_exceeds_burst");
+    assert_eq!(
+        st.mock.count("/chat/completions"),
+        3,
+        "refused requests never reach the provider"
+    );
+    assert!(envoy.stat("tokengate_global_charged") >= 5);
+    assert_eq!(envoy.stat("tokengate_global_shim_errors"), 0);
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn requests_per_minute_and_shaping_work_on_a_global_bucket() {
+    let st = Stack::start();
+    let envoy = st.envoy(
+        json!([
+            global_rule(
+                "shaped",
+                100.0,
+                100,
+                json!({"tenant": "s", "max_wait_ms": 2000})
+            ),
+            global_rule("rpm", 1000.0, 100_000, json!({"requests_per_minute": 2})),
+        ]),
+        json!({}),
+        json!({}),
+        1,
+    );
+    assert_eq!(post(&envoy, "acme", 10, &[]).status, 200);
+    let r = post(&envoy, "acme", 10, &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 2);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
+    let r = post(&envoy, "acme", 10, &[]);
+    let err = assert_error(&r, 429, "rate_limit_error", "requests_per_minute_exceeded");
+    let reset_in = err["reset_in"].as_f64().unwrap_or(0.0);
+    assert!(reset_in > 20.0 && reset_in <= 30.0, "{err}");
+    // Shaping: the second request (cost > what is left) is held until Redis' bucket has refilled.
+    let first = post(&envoy, "s", 60, &[]);
+    assert_eq!(first.status, 200);
+    let cost = header_u64(&first, "x-tokengate-estimated-tokens");
+    let t0 = Instant::now();
+    let r = post(&envoy, "s", 60, &[]);
+    let held = t0.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let shaped_ms = header_u64(&r, "x-tokengate-shaped-ms");
+    // The bucket had 100 − cost left; this cost needs (2 × cost − 100) / 100 tokens/s more.
+    let want_ms = ((2 * cost).saturating_sub(100) * 10) as f64;
+    assert!(
+        (shaped_ms as f64 - want_ms).abs() < 60.0,
+        "shaped {shaped_ms} ms, want ~{want_ms}"
+    );
+    assert!(
+        held >= Duration::from_millis(shaped_ms.saturating_sub(20)),
+        "{held:?}"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn two_envoy_replicas_share_one_bucket_exactly() {
+    // Both replicas (2 workers each) hammer one tenant for ≈2 s. Each replica alone could admit a
+    // whole burst; together they must stay within ONE burst + rate × elapsed.
+    const THREADS_PER_ENVOY: usize = 6;
+    const MAX_TIME: Duration = Duration::from_millis(2000);
+    const PER_THREAD: usize = 2000;
+    let st = Stack::start();
+    let (rate, burst) = (500.0, 3000u64);
+    let rules = json!([global_rule("shared", rate, burst, json!({}))]);
+    let a = st.envoy(rules.clone(), json!({}), json!({}), 2);
+    let b = st.envoy(rules, json!({}), json!({}), 2);
+    let results = Arc::new(Mutex::new(Vec::<(usize, u16, u64)>::new()));
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for (which, port) in [(0usize, a.port), (1, b.port)] {
+        for _ in 0..THREADS_PER_ENVOY {
+            let results = results.clone();
+            handles.push(thread::spawn(move || {
+                let mut client = http::Client::new(port);
+                let body = tg::chat(MODEL, 200);
+                for _ in 0..PER_THREAD {
+                    if started.elapsed() > MAX_TIME {
+                        break;
+                    }
+                    let r = client
+                        .post(
+                            tg::CHAT,
+                            &[
+                                ("x-tenant-id", "shared"),
+                                ("content-type", "application/json"),
+                            ],
+                            &body,
+                        )
+                        .unwrap_or_else(|e| panic!("request failed: {e}"));
+                    let cost = r
+                        .header("x-tokengate-estimated-tokens")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    results.lock().unwrap().push((which, r.status, cost));
+                }
+            }));
+        }
+    }
+    for h in handles {
+        h.join().expect("client thread");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let results = results.lock().unwrap().clone();
+    let admitted = |w: Option<usize>| -> u64 {
+        results
+            .iter()
+            .filter(|(x, s, _)| *s == 200 && w.is_none_or(|w| w == *x))
+            .map(|(_, _, c)| *c)
+            .sum()
+    };
+    let other: Vec<u16> = results
+        .iter()
+        .map(|r| r.1)
+        .filter(|s| *s != 200 && *s != 429)
+        .collect();
+    let total = admitted(None);
+    let ideal = burst as f64 + rate * elapsed;
+    println!(
+        "{} requests in {elapsed:.2} s: replica A admitted {} tokens, B {}, together {total}; one bucket allows {ideal:.0}",
+        results.len(),
+        admitted(Some(0)),
+        admitted(Some(1))
+    );
+    assert!(other.is_empty(), "only 200 or 429 expected, got {other:?}");
+    assert!(
+        total as f64 <= ideal,
+        "admitted {total} > burst + rate x elapsed = {ideal:.0}"
+    );
+    assert!(
+        total as f64 >= 0.8 * ideal - 300.0,
+        "admitted {total}, far below {ideal:.0}"
+    );
+    assert!(
+        admitted(Some(0)) > 0 && admitted(Some(1)) > 0,
+        "both replicas served"
+    );
+    assert!(
+        results.iter().filter(|r| r.1 == 429).count() > 0,
+        "the load exceeded the budget"
+    );
+    assert_eq!(
+        a.stat("tokengate_global_shim_errors") + b.stat("tokengate_global_shim_errors"),
+        0
+    );
+    tg::assert_no_panic(&a);
+    tg::assert_no_panic(&b);
+}
+
+#[test]
+fn unused_and_refused_tokens_are_credited_back_to_the_global_bucket() {
+    let st = Stack::start();
+    // refund_unused, and a monthly quota that refuses every second request of tenant q.
+    let envoy = st.envoy(
+        json!([
+            global_rule("gq", 0.001, 100_000, json!({"tenant": "q"})),
+            global_rule("g", 0.001, 100_000, json!({"refund_unused": true})),
+        ]),
+        json!({}),
+        json!({"quota": {"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 1_000_000,
+                         "tenants": {"q": {"monthly_limit": 700}}}}),
+        1,
+    );
+    let key = |r: &str, t: &str| format!("tg:gb:{{{r}:{t}}}:{MODEL}");
+    // The provider uses 10 of the 500 reserved output tokens: the rest comes back.
+    let r = post(&envoy, "acme", 500, &[("x-mock-completion-tokens", "10")]);
+    assert_eq!(r.status, 200);
+    let cost = header_u64(&r, "x-tokengate-estimated-tokens");
+    let used = 9 + 10; // the mock's usage: 38 prompt bytes / 4, plus 10
+    let want = 100_000.0 - used as f64;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut t = tokens_in_redis(&st.redis, &key("g", "acme")).unwrap_or(0.0);
+    while (t - want).abs() > 1.0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        t = tokens_in_redis(&st.redis, &key("g", "acme")).unwrap_or(0.0);
+    }
+    assert!(
+        (t - want).abs() <= 1.0,
+        "balance {t}, want {want} (charged {cost}, used {used})"
+    );
+    assert_eq!(envoy.stat("tokengate_global_tokens_credited"), cost - used);
+    // The quota refuses the second request of q: its global charge is given back.
+    assert_eq!(post(&envoy, "q", 500, &[]).status, 200);
+    let after_first = tokens_in_redis(&st.redis, &key("gq", "q"))
+        .unwrap_or_else(|| panic!("bucket of q; keys {:?}", keys(&st.redis)));
+    let r = post(&envoy, "q", 500, &[]);
+    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut t = tokens_in_redis(&st.redis, &key("gq", "q")).unwrap_or(0.0);
+    while (t - after_first).abs() > 1.0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        t = tokens_in_redis(&st.redis, &key("gq", "q")).unwrap_or(0.0);
+    }
+    assert!(
+        (t - after_first).abs() <= 1.0,
+        "balance {t}, want {after_first} back"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_dead_shim_follows_on_failure() {
+    let mut st = Stack::start();
+    let rules = json!([global_rule("g", 0.001, 1000, json!({}))]);
+    let local = st.envoy(rules.clone(), json!({"on_failure": "local"}), json!({}), 1);
+    let closed = st.envoy(rules.clone(), json!({"on_failure": "closed"}), json!({}), 1);
+    let open = st.envoy(rules, json!({"on_failure": "open"}), json!({}), 1);
+    // Healthy first: one request of 300-odd tokens charged in Redis.
+    assert_eq!(post(&local, "acme", 300, &[]).status, 200);
+    st.webdis = None; // kills Webdis by PID: callouts now fail at once
+                      // local: this Envoy's own bucket (burst 1000) takes over: 3 × ~310 fit, the 4th does not.
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| post(&local, "acme", 300, &[]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "local fallback");
+    assert!(local.stat("tokengate_global_fallback_local") >= 1);
+    // closed: 503 rate_limiter_unavailable, nothing reaches the provider.
+    let before = st.mock.count("/chat/completions");
+    let r = post(&closed, "acme", 300, &[]);
+    assert_error(&r, 503, "server_error", "rate_limiter_unavailable");
+    assert_eq!(st.mock.count("/chat/completions"), before);
+    assert!(closed.stat("tokengate_global_fail_closed") >= 1);
+    // open: admitted without any bucket.
+    for _ in 0..5 {
+        assert_eq!(post(&open, "acme", 300, &[]).status, 200);
+    }
+    assert!(open.stat("tokengate_global_fail_open") >= 5);
+    // The shim breaker opens after 3 failures: later requests do not even try.
+    assert!(open.wait_log("webdis shim webdis: closed -> open", Duration::from_secs(2)));
+    for e in [&local, &closed, &open] {
+        tg::assert_no_panic(e);
+    }
+}
