@@ -17,7 +17,9 @@
 //! - `tokengate + breaker`: the same plus the circuit breaker on keys cluster and model (thresholds so high
 //!   that nothing opens);
 //! - `tokengate + quota`: buckets plus the monthly quota through Webdis + Redis (started here on free
-//!   ports), limit 10^15: one reservation callout per request and the settlements of the root's tick.
+//!   ports), limit 10^15: one reservation callout per request and the settlements of the root's tick;
+//! - `tokengate + global`: the same rule kept in Redis (`"global": true`, through the same Webdis): one
+//!   charge callout per request instead of the shared-data read and CAS.
 //!
 //! Extra rows for cost attribution: `BENCH_EXTRA="label=/path/a.wasm;other=/path/b.wasm|config"` adds one
 //! `tg:<label>` row per wasm (`;`-separated), run with the buckets configuration or with the plugin
@@ -199,6 +201,14 @@ fn quota_config() -> String {
     cfg.to_string()
 }
 
+/// The buckets configuration with its rule kept in Redis (`global_buckets` on the `webdis` cluster).
+fn global_config() -> String {
+    let mut cfg = tokengate_config();
+    cfg["rules"][0]["global"] = serde_json::json!(true);
+    cfg["global_buckets"] = serde_json::json!({"cluster": "webdis", "timeout_ms": 1000});
+    cfg.to_string()
+}
+
 fn installed(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
@@ -269,7 +279,11 @@ fn variants() -> Vec<Variant> {
             .find(|p| !installed(p))
             .map(|p| format!("{p} not installed (make deps)"));
     }
+    let mut global = tg("tokengate + global", &tokengate, global_config());
+    global.needs_webdis = true;
+    global.skip.clone_from(&quota.skip);
     rows.push(quota);
+    rows.push(global);
     // Attribution rows: other builds of the filter with the buckets configuration.
     if let Ok(extra) = std::env::var("BENCH_EXTRA") {
         for item in extra.split(';').filter(|s| !s.trim().is_empty()) {
