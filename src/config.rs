@@ -463,6 +463,31 @@ fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
     }
 }
 
+/// Cluster (required), `:authority` (default: the cluster) and timeout (default 50 ms) of the Webdis shim
+/// configured in section `section`.
+fn shim_target(
+    section: &str,
+    cluster: Option<String>,
+    authority: Option<String>,
+    timeout_ms: Option<u32>,
+) -> Result<(String, String, u32), ConfigError> {
+    let cluster = cluster.filter(|c| !c.trim().is_empty()).ok_or_else(|| {
+        err(
+            format!("{section}.cluster"),
+            "is required (the Envoy cluster of the Webdis shim)",
+        )
+    })?;
+    let authority = authority.unwrap_or_else(|| cluster.clone());
+    let timeout_ms = timeout_ms.unwrap_or(50);
+    if timeout_ms == 0 || timeout_ms > 60_000 {
+        return Err(err(
+            format!("{section}.timeout_ms"),
+            "must be between 1 and 60000",
+        ));
+    }
+    Ok((cluster, authority, timeout_ms))
+}
+
 /// The breaker on a Webdis shim (`field` names it in errors).
 fn shim_breaker(field: &str, raw: Option<RawShimBreaker>) -> Result<BreakerConfig, ConfigError> {
     let sb = raw.unwrap_or(RawShimBreaker {
@@ -483,23 +508,8 @@ fn shim_breaker(field: &str, raw: Option<RawShimBreaker>) -> Result<BreakerConfi
 }
 
 fn global(raw: RawGlobal) -> Result<GlobalSettings, ConfigError> {
-    let cluster = raw
-        .cluster
-        .filter(|c| !c.trim().is_empty())
-        .ok_or_else(|| {
-            err(
-                "global_buckets.cluster",
-                "is required (the Envoy cluster of the Webdis shim)",
-            )
-        })?;
-    let authority = raw.authority.unwrap_or_else(|| cluster.clone());
-    let timeout_ms = raw.timeout_ms.unwrap_or(50);
-    if timeout_ms == 0 || timeout_ms > 60_000 {
-        return Err(err(
-            "global_buckets.timeout_ms",
-            "must be between 1 and 60000",
-        ));
-    }
+    let (cluster, authority, timeout_ms) =
+        shim_target("global_buckets", raw.cluster, raw.authority, raw.timeout_ms)?;
     let on_failure = match raw.on_failure.as_deref() {
         None | Some("local") => GlobalFailure::Local,
         Some("open") => GlobalFailure::Open,
@@ -521,20 +531,8 @@ fn global(raw: RawGlobal) -> Result<GlobalSettings, ConfigError> {
 }
 
 fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
-    let cluster = raw
-        .cluster
-        .filter(|c| !c.trim().is_empty())
-        .ok_or_else(|| {
-            err(
-                "quota.cluster",
-                "is required (the Envoy cluster of the Webdis shim)",
-            )
-        })?;
-    let authority = raw.authority.unwrap_or_else(|| cluster.clone());
-    let timeout_ms = raw.timeout_ms.unwrap_or(50);
-    if timeout_ms == 0 || timeout_ms > 60_000 {
-        return Err(err("quota.timeout_ms", "must be between 1 and 60000"));
-    }
+    let (cluster, authority, timeout_ms) =
+        shim_target("quota", raw.cluster, raw.authority, raw.timeout_ms)?;
     let monthly_limit = limit(
         "quota.monthly_limit".into(),
         raw.monthly_limit

@@ -77,6 +77,19 @@ fn tokens_in_redis(redis: &RedisServer, key: &str) -> Option<f64> {
     }
 }
 
+/// Polls (≤ 3 s: credits are sent by the root's 20 ms tick) until the balance at `key` is within one
+/// token of `want`; returns the last balance read.
+fn wait_tokens(redis: &RedisServer, key: &str, want: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let t = tokens_in_redis(redis, key).unwrap_or(0.0);
+        if (t - want).abs() <= 1.0 || Instant::now() >= deadline {
+            return t;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Every key in Redis (for failure messages).
 fn keys(redis: &RedisServer) -> Vec<String> {
     match redis.cmd(&["KEYS", "*"]) {
@@ -304,12 +317,7 @@ fn unused_and_refused_tokens_are_credited_back_to_the_global_bucket() {
     let cost = header_u64(&r, "x-tokengate-estimated-tokens");
     let used = 9 + 10; // the mock's usage: 38 prompt bytes / 4, plus 10
     let want = 100_000.0 - used as f64;
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut t = tokens_in_redis(&st.redis, &key("g", "acme")).unwrap_or(0.0);
-    while (t - want).abs() > 1.0 && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-        t = tokens_in_redis(&st.redis, &key("g", "acme")).unwrap_or(0.0);
-    }
+    let t = wait_tokens(&st.redis, &key("g", "acme"), want);
     assert!(
         (t - want).abs() <= 1.0,
         "balance {t}, want {want} (charged {cost}, used {used})"
@@ -321,12 +329,7 @@ fn unused_and_refused_tokens_are_credited_back_to_the_global_bucket() {
         .unwrap_or_else(|| panic!("bucket of q; keys {:?}", keys(&st.redis)));
     let r = post(&envoy, "q", 500, &[]);
     assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut t = tokens_in_redis(&st.redis, &key("gq", "q")).unwrap_or(0.0);
-    while (t - after_first).abs() > 1.0 && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-        t = tokens_in_redis(&st.redis, &key("gq", "q")).unwrap_or(0.0);
-    }
+    let t = wait_tokens(&st.redis, &key("gq", "q"), after_first);
     assert!(
         (t - after_first).abs() <= 1.0,
         "balance {t}, want {after_first} back"
