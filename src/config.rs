@@ -1246,7 +1246,7 @@ mod tests {
           "models": {"gpt-4*": {"default_max_tokens": 256, "max_tokens_cap": 1024}},
           "rules": [{"name": "r", "tenant": "*", "model": "*", "per_model": false,
                      "tokens_per_second": 10, "burst": 100, "requests_per_minute": 60,
-                     "max_wait_ms": 500, "refund_unused": true}],
+                     "max_wait_ms": 500, "refund_unused": true, "global": true}],
           "max_tenants": 100, "cas_max_retries": 8, "on_store_error": "deny",
           "breaker": {"keys": ["cluster", "model"], "failure_threshold": 3, "window_ms": 30000,
             "failure_rate_percent": 50, "min_requests": 10, "recovery_ms": 1000,
@@ -1263,12 +1263,16 @@ mod tests {
             "month_offset_minutes": 540, "grace_seconds": 60, "idempotency_window_s": 0,
             "exhausted_recheck_s": 5, "exhausted_below": 10, "inject_stream_usage": false,
             "shim_breaker": {"failure_threshold": 2, "window_ms": 1000, "recovery_ms": 500},
-            "settle_retry_ms": 100, "settle_max_attempts": 3, "clock_skew_s": 0}
+            "settle_retry_ms": 100, "settle_max_attempts": 3, "clock_skew_s": 0},
+          "global_buckets": {"cluster": "webdis", "authority": "webdis", "timeout_ms": 80,
+            "on_failure": "closed",
+            "shim_breaker": {"failure_threshold": 2, "window_ms": 1000, "recovery_ms": 500}}
         }"#;
         let c = parse(every.as_bytes()).unwrap();
         assert_eq!(c.on_store_error, StoreFailure::Deny);
         assert!(c.rules[0].refund_unused);
         assert_eq!(c.quota.unwrap().exhausted_below, 10);
+        assert_eq!(c.global.unwrap().on_failure, GlobalFailure::Closed);
     }
 
     #[test]
