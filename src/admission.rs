@@ -269,6 +269,19 @@ pub fn precheck(
     }
 }
 
+/// The 429 if a request of `cost` tokens could not be admitted (even after a `max_wait_ms` hold) by a
+/// bucket whose balance is at most `state` (e.g. a global bucket's balance as Redis last reported it);
+/// nothing is charged. A cost above the burst is left to the charge (413).
+pub fn refusal_for(
+    state: &BucketState,
+    rule: &Rule,
+    cost: u64,
+    now_ns: u64,
+) -> Option<(LocalReply, RejectReason)> {
+    let (v, snap, _) = bucket::charge(state, &rule.params, cost, now_ns, rule.max_wait_ms);
+    limited(v, &snap, rule)
+}
+
 /// Body-phase charge of `cost` tokens and one request on `key`.
 pub fn charge(
     store: &dyn SharedStore,

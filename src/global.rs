@@ -14,6 +14,14 @@
 //! a bucket left idle that long is full anyway, so it simply disappears, and Redis holds only the
 //! buckets in use.
 //!
+//! Refusal cache: when Redis refuses a request, the balances it reported are kept in this Envoy's shared
+//! data ([`Seen`] in one of [`SEEN_SLOTS`] slots, picked by a hash of the key). Refill aside, every
+//! replica's later charges only lower that balance, so while the balance refilled since cannot cover a
+//! request (its estimate in the body phase, one token in the headers phase when the key is known there,
+//! or one request/minute), the request is refused from the cache without a callout: a 429 storm against
+//! a spent global bucket costs Redis nothing. Only a credit given back in that window is missed, which
+//! errs towards limiting. A slot shared by two keys keeps the later one; the other asks Redis again.
+//!
 //! Reply: `[verdict, tokens × 1000, requests × 1000, µs]`, verdict 0 admitted, 1 admitted after a wait of
 //! `µs` (shaping), 2 tokens short (`µs` until they would be there), 3 requests/minute spent (same), 4 the
 //! cost exceeds the burst. The balances are after the charge (before it when refused).
@@ -21,6 +29,76 @@
 use crate::bucket::{BucketParams, BucketState, Verdict};
 use crate::config::Rule;
 use crate::quota::{command_body, parse_int_array, sanitize, ScriptCall, ShimError, PROTOCOL_TAG};
+use crate::store::{fnv1a, read_f64, read_u64, Codec, FNV_OFFSET};
+
+/// Shared-data slots of the refusal cache (`tg:gx:<n>`): a fixed number of keys, whatever the traffic.
+pub const SEEN_SLOTS: u64 = 1024;
+
+/// The balances Redis last reported when it refused a request for one global bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Seen {
+    /// FNV-1a of the Redis key (tells the keys sharing a slot apart).
+    pub key_hash: u64,
+    /// The balances, as of `state.updated_ns` (this Envoy's clock when the answer came).
+    pub state: BucketState,
+}
+
+impl Seen {
+    const VERSION: u8 = 1;
+    const LEN: usize = 33;
+
+    /// The cached state of `key` if `slot_value` holds it.
+    pub fn for_key(slot_value: &[u8], key: &str) -> Option<BucketState> {
+        Self::decode(slot_value)
+            .filter(|s| s.key_hash == key_hash(key))
+            .map(|s| s.state)
+    }
+}
+
+impl Codec for Seen {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        v.push(Self::VERSION);
+        v.extend_from_slice(&self.key_hash.to_le_bytes());
+        v.extend_from_slice(&self.state.tokens.to_le_bytes());
+        v.extend_from_slice(&self.state.requests.to_le_bytes());
+        v.extend_from_slice(&self.state.updated_ns.to_le_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::LEN || b.first() != Some(&Self::VERSION) {
+            return None;
+        }
+        Some(Seen {
+            key_hash: read_u64(b, 1)?,
+            state: BucketState {
+                tokens: read_f64(b, 9)?,
+                requests: read_f64(b, 17)?,
+                updated_ns: read_u64(b, 25)?,
+            },
+        })
+    }
+}
+
+fn key_hash(key: &str) -> u64 {
+    fnv1a(FNV_OFFSET, key.as_bytes())
+}
+
+/// The shared-data slot of the refusal cache for `key`.
+pub fn seen_slot(key: &str) -> String {
+    format!("tg:gx:{}", key_hash(key) % SEEN_SLOTS)
+}
+
+/// What to cache after Redis refused a request on `key` at `now_ns` (this Envoy's clock).
+pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
+    Seen {
+        key_hash: key_hash(key),
+        state: BucketState {
+            updated_ns: now_ns,
+            ..reply.state
+        },
+    }
+}
 
 /// The bucket script (charge, or credit when ARGV[6] > 0).
 ///
@@ -188,6 +266,31 @@ mod tests {
             refund_unused: false,
             global: true,
         }
+    }
+
+    #[test]
+    fn the_refusal_cache_refuses_only_until_one_token_could_be_back() {
+        let r = rule(true);
+        let reply = parse_reply(200, br#"{"EVAL":[2,-500,0,3000000]}"#).unwrap();
+        let key = key(&r, "acme", "m");
+        let seen = seen_after_refusal(&key, &reply, 1_000_000_000);
+        let bytes = seen.encode();
+        assert_eq!(Seen::decode(&bytes), Some(seen));
+        assert!(seen_slot(&key).starts_with("tg:gx:"));
+        let state = Seen::for_key(&bytes, &key).unwrap();
+        assert_eq!(Seen::for_key(&bytes, "tg:gb:{gpt:other}:m"), None);
+        assert_eq!(Seen::decode(&bytes[1..]), None);
+        // −0.5 tokens at 10/s: one token is back 150 ms later.
+        let at =
+            |ms: u64| crate::bucket::precheck(&state, &r.params, 1_000_000_000 + ms * 1_000_000, 0);
+        assert!(matches!(at(0), Some((Verdict::LimitTokens { .. }, _))));
+        assert!(matches!(at(149), Some((Verdict::LimitTokens { .. }, _))));
+        assert_eq!(at(150), None);
+        // A hold of 200 ms covers it at once.
+        assert_eq!(
+            crate::bucket::precheck(&state, &r.params, 1_000_000_000, 200),
+            None
+        );
     }
 
     #[test]

@@ -25,9 +25,9 @@ use super::{gauges, log, metrics, now_ns, KNOWN_KEYS_CACHE, VM};
 use crate::accounting::{self, Ending, Reserved, UsageSource};
 use crate::admission::{self, Decision, RejectReason};
 use crate::breaker::{self, Transition};
-use crate::bucket::Snapshot;
+use crate::bucket::{Snapshot, Verdict};
 use crate::config::{
-    Config, GlobalFailure, InvalidBody, QuotaFailure, QuotaSettings, StoreFailure,
+    Config, GlobalFailure, InvalidBody, QuotaFailure, QuotaSettings, Rule, StoreFailure,
 };
 use crate::estimate::{self, ApiKind};
 use crate::failover::{self, Choice};
@@ -538,8 +538,13 @@ impl Http {
             .and_then(|i| cfg.rules.get(i).map(|r| (i, r)))
         {
             if rule.global && cfg.global.is_some() {
-                // Charged in Redis once the breakers admitted the request.
-                global_charge = Some((idx, global::key(rule, &self.tenant, &model)));
+                // Charged in Redis once the breakers admitted the request (unless Redis refused
+                // this bucket moments ago and it cannot have refilled since).
+                let key = global::key(rule, &self.tenant, &model);
+                if let Some(action) = self.global_refused_from_cache(rule, &key, &model, cost) {
+                    return action;
+                }
+                global_charge = Some((idx, key));
             } else {
                 match self.charge_local(cfg, idx, &model, cost, now) {
                     Ok(w) => wait_ms = w,
@@ -644,6 +649,23 @@ impl Http {
         self.proceed(sync)
     }
 
+    /// The 429 for a global bucket that Redis refused moments ago and that cannot hold `cost` tokens
+    /// (or one request) yet, from the refusal cache in shared data (see [`crate::global`]); None = ask
+    /// Redis. `cost` is 1 in the headers phase (the estimate is not known there).
+    fn global_refused_from_cache(
+        &mut self,
+        rule: &Rule,
+        key: &str,
+        model: &str,
+        cost: u64,
+    ) -> Option<Action> {
+        let (bytes, _) = HostStore.get(&global::seen_slot(key)).ok()??;
+        let state = global::Seen::for_key(&bytes, key)?;
+        let (reply, reason) = admission::refusal_for(&state, rule, cost, now_ns())?;
+        metrics::inc(metrics::get().global_rejected_cached);
+        Some(self.reject(&reply, reason, model))
+    }
+
     /// Starts the global bucket charge of `cost` on `key` (rule `idx`).
     fn start_global(&mut self, cfg: &Config, idx: usize, key: String, cost: u64) -> Action {
         let Some(g) = cfg.global.as_ref() else {
@@ -726,6 +748,15 @@ impl Http {
                     global_host::set_script_loaded(true);
                 }
                 metrics::inc(metrics::get().global_charged);
+                if matches!(
+                    r.verdict,
+                    Verdict::LimitTokens { .. } | Verdict::LimitRequests { .. }
+                ) {
+                    if let Some(gr) = &self.global_req {
+                        let seen = global::seen_after_refusal(&gr.key, &r, now_ns());
+                        let _ = HostStore.set(&global::seen_slot(&gr.key), &seen.encode(), 0);
+                    }
+                }
                 let snap = r.state.snapshot(&rule.params);
                 let model = self.model.clone();
                 match admission::decision(r.verdict, snap, rule, cost) {
@@ -1368,11 +1399,17 @@ impl HttpContext for Http {
             Some(model) => cfg.rule_for(&self.tenant, model),
             None => cfg.rule_without_model(&self.tenant),
         };
-        // (A global rule's bucket is in Redis: it is charged, and checked, in the body phase.)
         if let Some(rule) = rule_idx
             .and_then(|i| cfg.rules.get(i))
-            .filter(|r| !(r.global && cfg.global.is_some()))
+            .filter(|r| r.global && cfg.global.is_some())
         {
+            // A global rule's bucket is in Redis: only its refusal cache is read here.
+            let model = self.model_hint.clone().unwrap_or_default();
+            let key = global::key(rule, &self.tenant, &model);
+            if let Some(action) = self.global_refused_from_cache(rule, &key, &model, 1) {
+                return action;
+            }
+        } else if let Some(rule) = rule_idx.and_then(|i| cfg.rules.get(i)) {
             let model = self.model_hint.clone().unwrap_or_default();
             let key = admission::plain_key(rule, &self.tenant, &model);
             let mut seen = None;

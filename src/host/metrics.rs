@@ -66,6 +66,7 @@ counters!(
     quota_fail_closed,
     quota_reconciled,
     global_charged,
+    global_rejected_cached,
     global_shim_errors,
     global_fallback_local,
     global_fail_open,

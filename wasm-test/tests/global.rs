@@ -141,15 +141,31 @@ fn a_global_rule_answers_with_the_same_contract_and_keeps_its_bucket_in_redis() 
     assert_eq!(header_u64(&r, "retry-after"), reset_in.ceil() as u64);
     assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
     assert!(header_u64(&r, "x-ratelimit-remaining-tokens") < cost);
+    assert_eq!(envoy.stat("tokengate_global_charged"), 4);
+    // Asked again at once: refused from the refusal cache (the balance Redis reported cannot have
+    // refilled to this cost yet), with the same answer and no callout.
+    let r = post(&envoy, "acme", 400, &[]);
+    let again = assert_error(&r, 429, "rate_limit_error", "tokens_per_second_exceeded");
+    let reset_again = again["reset_in"].as_f64().expect("reset_in");
+    assert!(
+        reset_again <= reset_in && reset_again > reset_in - 5.0,
+        "{reset_again}"
+    );
+    assert_eq!(envoy.stat("tokengate_global_rejected_cached"), 1);
+    assert_eq!(envoy.stat("tokengate_global_charged"), 4, "no callout");
+    // A request small enough for what is left still goes to Redis, and passes.
+    let r = post(&envoy, "acme", 10, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(envoy.stat("tokengate_global_charged"), 5);
     // A cost above the burst can never pass.
     let r = post(&envoy, "acme", 5000, &[]);
     assert_error(&r, 413, "invalid_request_error", "cost_exceeds_burst");
     assert_eq!(
         st.mock.count("/chat/completions"),
-        3,
+        4,
         "refused requests never reach the provider"
     );
-    assert!(envoy.stat("tokengate_global_charged") >= 5);
+    assert_eq!(envoy.stat("tokengate_global_charged"), 6);
     assert_eq!(envoy.stat("tokengate_global_shim_errors"), 0);
     tg::assert_no_panic(&envoy);
 }
@@ -180,6 +196,13 @@ fn requests_per_minute_and_shaping_work_on_a_global_bucket() {
     let err = assert_error(&r, 429, "rate_limit_error", "requests_per_minute_exceeded");
     let reset_in = err["reset_in"].as_f64().unwrap_or(0.0);
     assert!(reset_in > 20.0 && reset_in <= 30.0, "{err}");
+    // With the model in a header the bucket is known in the headers phase: refused there from the
+    // refusal cache (no request left for ~30 s), without a callout.
+    let charged = envoy.stat("tokengate_global_charged");
+    let r = post(&envoy, "acme", 10, &[("x-tokengate-model", MODEL)]);
+    assert_error(&r, 429, "rate_limit_error", "requests_per_minute_exceeded");
+    assert_eq!(envoy.stat("tokengate_global_rejected_cached"), 1);
+    assert_eq!(envoy.stat("tokengate_global_charged"), charged);
     // Shaping: the second request (cost > what is left) is held until Redis' bucket has refilled.
     let first = post(&envoy, "s", 60, &[]);
     assert_eq!(first.status, 200);
