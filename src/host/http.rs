@@ -1283,7 +1283,12 @@ impl HttpContext for Http {
         let headers = abi::HeaderBlob::get(Map::RequestHeaders);
         let h = |name: &str| headers.find(name);
         self.kind = match h(":method") {
-            Some("POST") => ApiKind::from_path(h(":path").unwrap_or_default()),
+            // Trailing slashes do not hide an LLM path (`/v1/chat/completions/` is metered too).
+            Some("POST") => {
+                let path = h(":path").unwrap_or_default();
+                let path = path.split(['?', '#']).next().unwrap_or(path);
+                ApiKind::from_path(path.trim_end_matches('/'))
+            }
             _ => None,
         };
         if self.kind.is_none() {

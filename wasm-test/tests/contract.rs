@@ -215,6 +215,34 @@ fn non_llm_paths_pass_through_untouched() {
 }
 
 #[test]
+fn other_spellings_of_an_llm_path_are_metered_too() {
+    // A trailing slash, doubled slashes or an escaped slash must not slip past the meter: each is
+    // refused by the filter itself (413: the estimate exceeds this rule's burst of 10), never sent on.
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, tg::config(json!([rule("tiny", "*", "*", 1.0, 10)])));
+    for path in [
+        "/v1/chat/completions/",
+        "/v1/chat/completions/?x=1",
+        "//v1//chat/completions",
+        "/v1/chat%2Fcompletions",
+        "/v1/chat%2fcompletions",
+    ] {
+        let r = http::post(
+            envoy.port,
+            path,
+            &[("x-tenant-id", "t"), ("content-type", "application/json")],
+            &chat("gpt-test", 100),
+        )
+        .unwrap();
+        assert_eq!(r.status, 413, "{path}: {}", r.text());
+        assert_error(&r, 413, "invalid_request_error", "cost_exceeds_burst");
+    }
+    settle();
+    assert!(mock.requests().is_empty(), "nothing reached the provider");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
 fn bad_config_is_refused_at_load() {
     let mock = mock_provider!();
     let good_rule = rule("all", "*", "*", 1.0, 1000);
