@@ -679,7 +679,15 @@ pub fn admit_shared(
     Ok((admission, transition, stats))
 }
 
-/// [`record`] as one bounded CAS read-modify-write of `key` (created CLOSED when missing).
+/// Whether [`record`] leaves every state unchanged for this outcome: a success that was not a probe,
+/// without a failure-rate threshold (CLOSED counts no successes then, OPEN ignores them, and only probes
+/// count in HALF_OPEN).
+pub fn record_is_noop(cfg: &BreakerConfig, outcome: Outcome, was_probe: bool) -> bool {
+    matches!(outcome, Outcome::Success) && !was_probe && cfg.failure_rate_percent.is_none()
+}
+
+/// [`record`] as one bounded CAS read-modify-write of `key` (created CLOSED when missing); no host call
+/// at all when [`record_is_noop`].
 pub fn record_shared(
     store: &dyn SharedStore,
     key: &str,
@@ -689,6 +697,9 @@ pub fn record_shared(
     now_ns: u64,
     max_retries: u32,
 ) -> Result<(Option<Transition>, UpdateStats), UpdateError> {
+    if record_is_noop(cfg, outcome, was_probe) {
+        return Ok((None, UpdateStats::default()));
+    }
     let (transition, stats) =
         store::update(store, key, max_retries, &BreakerState::default(), |s| {
             let (next, t) = record(s, cfg, outcome, was_probe, now_ns);
@@ -1186,6 +1197,43 @@ mod tests {
         let store = MemStore::new();
         release_probe_shared(&store, "tg:cb:model=x", 8).unwrap();
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn a_plain_success_is_recorded_without_touching_shared_data_when_it_changes_nothing() {
+        let c = cfg();
+        assert!(c.failure_rate_percent.is_none());
+        let t = T0;
+        // record() agrees: no state changes on a non-probe success, whatever the state.
+        for s in [
+            BreakerState::default(),
+            opened(&c),
+            half_open_at(&c, t + 30 * S),
+        ] {
+            assert_eq!(
+                record(&s, &c, Outcome::Success, false, t + 31 * S),
+                (None, None)
+            );
+        }
+        let store = MemStore::new();
+        record_shared(&store, "tg:cb:model=x", &c, Outcome::Success, false, t, 8).unwrap();
+        assert_eq!(store.reads(), 0);
+        assert!(store.is_empty());
+        // A probe's success, a failure, or a failure-rate threshold still read and write.
+        record_shared(&store, "tg:cb:model=x", &c, Outcome::Success, true, t, 8).unwrap();
+        assert!(store.reads() > 0);
+        let rate = BreakerConfig {
+            failure_rate_percent: Some(50),
+            ..cfg()
+        };
+        assert!(!record_is_noop(&rate, Outcome::Success, false));
+        assert!(!record_is_noop(
+            &c,
+            Outcome::Failure {
+                retry_after_ms: None
+            },
+            false
+        ));
     }
 
     #[test]
