@@ -1683,12 +1683,9 @@ impl Http {
         ));
         let now = now_ns();
         for (key, probe) in std::mem::take(&mut self.breakers) {
-            // A success of a request admitted while CLOSED changes nothing unless successes are
-            // counted for a failure rate: no shared-data access at all.
-            if outcome == breaker::Outcome::Success
-                && !probe
-                && b.cfg.failure_rate_percent.is_none()
-            {
+            // A plain success changes nothing unless successes are counted for a failure rate:
+            // no shared-data access at all (record_shared would return at once too).
+            if breaker::record_is_noop(&b.cfg, outcome, probe) {
                 continue;
             }
             match breaker::record_shared(
