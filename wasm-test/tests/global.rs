@@ -315,6 +315,18 @@ fn two_envoy_replicas_share_one_bucket_exactly() {
         a.stat("tokengate_global_shim_errors") + b.stat("tokengate_global_shim_errors"),
         0
     );
+    // Most refusals came from each replica's refusal cache, without a callout.
+    let stat = |n: &str| a.stat(n) + b.stat(n);
+    let (callouts, cached) = (
+        stat("tokengate_global_charged"),
+        stat("tokengate_global_rejected_cached"),
+    );
+    println!(
+        "callouts to Redis {callouts}, refusals from the cache {cached}, of {} requests",
+        results.len()
+    );
+    assert!(cached > 0, "a saturated bucket is refused from the cache");
+    assert_eq!(callouts + cached, results.len() as u64);
     tg::assert_no_panic(&a);
     tg::assert_no_panic(&b);
 }
