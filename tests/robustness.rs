@@ -105,6 +105,9 @@ const REQUESTS: &[&str] = &[
     r#"{"model":"e","input":[[1,2,3],[4]]}"#,
     r#"{"model":"r","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"instructions":"be brief","max_output_tokens":9}"#,
     r#"{"model":"claude","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":"r"}]}],"max_tokens":100}"#,
+    // Long strings with escapes every few bytes (code, JSON-in-a-string), read a window at a time.
+    r#"{"messages":[{"role":"user","content":"fn main() {\n    let s = \"a\\\\b\";\n\tprintln!(\"{}\", s); // caf\u00e9 \ud83d\ude00 \/\/ done\r\n}\n{\"quota\": {\"fallback\": [1116, 2868, {\"humidity\": -30.1289}]}, \"city\": \"weather\"}\n"}],"max_tokens":64}"#,
+    r#"{"prompt":"SELECT id, name FROM users WHERE name = 'O\u0027Brien' AND note LIKE '%\\%%';\n-- ok\n\u4e2d\u6587 TEXT with ALLCAPS and camelCase and 1234567 digits, spaces    and\ttabs\u000b\f\b end","suffix":"x"}"#,
 ];
 
 #[test]

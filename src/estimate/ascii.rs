@@ -1,0 +1,415 @@
+//! ASCII text counted a window of 64 bytes at a time, without a branch per piece.
+//!
+//! [`super::count_features`] splits text into pieces (a word, a run of digits, spaces, newlines or
+//! punctuation, a control character) and dispatches on each; in code and JSON a piece is three bytes
+//! long on average, so that dispatch, and the loop that finds where each short run ends, cost most of
+//! the time. For ASCII the features of a piece depend only on its class, its length and its neighbours,
+//! so here they are computed for a whole window from bit masks (bit `k` for byte `k` of the window):
+//! eight bytes are classified at once as one `u64` (SWAR) into three bit planes (a class number per
+//! byte), the planes gathered into masks by one multiplication per word, and the counts taken with
+//! population counts of masks (compilers vectorize those). Word lengths too: the starts of words of at
+//! least `k` letters are a mask for each `k` up to 11, so only the rarer long and all-capital words
+//! and the digit runs (groups of three) are visited one by one.
+//!
+//! A window starts at a piece boundary and is ASCII to its end or to the end of the text (a window
+//! cut short by a non-ASCII byte is declined: it costs as much and counts less). Every piece that
+//! starts in it is counted except the last one, which may go on past the window (into a Latin letter
+//! that continues a word, a fullwidth digit after spaces, …) and is left to the next window; at the
+//! end of the text the last piece is counted too. The counts are those of the byte-wise loop, piece for
+//! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
+//! about as fast (its words and single spaces take a fast path), goes back to it for a while.
+
+use super::{bump, feature, Counts};
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = ONES * 0x80;
+
+/// Bytes in a window.
+const WINDOW: usize = 64;
+
+/// Shortest text read with windows.
+pub(super) const MIN_TEXT: usize = 64;
+
+/// Bytes the byte-wise loop reads after a window that looked like prose, before the next window.
+pub(super) const PROSE: usize = 192;
+
+/// The classes of the bytes of one window as three bit planes (bit `k` for byte `k`): the class of a
+/// byte is `p0 + 2 p1 + 4 p2` of its bits, punctuation 0, lower case 1, upper case 2, digit 3, space
+/// or tab 4, LF or CR 5, other control character or DEL 6.
+#[derive(Default)]
+struct Planes {
+    p0: u64,
+    p1: u64,
+    p2: u64,
+}
+
+impl Planes {
+    /// Adds word `k` (bytes `8k..8k + 8`), `x`, assuming its bytes below 0x21 are spaces and LFs (see
+    /// [`planes_common`]); the rest is recorded in `other`.
+    #[inline(always)]
+    fn add_common(&mut self, x: u64, k: usize, other: &mut u64) {
+        let [p0, p1, p2] = planes_common(x, other);
+        self.put(k, p0, p1, p2);
+    }
+
+    /// Adds word `k`, `x`, whatever its bytes.
+    #[inline(always)]
+    fn add(&mut self, x: u64, k: usize) {
+        let [p0, p1, p2] = planes(x);
+        self.put(k, p0, p1, p2);
+    }
+
+    #[inline(always)]
+    fn put(&mut self, k: usize, p0: u64, p1: u64, p2: u64) {
+        let at = 8 * k;
+        self.p0 |= gather(p0) << at;
+        self.p1 |= gather(p1) << at;
+        self.p2 |= gather(p2) << at;
+    }
+}
+
+/// The high bit of each byte of `m` (which has no other bits), gathered into the eight low bits (bit
+/// `j` for byte `j`): one multiplication puts bit `8j + 7` on bit `56 + j` (each on its own bit, so
+/// nothing carries).
+#[inline(always)]
+fn gather(m: u64) -> u64 {
+    m.wrapping_mul(0x0002_0408_1020_4081) >> 56
+}
+
+/// The three class planes (see [`Planes`]) of the eight bytes of `x`, as high bits. Exact for bytes
+/// below 0x80 up to the first byte that is not: the sums below stay within each byte there (a carry
+/// out of a byte of 0x80 or more only reaches the bytes after it, which the caller ignores).
+#[inline(always)]
+fn planes(x: u64) -> [u64; 3] {
+    // High bit set iff the byte is at least `c`.
+    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
+    // High bit clear iff the byte is `c`.
+    let not = |c: u8| (x ^ (ONES * u64::from(c))).wrapping_add(ONES * 0x7F);
+    // Folding case (setting bit 5) maps exactly the letters onto `a..=z`; upper-case letters have bit
+    // 5 clear (`x << 2` moves it to bit 7).
+    let folded = x | (ONES * 0x20);
+    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
+    let lower = letter & (x << 2);
+    let upper = letter & !(x << 2);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    let low = !at_least(x, b'!');
+    let newline = !(not(b'\n') & not(b'\r'));
+    let tab = !not(b'\t');
+    // DEL is the only ASCII byte from 0x7F on.
+    let del = at_least(x, 0x7F);
+    let control = (low & !at_least(x, b' ') & !newline & !tab) | del;
+    [
+        (lower | digit | newline) & HI,
+        (upper | digit | control) & HI,
+        (low | del) & HI,
+    ]
+}
+
+/// [`planes`] for words whose only bytes below 0x21 are spaces and LFs (most text): cheaper, and
+/// `other` gets a high bit for each other byte below 0x21 and each DEL (then the window is classified
+/// again by [`planes`]).
+#[inline(always)]
+fn planes_common(x: u64, other: &mut u64) -> [u64; 3] {
+    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
+    let not = |c: u8| (x ^ (ONES * u64::from(c))).wrapping_add(ONES * 0x7F);
+    let folded = x | (ONES * 0x20);
+    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
+    let lower = letter & (x << 2);
+    let upper = letter & !(x << 2);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    let low = !at_least(x, b'!');
+    let not_lf = not(b'\n');
+    *other |= ((low & not(b' ') & not_lf) | at_least(x, 0x7F)) & HI;
+    [
+        (lower | digit | !not_lf) & HI,
+        (upper | digit) & HI,
+        low & HI,
+    ]
+}
+
+/// The eight bytes at `k * 8` of a window as a little-endian word.
+#[inline(always)]
+fn word(src: &[u8; WINDOW], k: usize) -> u64 {
+    src.get(8 * k..8 * k + 8)
+        .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// What windows counted, added to the text's features at its end ([`Tally::add_to`]); kept apart
+/// from them so that the window's sums, which compilers vectorize, do not wait on the byte-wise
+/// loop's stores to the same counters.
+#[derive(Default)]
+pub(super) struct Tally {
+    /// Punctuation, its runs, newline runs, other control characters, upper-case letters, spaces
+    /// before digits, space runs, words after one punctuation character; then words of at least 1,
+    /// 2, …, 9 and 11 letters.
+    n: [u64; 18],
+    long_letters: u64,
+    caps_letters: u64,
+    digit_groups: u64,
+}
+
+impl Tally {
+    /// Adds the counts to `f`.
+    pub(super) fn add_to(&self, f: &mut Counts) {
+        let [punct, runs, newlines, controls, uppers, before_digit, space_runs, punct_words, w1, w2, w3, w4, w5, w6, w7, w8, w9, w11] =
+            self.n;
+        bump(f, feature::PUNCT, punct);
+        bump(f, feature::PUNCT_RUNS, runs);
+        bump(f, feature::NEWLINE_RUNS, newlines);
+        bump(f, feature::OTHER, controls);
+        bump(f, feature::UPPER, uppers);
+        bump(f, feature::SPACE_BEFORE_DIGIT, before_digit);
+        bump(f, feature::SPACE_RUNS, space_runs);
+        bump(f, feature::PUNCT_WORD, punct_words);
+        // Words of each length 1..=8, 9 or 10, 11 or more (each count at least the next: every word
+        // of k + 1 letters or more has k or more).
+        for (k, (a, b)) in [w1, w2, w3, w4, w5, w6, w7, w8]
+            .iter()
+            .zip([w2, w3, w4, w5, w6, w7, w8, w9])
+            .enumerate()
+        {
+            bump(f, feature::WORD_1 + k, a - b);
+        }
+        bump(f, feature::WORD_9_10, w9 - w11);
+        bump(f, feature::WORD_LONG, w11);
+        bump(f, feature::WORD_LONG_CHARS, self.long_letters);
+        bump(f, feature::CAPS_WORD_CHARS, self.caps_letters);
+        bump(f, feature::DIGIT_GROUPS, self.digit_groups);
+    }
+}
+
+/// What [`window`] did.
+pub(super) enum Step {
+    /// Counted the pieces up to `next` (a piece boundary after the window's start); `after_punct`:
+    /// the piece before `next` is a single punctuation character; `prose`: the window looked like
+    /// prose (few punctuation runs, no line breaks), which the byte-wise loop reads about as fast.
+    Counted {
+        next: usize,
+        after_punct: bool,
+        prose: bool,
+    },
+    /// Counted nothing: the byte-wise loop goes on at least up to `until` (a window past a non-ASCII
+    /// byte close ahead: text with one has more, or past the one piece that fills the window).
+    Declined { until: usize },
+}
+
+/// Counts the pieces of `bytes` that start in the window at `i` (a piece boundary; `after_punct`:
+/// the piece before it is a single punctuation character), as [`super::count_features`] would, if
+/// the window is ASCII to its end or to the end of the text (a shorter window costs as much and
+/// counts less than the byte-wise loop).
+#[inline(never)]
+pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -> Step {
+    let declined = Step::Declined { until: i + 1 };
+    let Some(rest) = bytes.get(i..) else {
+        return declined;
+    };
+    // Most windows declined in text of other scripts have a non-ASCII byte in their first 16.
+    let first16 = |k: usize| {
+        rest.get(8 * k..8 * k + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            .map_or(0, u64::from_le_bytes)
+            & HI
+    };
+    for k in 0..2 {
+        let h = first16(k);
+        if h != 0 {
+            return Step::Declined {
+                until: i + 8 * k + (h.trailing_zeros() / 8) as usize + WINDOW,
+            };
+        }
+    }
+    let mut buf = [b'a'; WINDOW];
+    let (src, words): (&[u8; WINDOW], usize) = match rest.first_chunk::<WINDOW>() {
+        Some(full) => (full, 8),
+        None => {
+            // The end of the text: padded with letters (which need no second look, see
+            // `planes_common`; masked out below).
+            match buf.get_mut(..rest.len()) {
+                Some(head) => head.copy_from_slice(rest),
+                None => return declined,
+            }
+            (&buf, rest.len().div_ceil(8))
+        }
+    };
+    let high = (0..words).fold(0, |h, k| h | (word(src, k) & HI));
+    if high != 0 {
+        let first = (0..words)
+            .map(|k| word(src, k) & HI)
+            .position(|h| h != 0)
+            .unwrap_or(0);
+        let h = word(src, first) & HI;
+        return Step::Declined {
+            until: i + 8 * first + (h.trailing_zeros() / 8) as usize + WINDOW,
+        };
+    }
+    let mut planes = Planes::default();
+    let mut other = 0u64;
+    if words == 8 {
+        // Straight-line code: the compiler unrolls a loop of known length.
+        for k in 0..8 {
+            planes.add_common(word(src, k), k, &mut other);
+        }
+    } else {
+        for k in 0..words {
+            planes.add_common(word(src, k), k, &mut other);
+        }
+    }
+    if other != 0 {
+        // Tabs, CRs, other control characters or DEL (perhaps past the end of the text).
+        planes = Planes::default();
+        for k in 0..words {
+            planes.add(word(src, k), k);
+        }
+    }
+    let len = rest.len().min(WINDOW);
+    match count(&planes, len, len == rest.len(), after_punct, t) {
+        Some((end, single, prose)) => Step::Counted {
+            next: i + end,
+            after_punct: single,
+            prose,
+        },
+        None => declined,
+    }
+}
+
+/// Whether `bytes` looks mostly ASCII: at most one of eight words spread over it has a byte that is
+/// not (a guess either way costs speed, never correctness).
+#[inline(always)]
+pub(super) fn mostly(bytes: &[u8]) -> bool {
+    let words = bytes.len() / 8;
+    let high = (0..8usize)
+        .map(|k| k * words / 8 * 8)
+        .filter(|&at| {
+            bytes
+                .get(at..at + 8)
+                .and_then(|c| <[u8; 8]>::try_from(c).ok())
+                .is_some_and(|c| u64::from_le_bytes(c) & HI != 0)
+        })
+        .count();
+    high <= 1
+}
+
+/// The counting part of [`window`], on the classes of its first `len` bytes.
+#[inline(always)]
+fn count(
+    planes: &Planes,
+    len: usize,
+    end_of_text: bool,
+    after_punct: bool,
+    t: &mut Tally,
+) -> Option<(usize, bool, bool)> {
+    let valid = u64::MAX >> (WINDOW - len);
+    let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
+    let lower = p0 & !p1 & !p2;
+    let upper = p1 & !p0 & !p2;
+    let digit = p0 & p1 & !p2;
+    let space = p2 & !p0 & !p1;
+    let newline = p2 & p0 & !p1;
+    let control = p2 & p1 & !p0;
+    let punct = valid & !(p0 | p1 | p2);
+    let letter = lower | upper;
+
+    // Words: a run of upper case then lower case letters ("HTTPServer", "camel" + "Case").
+    let word_start = (letter & !(letter << 1)) | (upper & (lower << 1));
+    let word_end = (letter & !(letter >> 1)) | (lower & (upper >> 1));
+    let digit_start = digit & !(digit << 1);
+    let punct_start = punct & !(punct << 1);
+    let newline_start = newline & !(newline << 1);
+    let starts =
+        word_start | digit_start | punct_start | (space & !(space << 1)) | newline_start | control;
+    // Pieces counted: all at the end of the text, else all but the last.
+    let (counted, end) = if end_of_text {
+        (valid, len)
+    } else {
+        let zeros = starts.leading_zeros() as usize;
+        if zeros >= 63 {
+            return None;
+        }
+        let last = 63 - zeros;
+        (u64::MAX >> (64 - last), last)
+    };
+
+    // The last space of a run before a digit; of a run of two or more not before a line break or
+    // the end of the text.
+    let last_space = space & !(space >> 1);
+    let before_end = if end_of_text { 1u64 << (len - 1) } else { 0 };
+    // Words right after a single punctuation character (the first one: after the piece before).
+    let single_punct_before = (punct << 1) & !(punct << 2);
+    // Starts of words of at least `k` letters (`at_least[k - 1]`, up to 11): the word goes on over
+    // the `k - 1` bytes after its start.
+    let go_on = letter & !word_start;
+    let mut at_least = [0u64; 11];
+    let mut r = word_start & counted;
+    for (k, slot) in at_least.iter_mut().enumerate() {
+        *slot = r;
+        r &= go_on >> (k + 1);
+    }
+    let [r1, r2, r3, r4, r5, r6, r7, r8, r9, _, r11] = at_least;
+    // In the order of `Tally::n`.
+    let masks = [
+        punct & counted,
+        punct_start & counted,
+        newline_start & counted,
+        control & counted,
+        upper & counted,
+        last_space & (digit >> 1) & counted,
+        last_space & (space << 1) & !(newline >> 1) & !before_end & counted,
+        word_start & single_punct_before & counted,
+        r1,
+        r2,
+        r3,
+        r4,
+        r5,
+        r6,
+        r7,
+        r8,
+        r9,
+        r11,
+    ];
+    // Population counts of all the masks at once (compilers vectorize this).
+    let mut n = [0u64; 18];
+    for (c, m) in n.iter_mut().zip(masks) {
+        *c = u64::from(m.count_ones());
+    }
+    let [_, runs, newlines, ..] = n;
+    if let Some(punct_words) = n.get_mut(7) {
+        *punct_words += u64::from(after_punct && word_start & 1 != 0);
+    }
+    for (sum, c) in t.n.iter_mut().zip(n) {
+        *sum += c;
+    }
+
+    // Rarer: letters of long words; all-capital words of two letters or more; digit groups.
+    let ends = word_end & counted;
+    let mut long = r11;
+    while long != 0 {
+        let first = long.trailing_zeros();
+        long &= long - 1;
+        let last = (ends & (u64::MAX << first)).trailing_zeros();
+        t.long_letters += u64::from(last - first + 1);
+    }
+    let mut caps = ends & upper & go_on;
+    while caps != 0 {
+        let last = caps.trailing_zeros();
+        caps &= caps - 1;
+        // The word's start: the last one up to its end (there is one).
+        let first = 63u32.saturating_sub((word_start & (u64::MAX >> (63 - last))).leading_zeros());
+        t.caps_letters += u64::from(last - first + 1);
+    }
+    if digit != 0 {
+        let (mut starts, mut ends) = (digit_start & counted, digit & !(digit >> 1) & counted);
+        let mut groups = 0u64;
+        while starts != 0 {
+            let n = u64::from(ends.trailing_zeros() - starts.trailing_zeros() + 1);
+            starts &= starts - 1;
+            ends &= ends - 1;
+            groups += n.div_ceil(3);
+        }
+        t.digit_groups += groups;
+    }
+
+    // Whether the piece before `end` is a single punctuation character.
+    let single = end < 64 && (single_punct_before >> end) & 1 != 0;
+    Some((end, single, runs <= 2 && newlines == 0 && digit == 0))
+}

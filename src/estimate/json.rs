@@ -1,0 +1,836 @@
+//! The fast walk's JSON reader: a strict scanner over the body bytes that drives the same [`Shape`]
+//! visitors as serde_json does (it is a `serde::Deserializer`), so the estimate cannot depend on which
+//! of the two read the body.
+//!
+//! It accepts a subset of what serde_json accepts and gives up ([`Bail`]) on anything else or anything
+//! it is not sure of: a syntax or UTF-8 error, a control character in a string, a lone surrogate, a
+//! number it does not parse itself that serde_json does not parse either (`1e400`), nesting as deep as
+//! serde_json's recursion limit, a value of a type a `deserialize_*` call does not take. The caller then
+//! reads the body again with serde_json (the reference walk), which gives the result or the error
+//! message. Within that subset it makes the same visitor calls as serde_json, with the same values:
+//! numbers other than plain non-negative integers are parsed by serde_json itself.
+//!
+//! What it does differently is speed. Escapes far apart (prose) are found with a search that compilers
+//! turn into vector instructions; close together (code, JSON-in-a-string: an escape every ten bytes
+//! or so), a window of 64 bytes is looked at at a time, the positions of its quotes, backslashes and
+//! control characters found as one bit mask, so that the work per escape is a few instructions that
+//! do not wait on one another (serde_json finds each escape from the last and pays a `memcpy` call
+//! and a dispatch for it). Short pieces between escapes are copied as one 16-byte block. Plain ASCII
+//! keys are handed over as bytes, without a call to `std::str::from_utf8`. Strings are checked for
+//! UTF-8 where serde_json checks them (every string but the counted ones, which
+//! [`super::utf8_tokens`] checks as it counts them). The parsing is kept out of the generic visitor
+//! code, so that the wasm build does not carry a copy of it per visitor.
+//!
+//! [`Shape`]: super::Shape
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+
+/// The scanner gave up: the caller reads the body with serde_json instead (no message: serde_json's is
+/// the one reported).
+#[derive(Debug)]
+pub(super) struct Bail;
+
+impl fmt::Display for Bail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("fast walk gave up")
+    }
+}
+
+impl std::error::Error for Bail {}
+
+impl de::Error for Bail {
+    #[cold]
+    fn custom<T: fmt::Display>(_msg: T) -> Bail {
+        Bail
+    }
+}
+
+type Res<T> = Result<T, Bail>;
+
+/// Deepest nesting of arrays and objects accepted. serde_json counts down from 128 on entering each
+/// array or object and fails on reaching 0, i.e. at the 128th level; so does this scanner.
+const MAX_NESTING: u32 = 127;
+
+/// A JSON reader over one body.
+pub(super) struct Scanner<'de> {
+    bytes: &'de [u8],
+    /// Index of the next byte to read.
+    pos: usize,
+    /// Arrays and objects open around `pos`.
+    depth: u32,
+    /// Where escaped strings are unescaped.
+    scratch: Vec<u8>,
+}
+
+/// A string's bytes: borrowed from the body (no escapes) or unescaped in the scratch buffer.
+enum Text<'de, 's> {
+    Body(&'de [u8]),
+    Scratch(&'s [u8]),
+}
+
+/// [`Text`] checked for UTF-8.
+enum Str<'de, 's> {
+    Body(&'de str),
+    Scratch(&'s str),
+}
+
+/// A number as serde_json reads it: a non-negative integer, a negative one, or a float.
+enum Number {
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl<'de> Scanner<'de> {
+    pub(super) fn new(bytes: &'de [u8]) -> Scanner<'de> {
+        Scanner {
+            bytes,
+            pos: 0,
+            depth: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Only whitespace left after the value.
+    pub(super) fn end(&mut self) -> Res<()> {
+        match self.peek_token() {
+            None => Ok(()),
+            Some(_) => Err(Bail),
+        }
+    }
+
+    /// Skips whitespace; the next byte (not consumed).
+    #[inline(always)]
+    fn peek_token(&mut self) -> Option<u8> {
+        loop {
+            let b = *self.bytes.get(self.pos)?;
+            if b > b' ' || !matches!(b, b' ' | b'\n' | b'\t' | b'\r') {
+                return Some(b);
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// Skips whitespace and consumes `byte`, or fails.
+    #[inline(always)]
+    fn expect(&mut self, byte: u8) -> Res<()> {
+        if self.peek_token() == Some(byte) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(Bail)
+        }
+    }
+
+    /// Consumes `word` (the rest of `null`, `true`, `false`).
+    #[inline(always)]
+    fn ident(&mut self, word: &[u8]) -> Res<()> {
+        let end = self.pos + word.len();
+        if self.bytes.get(self.pos..end) == Some(word) {
+            self.pos = end;
+            Ok(())
+        } else {
+            Err(Bail)
+        }
+    }
+
+    /// Enters an array or object (its opening bracket consumed).
+    #[inline(always)]
+    fn enter(&mut self) -> Res<()> {
+        self.depth += 1;
+        if self.depth > MAX_NESTING {
+            return Err(Bail);
+        }
+        Ok(())
+    }
+
+    /// A number starting at `pos` (a digit or `-`), as serde_json's `deserialize_any` reads it.
+    #[inline(never)]
+    fn number(&mut self) -> Res<Number> {
+        let start = self.pos;
+        // Plain non-negative integers of up to 19 digits (below 10^19 < 2^64) without a leading zero.
+        let mut n = 0u64;
+        let mut i = start;
+        while let Some(&b) = self.bytes.get(i) {
+            let d = b.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            n = n.wrapping_mul(10).wrapping_add(u64::from(d));
+            i += 1;
+        }
+        let digits = i - start;
+        let plain = !matches!(self.bytes.get(i), Some(b'.' | b'e' | b'E' | b'-' | b'+'));
+        if plain
+            && (1..=19).contains(&digits)
+            && (digits == 1 || self.bytes.get(start) != Some(&b'0'))
+        {
+            self.pos = i;
+            return Ok(Number::U64(n));
+        }
+        // Anything else: the bytes that can belong to a number, parsed by serde_json alone (which
+        // rejects them unless they are exactly one number: then it is the number serde_json reads in
+        // place, as its number grammar is greedy).
+        while let Some(b'0'..=b'9' | b'.' | b'e' | b'E' | b'-' | b'+') = self.bytes.get(i) {
+            i += 1;
+        }
+        let token = self.bytes.get(start..i).ok_or(Bail)?;
+        let number: serde_json::Number = serde_json::from_slice(token).map_err(|_| Bail)?;
+        self.pos = i;
+        if let Some(u) = number.as_u64() {
+            Ok(Number::U64(u))
+        } else if let Some(i) = number.as_i64() {
+            Ok(Number::I64(i))
+        } else {
+            number.as_f64().map(Number::F64).ok_or(Bail)
+        }
+    }
+
+    /// Reads a string whose opening quote is consumed; its bytes, unescaped (not checked for UTF-8).
+    #[inline(always)]
+    fn string(&mut self) -> Res<Text<'de, '_>> {
+        let bytes = self.bytes;
+        let start = self.pos;
+        let i = find_special(bytes, start);
+        match bytes.get(i) {
+            Some(b'"') => {
+                self.pos = i + 1;
+                Ok(Text::Body(bytes.get(start..i).ok_or(Bail)?))
+            }
+            Some(b'\\') => self.unescape(start, i).map(Text::Scratch),
+            _ => Err(Bail),
+        }
+    }
+
+    /// Reads a string checked for UTF-8 (where serde_json checks it).
+    #[inline(never)]
+    fn text(&mut self) -> Res<Str<'de, '_>> {
+        Ok(match self.string()? {
+            Text::Body(b) => Str::Body(std::str::from_utf8(b).map_err(|_| Bail)?),
+            Text::Scratch(b) => Str::Scratch(std::str::from_utf8(b).map_err(|_| Bail)?),
+        })
+    }
+
+    /// A key (its opening quote consumed) that is ASCII without escapes (most), read; else None,
+    /// nothing read.
+    #[inline(always)]
+    fn ascii_key(&mut self) -> Res<Option<&'de [u8]>> {
+        let start = self.pos;
+        let i = find_special(self.bytes, start);
+        match self.bytes.get(i) {
+            Some(b'"') => {
+                let key = self.bytes.get(start..i).ok_or(Bail)?;
+                if key.is_ascii() {
+                    self.pos = i + 1;
+                    return Ok(Some(key));
+                }
+                Ok(None)
+            }
+            Some(b'\\') => Ok(None),
+            _ => Err(Bail),
+        }
+    }
+
+    /// Visits a string checked for UTF-8.
+    #[inline(always)]
+    fn checked_str<V: Visitor<'de>>(&mut self, visitor: V) -> Res<V::Value> {
+        match self.text()? {
+            Str::Body(s) => visitor.visit_borrowed_str(s),
+            Str::Scratch(s) => visitor.visit_str(s),
+        }
+    }
+
+    /// Reads a string not checked for UTF-8.
+    #[inline(always)]
+    fn bytes(&mut self) -> Res<Text<'de, '_>> {
+        self.string()
+    }
+
+    /// The rest of a string from `start` whose first escape is at `esc`: unescaped into the scratch
+    /// buffer; the unescaped bytes.
+    ///
+    /// Escapes far apart are found one after the other. Where several in a row are close together
+    /// the body is looked at in windows of 64 bytes at fixed steps: a bit mask of the quotes,
+    /// backslashes and control characters in a window does not depend on the escapes before it, so
+    /// the work per escape is a few instructions without a long chain of dependent ones (finding the
+    /// next escape from the last one costs more than handling it, then).
+    #[inline(never)]
+    fn unescape(&mut self, start: usize, esc: usize) -> Res<&[u8]> {
+        let bytes = self.bytes;
+        let out = &mut self.scratch;
+        out.clear();
+        // Room for the longest the string can be unescaped (the rest of the body): no reallocation
+        // below, and no bytes to set beforehand.
+        out.reserve(bytes.len() - start + PIECE);
+        out.extend_from_slice(bytes.get(start..esc).ok_or(Bail)?);
+        // Bytes before `r` are copied or unescaped. Escapes far apart (most text) are found one
+        // after the other; close together (code, JSON), a window at a time (`base`: where the
+        // window starts; an escape that began before it may reach 11 bytes into it).
+        let mut r = esc;
+        let mut at = esc;
+        let mut base = esc;
+        let mut windows = false;
+        // Escapes found one at a time in a row less than half a window apart.
+        let mut close = 0;
+        loop {
+            if !windows {
+                copy(bytes, r, at, out)?;
+                match bytes.get(at) {
+                    Some(b'\\') => r = unescape_one(bytes, at, out)?,
+                    Some(b'"') => {
+                        self.pos = at + 1;
+                        return Ok(self.scratch.as_slice());
+                    }
+                    _ => return Err(Bail),
+                }
+                at = find_special(bytes, r);
+                close = if at - r < WINDOW / 2 { close + 1 } else { 0 };
+                if close > 2 {
+                    windows = true;
+                    base = r;
+                    close = 0;
+                }
+                continue;
+            }
+            let Some(window) = bytes.get(base..base + WINDOW) else {
+                // The last bytes of the body, one at a time.
+                loop {
+                    match *bytes.get(r).ok_or(Bail)? {
+                        b'\\' => r = unescape_one(bytes, r, out)?,
+                        b'"' => {
+                            self.pos = r + 1;
+                            return Ok(self.scratch.as_slice());
+                        }
+                        b if b < 0x20 => return Err(Bail),
+                        b => {
+                            out.push(b);
+                            r += 1;
+                        }
+                    }
+                }
+            };
+            // Bits of the window from `r` on (an escape that began in the last window may reach in).
+            let skip = u32::try_from(r.saturating_sub(base)).unwrap_or(u32::MAX);
+            let mut special = special_bits(window) & u64::MAX.checked_shl(skip).unwrap_or(0);
+            // Back to one escape at a time after a window with one or none.
+            windows = special & special.wrapping_sub(1) != 0;
+            while special != 0 {
+                let k = special.trailing_zeros();
+                let at = base + k as usize;
+                copy(bytes, r, at, out)?;
+                match bytes.get(at) {
+                    Some(b'\\') => {
+                        let code = *bytes.get(at + 1).ok_or(Bail)?;
+                        let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
+                        if simple != 0 {
+                            out.push(simple);
+                            r = at + 2;
+                            // The backslash and the byte after it (perhaps a quote or backslash).
+                            special &= !(3 << k);
+                        } else {
+                            r = unescape_one(bytes, at, out)?;
+                            special &= u64::MAX
+                                .checked_shl(u32::try_from(r - base).unwrap_or(64))
+                                .unwrap_or(0);
+                        }
+                    }
+                    Some(b'"') => {
+                        self.pos = at + 1;
+                        return Ok(self.scratch.as_slice());
+                    }
+                    _ => return Err(Bail),
+                }
+            }
+            base += WINDOW;
+            if !windows {
+                at = find_special(bytes, r.max(base));
+            }
+        }
+    }
+}
+
+/// Bytes [`Scanner::unescape`] looks at in one step.
+const WINDOW: usize = 64;
+
+/// Bytes [`copy`] copies at once.
+const PIECE: usize = 16;
+
+/// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20.
+#[inline(always)]
+fn special_bits(window: &[u8]) -> u64 {
+    let mut bits = 0u64;
+    for (k, chunk) in window.chunks_exact(8).enumerate() {
+        // The high bit of each byte, gathered into the top byte by one multiplication (each bit
+        // lands on its own position, so nothing carries).
+        let byte = special_exact(word(chunk)).wrapping_mul(0x0002_0408_1020_4081) >> 56;
+        bits |= byte << (8 * k);
+    }
+    bits
+}
+
+/// High bit set in exactly the bytes of `x` that are a quote, a backslash or below 0x20.
+#[inline(always)]
+fn special_exact(x: u64) -> u64 {
+    const LOW7: u64 = ONES * 0x7F;
+    // The high bit of `((t & LOW7) + LOW7) | t` is set iff the byte of `t` is not zero: the sum stays
+    // within each byte.
+    let nonzero = |t: u64| ((t & LOW7) + LOW7) | t;
+    let quote = nonzero(x ^ (ONES * u64::from(b'"')));
+    let backslash = nonzero(x ^ (ONES * u64::from(b'\\')));
+    // The high bit of `(x & LOW7) + 0x60` is set iff the low seven bits are 0x20 or more.
+    let at_least_space = ((x & LOW7) + ONES * 0x60) | x;
+    !(quote & backslash & at_least_space) & HI
+}
+
+/// Appends `bytes[r..at]` to `out`.
+#[inline(always)]
+fn copy(bytes: &[u8], r: usize, at: usize, out: &mut Vec<u8>) -> Res<()> {
+    let len = at - r;
+    match bytes.get(r..r + PIECE) {
+        // A short piece (most, in code and JSON): one fixed-size copy, cut back.
+        Some(src) if len <= PIECE => {
+            let end = out.len() + len;
+            out.extend_from_slice(src);
+            out.truncate(end);
+        }
+        _ => out.extend_from_slice(bytes.get(r..at).ok_or(Bail)?),
+    }
+    Ok(())
+}
+
+/// The escape at `r` (a backslash) unescaped onto `out`; the index after it.
+#[inline(always)]
+fn unescape_one(bytes: &[u8], r: usize, out: &mut Vec<u8>) -> Res<usize> {
+    let code = *bytes.get(r + 1).ok_or(Bail)?;
+    let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
+    if simple != 0 {
+        out.push(simple);
+        Ok(r + 2)
+    } else if code == b'u' {
+        let (c, len) = unicode_escape(bytes, r)?;
+        out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+        Ok(r + len)
+    } else {
+        Err(Bail)
+    }
+}
+
+/// Unescaped byte of each simple escape (`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`); 0 for the rest.
+#[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+static ESCAPES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t[b'/' as usize] = b'/';
+    t[b'b' as usize] = 0x08;
+    t[b'f' as usize] = 0x0C;
+    t[b'n' as usize] = b'\n';
+    t[b'r' as usize] = b'\r';
+    t[b't' as usize] = b'\t';
+    t
+};
+
+/// The four hex digits at `at` as a number.
+#[inline(always)]
+fn hex4(bytes: &[u8], at: usize) -> Res<u32> {
+    let digits = bytes.get(at..at + 4).ok_or(Bail)?;
+    let mut v = 0u32;
+    for &b in digits {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return Err(Bail),
+        };
+        v = (v << 4) | u32::from(d);
+    }
+    Ok(v)
+}
+
+/// The `\uXXXX` escape at `at` (or a surrogate pair of two): its character and length in bytes. A
+/// lone surrogate fails (serde_json rejects it in a checked string; in a raw one it would not be UTF-8).
+fn unicode_escape(bytes: &[u8], at: usize) -> Res<(char, usize)> {
+    let hi = hex4(bytes, at + 2)?;
+    let (cp, len) = match hi {
+        0xD800..=0xDBFF => {
+            if bytes.get(at + 6..at + 8) != Some(b"\\u") {
+                return Err(Bail);
+            }
+            let lo = hex4(bytes, at + 8)?;
+            if !(0xDC00..=0xDFFF).contains(&lo) {
+                return Err(Bail);
+            }
+            (0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), 12)
+        }
+        _ => (hi, 6),
+    };
+    // None for a lone trailing surrogate.
+    Ok((char::from_u32(cp).ok_or(Bail)?, len))
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// Eight bytes as a little-endian word.
+#[inline(always)]
+fn word(chunk: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(chunk).map_or(0, u64::from_le_bytes)
+}
+
+/// High bit set in the lowest byte of `w` that is a quote, a backslash or below 0x20 (and perhaps in
+/// higher bytes: only the lowest set bit is exact); 0 if there is none.
+#[inline(always)]
+fn special_mask(w: u64) -> u64 {
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x;
+    (zero(w ^ (ONES * u64::from(b'"')))
+        | zero(w ^ (ONES * u64::from(b'\\')))
+        | (w.wrapping_sub(ONES * 0x20) & !w))
+        & HI
+}
+
+/// Index of the first quote, backslash or control character from `at` (`bytes.len()` if none).
+#[inline(always)]
+fn find_special(bytes: &[u8], at: usize) -> usize {
+    let rest = bytes.get(at..).unwrap_or_default();
+    // Most strings (keys, tags, roles) end within eight bytes.
+    if let Some(first) = rest.first_chunk::<8>() {
+        let m = special_mask(u64::from_le_bytes(*first));
+        if m != 0 {
+            return at + (m.trailing_zeros() / 8) as usize;
+        }
+    }
+    let mut i = at;
+    // Long strings: 64 bytes at a time by a test that compilers turn into a few vector instructions
+    // where the target has them (SSE2 and NEON are part of x86_64 and aarch64). On other targets (wasm32
+    // without simd128) it would be a loop over bytes, so there the words below do all the work.
+    let mut blocks = rest.chunks_exact(if VECTOR_SCAN { 64 } else { usize::MAX });
+    for block in &mut blocks {
+        if block.iter().fold(u8::MAX, |m, &b| m.min(special_min(b))) == 0 {
+            break;
+        }
+        i += 64;
+    }
+    let mut chunks = rest.get(i - at..).unwrap_or_default().chunks_exact(8);
+    for chunk in &mut chunks {
+        let m = special_mask(word(chunk));
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    for &b in chunks.remainder() {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            return i;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Whether [`find_special`] first tests blocks of 64 bytes (see there).
+const VECTOR_SCAN: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+/// 0 exactly when `b` is a quote, a backslash or below 0x20 (in a form that vectorizes: a minimum of
+/// differences).
+#[inline(always)]
+fn special_min(b: u8) -> u8 {
+    (b ^ b'"').min(b ^ b'\\').min(b.saturating_sub(0x1F))
+}
+
+/// Implements the `deserialize_*` methods that the visitors never call: the scanner gives up.
+macro_rules! bail {
+    ($($method:ident)*) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, _visitor: V) -> Res<V::Value> {
+                Err(Bail)
+            }
+        )*
+    };
+}
+
+impl<'de> de::Deserializer<'de> for &mut Scanner<'de> {
+    type Error = Bail;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        match self.peek_token().ok_or(Bail)? {
+            b'"' => {
+                self.pos += 1;
+                self.checked_str(visitor)
+            }
+            b'{' => {
+                self.pos += 1;
+                self.map(visitor)
+            }
+            b'[' => {
+                self.pos += 1;
+                self.seq(visitor)
+            }
+            b'-' | b'0'..=b'9' => match self.number()? {
+                Number::U64(u) => visitor.visit_u64(u),
+                Number::I64(i) => visitor.visit_i64(i),
+                Number::F64(f) => visitor.visit_f64(f),
+            },
+            b'n' => {
+                self.pos += 1;
+                self.ident(b"ull")?;
+                visitor.visit_unit()
+            }
+            b't' => {
+                self.pos += 1;
+                self.ident(b"rue")?;
+                visitor.visit_bool(true)
+            }
+            b'f' => {
+                self.pos += 1;
+                self.ident(b"alse")?;
+                visitor.visit_bool(false)
+            }
+            _ => Err(Bail),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        if self.peek_token() == Some(b'n') {
+            self.pos += 1;
+            self.ident(b"ull")?;
+            visitor.visit_none()
+        } else {
+            visitor.visit_some(self)
+        }
+    }
+
+    /// A string's bytes unchecked (as serde_json's `deserialize_bytes`), or an array.
+    fn deserialize_bytes<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        match self.peek_token() {
+            Some(b'"') => {
+                self.pos += 1;
+                match self.bytes()? {
+                    Text::Body(b) => visitor.visit_borrowed_bytes(b),
+                    Text::Scratch(b) => visitor.visit_bytes(b),
+                }
+            }
+            Some(b'[') => {
+                self.pos += 1;
+                self.seq(visitor)
+            }
+            _ => Err(Bail),
+        }
+    }
+
+    fn deserialize_byte_buf<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.deserialize_bytes(visitor)
+    }
+
+    fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        if self.peek_token() == Some(b'"') {
+            self.pos += 1;
+            self.checked_str(visitor)
+        } else {
+            Err(Bail)
+        }
+    }
+
+    fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.deserialize_str(visitor)
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.deserialize_any(visitor)
+    }
+
+    bail! {
+        deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64
+        deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64 deserialize_f32 deserialize_f64
+        deserialize_char deserialize_unit deserialize_seq deserialize_map deserialize_identifier
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, _: V) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, _: V) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, _: V) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: usize,
+        _: V,
+    ) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        _: V,
+    ) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        _: V,
+    ) -> Res<V::Value> {
+        Err(Bail)
+    }
+}
+
+impl<'de> Scanner<'de> {
+    /// An array whose `[` is consumed: the visitor reads it, then the `]` must follow.
+    fn seq<V: Visitor<'de>>(&mut self, visitor: V) -> Res<V::Value> {
+        self.enter()?;
+        let value = visitor.visit_seq(Elements {
+            de: self,
+            first: true,
+        })?;
+        self.expect(b']')?;
+        self.depth -= 1;
+        Ok(value)
+    }
+
+    /// An object whose `{` is consumed: the visitor reads it, then the `}` must follow.
+    fn map<V: Visitor<'de>>(&mut self, visitor: V) -> Res<V::Value> {
+        self.enter()?;
+        let value = visitor.visit_map(Entries {
+            de: self,
+            first: true,
+        })?;
+        self.expect(b'}')?;
+        self.depth -= 1;
+        Ok(value)
+    }
+}
+
+/// The elements of an array.
+struct Elements<'a, 'de> {
+    de: &'a mut Scanner<'de>,
+    first: bool,
+}
+
+impl<'de> SeqAccess<'de> for Elements<'_, 'de> {
+    type Error = Bail;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Res<Option<T::Value>> {
+        match self.de.peek_token() {
+            Some(b']') => return Ok(None),
+            // After a comma a value must follow (`]` there fails in `deserialize_*`).
+            Some(b',') if !self.first => self.de.pos += 1,
+            Some(_) if self.first => {}
+            _ => return Err(Bail),
+        }
+        self.first = false;
+        seed.deserialize(&mut *self.de).map(Some)
+    }
+}
+
+/// The entries of an object.
+struct Entries<'a, 'de> {
+    de: &'a mut Scanner<'de>,
+    first: bool,
+}
+
+impl<'de> MapAccess<'de> for Entries<'_, 'de> {
+    type Error = Bail;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Res<Option<K::Value>> {
+        match self.de.peek_token() {
+            Some(b'}') => return Ok(None),
+            Some(b',') if !self.first => {
+                self.de.pos += 1;
+                if self.de.peek_token() != Some(b'"') {
+                    return Err(Bail);
+                }
+            }
+            Some(b'"') if self.first => {}
+            _ => return Err(Bail),
+        }
+        self.first = false;
+        self.de.pos += 1;
+        seed.deserialize(Key { de: &mut *self.de }).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Res<V::Value> {
+        self.de.expect(b':')?;
+        seed.deserialize(&mut *self.de)
+    }
+}
+
+/// An object key (its opening quote consumed): a string, whatever type is asked for (as serde_json's
+/// keys for the requests the visitors make: `deserialize_str`, `deserialize_any`).
+struct Key<'a, 'de> {
+    de: &'a mut Scanner<'de>,
+}
+
+impl<'de> de::Deserializer<'de> for Key<'_, 'de> {
+    type Error = Bail;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.de.checked_str(visitor)
+    }
+
+    fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.de.checked_str(visitor)
+    }
+
+    fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.de.checked_str(visitor)
+    }
+
+    /// ASCII keys as bytes (ASCII is UTF-8: checking it is checking the key), others as strings.
+    fn deserialize_identifier<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        match self.de.ascii_key()? {
+            Some(key) => visitor.visit_borrowed_bytes(key),
+            None => self.de.checked_str(visitor),
+        }
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Res<V::Value> {
+        self.de.checked_str(visitor)
+    }
+
+    bail! {
+        deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64
+        deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64 deserialize_f32 deserialize_f64
+        deserialize_char deserialize_unit deserialize_seq deserialize_map deserialize_option
+        deserialize_bytes deserialize_byte_buf
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, _: V) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, _: V) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, _: V) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: usize,
+        _: V,
+    ) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        _: V,
+    ) -> Res<V::Value> {
+        Err(Bail)
+    }
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        _: V,
+    ) -> Res<V::Value> {
+        Err(Bail)
+    }
+}
