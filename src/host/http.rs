@@ -1475,39 +1475,45 @@ impl HttpContext for Http {
             .or(self.charged_global.as_ref())
             .and_then(|(i, _, _)| self.cfg.as_ref().and_then(|c| c.rules.get(*i)))
             .is_some_and(|r| r.refund_unused);
-        if !self.breakers.is_empty() || self.quota.is_some() || refunding {
-            self.resp.status = abi::get_header(Map::ResponseHeaders, ":status")
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-        }
-        // Retry hints matter only on failures.
-        if !self.breakers.is_empty() && (self.resp.status == 429 || self.resp.status >= 500) {
-            self.resp.retry_after = abi::get_header(Map::ResponseHeaders, "retry-after");
-            for h in [
-                "x-ratelimit-reset-requests",
-                "x-ratelimit-reset-tokens",
-                "anthropic-ratelimit-requests-reset",
-            ] {
-                if let Some(v) = abi::get_header(Map::ResponseHeaders, h) {
-                    self.resp.reset_headers.push(v);
-                }
-            }
-            if let Some(ms) = abi::get_header(Map::ResponseHeaders, "retry-after-ms") {
-                self.resp.reset_headers.push(format!("{}ms", ms.trim()));
-            }
-        }
         let settling = self
             .quota
             .as_ref()
             .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain));
-        if !self.breakers.is_empty() || settling || refunding {
-            let sse = abi::get_header(Map::ResponseHeaders, "content-type")
-                .is_some_and(|c| c.contains("text/event-stream"));
-            if sse {
-                self.resp.stream = Some(SseScanner::new(self.injected_usage));
-            } else {
-                self.resp.collect =
-                    (settling || refunding) && (200..300).contains(&self.resp.status);
+        let inspect = !self.breakers.is_empty() || settling || refunding;
+        if inspect || self.quota.is_some() {
+            // Every response header this request looks at, in one host call (one data-returning call
+            // costs about as much as a header write; a read per header cost 10 k instructions each).
+            let headers = abi::HeaderBlob::get(Map::ResponseHeaders);
+            self.resp.status = headers
+                .find(":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            // Retry hints matter only on failures.
+            if !self.breakers.is_empty() && (self.resp.status == 429 || self.resp.status >= 500) {
+                self.resp.retry_after = headers.find("retry-after").map(str::to_string);
+                for h in [
+                    "x-ratelimit-reset-requests",
+                    "x-ratelimit-reset-tokens",
+                    "anthropic-ratelimit-requests-reset",
+                ] {
+                    if let Some(v) = headers.find(h) {
+                        self.resp.reset_headers.push(v.to_string());
+                    }
+                }
+                if let Some(ms) = headers.find("retry-after-ms") {
+                    self.resp.reset_headers.push(format!("{}ms", ms.trim()));
+                }
+            }
+            if inspect {
+                let sse = headers
+                    .find("content-type")
+                    .is_some_and(|c| c.contains("text/event-stream"));
+                if sse {
+                    self.resp.stream = Some(SseScanner::new(self.injected_usage));
+                } else {
+                    self.resp.collect =
+                        (settling || refunding) && (200..300).contains(&self.resp.status);
+                }
             }
         }
         if let Some(qr) = &self.quota {
