@@ -108,7 +108,15 @@ pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
     key.push_str(tenant);
     if let Some(m) = model {
         key.push(':');
-        key.push_str(m);
+        // ':' inside the model is written `%3A` (`%` is not a key character): the last ':' of a key
+        // then always ends the tenant, so tenant `acme` with model `dev:m` and tenant `acme:dev` with
+        // model `m` never share a bucket.
+        for (i, part) in m.split(':').enumerate() {
+            if i > 0 {
+                key.push_str("%3A");
+            }
+            key.push_str(part);
+        }
     }
     key
 }
@@ -536,5 +544,19 @@ mod tests {
         assert_eq!(key_model("evil model\n"), "~other");
         assert_eq!(key_model(&"m".repeat(300)), "~other");
         assert_eq!(key_model(""), "~other");
+    }
+
+    #[test]
+    fn colons_in_tenant_and_model_never_make_two_pairs_share_a_key() {
+        let c = cfg("");
+        let rule = &c.rules[0];
+        assert!(rule.per_model);
+        let a = plain_key(rule, "acme:dev", "m");
+        let b = plain_key(rule, "acme", "dev:m");
+        assert_ne!(a, b);
+        assert!(a.ends_with(":acme:dev:m"), "{a}");
+        assert!(b.ends_with(":acme:dev%3Am"), "{b}");
+        assert!(plain_key(rule, "key:ab12", "ft:gpt-4o:org::x")
+            .ends_with(":key:ab12:ft%3Agpt-4o%3Aorg%3A%3Ax"));
     }
 }

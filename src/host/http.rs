@@ -384,7 +384,14 @@ impl Http {
         } else {
             &self.tenant
         };
-        let model = if model.is_empty() { "-" } else { model };
+        // The model comes from the client's body: written percent-encoded (bounded), so that it can
+        // never add fields or lines to the access log.
+        let model = if model.is_empty() {
+            "-".to_string()
+        } else {
+            crate::quota::sanitize(model)
+        };
+        let model = model.as_str();
         let estimated = reply::Dec::int(self.cost.unwrap_or(0));
         let mut rec = String::with_capacity(64 + tenant.len() + model.len());
         for part in [
@@ -419,7 +426,18 @@ impl Http {
         };
         metrics::inc(id);
         self.audit(name, model);
-        self.send(r, "tokengate_rejected")
+        match self.cost {
+            // Body-phase refusals say what the request would have cost (what the client waits for).
+            Some(cost) => {
+                let mut r = r.clone();
+                r.headers.push((
+                    "x-tokengate-estimated-tokens".to_string(),
+                    reply::Dec::int(cost).as_str().to_string(),
+                ));
+                self.send(&r, "tokengate_rejected")
+            }
+            None => self.send(r, "tokengate_rejected"),
+        }
     }
 
     /// The body is complete (or there is none): estimate, pick the model, charge, decide.
@@ -428,7 +446,8 @@ impl Http {
         let Some(kind) = self.kind else {
             return Action::Continue;
         };
-        let est = match estimate::estimate(kind, body, &|model| cfg.output_limits(model)) {
+        let hint = self.model_hint.as_deref();
+        let est = match estimate::estimate(kind, body, &|model| cfg.output_limits(model.or(hint))) {
             Ok(e) => Some(e),
             Err(e) => match cfg.invalid_body {
                 InvalidBody::Reject => {
@@ -1291,11 +1310,24 @@ impl HttpContext for Http {
             }
             _ => None,
         };
+        if let Some(b) = &cfg.breaker {
+            // Only the filter may steer requests to a fallback cluster, on every path and method
+            // (a client-sent value would pick the fallback route for requests the filter passes).
+            if h(&b.route_header).is_some() {
+                let _ = abi::remove_header(Map::RequestHeaders, &b.route_header);
+            }
+        }
         if self.kind.is_none() {
             metrics::inc(m.requests_passthrough);
             return Action::Continue;
         }
         self.phase = Phase::Metering;
+        if h("accept-encoding").is_some() && reads_responses(&cfg) {
+            // The filter reads the response (usage for settlements and refunds, the end of SSE
+            // streams for the breaker): ask the provider for it uncompressed. A compressor filter
+            // placed before tokengate still compresses for the client.
+            let _ = abi::remove_header(Map::RequestHeaders, "accept-encoding");
+        }
 
         let header_tenant = cfg.tenant_header.as_deref().and_then(h);
         let key = identity::api_key(h("authorization"), h("x-api-key"));
@@ -1352,10 +1384,6 @@ impl HttpContext for Http {
             }
         }
         if let Some(b) = &cfg.breaker {
-            // Only the filter may steer requests to a fallback cluster.
-            if h(&b.route_header).is_some() {
-                let _ = abi::remove_header(Map::RequestHeaders, &b.route_header);
-            }
             if !b.model_fallbacks.is_empty() && cfg.quota.is_none() && h("content-length").is_some()
             {
                 // The body may be rewritten (model fallback): let Envoy send it chunked.
@@ -1504,7 +1532,12 @@ impl HttpContext for Http {
                     self.resp.reset_headers.push(format!("{}ms", ms.trim()));
                 }
             }
-            if inspect {
+            // A body the provider compressed anyway (it ignored the removed accept-encoding) cannot be
+            // read: its usage is unknown (the estimate stands) and an SSE stream's end is not judged.
+            let encoded = headers.find("content-encoding").is_some_and(|e| {
+                !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity")
+            });
+            if inspect && !encoded {
                 let sse = headers
                     .find("content-type")
                     .is_some_and(|c| c.contains("text/event-stream"));
@@ -1758,4 +1791,9 @@ impl Http {
             "tokengate_too_large",
         )
     }
+}
+
+/// Whether responses are read for this configuration (breaker stream ends, quota settlements, refunds).
+fn reads_responses(cfg: &Config) -> bool {
+    cfg.breaker.is_some() || cfg.quota.is_some() || cfg.rules.iter().any(|r| r.refund_unused)
 }
