@@ -481,6 +481,9 @@ fn ms_until(now_ns: u64, deadline_ns: u64) -> u64 {
     deadline_ns.saturating_sub(now_ns).div_ceil(NS_PER_MS)
 }
 
+/// The longest `reset_in` / `retry-after` of a request refused while HALF_OPEN's probes are all taken.
+pub const HALF_OPEN_RETRY_MS: u64 = 1000;
+
 /// Decides whether a request may go to this breaker's key now.
 ///
 /// CLOSED → `Allowed` (nothing to write). OPEN before `open_until` → `Rejected`; at or after it the
@@ -519,7 +522,10 @@ pub fn admit(
                 next.last_probe_ns = now_ns;
                 (Admission::Probe, Some(next), None)
             } else {
-                let reset_in_ms = ms_until(now_ns, next.probes_expire_at(cfg));
+                // The probes usually answer long before their permits expire: clients are told to come
+                // back soon rather than after the whole `probe_timeout_ms`.
+                let reset_in_ms =
+                    ms_until(now_ns, next.probes_expire_at(cfg)).min(HALF_OPEN_RETRY_MS);
                 (Admission::Rejected { reset_in_ms }, None, None)
             }
         }
@@ -646,7 +652,8 @@ pub fn peek_state(state: &BreakerState, cfg: &BreakerConfig, now_ns: u64) -> (St
             if s.probes_issued < cfg.half_open_max_calls.max(1) {
                 (State::HalfOpen, 0)
             } else {
-                (State::HalfOpen, ms_until(now_ns, s.probes_expire_at(cfg)))
+                let wait = ms_until(now_ns, s.probes_expire_at(cfg)).min(HALF_OPEN_RETRY_MS);
+                (State::HalfOpen, wait)
             }
         }
     }
@@ -846,6 +853,16 @@ pub fn classify(
         200..=399 => Some(Outcome::Success),
         _ => None,
     }
+}
+
+/// Whether a 2xx/3xx response ended because the upstream connection was reset or closed after the
+/// response had started (Envoy's `upstream_reset_after_response_started{…}` details): a cut stream.
+pub fn cut_after_response_started(status: u32, local_reason: Option<&str>) -> bool {
+    (200..400).contains(&status)
+        && local_reason.is_some_and(|r| {
+            r.trim()
+                .starts_with("upstream_reset_after_response_started")
+        })
 }
 
 /// How long the upstream asked us to wait, in ms: the largest of `Retry-After` (delta seconds; an
@@ -1243,14 +1260,17 @@ mod tests {
         let mut s = half_open_at(&c, at);
         assert_eq!(adm(&mut s, &c, at + S), (Admission::Probe, None));
         assert_eq!(adm(&mut s, &c, at + 2 * S), (Admission::Probe, None));
-        // Permits expire 60 s after the latest one (at + 2 s).
+        // Permits expire 60 s after the latest one (at + 2 s), but the probes usually answer long
+        // before: clients are told to retry within HALF_OPEN_RETRY_MS.
         assert_eq!(
             adm(&mut s, &c, at + 3 * S).0,
-            Admission::Rejected {
-                reset_in_ms: 59_000
-            }
+            Admission::Rejected { reset_in_ms: 1_000 }
         );
-        assert_eq!(peek_state(&s, &c, at + 3 * S), (State::HalfOpen, 59_000));
+        assert_eq!(peek_state(&s, &c, at + 3 * S), (State::HalfOpen, 1_000));
+        assert_eq!(
+            adm(&mut s, &c, at + 2 * S + 59_600 * NS_PER_MS).0,
+            Admission::Rejected { reset_in_ms: 400 }
+        );
         assert_eq!(s.probes_issued, 3);
     }
 
@@ -1492,6 +1512,19 @@ mod tests {
         assert!(st.corrupt);
         let (_, _, st) = admit_shared(&store, &k, &cfg(), T0, 8).unwrap();
         assert!(!st.corrupt);
+    }
+
+    #[test]
+    fn a_cut_stream_is_a_reset_after_a_successful_start() {
+        let cut = Some("upstream_reset_after_response_started{connection_termination}");
+        assert!(cut_after_response_started(200, cut));
+        assert!(!cut_after_response_started(503, cut));
+        assert!(!cut_after_response_started(
+            200,
+            Some("upstream_reset_before_response_started{connection_termination}")
+        ));
+        assert!(!cut_after_response_started(200, Some("via_upstream")));
+        assert!(!cut_after_response_started(200, None));
     }
 
     #[test]

@@ -121,7 +121,9 @@ if not (t and r and u) then t, r, u = burst, rpm, now end
 local dt = math.max(0, now - u) / 1e6
 t = math.min(burst, t + dt * rate)
 if rpm > 0 then r = math.min(rpm, r + dt * rpm / 60) else r = 0 end
-if u < now then u = now end
+-- A stamp ahead of this clock (garbage, or a failover to a server whose clock is behind) refills
+-- nothing and is pulled back to now, so the bucket is never stuck waiting for the clock.
+u = now
 local function store()
   redis.call('HSET', KEYS[1], 't', string.format('%.17g', t), 'r', string.format('%.17g', r), 'u', string.format('%d', u))
   local ttl = math.ceil((burst - t) / rate * 1000) + 60000
@@ -136,12 +138,14 @@ if credit > 0 then
   store()
   return out(0, 0)
 end
-if cost > burst then return out(4, 0) end
+-- Refusals store too: the refill is kept and the key always has its expiry.
+if cost > burst then store() return out(4, 0) end
 local tw = math.max(0, (cost - t) / rate)
 local rw = 0
 if rpm > 0 then rw = math.max(0, (1 - r) * 60 / rpm) end
 local w = math.max(tw, rw)
 if w > 0 and w > maxw / 1000 then
+  store()
   if rw > tw then return out(3, math.ceil(rw * 1e6)) end
   return out(2, math.ceil(tw * 1e6))
 end
@@ -153,7 +157,7 @@ return out(0, 0)
 "#;
 
 /// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const SHA1: &str = "b92f78ba093e20bc19f8e14d0f5874d1b5f43542";
+pub const SHA1: &str = "289b5260ebbe183d2798e427c9436ecb87e465b2";
 
 /// The Redis key of `rule`'s bucket for (tenant, model).
 pub fn key(rule: &Rule, tenant: &str, model: &str) -> String {
@@ -505,5 +509,14 @@ mod live {
         st.cli(&["HSET", "h", "t", "abc", "r", "0", "u", "zz"]);
         let r = call(&st, "h", &p, 10, 0, 0, 5);
         assert_eq!((r.verdict, r.state.tokens), (Verdict::Admit, 90.0));
+        // A stamp far in the future (garbage, or written by a server whose clock was ahead): the
+        // bucket refills from now on instead of waiting for that clock, and the key gets its expiry.
+        st.cli(&["HSET", "f", "t", "0", "r", "0", "u", "99999999999999999"]);
+        let r = call(&st, "f", &p, 10, 0, 0, 5_000_000);
+        assert!(matches!(r.verdict, Verdict::LimitTokens { .. }), "{r:?}");
+        let ttl: i64 = st.cli(&["PTTL", "f"]).parse().unwrap();
+        assert!(ttl > 0, "{ttl}");
+        let r = call(&st, "f", &p, 10, 0, 0, 6_000_000);
+        assert_eq!(r.verdict, Verdict::Admit, "{r:?}");
     }
 }

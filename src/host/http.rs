@@ -274,7 +274,7 @@ impl Http {
             503,
             "upstream_unavailable",
             "circuit_open",
-            &format!("The {what} '{name}' is failing and its circuit breaker is open; retry after the reset."),
+            &format!("The {what} '{name}' is failing and its circuit breaker is not letting requests through (open, or half-open with every probe in flight); retry after the reset."),
             reset_s,
         );
         r.headers.push((
@@ -1711,6 +1711,14 @@ impl Http {
         } else {
             None
         };
+        if !b.count_incomplete_streams
+            && self.resp.stream.is_some()
+            && breaker::cut_after_response_started(status, details.as_deref())
+        {
+            // A stream the upstream cut after it had started: that is what the option turns off
+            // (the reset would otherwise count as one).
+            return;
+        }
         let Some(outcome) = breaker::classify(status, details.as_deref(), completed, &b.policy)
         else {
             return;

@@ -664,6 +664,37 @@ fn stream_cut_midway_counts_as_failure() {
 }
 
 #[test]
+fn cut_streams_do_not_count_when_count_incomplete_streams_is_off() {
+    let mock = mock_provider!();
+    let envoy = tg::start(
+        &mock,
+        config_with(
+            json!({"keys": ["model"], "failure_threshold": 2, "recovery_ms": 30_000,
+                           "count_incomplete_streams": false}),
+        ),
+    );
+    for _ in 0..4 {
+        let s = post_stream(&envoy, &[("x-mock-cut-after", "2")]);
+        assert_eq!(s.status, 200, "the stream had started");
+        assert!(!s.complete, "the client sees the cut");
+    }
+    settle();
+    assert_eq!(
+        envoy.stat("tokengate_breaker_opened"),
+        0,
+        "log:\n{}",
+        breaker_log(&envoy)
+    );
+    // A failure status still counts with the option off.
+    for _ in 0..2 {
+        let r = post(&envoy, &[("x-mock-status", "500")], &chat(MODEL, 10));
+        assert_eq!(r.status, 500);
+    }
+    expect_opened(&envoy, 1);
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
 fn client_4xx_does_not_count() {
     let mock = mock_provider!();
     let envoy = tg::start(
