@@ -362,6 +362,25 @@ pub fn credit(
     .map(|_| ())
 }
 
+/// Takes `amount` more tokens from the bucket at `key` (usage above the charge, `refund_unused`).
+pub fn debit(
+    store: &dyn SharedStore,
+    cfg: &Config,
+    rule: &Rule,
+    key: &str,
+    amount: u64,
+    now_ns: u64,
+) -> Result<(), UpdateError> {
+    if amount == 0 {
+        return Ok(());
+    }
+    let init = BucketState::full(&rule.params, now_ns);
+    store::update(store, key, cfg.cas_max_retries, &init, |s| {
+        ((), Some(bucket::debit(s, &rule.params, amount, now_ns)))
+    })
+    .map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -228,6 +228,16 @@ pub fn credit(state: &BucketState, p: &BucketParams, amount: u64, now_ns: u64) -
     }
 }
 
+/// Takes `amount` tokens after the fact (usage above what was charged): the balance may go into debt,
+/// at most one burst deep, which later requests wait out like shaping debt.
+pub fn debit(state: &BucketState, p: &BucketParams, amount: u64, now_ns: u64) -> BucketState {
+    let s = state.refilled(p, now_ns);
+    BucketState {
+        tokens: (s.tokens - amount as f64).max(-p.burst),
+        ..s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +249,17 @@ mod tests {
             burst,
             requests_per_minute: rpm,
         }
+    }
+
+    #[test]
+    fn debits_go_into_debt_at_most_one_burst_deep() {
+        let p = p(10.0, 100.0, None);
+        let s = BucketState::full(&p, 0);
+        let d = debit(&s, &p, 150, 0);
+        assert_eq!(d.tokens, -50.0);
+        assert_eq!(debit(&d, &p, 1000, 0).tokens, -100.0);
+        // Debt refills like any shortfall: 10 tokens/s.
+        assert_eq!(d.refilled(&p, 5 * S).tokens, 0.0);
     }
 
     #[test]

@@ -96,7 +96,9 @@ impl ApiKind {
             Some(ApiKind::Embeddings)
         } else if path.ends_with("/responses") {
             Some(ApiKind::Responses)
-        } else if path.ends_with("/messages") {
+        } else if path.ends_with("/messages") && !path.contains("/threads/") {
+            // Not OpenAI Assistants' `/v1/threads/{id}/messages`, which stores a message and bills
+            // nothing.
             Some(ApiKind::AnthropicMessages)
         } else {
             None
@@ -2825,6 +2827,7 @@ mod tests {
             Some(ApiKind::AnthropicMessages)
         );
         assert_eq!(ApiKind::from_path("/v1/models"), None);
+        assert_eq!(ApiKind::from_path("/v1/threads/thread_abc/messages"), None);
         assert_eq!(ApiKind::from_path("/v1/chat/completions/x"), None);
         assert_eq!(ApiKind::from_path(""), None);
         assert_eq!(ApiKind::ChatCompletions.as_str(), "chat_completions");

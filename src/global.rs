@@ -100,10 +100,11 @@ pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
     }
 }
 
-/// The bucket script (charge, or credit when ARGV[6] > 0).
+/// The bucket script (charge, or credit when ARGV[6] ≠ 0: a negative credit is a debit, which may
+/// leave the bucket in debt down to −burst).
 ///
 /// KEYS: `bucket`. ARGV: `cost, tokens_per_second, burst, requests_per_minute (0 = none), max_wait_ms,
-/// credit (0 = charge), now_us (0 = Redis TIME; tests only), "tg1"`.
+/// credit (0 = charge, < 0 = debit), now_us (0 = Redis TIME; tests only), "tg1"`.
 pub const SCRIPT: &str = r#"-- tokengate global bucket v1
 if ARGV[8] ~= 'tg1' then return redis.error_reply('ERR tokengate: protocol mismatch') end
 local cost, rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -133,8 +134,8 @@ end
 local function out(verdict, us)
   return {verdict, math.floor(t * 1000), math.floor(r * 1000), us}
 end
-if credit > 0 then
-  t = math.min(burst, t + credit)
+if credit ~= 0 then
+  t = math.max(-burst, math.min(burst, t + credit))
   store()
   return out(0, 0)
 end
@@ -157,7 +158,7 @@ return out(0, 0)
 "#;
 
 /// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const SHA1: &str = "289b5260ebbe183d2798e427c9436ecb87e465b2";
+pub const SHA1: &str = "75649e2d74ef0a2277d22781482edfb6de1dd102";
 
 /// The Redis key of `rule`'s bucket for (tenant, model).
 pub fn key(rule: &Rule, tenant: &str, model: &str) -> String {
@@ -169,7 +170,7 @@ pub fn key(rule: &Rule, tenant: &str, model: &str) -> String {
     k
 }
 
-fn argv(p: &BucketParams, cost: u64, max_wait_ms: u64, credit: u64, now_us: u64) -> Vec<String> {
+fn argv(p: &BucketParams, cost: u64, max_wait_ms: u64, credit: i64, now_us: u64) -> Vec<String> {
     vec![
         cost.to_string(),
         num(p.tokens_per_second),
@@ -208,9 +209,11 @@ pub fn charge_request(
     )
 }
 
-/// Webdis body that gives `amount` tokens back (never above the burst).
-pub fn credit_request(key: &str, p: &BucketParams, amount: u64, call: ScriptCall) -> String {
-    command_body(call, SCRIPT, SHA1, &[key], &argv(p, 0, 0, amount.max(1), 0))
+/// Webdis body that gives `amount` tokens back (never above the burst), or takes them when negative
+/// (never below −burst).
+pub fn credit_request(key: &str, p: &BucketParams, amount: i64, call: ScriptCall) -> String {
+    let amount = if amount == 0 { 1 } else { amount };
+    command_body(call, SCRIPT, SHA1, &[key], &argv(p, 0, 0, amount, 0))
 }
 
 /// The script's answer: the verdict and the balances it left (tokens and requests; `updated_ns` 0).
@@ -380,7 +383,7 @@ mod live {
         p: &BucketParams,
         cost: u64,
         wait: u64,
-        credit: u64,
+        credit: i64,
         now_us: u64,
     ) -> Reply {
         let body = command_body(
@@ -477,6 +480,13 @@ mod live {
         let r = call(&st, "k", &p, 0, 0, 30, 1_000_000);
         assert_eq!(r.state.tokens, 50.0);
         let r = call(&st, "k", &p, 0, 0, 500, 1_000_000);
+        assert_eq!(r.state.tokens, 100.0);
+        // Negative credits are debits (usage above the charge), at most one burst into debt.
+        let r = call(&st, "k", &p, 0, 0, -150, 1_000_000);
+        assert_eq!(r.state.tokens, -50.0);
+        let r = call(&st, "k", &p, 0, 0, -500, 1_000_000);
+        assert_eq!(r.state.tokens, -100.0);
+        let r = call(&st, "k", &p, 0, 0, 200, 1_000_000);
         assert_eq!(r.state.tokens, 100.0);
         // Drained: refills in 10 s; the key lives that long plus 60 s, no longer.
         call(&st, "k", &p, 100, 0, 0, 1_000_000);

@@ -49,8 +49,9 @@ pub fn response(body_size: usize) -> Result<global::Reply, ShimError> {
     global::parse_reply(status, &body)
 }
 
-/// Queues a credit of `amount` tokens to `key` for the root's tick.
-pub fn enqueue_credit(key: String, rule_idx: usize, amount: u64) {
+/// Queues a credit of `amount` tokens to `key` for the root's tick (negative: a debit, usage above
+/// the charge with `refund_unused`).
+pub fn enqueue_credit(key: String, rule_idx: usize, amount: i64) {
     if amount == 0 {
         return;
     }
@@ -66,7 +67,7 @@ pub fn enqueue_credit(key: String, rule_idx: usize, amount: u64) {
 
 /// Root tick: sends queued credits (none while the shim breaker is open: they wait).
 pub fn tick(cfg: &crate::config::Config, g: &GlobalSettings) {
-    let jobs: Vec<(String, usize, u64)> = VM.with(|vm| {
+    let jobs: Vec<(String, usize, i64)> = VM.with(|vm| {
         let mut vm = vm.borrow_mut();
         let room = MAX_INFLIGHT_CREDITS.saturating_sub(vm.global_credits_inflight.len());
         let n = room.min(vm.global_credits.len());
@@ -109,7 +110,11 @@ pub fn on_credit_response(
         Ok(_) => {
             // EVAL caches the script too.
             set_script_loaded(true);
-            metrics::add(m.global_tokens_credited, amount);
+            if amount > 0 {
+                metrics::add(m.global_tokens_credited, amount.unsigned_abs());
+            } else {
+                metrics::add(m.global_tokens_debited, amount.unsigned_abs());
+            }
         }
         Err(ShimError::NoScript) => {
             // Resent with EVAL on the next tick.

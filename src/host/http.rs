@@ -356,7 +356,7 @@ impl Http {
             }
         }
         if let Some((idx, key, cost)) = self.charged_global.take() {
-            global_host::enqueue_credit(key, idx, cost);
+            global_host::enqueue_credit(key, idx, i64::try_from(cost).unwrap_or(i64::MAX));
         }
     }
 
@@ -1305,8 +1305,15 @@ impl HttpContext for Http {
             // Trailing slashes do not hide an LLM path (`/v1/chat/completions/` is metered too).
             Some("POST") => {
                 let path = h(":path").unwrap_or_default();
-                let path = path.split(['?', '#']).next().unwrap_or(path);
-                ApiKind::from_path(path.trim_end_matches('/'))
+                // Query, fragment and `;` parameters are not part of the endpoint's name, and
+                // neither is case (an upstream that ignores it must not serve unmetered calls).
+                let path = path.split(['?', '#', ';']).next().unwrap_or(path);
+                let path = path.trim_end_matches('/');
+                if path.bytes().any(|b| b.is_ascii_uppercase()) {
+                    ApiKind::from_path(&path.to_ascii_lowercase())
+                } else {
+                    ApiKind::from_path(path)
+                }
             }
             _ => None,
         };
@@ -1560,8 +1567,13 @@ impl HttpContext for Http {
             // The body is rewritten chunk by chunk (the usage chunk removed).
             let _ = abi::remove_header(Map::ResponseHeaders, "content-length");
         }
-        for f in &self.fallbacks {
-            let _ = abi::add_header(Map::ResponseHeaders, "x-tokengate-fallback", f);
+        if !self.fallbacks.is_empty() {
+            // Every hop in one header, in order: `provider -> provider_fallback, gpt-4.1 -> deepseek`.
+            let _ = abi::set_header(
+                Map::ResponseHeaders,
+                "x-tokengate-fallback",
+                &self.fallbacks.join(", "),
+            );
         }
         if let Some(snap) = &self.snapshot {
             reply::each_ratelimit_header(snap, |k, v| {
@@ -1649,27 +1661,41 @@ impl Http {
         };
         self.resp.refunded = true;
         let status = self.resp.status;
-        let amount = if status == 0 {
+        // Positive: tokens given back; negative: the provider's usage was above the charge and the
+        // difference is taken too, so the bucket accounts for what was really spent.
+        let amount: i64 = if status == 0 {
             0
         } else if !(200..300).contains(&status) {
-            cost
+            i64::try_from(cost).unwrap_or(i64::MAX)
         } else {
             let usage = match &self.resp.stream {
                 Some(sc) => sc.usage(),
                 None => usage::from_json(&self.resp.json),
             };
             usage.map_or(0, |u| {
-                cost.saturating_sub(u.prompt_tokens.saturating_add(u.completion_tokens))
+                let used = u.prompt_tokens.saturating_add(u.completion_tokens);
+                let diff = i128::from(cost) - i128::from(used);
+                i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
             })
         };
         if amount == 0 {
             return;
         }
+        let m = metrics::get();
         if global {
-            // Sent by the root's tick (counted in tokengate_global_tokens_credited when Redis takes it).
+            // Sent by the root's tick (counted in tokengate_global_tokens_credited / _debited when
+            // Redis takes it).
             global_host::enqueue_credit(key, idx, amount);
-        } else if admission::credit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
-            metrics::add(metrics::get().tokens_credited, amount);
+        } else if amount > 0 {
+            let amount = amount.unsigned_abs();
+            if admission::credit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
+                metrics::add(m.tokens_credited, amount);
+            }
+        } else {
+            let amount = amount.unsigned_abs();
+            if admission::debit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
+                metrics::add(m.tokens_debited, amount);
+            }
         }
     }
 }

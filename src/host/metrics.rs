@@ -39,6 +39,7 @@ counters!(
     requests_invalid_body_charged,
     tokens_estimated,
     tokens_credited,
+    tokens_debited,
     cas_exhausted,
     state_corrupt,
     store_errors,
@@ -72,6 +73,7 @@ counters!(
     global_fail_open,
     global_fail_closed,
     global_tokens_credited,
+    global_tokens_debited,
     global_credits_dropped,
 );
 

@@ -34,9 +34,9 @@ pub struct Vm {
     /// Redis has the global bucket script cached.
     pub global_script_loaded: bool,
     /// Global bucket credits waiting for the root's tick: (key, rule index, tokens).
-    pub global_credits: Vec<(String, usize, u64)>,
+    pub global_credits: Vec<(String, usize, i64)>,
     /// Global bucket credits sent, by callout token.
-    pub global_credits_inflight: std::collections::HashMap<u32, (String, usize, u64)>,
+    pub global_credits_inflight: std::collections::HashMap<u32, (String, usize, i64)>,
 }
 
 /// Most entries kept in [`Vm::known_keys`] before it is cleared.

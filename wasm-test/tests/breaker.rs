@@ -777,7 +777,11 @@ fn cross_cluster_fallback_reaches_the_second_mock_cluster() {
     assert!(primary.incomplete_requests().is_empty());
     let got = fallback.requests();
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].header("x-tokengate-route"), Some("fallback"));
+    assert_eq!(
+        got[0].header("x-tokengate-route"),
+        None,
+        "the route config removes the filter's header once the route is chosen"
+    );
     assert_eq!(
         got[0].json(),
         serde_json::from_slice::<Value>(&chat(MODEL, 10)).unwrap()

@@ -500,13 +500,13 @@ fn concurrent_requests_stay_within_capacity_plus_refill(model_header: bool) {
 fn refund_unused_gives_back_what_the_provider_did_not_use() {
     let mock = mock_provider!();
     let burst = 5000u64;
-    let envoy = tg::start(
-        &mock,
-        tg::config(json!([rule_with(
-            rule("all", "*", "*", 1.0, burst),
-            json!({"refund_unused": true})
-        )])),
-    );
+    let mut cfg = tg::config(json!([rule_with(
+        rule("all", "*", "*", 1.0, burst),
+        json!({"refund_unused": true})
+    )]));
+    // Bodies without max_tokens reserve 10 output tokens (step E).
+    cfg["default_output"] = json!({"default_max_tokens": 10});
+    let envoy = tg::start(&mock, cfg);
     // A: reserves ~500 output tokens; the provider reports far less.
     let a = tg::post_chat(&envoy, "acme", &chat("gpt-test", 500));
     let cost_a = admitted(&a);
@@ -557,5 +557,38 @@ fn refund_unused_gives_back_what_the_provider_did_not_use() {
         "after a refunded 500: remaining {remaining_d}, want {want_d}"
     );
     assert!(envoy.stat("tokengate_tokens_credited") > 0);
+    // E: the provider used more than was charged (a prompt the estimate under-counted, or a model
+    // that ignores the limit): the difference is taken after the fact.
+    let e = http::post(
+        envoy.port,
+        tg::CHAT,
+        &[
+            ("x-tenant-id", "acme"),
+            ("content-type", "application/json"),
+            ("x-mock-completion-tokens", "900"),
+        ],
+        br#"{"model":"gpt-test","messages":[{"role":"user","content":"Write a long story"}]}"#,
+    )
+    .expect("POST");
+    let cost_e = admitted(&e);
+    let remaining_e = header_u64(&e, "x-ratelimit-remaining-tokens") as i64;
+    let used_e = {
+        let u = &e.json()["usage"];
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    };
+    assert!(used_e > cost_e + 800, "used {used_e}, charged {cost_e}");
+    let f = tg::post_chat(&envoy, "acme", &chat("gpt-test", 10));
+    let cost_f = admitted(&f);
+    let remaining_f = header_u64(&f, "x-ratelimit-remaining-tokens") as i64;
+    let want_f = remaining_e - (used_e - cost_e) as i64 - cost_f as i64;
+    assert!(
+        (remaining_f - want_f).abs() <= 3,
+        "after usage above the charge: remaining {remaining_f}, want {want_f}"
+    );
+    assert_eq!(
+        envoy.stat("tokengate_tokens_debited"),
+        used_e - cost_e,
+        "the excess is counted"
+    );
     tg::assert_no_panic(&envoy);
 }

@@ -200,6 +200,17 @@ fn non_llm_paths_pass_through_untouched() {
         (200, json!({"ok": true, "path": "/other"}))
     );
     assert_untouched(&r);
+    // OpenAI Assistants' thread messages end in `/messages` but bill nothing: not metered (no tenant
+    // is needed, no 401).
+    let r = http::post(
+        envoy.port,
+        "/v1/threads/thread_abc/messages",
+        &[("content-type", "application/json")],
+        br#"{"role":"user","content":"How does AI work?"}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_untouched(&r);
     // Only POST is metered: a GET on an LLM path passes too.
     let r = http::get(envoy.port, "/v1/models", &[]).unwrap();
     assert_eq!(r.status, 200);
@@ -209,7 +220,16 @@ fn non_llm_paths_pass_through_untouched() {
     assert_untouched(&r);
     let got = mock.requests();
     let paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();
-    assert_eq!(paths, ["/healthz", "/other?x=1", "/v1/models", tg::CHAT]);
+    assert_eq!(
+        paths,
+        [
+            "/healthz",
+            "/other?x=1",
+            "/v1/threads/thread_abc/messages",
+            "/v1/models",
+            tg::CHAT
+        ]
+    );
     assert_eq!(got[1].body, "not json, not metered");
     tg::assert_no_panic(&envoy);
 }
@@ -226,6 +246,8 @@ fn other_spellings_of_an_llm_path_are_metered_too() {
         "//v1//chat/completions",
         "/v1/chat%2Fcompletions",
         "/v1/chat%2fcompletions",
+        "/v1/Chat/Completions",
+        "/v1/chat/completions;x=1",
     ] {
         let r = http::post(
             envoy.port,
