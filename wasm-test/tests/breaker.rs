@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
-use wasm_test::tg::{self, assert_error, chat, header_u64, rule};
+use wasm_test::tg::{self, assert_error, chat, header_u64, rule, rule_with};
 use wasm_test::{http, mock_provider, Envoy, EnvoyOpts, MockProvider};
 
 /// The model most tests send.
@@ -691,6 +691,52 @@ fn cut_streams_do_not_count_when_count_incomplete_streams_is_off() {
         assert_eq!(r.status, 500);
     }
     expect_opened(&envoy, 1);
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn compressed_answers_neither_hide_usage_nor_trip_the_breaker() {
+    let mock = mock_provider!();
+    let cfg = tg::merge(
+        tg::config(json!([rule_with(
+            rule("all", "*", "*", 100_000.0, 1_000_000),
+            json!({"refund_unused": true})
+        )])),
+        json!({"breaker": {"keys": ["model"], "failure_threshold": 2, "recovery_ms": 30_000}}),
+    );
+    let envoy = tg::start(&mock, cfg);
+    // A client that accepts gzip (the OpenAI SDKs do): the filter asks the provider for identity, so
+    // the usage is read and the unused reservation (1024 default output, 16 used) is given back.
+    let body = br#"{"model":"gpt-test","messages":[{"role":"user","content":"Say hello"}]}"#;
+    let r = post(&envoy, &[("accept-encoding", "gzip")], body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-encoding"), None);
+    assert!(r.json()["usage"]["total_tokens"].as_u64().is_some());
+    settle();
+    let got = mock.requests();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].header("accept-encoding"),
+        None,
+        "removed before the provider"
+    );
+    let credited = envoy.wait_stat("tokengate_tokens_credited", 1000, STAT_WAIT);
+    assert!(credited >= 1000, "unused output given back: {credited}");
+    // A provider that compresses anyway: complete streams must not read as cut ones (they used to
+    // open the breaker), and their unknown usage gives nothing back.
+    for _ in 0..3 {
+        let s = post_stream(&envoy, &[("x-mock-gzip", "1")]);
+        assert_eq!(s.status, 200);
+        assert_eq!(s.header("content-encoding"), Some("gzip"));
+    }
+    settle();
+    assert_eq!(
+        envoy.stat("tokengate_breaker_opened"),
+        0,
+        "log:\n{}",
+        breaker_log(&envoy)
+    );
+    assert_eq!(envoy.stat("tokengate_tokens_credited"), credited);
     tg::assert_no_panic(&envoy);
 }
 

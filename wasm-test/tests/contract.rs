@@ -349,3 +349,91 @@ fn metrics_are_visible_in_prometheus() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+#[test]
+fn a_client_model_name_cannot_forge_access_log_fields_or_lines() {
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, default_config());
+    let body = json!({"model": "evil tenant=admin decision=limited\nFAKE LINE", "max_tokens": 1,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = tg::post_chat(&envoy, "t", body.to_string().as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = envoy.wait_access_log(1, Duration::from_secs(5));
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 1, "one request, one line:\n{log}");
+    let line = lines[0];
+    assert!(line.contains("tenant=t "), "{line}");
+    assert!(
+        line.contains("model=evil%20tenant%3Dadmin%20decision%3Dlimited%0AFAKE%20LINE "),
+        "{line}"
+    );
+    assert_eq!(line.matches("tenant=").count(), 1, "{line}");
+    assert_eq!(line.matches("decision=").count(), 1, "{line}");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn colons_in_tenants_and_models_never_share_a_bucket() {
+    let mock = mock_provider!();
+    let burst = 100_000u64;
+    let envoy = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 1.0, burst)])),
+    );
+    let a = tg::post_chat(&envoy, "acme:dev", &chat("m", 1000));
+    let cost_a = admitted(&a);
+    assert_eq!(
+        header_u64(&a, "x-ratelimit-remaining-tokens"),
+        burst - cost_a
+    );
+    // Tenant `acme` with model `dev:m` spells the same `acme:dev:m`, but is another bucket.
+    let b = tg::post_chat(&envoy, "acme", &chat("dev:m", 1000));
+    let cost_b = admitted(&b);
+    assert_eq!(
+        header_u64(&b, "x-ratelimit-remaining-tokens"),
+        burst - cost_b
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn the_model_header_picks_the_output_reservation_of_a_body_without_model() {
+    let mock = mock_provider!();
+    let cfg = tg::merge(
+        tg::config(json!([rule("all", "*", "*", 1.0, 1_000_000)])),
+        json!({"models": {"big-model": {"default_max_tokens": 4096}}}),
+    );
+    let envoy = tg::start(&mock, cfg);
+    let body = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_raw(
+        &envoy,
+        &[
+            ("content-type", "application/json"),
+            ("x-tokengate-model", "big-model"),
+        ],
+        body,
+    );
+    let est = admitted(&r);
+    assert!(
+        (4096..4200).contains(&est),
+        "4096 reserved for big-model: {est}"
+    );
+    // Without the header the default reservation (1024) applies.
+    let r = post_raw(&envoy, &[("content-type", "application/json")], body);
+    let est = admitted(&r);
+    assert!((1024..1100).contains(&est), "{est}");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_body_phase_429_says_what_the_request_would_have_cost() {
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, tg::config(json!([rule("all", "*", "*", 1.0, 1000)])));
+    let a = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
+    admitted(&a);
+    let b = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
+    assert_error(&b, 429, "rate_limit_error", "tokens_per_second_exceeded");
+    let est = header_u64(&b, "x-tokengate-estimated-tokens");
+    assert!((900..1000).contains(&est), "{est}");
+    tg::assert_no_panic(&envoy);
+}

@@ -29,6 +29,10 @@
 //! - `x-mock-chunk-delay-ms: N`  pause between SSE events (default 5)
 //! - `x-mock-completion-tokens: N`  see above
 //! - `x-mock-id: name`           echoed as response header `x-mock-served-by`
+//! - `x-mock-gzip: 1`            gzip the LLM answer (JSON or SSE) even without `accept-encoding: gzip`
+//!
+//! Like real providers, LLM answers are gzip-encoded (`content-encoding: gzip`) when the request's
+//! `accept-encoding` lists gzip (stored deflate blocks: a valid gzip stream, one block per SSE event).
 //!
 //! Every answer carries `x-mock-port: <port>`.
 //!
@@ -376,9 +380,18 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
             == Some(true);
         let delay = Duration::from_millis(req.header_num("x-mock-chunk-delay-ms").unwrap_or(5));
         let events = stream_events(kind, &model, &usage, include_usage);
+        if wants_gzip(req) {
+            extra.push(("content-encoding".into(), "gzip".into()));
+            return write_stream(out, &extra, &gzip_events(&events), delay, cut_after);
+        }
         return write_stream(out, &extra, &events, delay, cut_after);
     }
     let body = full_body(kind, &model, &usage).to_string();
+    if wants_gzip(req) && cut_after.is_none() {
+        extra.push(("content-encoding".into(), "gzip".into()));
+        let gz = gzip_events(&[body]).concat();
+        return write_response(out, 200, "application/json", &extra, &gz);
+    }
     if cut_after.is_some() {
         let head = response_head(200, "application/json", &extra, Some(body.len()));
         let half = body.len() / 2;
@@ -702,10 +715,57 @@ fn write_response(
     out.write_all(&buf).and_then(|_| out.flush()).is_ok()
 }
 
-fn write_stream(
+/// Whether the answer is gzip-encoded: the client accepts gzip, or `x-mock-gzip: 1`.
+fn wants_gzip(req: &Request) -> bool {
+    req.header("x-mock-gzip").is_some_and(|v| v.trim() == "1")
+        || req
+            .header("accept-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("gzip"))
+}
+
+/// One gzip stream over `parts`, split so that part i's bytes (a stored deflate block) can be sent
+/// as chunk i: the gzip header goes with the first, the final block and trailer with the last.
+fn gzip_events(parts: &[String]) -> Vec<Vec<u8>> {
+    let mut crc = 0xFFFF_FFFFu32;
+    let mut total = 0u32;
+    let mut out = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        let mut b = Vec::new();
+        if i == 0 {
+            b.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]);
+        }
+        for block in p.as_bytes().chunks(65_535) {
+            let len = block.len() as u16;
+            b.push(0);
+            b.extend_from_slice(&len.to_le_bytes());
+            b.extend_from_slice(&(!len).to_le_bytes());
+            b.extend_from_slice(block);
+            for &byte in block {
+                crc ^= u32::from(byte);
+                for _ in 0..8 {
+                    crc = if crc & 1 == 1 {
+                        (crc >> 1) ^ 0xEDB8_8320
+                    } else {
+                        crc >> 1
+                    };
+                }
+            }
+            total = total.wrapping_add(u32::from(len));
+        }
+        if i + 1 == parts.len() {
+            b.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+            b.extend_from_slice(&(!crc).to_le_bytes());
+            b.extend_from_slice(&total.to_le_bytes());
+        }
+        out.push(b);
+    }
+    out
+}
+
+fn write_stream<E: AsRef<[u8]>>(
     out: &mut TcpStream,
     extra: &[(String, String)],
-    events: &[String],
+    events: &[E],
     delay: Duration,
     cut_after: Option<usize>,
 ) -> bool {
@@ -724,12 +784,11 @@ fn write_stream(
         if i > 0 && !delay.is_zero() {
             thread::sleep(delay);
         }
-        let chunk = format!("{:x}\r\n{e}\r\n", e.len());
-        if out
-            .write_all(chunk.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
+        let e = e.as_ref();
+        let mut chunk = format!("{:x}\r\n", e.len()).into_bytes();
+        chunk.extend_from_slice(e);
+        chunk.extend_from_slice(b"\r\n");
+        if out.write_all(&chunk).and_then(|_| out.flush()).is_err() {
             return false;
         }
     }
