@@ -459,7 +459,7 @@ impl Http {
                             "invalid_request_error",
                             "invalid_body",
                             &format!(
-                                "The request body could not be read as a {} request: {e}",
+                                "The request body could not be read as a request to the {} API: {e}",
                                 kind.as_str()
                             ),
                         ),
@@ -1199,7 +1199,13 @@ impl Http {
         let status = self.resp.status;
         let (usage, completed, content_bytes) = match &self.resp.stream {
             Some(sc) => (sc.usage(), sc.completed(), sc.content_bytes()),
-            None => (usage::from_json(&self.resp.json), ending_complete, 0),
+            // A JSON answer cut part way: its output is estimated from the bytes that arrived
+            // (structure included, which errs towards charging; capped at the reservation).
+            None => (
+                usage::from_json(&self.resp.json),
+                ending_complete,
+                self.resp.json.len() as u64,
+            ),
         };
         let Some(qr) = self.quota.as_mut() else {
             return;
