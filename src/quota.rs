@@ -773,10 +773,23 @@ pub struct ReserveReply {
 impl ReserveReply {
     /// Weighted tokens left for the tenant this month (after this call), floor 0.
     pub fn remaining(&self) -> u64 {
-        let t = self.limit.saturating_sub(self.used_after);
-        match self.model_limit {
-            Some(ml) => t.min(ml.saturating_sub(self.model_used_after)),
-            None => t,
+        self.binding().1
+    }
+
+    /// The limit that binds this decision and what is left of it, `(limit, remaining)`: for a
+    /// rejection the limit it names ([`Reason::ModelLimit`] → the tenant × model limit), otherwise the
+    /// limit with less left (the tenant's on a tie). Headers and messages show this pair together.
+    pub fn binding(&self) -> (u64, u64) {
+        let tenant = (self.limit, self.limit.saturating_sub(self.used_after));
+        let Some(ml) = self.model_limit else {
+            return tenant;
+        };
+        let model = (ml, ml.saturating_sub(self.model_used_after));
+        match self.reason {
+            Reason::ModelLimit => model,
+            Reason::TenantLimit => tenant,
+            Reason::Admitted | Reason::Clamped if model.1 < tenant.1 => model,
+            Reason::Admitted | Reason::Clamped => tenant,
         }
     }
 }
@@ -1483,6 +1496,51 @@ mod tests {
         assert_eq!(
             output_tokens_for_cost(5, &Weights { output: 0.0, ..w }),
             u64::MAX
+        );
+    }
+
+    fn reply(
+        allowed: bool,
+        used: u64,
+        mused: u64,
+        mlimit: Option<u64>,
+        reason: Reason,
+    ) -> ReserveReply {
+        ReserveReply {
+            allowed,
+            used_after: used,
+            limit: 100_000,
+            model_used_after: mused,
+            model_limit: mlimit,
+            duplicate: false,
+            granted_output: 0,
+            reason,
+        }
+    }
+
+    #[test]
+    fn the_binding_limit_and_its_remaining_are_reported_together() {
+        // Rejected by the model limit: the model's limit, not the tenant's.
+        let r = reply(false, 0, 0, Some(10), Reason::ModelLimit);
+        assert_eq!(r.binding(), (10, 10));
+        // Admitted: whichever has less left.
+        let r = reply(true, 100, 47, Some(50), Reason::Admitted);
+        assert_eq!(r.binding(), (50, 3));
+        assert_eq!(r.remaining(), 3);
+        let r = reply(true, 99_990, 47, Some(5_000), Reason::Clamped);
+        assert_eq!(r.binding(), (100_000, 10));
+        // Tie, no model limit, tenant rejection: the tenant's.
+        assert_eq!(
+            reply(true, 90_000, 0, Some(10_000), Reason::Admitted).binding(),
+            (100_000, 10_000)
+        );
+        assert_eq!(
+            reply(true, 7, 7, None, Reason::Admitted).binding(),
+            (100_000, 99_993)
+        );
+        assert_eq!(
+            reply(false, 100_000, 0, Some(10), Reason::TenantLimit).binding(),
+            (100_000, 0)
         );
     }
 

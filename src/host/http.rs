@@ -1071,8 +1071,10 @@ impl Http {
                     return;
                 };
                 qr.answered = true;
-                qr.limit = r.limit;
-                qr.remaining = Some(r.remaining());
+                // The limit that binds (tenant or tenant × model) and its remaining, as one pair.
+                let (limit, remaining) = r.binding();
+                qr.limit = limit;
+                qr.remaining = Some(remaining);
                 if r.allowed {
                     qr.duplicate = r.duplicate;
                     if r.duplicate {
@@ -1105,7 +1107,7 @@ impl Http {
                     } else {
                         "for this tenant".to_string()
                     };
-                    let reply = quota_reply(limit, r.remaining(), reset_s, &what);
+                    let reply = quota_reply(limit, remaining, reset_s, &what);
                     let model = self.model.clone();
                     self.audit("quota_exceeded", &model);
                     self.send(&reply, "tokengate_quota_exceeded");
