@@ -1001,8 +1001,8 @@ pub fn weighted(prompt: u64, output: u64, cached: u64, reasoning: u64, weights: 
     }
 }
 
-/// How many output tokens a granted output cost buys (floor): used to rewrite `max_tokens` after a
-/// [`Reason::Clamped`] reservation. A zero output weight makes output free: `u64::MAX`.
+/// How many output tokens a granted output cost buys (floor), for one choice (see
+/// [`clamped_output_tokens`] for `n` > 1). A zero output weight makes output free: `u64::MAX`.
 pub fn output_tokens_for_cost(cost: u64, weights: &Weights) -> u64 {
     let ow = w(weights.output);
     if ow == 0.0 {
@@ -1016,6 +1016,23 @@ pub fn output_tokens_for_cost(cost: u64, weights: &Weights) -> u64 {
     } else {
         0
     }
+}
+
+/// The output limit per choice to write into the body after a [`Reason::Clamped`] reservation that
+/// granted `granted_cost` for `choices` choices (the estimate's `output_choices`, e.g. `n`): the
+/// provider bills every choice, so prompt + `choices` × tokens × output weight stays within what was
+/// left. A zero output weight makes output free: `u64::MAX`.
+pub fn clamped_output_tokens(granted_cost: u64, weights: &Weights, choices: u64) -> u64 {
+    let all_choices = Weights {
+        output: w(weights.output) * choices.max(1) as f64,
+        ..*weights
+    };
+    output_tokens_for_cost(granted_cost, &all_choices)
+}
+
+/// The smallest output cost worth admitting when clamping `choices` choices: one token each.
+pub fn min_clamped_output_cost(weights: &Weights, choices: u64) -> u64 {
+    weighted(0, choices.max(1), 0, 0, weights).max(1)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1497,6 +1514,48 @@ mod tests {
             output_tokens_for_cost(5, &Weights { output: 0.0, ..w }),
             u64::MAX
         );
+    }
+
+    #[test]
+    fn clamped_output_tokens_divides_what_is_left_by_every_choice() {
+        let w4 = Weights {
+            output: 4.0,
+            ..Weights::UNIT
+        };
+        // The review's case: 993 left after the prompt, output weight 4, n = 2 -> 124 per choice.
+        assert_eq!(clamped_output_tokens(993, &w4, 2), 124);
+        assert_eq!(clamped_output_tokens(993, &w4, 1), 248);
+        assert_eq!(
+            clamped_output_tokens(993, &w4, 0),
+            248,
+            "0 choices count as 1"
+        );
+        assert_eq!(min_clamped_output_cost(&w4, 2), 8);
+        assert_eq!(min_clamped_output_cost(&Weights::UNIT, 1), 1);
+        assert_eq!(
+            clamped_output_tokens(5, &Weights { output: 0.0, ..w4 }, 3),
+            u64::MAX
+        );
+        // Never more than granted, for awkward weights, and at least one token per choice whenever
+        // the grant reaches the clamping minimum.
+        for ow in [0.25, 0.5, 1.0, 1.1, 3.0, 4.0, 7.3] {
+            let w = Weights {
+                output: ow,
+                ..Weights::UNIT
+            };
+            for n in 1..=6 {
+                for granted in 0..200 {
+                    let t = clamped_output_tokens(granted, &w, n);
+                    assert!(
+                        weighted(0, t * n, 0, 0, &w) <= granted,
+                        "ow {ow} n {n} granted {granted} -> {t}"
+                    );
+                    if granted >= min_clamped_output_cost(&w, n) {
+                        assert!(t >= 1, "ow {ow} n {n} granted {granted}");
+                    }
+                }
+            }
+        }
     }
 
     fn reply(

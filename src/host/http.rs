@@ -91,6 +91,8 @@ pub struct Http {
     callout: Callout,
     /// Estimated (prompt, output) tokens, kept for the quota reservation after a global charge.
     est_tokens: (u64, u64),
+    /// Choices the estimated output covers (`Estimate::output_choices`): a quota clamp divides by it.
+    est_choices: u64,
     /// Response facts for the breaker and the quota.
     resp: RespFacts,
     /// The model actually used (after any fallback).
@@ -144,6 +146,8 @@ struct QReq {
     limit: u64,
     remaining: Option<u64>,
     reset_s: u64,
+    /// Choices the reserved output covers (the clamp divides by it).
+    choices: u64,
     duplicate: bool,
     fail_open: bool,
     answered: bool,
@@ -246,6 +250,7 @@ impl Http {
             global_req: None,
             callout: Callout::None,
             est_tokens: (0, 0),
+            est_choices: 1,
             cost: None,
             shaped_ms: 0,
             cluster: None,
@@ -477,6 +482,7 @@ impl Http {
             (None, InvalidBody::Charge(t)) => (t, 0, t),
             (None, InvalidBody::Reject) => (0, 0, 0),
         };
+        self.est_choices = est.as_ref().map_or(1, |e| e.output_choices);
         let mut model = est
             .as_ref()
             .and_then(|e| e.model.clone())
@@ -920,7 +926,7 @@ impl Http {
                 .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
             idem_window_s: q.idempotency_window_s,
             clamp_output: tq.clamp_output,
-            min_output_cost: quota::weighted(0, 1, 0, 0, &w).max(1),
+            min_output_cost: quota::min_clamped_output_cost(&w, self.est_choices),
         };
         let reserved = Reserved {
             prompt_cost: args.prompt_cost,
@@ -935,6 +941,7 @@ impl Http {
             limit: tq.monthly_limit,
             remaining: None,
             reset_s: quota::seconds_to_reset(now_s, q.month_offset_minutes),
+            choices: self.est_choices,
             duplicate: false,
             fail_open: false,
             answered: false,
@@ -1088,8 +1095,11 @@ impl Http {
                     }
                     if r.reason == Reason::Clamped && !r.duplicate {
                         qr.reserved.output_cost = r.granted_output;
-                        let tokens =
-                            quota::output_tokens_for_cost(r.granted_output, &qr.reserved.weights);
+                        let tokens = quota::clamped_output_tokens(
+                            r.granted_output,
+                            &qr.reserved.weights,
+                            qr.choices,
+                        );
                         self.clamp_body(tokens);
                     }
                     self.proceed(false);
