@@ -93,6 +93,8 @@ pub struct Http {
     est_tokens: (u64, u64),
     /// Choices the estimated output covers (`Estimate::output_choices`): a quota clamp divides by it.
     est_choices: u64,
+    /// `quota::body_fingerprint` of the client's body (binds an idempotency key to the request).
+    body_fingerprint: u64,
     /// Response facts for the breaker and the quota.
     resp: RespFacts,
     /// The model actually used (after any fallback).
@@ -251,6 +253,7 @@ impl Http {
             callout: Callout::None,
             est_tokens: (0, 0),
             est_choices: 1,
+            body_fingerprint: 0,
             cost: None,
             shaped_ms: 0,
             cluster: None,
@@ -483,6 +486,9 @@ impl Http {
             (None, InvalidBody::Reject) => (0, 0, 0),
         };
         self.est_choices = est.as_ref().map_or(1, |e| e.output_choices);
+        if cfg.quota.is_some() && self.idem_key.is_some() {
+            self.body_fingerprint = quota::body_fingerprint(body);
+        }
         let mut model = est
             .as_ref()
             .and_then(|e| e.model.clone())
@@ -917,6 +923,7 @@ impl Http {
             model,
             month: quota::month_label(now_s, q.month_offset_minutes),
             idempotency_key: self.idem_key.clone(),
+            body_fingerprint: self.body_fingerprint,
             request_id: self.request_id.clone(),
             prompt_cost: quota::weighted(prompt, 0, 0, 0, &w),
             output_cost: quota::weighted(0, output, 0, 0, &w),
@@ -1093,7 +1100,8 @@ impl Http {
                             qr.reserved.prompt_cost.saturating_add(r.granted_output),
                         );
                     }
-                    if r.reason == Reason::Clamped && !r.duplicate {
+                    // A duplicate (same body) gets the first request's clamp, never more output.
+                    if r.reason == Reason::Clamped {
                         qr.reserved.output_cost = r.granted_output;
                         let tokens = quota::clamped_output_tokens(
                             r.granted_output,
@@ -1260,12 +1268,15 @@ impl Http {
         let st = accounting::settle(&qr.reserved, ending);
         qr.actual = Some(st.actual);
         qr.source = Some(st.source);
-        if st.delta != 0 {
+        // Nothing charged in the end: the idempotency record (if this request wrote it) goes too.
+        let release = st.actual == 0 && qr.keys.has_idem;
+        if st.delta != 0 || release {
             quota_host::enqueue(Job::Settle(SettleArgs {
                 keys: qr.keys.clone(),
                 delta: st.delta,
                 expire_at_unix: qr.expire_at,
                 marker_ttl_s: SETTLED_MARKER_TTL_S,
+                release_idempotency: release,
             }));
         } else {
             metrics::inc(metrics::get().quota_settled);
