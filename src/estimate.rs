@@ -140,6 +140,11 @@ pub struct Estimate {
     pub output_tokens: u64,
     /// What the body asked for, if anything.
     pub requested_output: Option<u64>,
+    /// How many choices `output_tokens` reserves for (`n`, 1..=[`MAX_N`]; 1 for embeddings):
+    /// `output_tokens` = per-choice output × this. Whoever lowers the output limit written into the
+    /// body (the quota's `clamp_output`) divides by this same number, so keep them in step if the
+    /// multiplier changes (e.g. `best_of`).
+    pub output_choices: u64,
     /// `stream == true`.
     pub stream: bool,
     /// `stream_options.include_usage == true`.
@@ -249,14 +254,15 @@ fn estimate_by(
     let include_usage = fields.stream_options.clone()?;
     let prompt_tokens = fields.prompt_tokens(kind)?;
     let requested_output = requested_output(&fields)?;
-    let output_tokens = if kind == ApiKind::Embeddings {
-        0
+    let (output_tokens, output_choices) = if kind == ApiKind::Embeddings {
+        (0, 1)
     } else {
         let lim = limits(model.as_deref());
         let per_choice = requested_output
             .unwrap_or(lim.default_tokens)
             .min(lim.cap_tokens);
-        per_choice.saturating_mul(choices(fields.n)?)
+        let n = choices(fields.n)?;
+        (per_choice.saturating_mul(n), n)
     };
 
     Ok(Estimate {
@@ -265,6 +271,7 @@ fn estimate_by(
         prompt_tokens,
         output_tokens,
         requested_output,
+        output_choices,
         stream,
         include_usage,
     })
@@ -2935,6 +2942,34 @@ mod tests {
         assert_eq!(big.map(|e| e.output_tokens), Ok(8000));
         let none = estimate(ApiKind::ChatCompletions, br#"{}"#, &per_model);
         assert_eq!(none.map(|e| e.output_tokens), Ok(10));
+    }
+
+    #[test]
+    fn output_choices_is_the_multiplier_of_the_reserved_output() {
+        for (kind, body, choices, output) in [
+            (ApiKind::ChatCompletions, r#"{"max_tokens":10}"#, 1, 10),
+            (
+                ApiKind::ChatCompletions,
+                r#"{"max_tokens":10,"n":3}"#,
+                3,
+                30,
+            ),
+            (
+                ApiKind::ChatCompletions,
+                r#"{"max_tokens":10,"n":1000}"#,
+                128,
+                1280,
+            ),
+            (ApiKind::Completions, r#"{"max_tokens":10,"n":0}"#, 1, 10),
+            (ApiKind::Embeddings, r#"{"input":"x","n":4}"#, 1, 0),
+        ] {
+            let e = ok(kind, body);
+            assert_eq!(
+                (e.output_choices, e.output_tokens),
+                (choices, output),
+                "{body}"
+            );
+        }
     }
 
     #[test]

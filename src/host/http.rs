@@ -91,6 +91,10 @@ pub struct Http {
     callout: Callout,
     /// Estimated (prompt, output) tokens, kept for the quota reservation after a global charge.
     est_tokens: (u64, u64),
+    /// Choices the estimated output covers (`Estimate::output_choices`): a quota clamp divides by it.
+    est_choices: u64,
+    /// `quota::body_fingerprint` of the client's body (binds an idempotency key to the request).
+    body_fingerprint: u64,
     /// Response facts for the breaker and the quota.
     resp: RespFacts,
     /// The model actually used (after any fallback).
@@ -144,6 +148,8 @@ struct QReq {
     limit: u64,
     remaining: Option<u64>,
     reset_s: u64,
+    /// Choices the reserved output covers (the clamp divides by it).
+    choices: u64,
     duplicate: bool,
     fail_open: bool,
     answered: bool,
@@ -246,6 +252,8 @@ impl Http {
             global_req: None,
             callout: Callout::None,
             est_tokens: (0, 0),
+            est_choices: 1,
+            body_fingerprint: 0,
             cost: None,
             shaped_ms: 0,
             cluster: None,
@@ -477,6 +485,10 @@ impl Http {
             (None, InvalidBody::Charge(t)) => (t, 0, t),
             (None, InvalidBody::Reject) => (0, 0, 0),
         };
+        self.est_choices = est.as_ref().map_or(1, |e| e.output_choices);
+        if cfg.quota.is_some() && self.idem_key.is_some() {
+            self.body_fingerprint = quota::body_fingerprint(body);
+        }
         let mut model = est
             .as_ref()
             .and_then(|e| e.model.clone())
@@ -911,6 +923,7 @@ impl Http {
             model,
             month: quota::month_label(now_s, q.month_offset_minutes),
             idempotency_key: self.idem_key.clone(),
+            body_fingerprint: self.body_fingerprint,
             request_id: self.request_id.clone(),
             prompt_cost: quota::weighted(prompt, 0, 0, 0, &w),
             output_cost: quota::weighted(0, output, 0, 0, &w),
@@ -920,7 +933,7 @@ impl Http {
                 .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
             idem_window_s: q.idempotency_window_s,
             clamp_output: tq.clamp_output,
-            min_output_cost: quota::weighted(0, 1, 0, 0, &w).max(1),
+            min_output_cost: quota::min_clamped_output_cost(&w, self.est_choices),
         };
         let reserved = Reserved {
             prompt_cost: args.prompt_cost,
@@ -935,6 +948,7 @@ impl Http {
             limit: tq.monthly_limit,
             remaining: None,
             reset_s: quota::seconds_to_reset(now_s, q.month_offset_minutes),
+            choices: self.est_choices,
             duplicate: false,
             fail_open: false,
             answered: false,
@@ -1071,8 +1085,10 @@ impl Http {
                     return;
                 };
                 qr.answered = true;
-                qr.limit = r.limit;
-                qr.remaining = Some(r.remaining());
+                // The limit that binds (tenant or tenant × model) and its remaining, as one pair.
+                let (limit, remaining) = r.binding();
+                qr.limit = limit;
+                qr.remaining = Some(remaining);
                 if r.allowed {
                     qr.duplicate = r.duplicate;
                     if r.duplicate {
@@ -1084,10 +1100,14 @@ impl Http {
                             qr.reserved.prompt_cost.saturating_add(r.granted_output),
                         );
                     }
-                    if r.reason == Reason::Clamped && !r.duplicate {
+                    // A duplicate (same body) gets the first request's clamp, never more output.
+                    if r.reason == Reason::Clamped {
                         qr.reserved.output_cost = r.granted_output;
-                        let tokens =
-                            quota::output_tokens_for_cost(r.granted_output, &qr.reserved.weights);
+                        let tokens = quota::clamped_output_tokens(
+                            r.granted_output,
+                            &qr.reserved.weights,
+                            qr.choices,
+                        );
                         self.clamp_body(tokens);
                     }
                     self.proceed(false);
@@ -1105,7 +1125,7 @@ impl Http {
                     } else {
                         "for this tenant".to_string()
                     };
-                    let reply = quota_reply(limit, r.remaining(), reset_s, &what);
+                    let reply = quota_reply(limit, remaining, reset_s, &what);
                     let model = self.model.clone();
                     self.audit("quota_exceeded", &model);
                     self.send(&reply, "tokengate_quota_exceeded");
@@ -1254,12 +1274,15 @@ impl Http {
         let st = accounting::settle(&qr.reserved, ending);
         qr.actual = Some(st.actual);
         qr.source = Some(st.source);
-        if st.delta != 0 {
+        // Nothing charged in the end: the idempotency record (if this request wrote it) goes too.
+        let release = st.actual == 0 && qr.keys.has_idem;
+        if st.delta != 0 || release {
             quota_host::enqueue(Job::Settle(SettleArgs {
                 keys: qr.keys.clone(),
                 delta: st.delta,
                 expire_at_unix: qr.expire_at,
                 marker_ttl_s: SETTLED_MARKER_TTL_S,
+                release_idempotency: release,
             }));
         } else {
             metrics::inc(metrics::get().quota_settled);

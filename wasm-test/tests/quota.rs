@@ -854,6 +854,137 @@ fn idempotent_repeat_is_charged_once() {
     tg::assert_no_panic(&envoy);
 }
 
+/// `tg:q:{tenant}:idem:<key>` (keys made of `[A-Za-z0-9._:-]` are stored as they are).
+fn idem_key(tenant: &str, key: &str) -> String {
+    format!("tg:q:{{{tenant}}}:idem:{key}")
+}
+
+/// Weighted usage the mock reports for `body` with unit weights.
+fn mock_cost(body: &[u8]) -> i64 {
+    let (p, c) = mock_usage(body, None);
+    (p + c) as i64
+}
+
+#[test]
+fn an_idempotency_key_is_bound_to_its_body_and_its_free_repeats_are_bounded() {
+    // Free repeats per key (tokengate::quota::IDEMPOTENT_FREE_REPEATS).
+    const FREE_REPEATS: u64 = 3;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000, "idempotency_window_s": 600}));
+    let tenant = "idem-bound";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let h = [("idempotency-key", "K")];
+    let small = chat_body(10, false, None);
+    let large = chat_body(500, false, None);
+
+    let r = post(&envoy, tenant, &h, &small);
+    ok(&r);
+    let mut want = mock_cost(&small);
+    assert_eq!(reported_usage(&r) as i64, want);
+    assert_eq!(wait_key(s.redis(), &key, want), want);
+
+    // The same key with another (50x larger) body: not a duplicate, charged its real usage.
+    for _ in 0..2 {
+        let r = post(&envoy, tenant, &h, &large);
+        ok(&r);
+        want += mock_cost(&large);
+        assert_eq!(
+            wait_key(s.redis(), &key, want),
+            want,
+            "a different body is charged"
+        );
+    }
+    assert_eq!(envoy.stat("tokengate_quota_duplicates"), 0);
+    assert!(
+        s.redis()
+            .cmd(&["GET", &idem_key(tenant, "K")])
+            .ok()
+            .and_then(|v| v.as_str())
+            .is_some_and(|rec| rec.starts_with("2 ") && rec.contains(" 0 ")),
+        "the first request's record is left alone"
+    );
+
+    // The same body again: free, up to the bound; the upstream still serves each one.
+    for i in 1..=FREE_REPEATS {
+        ok(&post(&envoy, tenant, &h, &small));
+        assert_eq!(envoy.stat("tokengate_quota_duplicates"), i);
+    }
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        get_i64(s.redis(), &key),
+        want,
+        "free repeats charge nothing"
+    );
+    // Beyond the bound, the same body is charged like a new request.
+    ok(&post(&envoy, tenant, &h, &small));
+    want += mock_cost(&small);
+    assert_eq!(
+        wait_key(s.redis(), &key, want),
+        want,
+        "repeat beyond the bound is charged"
+    );
+    assert_eq!(envoy.stat("tokengate_quota_duplicates"), FREE_REPEATS);
+
+    // The review's abuse case: a reused key no longer gets a large request past a small limit.
+    let (t2, key2) = ("idem-lim", used_key("idem-lim", &month_label(now_unix())));
+    s.redis()
+        .cmd(&["SET", &format!("tg:q:{{{t2}}}:limit"), "200"])
+        .expect("SET limit");
+    ok(&post(&envoy, t2, &h, &small));
+    let first = mock_cost(&small);
+    assert_eq!(wait_key(s.redis(), &key2, first), first);
+    let r = post(&envoy, t2, &h, &large);
+    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    println!(
+        "key K: small body {} + 2 x large {} + 1 repeat beyond {FREE_REPEATS} free = {want}; \
+         limited tenant: large body with the same key -> {}",
+        mock_cost(&small),
+        mock_cost(&large),
+        r.status
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_retry_after_a_refunded_first_request_is_charged() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000, "idempotency_window_s": 600}));
+    let tenant = "idem-refund";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(25, false, None);
+    let h = [("idempotency-key", "retry-me")];
+
+    let mut failing = h.to_vec();
+    failing.push(("x-mock-status", "500"));
+    let r = post(&envoy, tenant, &failing, &body);
+    assert_eq!(r.status, 500, "{}", r.text());
+    // Refunded in full, and the record it wrote is gone with the refund.
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 1), 1);
+    assert_eq!(wait_key(s.redis(), &key, 0), 0);
+    assert_eq!(
+        int_cmd(s.redis(), &["EXISTS", &idem_key(tenant, "retry-me")]),
+        0,
+        "the refunded request's idempotency record is deleted"
+    );
+
+    // The client retries with the same key and body: served and charged.
+    let r = post(&envoy, tenant, &h, &body);
+    ok(&r);
+    let want = reported_usage(&r) as i64;
+    assert_eq!(
+        wait_key(s.redis(), &key, want),
+        want,
+        "the retry is charged"
+    );
+    assert_eq!(envoy.stat("tokengate_quota_duplicates"), 0);
+    // Its own repeat (the response was lost) is the free duplicate now.
+    ok(&post(&envoy, tenant, &h, &body));
+    assert_eq!(envoy.stat("tokengate_quota_duplicates"), 1);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(get_i64(s.redis(), &key), want);
+    tg::assert_no_panic(&envoy);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. clamp_output
 // ---------------------------------------------------------------------------------------------
@@ -910,6 +1041,97 @@ fn clamp() {
         wait_key(s.redis(), &key, want),
         want,
         "counter settled exactly"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn clamp_with_n_choices_divides_what_is_left_by_n() {
+    const LIMIT: u64 = 1000;
+    const MAX_TOKENS: u64 = 1000;
+    const OUTPUT_WEIGHT: u64 = 4;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": LIMIT, "clamp_output": true,
+        "weights": {MODEL: {"input": 1.0, "output": OUTPUT_WEIGHT as f64}}}));
+    let month = month_label(now_unix());
+    let sent_max = |tenant: &str| {
+        s.mock
+            .requests()
+            .into_iter()
+            .find(|q| q.path == tg::CHAT && q.header("x-tenant-id") == Some(tenant))
+            .map(|q| q.json())
+            .expect("the mock received the clamped request")
+    };
+    for n in [1u64, 2, 3] {
+        let tenant = format!("clamp-n{n}");
+        let mut v: Value = serde_json::from_slice(&chat_body(MAX_TOKENS, false, None)).unwrap();
+        v["n"] = json!(n);
+        let body = v.to_string().into_bytes();
+        let r = post(&envoy, &tenant, &[], &body);
+        ok(&r);
+        let prompt_cost = tg::estimated(&r) - n * MAX_TOKENS;
+        let per_choice = (LIMIT - prompt_cost) / (OUTPUT_WEIGHT * n);
+        let got = sent_max(&tenant);
+        println!(
+            "n={n}: prompt {prompt_cost}, limit {LIMIT}, output weight {OUTPUT_WEIGHT}: provider got max_tokens {}",
+            got["max_tokens"]
+        );
+        assert_eq!(got["max_tokens"].as_u64(), Some(per_choice), "{got}");
+        assert_eq!(got["n"].as_u64(), Some(n), "n is kept");
+        assert!(
+            prompt_cost + n * per_choice * OUTPUT_WEIGHT <= LIMIT,
+            "what the provider may bill fits"
+        );
+        assert_eq!(header_u64(&r, "x-tokengate-quota-remaining"), 0);
+        // The mock bills one choice of max_tokens: settled to that.
+        let (mp, mc) = mock_usage(&got.to_string().into_bytes(), None);
+        let want = (mp + OUTPUT_WEIGHT * mc) as i64;
+        assert_eq!(wait_key(s.redis(), &used_key(&tenant, &month), want), want);
+    }
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn the_binding_model_limit_is_reported_in_headers_and_message() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 100_000}));
+    let tenant = "mlim";
+    let body = chat_body(10, false, None);
+    let model_limit_key = format!("tg:q:{{{tenant}}}:limit:m:{MODEL}");
+    s.redis()
+        .cmd(&["SET", &model_limit_key, "10"])
+        .expect("SET");
+    let r = post(&envoy, tenant, &[], &body);
+    let e = assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), 10);
+    assert_eq!(header_u64(&r, "x-tokengate-quota-remaining"), 10);
+    let msg = e["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        msg.contains(&format!("for model '{MODEL}'")) && msg.contains("(10 tokens)"),
+        "{msg}"
+    );
+    // Admitted under a model limit that leaves less than the tenant's: that limit is shown.
+    s.redis()
+        .cmd(&["SET", &model_limit_key, "500"])
+        .expect("SET");
+    let r = post(&envoy, tenant, &[], &body);
+    ok(&r);
+    let reserved = tg::estimated(&r);
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), 500);
+    assert_eq!(
+        header_u64(&r, "x-tokengate-quota-remaining"),
+        500 - reserved
+    );
+    // With a roomy model limit the tenant's binds.
+    s.redis()
+        .cmd(&["SET", &model_limit_key, "1000000"])
+        .expect("SET");
+    let r = post(&envoy, tenant, &[], &body);
+    ok(&r);
+    assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), 100_000);
+    println!(
+        "model limit 10 -> 429 \"{msg}\"; model limit 500 -> limit 500 remaining {}",
+        500 - reserved
     );
     tg::assert_no_panic(&envoy);
 }
