@@ -800,6 +800,51 @@ fn abort_mid_stream() {
     tg::assert_no_panic(&envoy);
 }
 
+#[test]
+fn cut_json_answer_is_charged_prompt_plus_the_bytes_that_arrived() {
+    const MAX_TOKENS: u64 = 100;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let tenant = "cutjson";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(MAX_TOKENS, false, None);
+    let opts = StreamOpts {
+        abort_after_bytes: None,
+        timeout: Duration::from_secs(10),
+    };
+    // The mock sends the headers and half the JSON body, then closes.
+    let r = post_stream(
+        &envoy,
+        tg::CHAT,
+        tenant,
+        &[("x-mock-cut-after", "1")],
+        &body,
+        &opts,
+    );
+    assert_eq!(r.status, 200);
+    assert!(!r.complete, "the client sees the cut");
+    let reserved = r
+        .header("x-tokengate-estimated-tokens")
+        .and_then(|v| v.parse::<i64>().ok())
+        .expect("estimated header");
+    let prompt_cost = reserved - MAX_TOKENS as i64;
+    let arrived = r.body().len() as i64;
+    assert!(arrived > 100, "part of the body arrived: {arrived}");
+    let want = (prompt_cost + (arrived + 3) / 4).min(reserved);
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let mut got = get_i64(s.redis(), &key);
+    while got == reserved && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+        got = get_i64(s.redis(), &key);
+    }
+    assert!(want > prompt_cost && want < reserved, "{want}");
+    assert_eq!(
+        got, want,
+        "prompt {prompt_cost} + output from {arrived} bytes (reserved {reserved})"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Idempotency-Key
 // ---------------------------------------------------------------------------------------------
