@@ -30,8 +30,21 @@ pub struct ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    /// `field: reason` on one line: control characters a config value or key brought in are escaped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
+        let one_line = |f: &mut fmt::Formatter<'_>, s: &str| -> fmt::Result {
+            for c in s.chars() {
+                if c.is_control() {
+                    write!(f, "{}", c.escape_default())?;
+                } else {
+                    write!(f, "{c}")?;
+                }
+            }
+            Ok(())
+        };
+        one_line(f, &self.field)?;
+        f.write_str(": ")?;
+        one_line(f, &self.reason)
     }
 }
 
@@ -207,13 +220,37 @@ pub enum ModelMatch {
 }
 
 impl ModelMatch {
-    fn parse(s: &str) -> Self {
+    /// `"*"`, `"prefix*"` or an exact name; `None` for a `*` anywhere else (`"a*b"`, `"**"`, `"*a"`),
+    /// which would silently match nothing (it is not a glob).
+    fn parse(s: &str) -> Option<Self> {
         if s == "*" {
-            ModelMatch::Any
-        } else if let Some(p) = s.strip_suffix('*') {
-            ModelMatch::Prefix(p.to_string())
-        } else {
-            ModelMatch::Exact(s.to_string())
+            return Some(ModelMatch::Any);
+        }
+        match s.strip_suffix('*') {
+            Some(p) if !p.contains('*') => Some(ModelMatch::Prefix(p.to_string())),
+            Some(_) => None,
+            None if s.contains('*') => None,
+            None => Some(ModelMatch::Exact(s.to_string())),
+        }
+    }
+
+    /// True when every model this pattern selects is also selected by `other`.
+    fn within(&self, other: &ModelMatch) -> bool {
+        match (self, other) {
+            (_, ModelMatch::Any) => true,
+            (ModelMatch::Any, _) => false,
+            (ModelMatch::Exact(m), o) => o.matches(m),
+            (ModelMatch::Prefix(p), ModelMatch::Prefix(q)) => p.starts_with(q.as_str()),
+            (ModelMatch::Prefix(_), ModelMatch::Exact(_)) => false,
+        }
+    }
+
+    /// The pattern as written in the config.
+    fn pattern(&self) -> String {
+        match self {
+            ModelMatch::Any => "*".to_string(),
+            ModelMatch::Prefix(p) => format!("{p}*"),
+            ModelMatch::Exact(m) => m.clone(),
         }
     }
     /// True when `model` is selected.
@@ -561,7 +598,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         if !crate::identity::valid_tenant(&t) {
             return Err(err(
                 format!("quota.tenants.{t}"),
-                "is not a valid tenant id",
+                format!("is not a valid tenant id: {TENANT_ID}"),
             ));
         }
         let mut ml = default.model_limits.clone();
@@ -1004,6 +1041,60 @@ fn output(field: &str, raw: &RawOutput, base: OutputLimits) -> Result<OutputLimi
     })
 }
 
+/// Refuses a rule that an earlier one shadows: first match wins, so a rule whose tenant and model
+/// patterns are both within an earlier rule's is never used (two catch-alls, the same patterns twice,
+/// `gpt-4.1` after `gpt-*`). Only what is decided exactly from the patterns is refused.
+fn unreachable_rule(rules: &[Rule]) -> Result<(), ConfigError> {
+    for (j, later) in rules.iter().enumerate() {
+        let covered = |earlier: &&Rule| {
+            let tenant = match (&earlier.tenant, &later.tenant) {
+                (None, _) => true,
+                (Some(a), Some(b)) => a == b,
+                (Some(_), None) => false,
+            };
+            tenant && later.model.within(&earlier.model)
+        };
+        if let Some((i, earlier)) = rules.iter().take(j).enumerate().find(|(_, e)| covered(e)) {
+            return Err(err(
+                format!("rules[{j}]"),
+                format!(
+                    "can never match: rules[{i}] (tenant \"{}\", model \"{}\") matches every request it would",
+                    earlier.tenant.as_deref().unwrap_or("*"),
+                    earlier.model.pattern()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a tenant id is, for messages (see [`crate::identity::valid_tenant`]).
+const TENANT_ID: &str = "tenant id of 1-128 characters from [A-Za-z0-9._:@-]";
+
+/// What a rule name is, for messages: it goes into shared-data and Redis keys, logs and error bodies.
+const RULE_NAME: &str = "1-64 characters from [A-Za-z0-9._-]";
+
+/// Longest rule name.
+pub const MAX_RULE_NAME_LEN: usize = 64;
+
+fn valid_rule_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_RULE_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A model pattern (`rules[].model`, `models` keys): `*` alone or once at the end, nowhere else.
+fn model_pattern(field: &str, s: &str) -> Result<ModelMatch, ConfigError> {
+    ModelMatch::parse(s).ok_or_else(|| {
+        err(
+            field,
+            format!("'{s}' is not a model pattern: use an exact name, \"prefix*\" or \"*\" ('*' only once, at the end)"),
+        )
+    })
+}
+
 fn positive(field: String, v: Option<f64>) -> Result<f64, ConfigError> {
     match v {
         None => Err(err(field, "is required")),
@@ -1025,6 +1116,12 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let default_tenant = match raw.default_tenant {
         Some(t) if t.trim().is_empty() => {
             return Err(err("default_tenant", "must not be empty (omit it for 401)"))
+        }
+        Some(t) if !crate::identity::valid_tenant(&t) => {
+            return Err(err(
+                "default_tenant",
+                format!("'{t}' is not a valid tenant id: {TENANT_ID}"),
+            ))
         }
         other => other,
     };
@@ -1066,8 +1163,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         if name.is_empty() {
             return Err(err("models", "model name must not be empty"));
         }
+        let pattern = model_pattern(&format!("models.{name}"), name)?;
         models.push((
-            ModelMatch::parse(name),
+            pattern,
             output(&format!("models.{name}"), o, default_output)?,
         ));
     }
@@ -1113,15 +1211,25 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         let tenant = match r.tenant.as_deref() {
             None | Some("*") => None,
             Some("") => return Err(err(f("tenant"), "must not be empty (use \"*\")")),
-            Some(t) => Some(t.to_string()),
+            Some(t) if crate::identity::valid_tenant(t) => Some(t.to_string()),
+            Some(t) => {
+                return Err(err(
+                    f("tenant"),
+                    format!("'{t}' can never match a tenant: use \"*\" or one exact {TENANT_ID} (tenant patterns are not globs)"),
+                ))
+            }
         };
         let model_s = r.model.unwrap_or_else(|| "*".to_string());
         if model_s.is_empty() {
             return Err(err(f("model"), "must not be empty (use \"*\")"));
         }
+        let model = model_pattern(&f("model"), &model_s)?;
         let name = r.name.unwrap_or_else(|| format!("rule{i}"));
-        if name.is_empty() || name.len() > 64 || name.contains(':') {
-            return Err(err(f("name"), "must be 1-64 characters without ':'"));
+        if !valid_rule_name(&name) {
+            return Err(err(
+                f("name"),
+                format!("'{name}' is not a valid rule name: {RULE_NAME}"),
+            ));
         }
         if rules.iter().any(|x: &Rule| x.name == name) {
             return Err(err(f("name"), format!("duplicate rule name '{name}'")));
@@ -1129,7 +1237,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         rules.push(Rule {
             name,
             tenant,
-            model: ModelMatch::parse(&model_s),
+            model,
             per_model: r.per_model.unwrap_or(true),
             params: BucketParams {
                 tokens_per_second: rate,
@@ -1141,6 +1249,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             global: r.global.unwrap_or(false),
         });
     }
+    unreachable_rule(&rules)?;
     let max_tenants = raw.max_tenants.unwrap_or(10_000);
     if max_tenants == 0 || max_tenants > 1_000_000 {
         return Err(err("max_tenants", "must be between 1 and 1000000"));
@@ -1612,5 +1721,135 @@ mod tests {
             refusal("[1]"),
             "configuration[0]: invalid type: integer `1`, expected a string"
         );
+    }
+
+    #[test]
+    fn tenant_patterns_that_can_never_match_a_tenant_id_are_refused() {
+        for tenant in ["team-*", "a b", "*a", "ü"] {
+            assert_eq!(
+                refusal(&with(&format!(r#","tenant":"{tenant}""#), "")),
+                format!("rules[0].tenant: '{tenant}' can never match a tenant: use \"*\" or one exact tenant id of 1-128 characters from [A-Za-z0-9._:@-] (tenant patterns are not globs)")
+            );
+        }
+        let long = "a".repeat(129);
+        assert!(refusal(&with(&format!(r#","tenant":"{long}""#), ""))
+            .starts_with("rules[0].tenant: 'aaaa"));
+        let ok = "a".repeat(128);
+        for tenant in ["*", "key:0123456789abcdef", "a.b_c:d@e-f", ok.as_str()] {
+            parse_str(&with(&format!(r#","tenant":"{tenant}""#), "")).unwrap();
+        }
+    }
+
+    #[test]
+    fn default_tenant_must_be_a_valid_tenant_id() {
+        assert_eq!(
+            refusal(&with("", r#","default_tenant":"a b""#)),
+            "default_tenant: 'a b' is not a valid tenant id: tenant id of 1-128 characters from [A-Za-z0-9._:@-]"
+        );
+        assert_eq!(
+            refusal(&with("", r#","default_tenant":" ""#)),
+            "default_tenant: must not be empty (omit it for 401)"
+        );
+        let c = parse_str(&with("", r#","default_tenant":"anon@x""#)).unwrap();
+        assert_eq!(c.default_tenant.as_deref(), Some("anon@x"));
+        assert_eq!(
+            refusal(&with("", r#","quota":{"cluster":"w","monthly_limit":1,"tenants":{"a/b":{}}}"#)),
+            "quota.tenants.a/b: is not a valid tenant id: tenant id of 1-128 characters from [A-Za-z0-9._:@-]"
+        );
+    }
+
+    #[test]
+    fn rule_names_are_limited_to_a_key_safe_charset() {
+        for name in ["a b", "a:b", "a/b", "", "{x}", "é"] {
+            assert_eq!(
+                refusal(&with(&format!(r#","name":"{name}""#), "")),
+                format!("rules[0].name: '{name}' is not a valid rule name: 1-64 characters from [A-Za-z0-9._-]")
+            );
+        }
+        let long = "n".repeat(65);
+        assert!(
+            refusal(&with(&format!(r#","name":"{long}""#), "")).starts_with("rules[0].name: 'nnn")
+        );
+        for name in [
+            "gpt-4.1",
+            "claude-sonnet-4.5",
+            "A_b-9",
+            "n".repeat(64).as_str(),
+        ] {
+            parse_str(&with(&format!(r#","name":"{name}""#), "")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_star_is_only_accepted_alone_or_once_at_the_end_of_a_model_pattern() {
+        for pattern in ["gpt-*-mini", "**", "*gpt", "gpt**", "a*b*"] {
+            assert_eq!(
+                refusal(&with(&format!(r#","model":"{pattern}""#), "")),
+                format!("rules[0].model: '{pattern}' is not a model pattern: use an exact name, \"prefix*\" or \"*\" ('*' only once, at the end)")
+            );
+            assert_eq!(
+                refusal(&with("", &format!(r#","models":{{"{pattern}":{{}}}}"#))),
+                format!("models.{pattern}: '{pattern}' is not a model pattern: use an exact name, \"prefix*\" or \"*\" ('*' only once, at the end)")
+            );
+        }
+        let c = parse_str(&with(
+            r#","model":"gpt-4*""#,
+            r#","models":{"*":{},"o3*":{},"x":{}}"#,
+        ))
+        .unwrap();
+        assert_eq!(c.rules[0].model, ModelMatch::Prefix("gpt-4".into()));
+    }
+
+    #[test]
+    fn a_rule_shadowed_by_an_earlier_one_is_refused_naming_both() {
+        let rules = |list: &str| format!(r#"{{"rules":[{list}]}}"#);
+        let r = |tenant: &str, model: &str| {
+            format!(r#"{{"tenant":"{tenant}","model":"{model}","tokens_per_second":1,"burst":1}}"#)
+        };
+        for (earlier, later) in [
+            (r("*", "*"), r("*", "*")),
+            (r("*", "*"), r("t", "gpt-4.1")),
+            (r("t", "gpt-4.1"), r("t", "gpt-4.1")),
+            (r("*", "gpt-*"), r("t", "gpt-4*")),
+            (r("*", "gpt-*"), r("*", "gpt-4.1")),
+            (r("t", "*"), r("t", "gpt-*")),
+        ] {
+            let e = parse_str(&rules(&format!("{earlier},{later}"))).unwrap_err();
+            assert_eq!(e.field, "rules[1]", "{earlier} {later}");
+            assert!(
+                e.reason.starts_with("can never match: rules[0] (tenant")
+                    && e.reason.ends_with(") matches every request it would"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            refusal(&rules(&format!(
+                "{},{},{}",
+                r("a", "*"),
+                r("*", "gpt-*"),
+                r("*", "gpt-4o")
+            ))),
+            r#"rules[2]: can never match: rules[1] (tenant "*", model "gpt-*") matches every request it would"#
+        );
+        // Still reachable: a narrower rule after a wider one on the other axis, or a wider one last.
+        for (earlier, later) in [
+            (r("t", "*"), r("*", "*")),
+            (r("*", "gpt-4.1"), r("*", "gpt-*")),
+            (r("*", "gpt-4*"), r("*", "gpt-*")),
+            (r("t", "gpt-*"), r("u", "gpt-*")),
+            (r("*", "gpt-4.1"), r("t", "*")),
+        ] {
+            parse_str(&rules(&format!("{earlier},{later}"))).unwrap();
+        }
+    }
+
+    #[test]
+    fn refusal_lines_stay_on_one_line_whatever_the_config_holds() {
+        let line = refusal(&with(r#","name":"a\nb""#, ""));
+        assert_eq!(
+            line,
+            "rules[0].name: 'a\\nb' is not a valid rule name: 1-64 characters from [A-Za-z0-9._-]"
+        );
+        assert!(!refusal(&with("", r#","models":{"a\nb":{"x":1}}"#)).contains('\n'));
     }
 }
