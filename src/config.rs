@@ -498,7 +498,10 @@ const MAX_QUOTA: u64 = (1 << 53) - 1;
 
 fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
     if v == 0 || v > MAX_QUOTA {
-        Err(err(field, format!("must be between 1 and {MAX_QUOTA}")))
+        Err(err(
+            field,
+            format!("must be between 1 and {MAX_QUOTA} (2^53 - 1), got {v}"),
+        ))
     } else {
         Ok(v)
     }
@@ -519,13 +522,12 @@ fn shim_target(
         )
     })?;
     let authority = authority.unwrap_or_else(|| cluster.clone());
-    let timeout_ms = timeout_ms.unwrap_or(50);
-    if timeout_ms == 0 || timeout_ms > 60_000 {
-        return Err(err(
-            format!("{section}.timeout_ms"),
-            "must be between 1 and 60000",
-        ));
-    }
+    let timeout_ms = in_range(
+        format!("{section}.timeout_ms"),
+        timeout_ms.unwrap_or(50),
+        1,
+        60_000,
+    )?;
     Ok((cluster, authority, timeout_ms))
 }
 
@@ -633,24 +635,31 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         if let Err(f) = wt.validate() {
             return Err(err(
                 format!("quota.weights.{m}.{f}"),
-                "must be finite and >= 0",
+                "must be a number >= 0",
             ));
         }
         weights.push((m, wt));
     }
     let month_offset_minutes = raw.month_offset_minutes.unwrap_or(0);
-    if month_offset_minutes.abs() > crate::quota::MAX_OFFSET_MIN {
+    if month_offset_minutes.unsigned_abs() > crate::quota::MAX_OFFSET_MIN.unsigned_abs() {
+        let max = crate::quota::MAX_OFFSET_MIN;
         return Err(err(
             "quota.month_offset_minutes",
-            "must be within -840..=840",
+            format!("must be between -{max} and {max}, got {month_offset_minutes}"),
         ));
     }
     let shim_breaker = shim_breaker("quota.shim_breaker", raw.shim_breaker)?;
-    let settle_max_attempts = raw.settle_max_attempts.unwrap_or(20);
-    if settle_max_attempts == 0 || settle_max_attempts > 1000 {
+    let settle_max_attempts = in_range(
+        "quota.settle_max_attempts",
+        raw.settle_max_attempts.unwrap_or(20),
+        1,
+        1000,
+    )?;
+    let clock_skew_s = raw.clock_skew_s.unwrap_or(0);
+    if clock_skew_s.unsigned_abs() > MAX_CLOCK_SKEW_S.unsigned_abs() {
         return Err(err(
-            "quota.settle_max_attempts",
-            "must be between 1 and 1000",
+            "quota.clock_skew_s",
+            format!("must be between -{MAX_CLOCK_SKEW_S} and {MAX_CLOCK_SKEW_S} (100 years), got {clock_skew_s}"),
         ));
     }
     Ok(QuotaSettings {
@@ -661,18 +670,38 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         tenants,
         weights,
         month_offset_minutes,
-        grace_seconds: raw.grace_seconds.unwrap_or(7 * 86_400),
-        idempotency_window_s: raw.idempotency_window_s.unwrap_or(86_400),
-        exhausted_recheck_s: raw.exhausted_recheck_s.unwrap_or(60).max(1),
-        exhausted_below: raw.exhausted_below.unwrap_or(1000).max(1),
+        grace_seconds: in_range(
+            "quota.grace_seconds",
+            raw.grace_seconds.unwrap_or(7 * 86_400),
+            0,
+            TEN_YEARS_S,
+        )?,
+        idempotency_window_s: in_range(
+            "quota.idempotency_window_s",
+            raw.idempotency_window_s.unwrap_or(86_400),
+            0,
+            TEN_YEARS_S,
+        )?,
+        exhausted_recheck_s: at_least(
+            "quota.exhausted_recheck_s",
+            raw.exhausted_recheck_s.unwrap_or(60),
+            1,
+        )?,
+        exhausted_below: at_least(
+            "quota.exhausted_below",
+            raw.exhausted_below.unwrap_or(1000),
+            1,
+        )?,
         inject_stream_usage: raw.inject_stream_usage.unwrap_or(true),
         shim_breaker,
-        settle_retry_ms: raw.settle_retry_ms.unwrap_or(500).max(10),
+        settle_retry_ms: in_range(
+            "quota.settle_retry_ms",
+            raw.settle_retry_ms.unwrap_or(500),
+            10,
+            60_000,
+        )?,
         settle_max_attempts,
-        clock_skew_s: raw
-            .clock_skew_s
-            .unwrap_or(0)
-            .clamp(-(100 * 365 * 86_400), 100 * 365 * 86_400),
+        clock_skew_s,
     })
 }
 
@@ -794,14 +823,13 @@ fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
         }
         model_fallbacks.push((from, to));
     }
-    let max_fallback_hops = raw.max_fallback_hops.unwrap_or(1);
-    if max_fallback_hops > 8 {
-        return Err(err("breaker.max_fallback_hops", "must be <= 8"));
-    }
-    let max_keys = raw.max_keys.unwrap_or(1000);
-    if max_keys == 0 || max_keys > 100_000 {
-        return Err(err("breaker.max_keys", "must be between 1 and 100000"));
-    }
+    let max_fallback_hops = in_range(
+        "breaker.max_fallback_hops",
+        raw.max_fallback_hops.unwrap_or(1),
+        0,
+        8,
+    )?;
+    let max_keys = in_range("breaker.max_keys", raw.max_keys.unwrap_or(1000), 1, 100_000)?;
     Ok(BreakerSettings {
         cfg,
         policy,
@@ -862,6 +890,10 @@ pub const DEFAULT_OUTPUT: OutputLimits = OutputLimits {
 };
 /// Longest shaping hold accepted.
 pub const MAX_WAIT_MS_LIMIT: u64 = 60_000;
+/// Largest `max_body_bytes`: 1 GiB.
+pub const MAX_BODY_BYTES_LIMIT: u64 = 1 << 30;
+/// Most bucket rules.
+pub const MAX_RULES: usize = 256;
 
 /// A JSON object whose keys must be distinct: serde_json alone keeps the last of two equal keys
 /// silently, so `{"models": {"a": …, "a": …}}` would lose an entry without a word.
@@ -1027,7 +1059,7 @@ fn output(field: &str, raw: &RawOutput, base: OutputLimits) -> Result<OutputLimi
         .default_max_tokens
         .unwrap_or(base.default_tokens.min(cap));
     if cap == 0 {
-        return Err(err(format!("{field}.max_tokens_cap"), "must be > 0"));
+        return Err(err(format!("{field}.max_tokens_cap"), "must be >= 1"));
     }
     if default > cap {
         return Err(err(
@@ -1095,11 +1127,71 @@ fn model_pattern(field: &str, s: &str) -> Result<ModelMatch, ConfigError> {
     })
 }
 
-fn positive(field: String, v: Option<f64>) -> Result<f64, ConfigError> {
+/// Bounds of the numbers of a rule. Rates and capacities are f64; 1e15 keeps every balance, sum and
+/// product of the bucket math far inside f64's exact integers and Lua's. The global bucket script reports
+/// balances in thousandths of a token, hence the smallest rate of one thousandth per second.
+const MIN_TOKENS_PER_SECOND: f64 = 1e-3;
+/// Largest `tokens_per_second`, `burst` and `requests_per_minute`.
+const MAX_RATE: f64 = 1e15;
+/// Longest time to refill an empty bucket (`burst / tokens_per_second`): about 31.7 years. Waits and
+/// resets are reported in µs by the global bucket script (i64) and as whole seconds in headers; this keeps
+/// both far from overflowing, and no real limit needs more.
+const MAX_REFILL_S: f64 = 1e9;
+/// Bound of `quota.grace_seconds` and `quota.idempotency_window_s`: 10 years (Redis expiry times).
+const TEN_YEARS_S: u64 = 3650 * 86_400;
+/// Bound of `quota.clock_skew_s` either way: 100 years.
+const MAX_CLOCK_SKEW_S: i64 = 100 * 365 * 86_400;
+
+/// A number for a message: plain when short (`0.5`, `60000`), else in exponent form (`1e15`, `1e-300`).
+fn show(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && !(1e-3..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A required number within `lo..=hi`; the error states the range and what was given.
+fn number_in(field: String, v: Option<f64>, lo: f64, hi: f64) -> Result<f64, ConfigError> {
     match v {
         None => Err(err(field, "is required")),
-        Some(x) if x.is_finite() && x > 0.0 && x <= 1e15 => Ok(x),
-        Some(x) => Err(err(field, format!("must be > 0 and finite, got {x}"))),
+        Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(x),
+        Some(x) => Err(err(
+            field,
+            format!(
+                "must be between {} and {}, got {}",
+                show(lo),
+                show(hi),
+                show(x)
+            ),
+        )),
+    }
+}
+
+/// An integer within `lo..=hi`; the error states the range and what was given.
+fn in_range<T>(field: impl Into<String>, v: T, lo: T, hi: T) -> Result<T, ConfigError>
+where
+    T: PartialOrd + fmt::Display + Copy,
+{
+    if v < lo || v > hi {
+        Err(err(
+            field,
+            format!("must be between {lo} and {hi}, got {v}"),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
+/// An integer of at least `lo` (no upper bound but its type's).
+fn at_least<T>(field: impl Into<String>, v: T, lo: T) -> Result<T, ConfigError>
+where
+    T: PartialOrd + fmt::Display + Copy,
+{
+    if v < lo {
+        Err(err(field, format!("must be >= {lo}, got {v}")))
+    } else {
+        Ok(v)
     }
 }
 
@@ -1126,8 +1218,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         other => other,
     };
     let max_body = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
-    if max_body == 0 || max_body > 1 << 30 {
-        return Err(err("max_body_bytes", "must be between 1 and 1073741824"));
+    if max_body == 0 || max_body > MAX_BODY_BYTES_LIMIT {
+        return Err(err(
+            "max_body_bytes",
+            format!("must be between 1 and {MAX_BODY_BYTES_LIMIT} (1 GiB), got {max_body}"),
+        ));
     }
     let invalid_body = match raw.invalid_body {
         None => InvalidBody::Reject,
@@ -1177,37 +1272,48 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     });
 
     let raw_rules = raw.rules.ok_or_else(|| err("rules", "is required"))?;
-    if raw_rules.is_empty() {
-        return Err(err("rules", "must contain at least one rule"));
-    }
-    if raw_rules.len() > 256 {
-        return Err(err("rules", "at most 256 rules"));
+    if raw_rules.is_empty() || raw_rules.len() > MAX_RULES {
+        return Err(err(
+            "rules",
+            format!(
+                "must hold between 1 and {MAX_RULES} rules, got {}",
+                raw_rules.len()
+            ),
+        ));
     }
     let mut rules = Vec::with_capacity(raw_rules.len());
     for (i, r) in raw_rules.into_iter().enumerate() {
         let f = |name: &str| format!("rules[{i}].{name}");
-        let rate = positive(f("tokens_per_second"), r.tokens_per_second)?;
-        let burst = positive(f("burst"), r.burst)?;
-        if burst < 1.0 {
-            return Err(err(f("burst"), "must be >= 1"));
+        let rate = number_in(
+            f("tokens_per_second"),
+            r.tokens_per_second,
+            MIN_TOKENS_PER_SECOND,
+            MAX_RATE,
+        )?;
+        let burst = number_in(f("burst"), r.burst, 1.0, MAX_RATE)?;
+        if burst / rate > MAX_REFILL_S {
+            return Err(err(
+                f("tokens_per_second"),
+                format!(
+                    "{} refills the burst of {} tokens in {} s, longer than the {} s (about 31 years) supported: use at least {}",
+                    show(rate),
+                    show(burst),
+                    show(burst / rate),
+                    show(MAX_REFILL_S),
+                    show(burst / MAX_REFILL_S)
+                ),
+            ));
         }
         let rpm = match r.requests_per_minute {
             None => None,
-            Some(v) => {
-                let v = positive(f("requests_per_minute"), Some(v))?;
-                if v < 1.0 {
-                    return Err(err(f("requests_per_minute"), "must be >= 1"));
-                }
-                Some(v)
-            }
+            Some(v) => Some(number_in(f("requests_per_minute"), Some(v), 1.0, MAX_RATE)?),
         };
-        let max_wait_ms = r.max_wait_ms.unwrap_or(0);
-        if max_wait_ms > MAX_WAIT_MS_LIMIT {
-            return Err(err(
-                f("max_wait_ms"),
-                format!("must be <= {MAX_WAIT_MS_LIMIT}"),
-            ));
-        }
+        let max_wait_ms = in_range(
+            f("max_wait_ms"),
+            r.max_wait_ms.unwrap_or(0),
+            0,
+            MAX_WAIT_MS_LIMIT,
+        )?;
         let tenant = match r.tenant.as_deref() {
             None | Some("*") => None,
             Some("") => return Err(err(f("tenant"), "must not be empty (use \"*\")")),
@@ -1250,14 +1356,30 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         });
     }
     unreachable_rule(&rules)?;
-    let max_tenants = raw.max_tenants.unwrap_or(10_000);
-    if max_tenants == 0 || max_tenants > 1_000_000 {
-        return Err(err("max_tenants", "must be between 1 and 1000000"));
+    if let InvalidBody::Charge(tokens) = invalid_body {
+        let largest = rules.iter().map(|r| r.params.burst).fold(0.0, f64::max);
+        if tokens as f64 > largest {
+            return Err(err(
+                "invalid_body.tokens",
+                format!(
+                    "{tokens} is larger than the burst of every rule (largest {}): every request with an unreadable body would be refused with 413",
+                    show(largest)
+                ),
+            ));
+        }
     }
-    let cas_max_retries = raw.cas_max_retries.unwrap_or(32);
-    if cas_max_retries == 0 || cas_max_retries > 1000 {
-        return Err(err("cas_max_retries", "must be between 1 and 1000"));
-    }
+    let max_tenants = in_range(
+        "max_tenants",
+        raw.max_tenants.unwrap_or(10_000),
+        1,
+        1_000_000,
+    )?;
+    let cas_max_retries = in_range(
+        "cas_max_retries",
+        raw.cas_max_retries.unwrap_or(32),
+        1,
+        1000,
+    )?;
     let on_store_error = match raw.on_store_error.as_deref() {
         None | Some("allow") => StoreFailure::Allow,
         Some("deny") => StoreFailure::Deny,
@@ -1401,7 +1523,7 @@ mod tests {
     #[test]
     fn invalid_body_policy_is_checked() {
         let c = parse_str(
-            r#"{"invalid_body":{"action":"charge","tokens":500},"rules":[{"tokens_per_second":1,"burst":1}]}"#,
+            r#"{"invalid_body":{"action":"charge","tokens":500},"rules":[{"tokens_per_second":1,"burst":500}]}"#,
         )
         .unwrap();
         assert_eq!(c.invalid_body, InvalidBody::Charge(500));
@@ -1851,5 +1973,201 @@ mod tests {
             "rules[0].name: 'a\\nb' is not a valid rule name: 1-64 characters from [A-Za-z0-9._-]"
         );
         assert!(!refusal(&with("", r#","models":{"a\nb":{"x":1}}"#)).contains('\n'));
+    }
+
+    #[test]
+    fn rule_numbers_are_refused_outside_their_stated_range() {
+        for (extra, line) in [
+            (
+                r#","tokens_per_second":1e-300"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got 1e-300",
+            ),
+            (
+                r#","tokens_per_second":0.0009"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got 9e-4",
+            ),
+            (
+                r#","tokens_per_second":-5"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got -5",
+            ),
+            (
+                r#","tokens_per_second":2e15"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got 2e15",
+            ),
+            (
+                r#","burst":1e16"#,
+                "rules[0].burst: must be between 1 and 1e15, got 1e16",
+            ),
+            (
+                r#","burst":0.5"#,
+                "rules[0].burst: must be between 1 and 1e15, got 0.5",
+            ),
+            (
+                r#","requests_per_minute":0.5"#,
+                "rules[0].requests_per_minute: must be between 1 and 1e15, got 0.5",
+            ),
+            (
+                r#","requests_per_minute":1e300"#,
+                "rules[0].requests_per_minute: must be between 1 and 1e15, got 1e300",
+            ),
+            (
+                r#","max_wait_ms":60001"#,
+                "rules[0].max_wait_ms: must be between 0 and 60000, got 60001",
+            ),
+            (
+                r#","tokens_per_second":0.001,"burst":2000000"#,
+                "rules[0].tokens_per_second: 0.001 refills the burst of 2000000 tokens in 2000000000 s, longer than the 1000000000 s (about 31 years) supported: use at least 0.002",
+            ),
+        ] {
+            // The rule is built field by field: a repeated field would be refused as such.
+            let mut fields = vec![("tokens_per_second", "10"), ("burst", "100")];
+            for kv in extra.trim_start_matches(',').split(',') {
+                let (k, v) = kv.split_once(':').unwrap();
+                let k = k.trim_matches('"');
+                match fields.iter_mut().find(|(name, _)| *name == k) {
+                    Some(slot) => slot.1 = v,
+                    None => fields.push((k, v)),
+                }
+            }
+            let rule: Vec<String> = fields.iter().map(|(k, v)| format!(r#""{k}":{v}"#)).collect();
+            let config = format!(r#"{{"rules":[{{{}}}]}}"#, rule.join(","));
+            assert_eq!(refusal(&config), line, "{config}");
+        }
+        // The edges are accepted.
+        for rule in [
+            r#"{"tokens_per_second":0.001,"burst":1000000}"#,
+            r#"{"tokens_per_second":1e15,"burst":1e15,"requests_per_minute":1e15}"#,
+            r#"{"tokens_per_second":1,"burst":1,"requests_per_minute":1,"max_wait_ms":60000}"#,
+        ] {
+            parse_str(&format!(r#"{{"rules":[{rule}]}}"#)).unwrap();
+        }
+    }
+
+    #[test]
+    fn every_bounded_setting_states_its_range_in_the_refusal() {
+        let many: Vec<String> = (0..257)
+            .map(|i| format!(r#"{{"tenant":"t{i}","tokens_per_second":1,"burst":1}}"#))
+            .collect();
+        let quota = |extra: &str| {
+            with(
+                "",
+                &format!(r#","quota":{{"cluster":"w","monthly_limit":1{extra}}}"#),
+            )
+        };
+        for (config, line) in [
+            (
+                format!(r#"{{"rules":[{}]}}"#, many.join(",")),
+                "rules: must hold between 1 and 256 rules, got 257",
+            ),
+            (
+                r#"{"rules":[]}"#.to_string(),
+                "rules: must hold between 1 and 256 rules, got 0",
+            ),
+            (
+                with("", r#","max_body_bytes":1073741825"#),
+                "max_body_bytes: must be between 1 and 1073741824 (1 GiB), got 1073741825",
+            ),
+            (
+                with("", r#","max_body_bytes":0"#),
+                "max_body_bytes: must be between 1 and 1073741824 (1 GiB), got 0",
+            ),
+            (
+                with("", r#","max_tenants":1000001"#),
+                "max_tenants: must be between 1 and 1000000, got 1000001",
+            ),
+            (
+                with("", r#","cas_max_retries":0"#),
+                "cas_max_retries: must be between 1 and 1000, got 0",
+            ),
+            (
+                with("", r#","default_output":{"max_tokens_cap":0}"#),
+                "default_output.max_tokens_cap: must be >= 1",
+            ),
+            (
+                with("", r#","breaker":{"max_fallback_hops":9}"#),
+                "breaker.max_fallback_hops: must be between 0 and 8, got 9",
+            ),
+            (
+                with("", r#","breaker":{"max_keys":100001}"#),
+                "breaker.max_keys: must be between 1 and 100000, got 100001",
+            ),
+            (
+                with("", r#","global_buckets":{"cluster":"w","timeout_ms":60001}"#),
+                "global_buckets.timeout_ms: must be between 1 and 60000, got 60001",
+            ),
+            (
+                quota(r#","timeout_ms":0"#),
+                "quota.timeout_ms: must be between 1 and 60000, got 0",
+            ),
+            (
+                with("", r#","quota":{"cluster":"w","monthly_limit":9007199254740992}"#),
+                "quota.monthly_limit: must be between 1 and 9007199254740991 (2^53 - 1), got 9007199254740992",
+            ),
+            (
+                quota(r#","model_limits":{"m":0}"#),
+                "quota.model_limits.m: must be between 1 and 9007199254740991 (2^53 - 1), got 0",
+            ),
+            (
+                quota(r#","month_offset_minutes":-841"#),
+                "quota.month_offset_minutes: must be between -840 and 840, got -841",
+            ),
+            (
+                quota(r#","settle_max_attempts":1001"#),
+                "quota.settle_max_attempts: must be between 1 and 1000, got 1001",
+            ),
+            (
+                quota(r#","settle_retry_ms":9"#),
+                "quota.settle_retry_ms: must be between 10 and 60000, got 9",
+            ),
+            (
+                quota(r#","settle_retry_ms":60001"#),
+                "quota.settle_retry_ms: must be between 10 and 60000, got 60001",
+            ),
+            (
+                quota(r#","exhausted_recheck_s":0"#),
+                "quota.exhausted_recheck_s: must be >= 1, got 0",
+            ),
+            (
+                quota(r#","exhausted_below":0"#),
+                "quota.exhausted_below: must be >= 1, got 0",
+            ),
+            (
+                quota(r#","grace_seconds":315360001"#),
+                "quota.grace_seconds: must be between 0 and 315360000, got 315360001",
+            ),
+            (
+                quota(r#","idempotency_window_s":315360001"#),
+                "quota.idempotency_window_s: must be between 0 and 315360000, got 315360001",
+            ),
+            (
+                quota(r#","clock_skew_s":-3153600001"#),
+                "quota.clock_skew_s: must be between -3153600000 and 3153600000 (100 years), got -3153600001",
+            ),
+            (
+                quota(r#","weights":{"m":{"output":-1}}"#),
+                "quota.weights.m.output: must be a number >= 0",
+            ),
+        ] {
+            assert_eq!(refusal(&config), line, "{config}");
+        }
+    }
+
+    #[test]
+    fn a_fixed_charge_for_unreadable_bodies_above_every_burst_is_refused() {
+        let config = |tokens: u64| {
+            format!(
+                r#"{{"invalid_body":{{"action":"charge","tokens":{tokens}}},
+                    "rules":[{{"tenant":"a","tokens_per_second":1,"burst":300}},
+                             {{"tokens_per_second":1,"burst":200}}]}}"#
+            )
+        };
+        assert_eq!(
+            refusal(&config(301)),
+            "invalid_body.tokens: 301 is larger than the burst of every rule (largest 300): every request with an unreadable body would be refused with 413"
+        );
+        assert_eq!(
+            parse_str(&config(300)).unwrap().invalid_body,
+            InvalidBody::Charge(300)
+        );
     }
 }
