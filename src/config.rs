@@ -1,6 +1,10 @@
 //! Plugin configuration: raw serde structs (shape, unknown fields refused) → validated runtime [`Config`]
-//! (meaning). A [`ConfigError`] names the JSON path of the bad field, e.g. `rules[1].burst: must be > 0`;
-//! the host logs it in one line and returns `false` from `on_configure`, so Envoy refuses the config.
+//! (meaning). A [`ConfigError`] names the JSON path of the bad field, for shape errors too (serde's, with
+//! the path tracked by `serde_path_to_error`): `rules[1].burst: must be between 1 and 1e15, got 0`,
+//! `rules[0].tokens_per_second: invalid type: string "10", expected a number`. The host logs it in one
+//! line and returns `false` from `on_configure`, so Envoy refuses the config. A range refusal states the
+//! range; patterns that could never match (a tenant glob, `*` inside a model name, a rule shadowed by an
+//! earlier one) are refused rather than left silently idle.
 //! Nothing falls back to a default quietly: absent optional fields take the documented defaults below,
 //! present but wrong ones are errors.
 //!
@@ -266,9 +270,10 @@ impl ModelMatch {
 /// One validated bucket rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
-    /// Name used in logs and keys (defaults to `rule<N>`).
+    /// Name used in logs and keys (defaults to `rule<N>`): 1-64 characters from `[A-Za-z0-9._-]`.
     pub name: String,
-    /// `None` = every tenant gets its own bucket ("*"); `Some(t)` = only tenant `t`.
+    /// `None` = every tenant gets its own bucket ("*"); `Some(t)` = only tenant `t`, a valid tenant id
+    /// (tenant patterns are exact: no globs).
     pub tenant: Option<String>,
     /// Which models the rule applies to.
     pub model: ModelMatch,
