@@ -1106,7 +1106,7 @@ fn unreachable_rule(rules: &[Rule]) -> Result<(), ConfigError> {
 }
 
 /// What a tenant id is, for messages (see [`crate::identity::valid_tenant`]).
-const TENANT_ID: &str = "tenant id of 1-128 characters from [A-Za-z0-9._:@-]";
+const TENANT_ID: &str = "1-128 characters from [A-Za-z0-9._:@-]";
 
 /// What a rule name is, for messages: it goes into shared-data and Redis keys, logs and error bodies.
 const RULE_NAME: &str = "1-64 characters from [A-Za-z0-9._-]";
@@ -1326,7 +1326,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(t) => {
                 return Err(err(
                     f("tenant"),
-                    format!("'{t}' can never match a tenant: use \"*\" or one exact {TENANT_ID} (tenant patterns are not globs)"),
+                    format!("'{t}' can never match a tenant: use \"*\" or one exact tenant id, {TENANT_ID} (tenant patterns are not globs)"),
                 ))
             }
         };
@@ -1855,7 +1855,7 @@ mod tests {
         for tenant in ["team-*", "a b", "*a", "ü"] {
             assert_eq!(
                 refusal(&with(&format!(r#","tenant":"{tenant}""#), "")),
-                format!("rules[0].tenant: '{tenant}' can never match a tenant: use \"*\" or one exact tenant id of 1-128 characters from [A-Za-z0-9._:@-] (tenant patterns are not globs)")
+                format!("rules[0].tenant: '{tenant}' can never match a tenant: use \"*\" or one exact tenant id, 1-128 characters from [A-Za-z0-9._:@-] (tenant patterns are not globs)")
             );
         }
         let long = "a".repeat(129);
@@ -1871,7 +1871,7 @@ mod tests {
     fn default_tenant_must_be_a_valid_tenant_id() {
         assert_eq!(
             refusal(&with("", r#","default_tenant":"a b""#)),
-            "default_tenant: 'a b' is not a valid tenant id: tenant id of 1-128 characters from [A-Za-z0-9._:@-]"
+            "default_tenant: 'a b' is not a valid tenant id: 1-128 characters from [A-Za-z0-9._:@-]"
         );
         assert_eq!(
             refusal(&with("", r#","default_tenant":" ""#)),
@@ -1880,8 +1880,11 @@ mod tests {
         let c = parse_str(&with("", r#","default_tenant":"anon@x""#)).unwrap();
         assert_eq!(c.default_tenant.as_deref(), Some("anon@x"));
         assert_eq!(
-            refusal(&with("", r#","quota":{"cluster":"w","monthly_limit":1,"tenants":{"a/b":{}}}"#)),
-            "quota.tenants.a/b: is not a valid tenant id: tenant id of 1-128 characters from [A-Za-z0-9._:@-]"
+            refusal(&with(
+                "",
+                r#","quota":{"cluster":"w","monthly_limit":1,"tenants":{"a/b":{}}}"#
+            )),
+            "quota.tenants.a/b: is not a valid tenant id: 1-128 characters from [A-Za-z0-9._:@-]"
         );
     }
 
