@@ -1,6 +1,10 @@
 //! Plugin configuration: raw serde structs (shape, unknown fields refused) → validated runtime [`Config`]
-//! (meaning). A [`ConfigError`] names the JSON path of the bad field, e.g. `rules[1].burst: must be > 0`;
-//! the host logs it in one line and returns `false` from `on_configure`, so Envoy refuses the config.
+//! (meaning). A [`ConfigError`] names the JSON path of the bad field, for shape errors too (serde's, with
+//! the path tracked by `serde_path_to_error`): `rules[1].burst: must be between 1 and 1e15, got 0`,
+//! `rules[0].tokens_per_second: invalid type: string "10", expected a number`. The host logs it in one
+//! line and returns `false` from `on_configure`, so Envoy refuses the config. A range refusal states the
+//! range; patterns that could never match (a tenant glob, `*` inside a model name, a rule shadowed by an
+//! earlier one) are refused rather than left silently idle.
 //! Nothing falls back to a default quietly: absent optional fields take the documented defaults below,
 //! present but wrong ones are errors.
 //!
@@ -17,6 +21,7 @@ use crate::bucket::BucketParams;
 use crate::estimate::OutputLimits;
 use crate::quota::Weights;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// A configuration error with the path of the field at fault.
@@ -29,8 +34,21 @@ pub struct ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    /// `field: reason` on one line: control characters a config value or key brought in are escaped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
+        let one_line = |f: &mut fmt::Formatter<'_>, s: &str| -> fmt::Result {
+            for c in s.chars() {
+                if c.is_control() {
+                    write!(f, "{}", c.escape_default())?;
+                } else {
+                    write!(f, "{c}")?;
+                }
+            }
+            Ok(())
+        };
+        one_line(f, &self.field)?;
+        f.write_str(": ")?;
+        one_line(f, &self.reason)
     }
 }
 
@@ -206,13 +224,37 @@ pub enum ModelMatch {
 }
 
 impl ModelMatch {
-    fn parse(s: &str) -> Self {
+    /// `"*"`, `"prefix*"` or an exact name; `None` for a `*` anywhere else (`"a*b"`, `"**"`, `"*a"`),
+    /// which would silently match nothing (it is not a glob).
+    fn parse(s: &str) -> Option<Self> {
         if s == "*" {
-            ModelMatch::Any
-        } else if let Some(p) = s.strip_suffix('*') {
-            ModelMatch::Prefix(p.to_string())
-        } else {
-            ModelMatch::Exact(s.to_string())
+            return Some(ModelMatch::Any);
+        }
+        match s.strip_suffix('*') {
+            Some(p) if !p.contains('*') => Some(ModelMatch::Prefix(p.to_string())),
+            Some(_) => None,
+            None if s.contains('*') => None,
+            None => Some(ModelMatch::Exact(s.to_string())),
+        }
+    }
+
+    /// True when every model this pattern selects is also selected by `other`.
+    fn within(&self, other: &ModelMatch) -> bool {
+        match (self, other) {
+            (_, ModelMatch::Any) => true,
+            (ModelMatch::Any, _) => false,
+            (ModelMatch::Exact(m), o) => o.matches(m),
+            (ModelMatch::Prefix(p), ModelMatch::Prefix(q)) => p.starts_with(q.as_str()),
+            (ModelMatch::Prefix(_), ModelMatch::Exact(_)) => false,
+        }
+    }
+
+    /// The pattern as written in the config.
+    fn pattern(&self) -> String {
+        match self {
+            ModelMatch::Any => "*".to_string(),
+            ModelMatch::Prefix(p) => format!("{p}*"),
+            ModelMatch::Exact(m) => m.clone(),
         }
     }
     /// True when `model` is selected.
@@ -228,9 +270,10 @@ impl ModelMatch {
 /// One validated bucket rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
-    /// Name used in logs and keys (defaults to `rule<N>`).
+    /// Name used in logs and keys (defaults to `rule<N>`): 1-64 characters from `[A-Za-z0-9._-]`.
     pub name: String,
-    /// `None` = every tenant gets its own bucket ("*"); `Some(t)` = only tenant `t`.
+    /// `None` = every tenant gets its own bucket ("*"); `Some(t)` = only tenant `t`, a valid tenant id
+    /// (tenant patterns are exact: no globs).
     pub tenant: Option<String>,
     /// Which models the rule applies to.
     pub model: ModelMatch,
@@ -352,7 +395,10 @@ impl Config {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "the plugin configuration as a JSON object"
+)]
 struct RawConfig {
     tenant_header: Option<String>,
     api_key_tenants: Option<bool>,
@@ -362,7 +408,7 @@ struct RawConfig {
     invalid_body: Option<RawInvalidBody>,
     default_output: Option<RawOutput>,
     #[serde(default)]
-    models: std::collections::BTreeMap<String, RawOutput>,
+    models: UniqueMap<RawOutput>,
     rules: Option<Vec<RawRule>>,
     max_tenants: Option<u32>,
     cas_max_retries: Option<u32>,
@@ -373,7 +419,7 @@ struct RawConfig {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawGlobal {
     cluster: Option<String>,
     authority: Option<String>,
@@ -383,20 +429,20 @@ struct RawGlobal {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawQuota {
     cluster: Option<String>,
     authority: Option<String>,
     timeout_ms: Option<u32>,
     monthly_limit: Option<u64>,
     #[serde(default)]
-    model_limits: std::collections::BTreeMap<String, u64>,
+    model_limits: UniqueMap<u64>,
     on_failure: Option<String>,
     clamp_output: Option<bool>,
     #[serde(default)]
-    tenants: std::collections::BTreeMap<String, RawTenantQuota>,
+    tenants: UniqueMap<RawTenantQuota>,
     #[serde(default)]
-    weights: std::collections::BTreeMap<String, RawWeights>,
+    weights: UniqueMap<RawWeights>,
     month_offset_minutes: Option<i32>,
     grace_seconds: Option<u64>,
     idempotency_window_s: Option<u64>,
@@ -410,17 +456,17 @@ struct RawQuota {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawTenantQuota {
     monthly_limit: Option<u64>,
     #[serde(default)]
-    model_limits: std::collections::BTreeMap<String, u64>,
+    model_limits: UniqueMap<u64>,
     on_failure: Option<String>,
     clamp_output: Option<bool>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawWeights {
     input: Option<f64>,
     output: Option<f64>,
@@ -429,7 +475,7 @@ struct RawWeights {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawShimBreaker {
     failure_threshold: Option<u32>,
     window_ms: Option<u64>,
@@ -457,7 +503,10 @@ const MAX_QUOTA: u64 = (1 << 53) - 1;
 
 fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
     if v == 0 || v > MAX_QUOTA {
-        Err(err(field, format!("must be between 1 and {MAX_QUOTA}")))
+        Err(err(
+            field,
+            format!("must be between 1 and {MAX_QUOTA} (2^53 - 1), got {v}"),
+        ))
     } else {
         Ok(v)
     }
@@ -478,13 +527,12 @@ fn shim_target(
         )
     })?;
     let authority = authority.unwrap_or_else(|| cluster.clone());
-    let timeout_ms = timeout_ms.unwrap_or(50);
-    if timeout_ms == 0 || timeout_ms > 60_000 {
-        return Err(err(
-            format!("{section}.timeout_ms"),
-            "must be between 1 and 60000",
-        ));
-    }
+    let timeout_ms = in_range(
+        format!("{section}.timeout_ms"),
+        timeout_ms.unwrap_or(50),
+        1,
+        60_000,
+    )?;
     Ok((cluster, authority, timeout_ms))
 }
 
@@ -557,7 +605,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         if !crate::identity::valid_tenant(&t) {
             return Err(err(
                 format!("quota.tenants.{t}"),
-                "is not a valid tenant id",
+                format!("is not a valid tenant id: {TENANT_ID}"),
             ));
         }
         let mut ml = default.model_limits.clone();
@@ -592,24 +640,31 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         if let Err(f) = wt.validate() {
             return Err(err(
                 format!("quota.weights.{m}.{f}"),
-                "must be finite and >= 0",
+                "must be a number >= 0",
             ));
         }
         weights.push((m, wt));
     }
     let month_offset_minutes = raw.month_offset_minutes.unwrap_or(0);
-    if month_offset_minutes.abs() > crate::quota::MAX_OFFSET_MIN {
+    if month_offset_minutes.unsigned_abs() > crate::quota::MAX_OFFSET_MIN.unsigned_abs() {
+        let max = crate::quota::MAX_OFFSET_MIN;
         return Err(err(
             "quota.month_offset_minutes",
-            "must be within -840..=840",
+            format!("must be between -{max} and {max}, got {month_offset_minutes}"),
         ));
     }
     let shim_breaker = shim_breaker("quota.shim_breaker", raw.shim_breaker)?;
-    let settle_max_attempts = raw.settle_max_attempts.unwrap_or(20);
-    if settle_max_attempts == 0 || settle_max_attempts > 1000 {
+    let settle_max_attempts = in_range(
+        "quota.settle_max_attempts",
+        raw.settle_max_attempts.unwrap_or(20),
+        1,
+        1000,
+    )?;
+    let clock_skew_s = raw.clock_skew_s.unwrap_or(0);
+    if clock_skew_s.unsigned_abs() > MAX_CLOCK_SKEW_S.unsigned_abs() {
         return Err(err(
-            "quota.settle_max_attempts",
-            "must be between 1 and 1000",
+            "quota.clock_skew_s",
+            format!("must be between -{MAX_CLOCK_SKEW_S} and {MAX_CLOCK_SKEW_S} (100 years), got {clock_skew_s}"),
         ));
     }
     Ok(QuotaSettings {
@@ -620,23 +675,43 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         tenants,
         weights,
         month_offset_minutes,
-        grace_seconds: raw.grace_seconds.unwrap_or(7 * 86_400),
-        idempotency_window_s: raw.idempotency_window_s.unwrap_or(86_400),
-        exhausted_recheck_s: raw.exhausted_recheck_s.unwrap_or(60).max(1),
-        exhausted_below: raw.exhausted_below.unwrap_or(1000).max(1),
+        grace_seconds: in_range(
+            "quota.grace_seconds",
+            raw.grace_seconds.unwrap_or(7 * 86_400),
+            0,
+            TEN_YEARS_S,
+        )?,
+        idempotency_window_s: in_range(
+            "quota.idempotency_window_s",
+            raw.idempotency_window_s.unwrap_or(86_400),
+            0,
+            TEN_YEARS_S,
+        )?,
+        exhausted_recheck_s: at_least(
+            "quota.exhausted_recheck_s",
+            raw.exhausted_recheck_s.unwrap_or(60),
+            1,
+        )?,
+        exhausted_below: at_least(
+            "quota.exhausted_below",
+            raw.exhausted_below.unwrap_or(1000),
+            1,
+        )?,
         inject_stream_usage: raw.inject_stream_usage.unwrap_or(true),
         shim_breaker,
-        settle_retry_ms: raw.settle_retry_ms.unwrap_or(500).max(10),
+        settle_retry_ms: in_range(
+            "quota.settle_retry_ms",
+            raw.settle_retry_ms.unwrap_or(500),
+            10,
+            60_000,
+        )?,
         settle_max_attempts,
-        clock_skew_s: raw
-            .clock_skew_s
-            .unwrap_or(0)
-            .clamp(-(100 * 365 * 86_400), 100 * 365 * 86_400),
+        clock_skew_s,
     })
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawBreaker {
     keys: Option<Vec<String>>,
     failure_threshold: Option<u32>,
@@ -654,15 +729,18 @@ struct RawBreaker {
     count_incomplete_streams: Option<bool>,
     route_header: Option<String>,
     #[serde(default)]
-    cluster_fallbacks: std::collections::BTreeMap<String, RawClusterFallback>,
+    cluster_fallbacks: UniqueMap<RawClusterFallback>,
     #[serde(default)]
-    model_fallbacks: std::collections::BTreeMap<String, String>,
+    model_fallbacks: UniqueMap<String>,
     max_fallback_hops: Option<u32>,
     max_keys: Option<u32>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object {\"cluster\": …, \"route\": …}"
+)]
 struct RawClusterFallback {
     cluster: String,
     route: String,
@@ -750,14 +828,13 @@ fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
         }
         model_fallbacks.push((from, to));
     }
-    let max_fallback_hops = raw.max_fallback_hops.unwrap_or(1);
-    if max_fallback_hops > 8 {
-        return Err(err("breaker.max_fallback_hops", "must be <= 8"));
-    }
-    let max_keys = raw.max_keys.unwrap_or(1000);
-    if max_keys == 0 || max_keys > 100_000 {
-        return Err(err("breaker.max_keys", "must be between 1 and 100000"));
-    }
+    let max_fallback_hops = in_range(
+        "breaker.max_fallback_hops",
+        raw.max_fallback_hops.unwrap_or(1),
+        0,
+        8,
+    )?;
+    let max_keys = in_range("breaker.max_keys", raw.max_keys.unwrap_or(1000), 1, 100_000)?;
     Ok(BreakerSettings {
         cfg,
         policy,
@@ -771,28 +848,29 @@ fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
     })
 }
 
-/// Turns a validation message that starts with the field name into a ConfigError under `prefix`.
+/// Turns a validation message that starts with the field name (`failure_threshold must be >= 1`) into a
+/// ConfigError under `prefix` (`breaker.failure_threshold: must be >= 1`).
 fn prefixed_err(prefix: &str, msg: &str) -> ConfigError {
-    let field = msg.split_whitespace().next().unwrap_or("");
-    err(format!("{prefix}.{field}"), msg.to_string())
+    let (field, reason) = msg.split_once(' ').unwrap_or((msg, "is invalid"));
+    err(format!("{prefix}.{field}"), reason.to_string())
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object {\"action\": …}")]
 struct RawInvalidBody {
     action: String,
     tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawOutput {
     default_max_tokens: Option<u64>,
     max_tokens_cap: Option<u64>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a rule object")]
 struct RawRule {
     name: Option<String>,
     tenant: Option<String>,
@@ -817,23 +895,149 @@ pub const DEFAULT_OUTPUT: OutputLimits = OutputLimits {
 };
 /// Longest shaping hold accepted.
 pub const MAX_WAIT_MS_LIMIT: u64 = 60_000;
+/// Largest `max_body_bytes`: 1 GiB.
+pub const MAX_BODY_BYTES_LIMIT: u64 = 1 << 30;
+/// Most bucket rules.
+pub const MAX_RULES: usize = 256;
+
+/// A JSON object whose keys must be distinct: serde_json alone keeps the last of two equal keys
+/// silently, so `{"models": {"a": …, "a": …}}` would lose an entry without a word.
+struct UniqueMap<V>(BTreeMap<String, V>);
+
+impl<V> IntoIterator for UniqueMap<V> {
+    type Item = (String, V);
+    type IntoIter = std::collections::btree_map::IntoIter<String, V>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a, V> IntoIterator for &'a UniqueMap<V> {
+    type Item = (&'a String, &'a V);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, V>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        UniqueMap(BTreeMap::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Keys<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut map = BTreeMap::new();
+                while let Some(key) = access.next_key::<String>()? {
+                    if map.contains_key(&key) {
+                        // Worded as serde words a repeated struct field, so shape_error treats both alike.
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{key}`"
+                        )));
+                    }
+                    let value = access.next_value()?;
+                    map.insert(key, value);
+                }
+                Ok(UniqueMap(map))
+            }
+        }
+        d.deserialize_map(Keys(std::marker::PhantomData))
+    }
+}
 
 /// Parses and validates the plugin configuration.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
-    let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
-        let msg = e.to_string();
-        // serde names the unknown or mistyped field in its message; keep it whole.
-        err(field_from_serde(&msg), msg)
-    })?;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(shape_error)?;
+    // Text after the JSON object (what serde_json::from_slice checks last).
+    de.end().map_err(|e| err("configuration", e.to_string()))?;
     validate(raw)
 }
 
-fn field_from_serde(msg: &str) -> String {
-    // "unknown field `foo`, expected one of ..." → "foo"
-    msg.split('`')
-        .nth(1)
-        .map(str::to_string)
-        .unwrap_or_else(|| "configuration".to_string())
+/// The `ConfigError` of a serde (shape) error: the JSON path serde_path_to_error tracked names the field,
+/// the reason is serde's message in words a user knows (`expected a number`, not `expected f64`).
+///
+/// * type and value errors: `rules[0].tokens_per_second: invalid type: string "10", expected a number`;
+/// * unknown fields: `rules[0].foo: unknown field `foo`, expected one of …` (the path ends at the key);
+/// * duplicate and missing fields are reported on the struct by serde: the field is appended to the path
+///   (`rules[0].burst: is given more than once`, `breaker.cluster_fallbacks.a.route: is required`);
+/// * JSON syntax errors keep serde_json's line and column (the path is where parsing stopped).
+fn shape_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
+    let mut path = String::new();
+    for segment in e.path().iter() {
+        match segment {
+            serde_path_to_error::Segment::Seq { index } => {
+                if path.is_empty() {
+                    path.push_str("configuration");
+                }
+                path.push_str(&format!("[{index}]"));
+            }
+            serde_path_to_error::Segment::Map { key } => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+            }
+            // Where a key was not read yet (a syntax error between fields): the path so far.
+            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    let inner = e.inner();
+    let full = inner.to_string();
+    let at = |path: &str, name: &str| match (path.is_empty(), name.is_empty()) {
+        (true, true) => "configuration".to_string(),
+        (true, false) => name.to_string(),
+        (false, true) => path.to_string(),
+        (false, false) => format!("{path}.{name}"),
+    };
+    if !inner.is_data() {
+        // Syntax error or truncated input: the position is what finds it.
+        return err(at(&path, ""), full);
+    }
+    let position = format!(" at line {} column {}", inner.line(), inner.column());
+    let msg = full.strip_suffix(position.as_str()).unwrap_or(&full);
+    let quoted = |prefix: &str| {
+        msg.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix('`'))
+            .filter(|name| !name.contains('`'))
+    };
+    if let Some(name) = quoted("duplicate field `") {
+        return err(at(&path, name), "is given more than once");
+    }
+    if let Some(name) = quoted("missing field `") {
+        return err(at(&path, name), "is required");
+    }
+    err(at(&path, ""), plain_expectation(msg))
+}
+
+/// serde's `…, expected f64` in words: Rust type names mean nothing in a JSON config.
+fn plain_expectation(msg: &str) -> String {
+    const WORDS: [(&str, &str); 7] = [
+        ("f64", "a number"),
+        ("u64", "an integer >= 0"),
+        ("u32", "an integer between 0 and 4294967295"),
+        ("i32", "an integer between -2147483648 and 2147483647"),
+        ("i64", "an integer"),
+        ("a sequence", "an array"),
+        ("a map", "a JSON object"),
+    ];
+    if let Some((head, expected)) = msg.rsplit_once(", expected ") {
+        if let Some((_, words)) = WORDS.iter().find(|(rust, _)| *rust == expected) {
+            return format!("{head}, expected {words}");
+        }
+    }
+    msg.to_string()
 }
 
 fn header_name(field: &str, v: Option<String>) -> Result<Option<String>, ConfigError> {
@@ -860,7 +1064,7 @@ fn output(field: &str, raw: &RawOutput, base: OutputLimits) -> Result<OutputLimi
         .default_max_tokens
         .unwrap_or(base.default_tokens.min(cap));
     if cap == 0 {
-        return Err(err(format!("{field}.max_tokens_cap"), "must be > 0"));
+        return Err(err(format!("{field}.max_tokens_cap"), "must be >= 1"));
     }
     if default > cap {
         return Err(err(
@@ -874,11 +1078,125 @@ fn output(field: &str, raw: &RawOutput, base: OutputLimits) -> Result<OutputLimi
     })
 }
 
-fn positive(field: String, v: Option<f64>) -> Result<f64, ConfigError> {
+/// Refuses a rule that an earlier one shadows: first match wins, so a rule whose tenant and model
+/// patterns are both within an earlier rule's is never used (two catch-alls, the same patterns twice,
+/// `gpt-4.1` after `gpt-*`). Only what is decided exactly from the patterns is refused.
+fn unreachable_rule(rules: &[Rule]) -> Result<(), ConfigError> {
+    for (j, later) in rules.iter().enumerate() {
+        let covered = |earlier: &&Rule| {
+            let tenant = match (&earlier.tenant, &later.tenant) {
+                (None, _) => true,
+                (Some(a), Some(b)) => a == b,
+                (Some(_), None) => false,
+            };
+            tenant && later.model.within(&earlier.model)
+        };
+        if let Some((i, earlier)) = rules.iter().take(j).enumerate().find(|(_, e)| covered(e)) {
+            return Err(err(
+                format!("rules[{j}]"),
+                format!(
+                    "can never match: rules[{i}] (tenant \"{}\", model \"{}\") matches every request it would",
+                    earlier.tenant.as_deref().unwrap_or("*"),
+                    earlier.model.pattern()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a tenant id is, for messages (see [`crate::identity::valid_tenant`]).
+const TENANT_ID: &str = "1-128 characters from [A-Za-z0-9._:@-]";
+
+/// What a rule name is, for messages: it goes into shared-data and Redis keys, logs and error bodies.
+const RULE_NAME: &str = "1-64 characters from [A-Za-z0-9._-]";
+
+/// Longest rule name.
+pub const MAX_RULE_NAME_LEN: usize = 64;
+
+fn valid_rule_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_RULE_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A model pattern (`rules[].model`, `models` keys): `*` alone or once at the end, nowhere else.
+fn model_pattern(field: &str, s: &str) -> Result<ModelMatch, ConfigError> {
+    ModelMatch::parse(s).ok_or_else(|| {
+        err(
+            field,
+            format!("'{s}' is not a model pattern: use an exact name, \"prefix*\" or \"*\" ('*' only once, at the end)"),
+        )
+    })
+}
+
+/// Bounds of the numbers of a rule. Rates and capacities are f64; 1e15 keeps every balance, sum and
+/// product of the bucket math far inside f64's exact integers and Lua's. The global bucket script reports
+/// balances in thousandths of a token, hence the smallest rate of one thousandth per second.
+const MIN_TOKENS_PER_SECOND: f64 = 1e-3;
+/// Largest `tokens_per_second`, `burst` and `requests_per_minute`.
+const MAX_RATE: f64 = 1e15;
+/// Longest time to refill an empty bucket (`burst / tokens_per_second`): about 31.7 years. Waits and
+/// resets are reported in µs by the global bucket script (i64) and as whole seconds in headers; this keeps
+/// both far from overflowing, and no real limit needs more.
+const MAX_REFILL_S: f64 = 1e9;
+/// Bound of `quota.grace_seconds` and `quota.idempotency_window_s`: 10 years (Redis expiry times).
+const TEN_YEARS_S: u64 = 3650 * 86_400;
+/// Bound of `quota.clock_skew_s` either way: 100 years.
+const MAX_CLOCK_SKEW_S: i64 = 100 * 365 * 86_400;
+
+/// A number for a message: plain when short (`0.5`, `60000`), else in exponent form (`1e15`, `1e-300`).
+fn show(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && !(1e-3..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A required number within `lo..=hi`; the error states the range and what was given.
+fn number_in(field: String, v: Option<f64>, lo: f64, hi: f64) -> Result<f64, ConfigError> {
     match v {
         None => Err(err(field, "is required")),
-        Some(x) if x.is_finite() && x > 0.0 && x <= 1e15 => Ok(x),
-        Some(x) => Err(err(field, format!("must be > 0 and finite, got {x}"))),
+        Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(x),
+        Some(x) => Err(err(
+            field,
+            format!(
+                "must be between {} and {}, got {}",
+                show(lo),
+                show(hi),
+                show(x)
+            ),
+        )),
+    }
+}
+
+/// An integer within `lo..=hi`; the error states the range and what was given.
+fn in_range<T>(field: impl Into<String>, v: T, lo: T, hi: T) -> Result<T, ConfigError>
+where
+    T: PartialOrd + fmt::Display + Copy,
+{
+    if v < lo || v > hi {
+        Err(err(
+            field,
+            format!("must be between {lo} and {hi}, got {v}"),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
+/// An integer of at least `lo` (no upper bound but its type's).
+fn at_least<T>(field: impl Into<String>, v: T, lo: T) -> Result<T, ConfigError>
+where
+    T: PartialOrd + fmt::Display + Copy,
+{
+    if v < lo {
+        Err(err(field, format!("must be >= {lo}, got {v}")))
+    } else {
+        Ok(v)
     }
 }
 
@@ -896,11 +1214,20 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         Some(t) if t.trim().is_empty() => {
             return Err(err("default_tenant", "must not be empty (omit it for 401)"))
         }
+        Some(t) if !crate::identity::valid_tenant(&t) => {
+            return Err(err(
+                "default_tenant",
+                format!("'{t}' is not a valid tenant id: {TENANT_ID}"),
+            ))
+        }
         other => other,
     };
     let max_body = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
-    if max_body == 0 || max_body > 1 << 30 {
-        return Err(err("max_body_bytes", "must be between 1 and 1073741824"));
+    if max_body == 0 || max_body > MAX_BODY_BYTES_LIMIT {
+        return Err(err(
+            "max_body_bytes",
+            format!("must be between 1 and {MAX_BODY_BYTES_LIMIT} (1 GiB), got {max_body}"),
+        ));
     }
     let invalid_body = match raw.invalid_body {
         None => InvalidBody::Reject,
@@ -936,8 +1263,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         if name.is_empty() {
             return Err(err("models", "model name must not be empty"));
         }
+        let pattern = model_pattern(&format!("models.{name}"), name)?;
         models.push((
-            ModelMatch::parse(name),
+            pattern,
             output(&format!("models.{name}"), o, default_output)?,
         ));
     }
@@ -949,49 +1277,70 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     });
 
     let raw_rules = raw.rules.ok_or_else(|| err("rules", "is required"))?;
-    if raw_rules.is_empty() {
-        return Err(err("rules", "must contain at least one rule"));
-    }
-    if raw_rules.len() > 256 {
-        return Err(err("rules", "at most 256 rules"));
+    if raw_rules.is_empty() || raw_rules.len() > MAX_RULES {
+        return Err(err(
+            "rules",
+            format!(
+                "must hold between 1 and {MAX_RULES} rules, got {}",
+                raw_rules.len()
+            ),
+        ));
     }
     let mut rules = Vec::with_capacity(raw_rules.len());
     for (i, r) in raw_rules.into_iter().enumerate() {
         let f = |name: &str| format!("rules[{i}].{name}");
-        let rate = positive(f("tokens_per_second"), r.tokens_per_second)?;
-        let burst = positive(f("burst"), r.burst)?;
-        if burst < 1.0 {
-            return Err(err(f("burst"), "must be >= 1"));
+        let rate = number_in(
+            f("tokens_per_second"),
+            r.tokens_per_second,
+            MIN_TOKENS_PER_SECOND,
+            MAX_RATE,
+        )?;
+        let burst = number_in(f("burst"), r.burst, 1.0, MAX_RATE)?;
+        if burst / rate > MAX_REFILL_S {
+            return Err(err(
+                f("tokens_per_second"),
+                format!(
+                    "{} refills the burst of {} tokens in {} s, longer than the {} s (about 31 years) supported: use at least {}",
+                    show(rate),
+                    show(burst),
+                    show(burst / rate),
+                    show(MAX_REFILL_S),
+                    show(burst / MAX_REFILL_S)
+                ),
+            ));
         }
         let rpm = match r.requests_per_minute {
             None => None,
-            Some(v) => {
-                let v = positive(f("requests_per_minute"), Some(v))?;
-                if v < 1.0 {
-                    return Err(err(f("requests_per_minute"), "must be >= 1"));
-                }
-                Some(v)
-            }
+            Some(v) => Some(number_in(f("requests_per_minute"), Some(v), 1.0, MAX_RATE)?),
         };
-        let max_wait_ms = r.max_wait_ms.unwrap_or(0);
-        if max_wait_ms > MAX_WAIT_MS_LIMIT {
-            return Err(err(
-                f("max_wait_ms"),
-                format!("must be <= {MAX_WAIT_MS_LIMIT}"),
-            ));
-        }
+        let max_wait_ms = in_range(
+            f("max_wait_ms"),
+            r.max_wait_ms.unwrap_or(0),
+            0,
+            MAX_WAIT_MS_LIMIT,
+        )?;
         let tenant = match r.tenant.as_deref() {
             None | Some("*") => None,
             Some("") => return Err(err(f("tenant"), "must not be empty (use \"*\")")),
-            Some(t) => Some(t.to_string()),
+            Some(t) if crate::identity::valid_tenant(t) => Some(t.to_string()),
+            Some(t) => {
+                return Err(err(
+                    f("tenant"),
+                    format!("'{t}' can never match a tenant: use \"*\" or one exact tenant id, {TENANT_ID} (tenant patterns are not globs)"),
+                ))
+            }
         };
         let model_s = r.model.unwrap_or_else(|| "*".to_string());
         if model_s.is_empty() {
             return Err(err(f("model"), "must not be empty (use \"*\")"));
         }
+        let model = model_pattern(&f("model"), &model_s)?;
         let name = r.name.unwrap_or_else(|| format!("rule{i}"));
-        if name.is_empty() || name.len() > 64 || name.contains(':') {
-            return Err(err(f("name"), "must be 1-64 characters without ':'"));
+        if !valid_rule_name(&name) {
+            return Err(err(
+                f("name"),
+                format!("'{name}' is not a valid rule name: {RULE_NAME}"),
+            ));
         }
         if rules.iter().any(|x: &Rule| x.name == name) {
             return Err(err(f("name"), format!("duplicate rule name '{name}'")));
@@ -999,7 +1348,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         rules.push(Rule {
             name,
             tenant,
-            model: ModelMatch::parse(&model_s),
+            model,
             per_model: r.per_model.unwrap_or(true),
             params: BucketParams {
                 tokens_per_second: rate,
@@ -1011,14 +1360,31 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             global: r.global.unwrap_or(false),
         });
     }
-    let max_tenants = raw.max_tenants.unwrap_or(10_000);
-    if max_tenants == 0 || max_tenants > 1_000_000 {
-        return Err(err("max_tenants", "must be between 1 and 1000000"));
+    unreachable_rule(&rules)?;
+    if let InvalidBody::Charge(tokens) = invalid_body {
+        let largest = rules.iter().map(|r| r.params.burst).fold(0.0, f64::max);
+        if tokens as f64 > largest {
+            return Err(err(
+                "invalid_body.tokens",
+                format!(
+                    "{tokens} is larger than the burst of every rule (largest {}): every request with an unreadable body would be refused with 413",
+                    show(largest)
+                ),
+            ));
+        }
     }
-    let cas_max_retries = raw.cas_max_retries.unwrap_or(32);
-    if cas_max_retries == 0 || cas_max_retries > 1000 {
-        return Err(err("cas_max_retries", "must be between 1 and 1000"));
-    }
+    let max_tenants = in_range(
+        "max_tenants",
+        raw.max_tenants.unwrap_or(10_000),
+        1,
+        1_000_000,
+    )?;
+    let cas_max_retries = in_range(
+        "cas_max_retries",
+        raw.cas_max_retries.unwrap_or(32),
+        1,
+        1000,
+    )?;
     let on_store_error = match raw.on_store_error.as_deref() {
         None | Some("allow") => StoreFailure::Allow,
         Some("deny") => StoreFailure::Deny,
@@ -1116,7 +1482,7 @@ mod tests {
             ),
             (
                 r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","redis":1}}"#,
-                "redis",
+                "global_buckets.redis",
             ),
         ] {
             let e = parse_str(cfg).unwrap_err();
@@ -1131,7 +1497,7 @@ mod tests {
         assert_eq!(e.field, "tenant_heder");
         let e =
             parse_str(r#"{"rules":[{"tokens_per_second":1,"burst":1,"brust":3}]}"#).unwrap_err();
-        assert_eq!(e.field, "brust");
+        assert_eq!(e.field, "rules[0].brust");
     }
 
     #[test]
@@ -1162,7 +1528,7 @@ mod tests {
     #[test]
     fn invalid_body_policy_is_checked() {
         let c = parse_str(
-            r#"{"invalid_body":{"action":"charge","tokens":500},"rules":[{"tokens_per_second":1,"burst":1}]}"#,
+            r#"{"invalid_body":{"action":"charge","tokens":500},"rules":[{"tokens_per_second":1,"burst":500}]}"#,
         )
         .unwrap();
         assert_eq!(c.invalid_body, InvalidBody::Charge(500));
@@ -1298,7 +1664,7 @@ mod tests {
         let e = parse_str(&base(r#"{"model_fallbacks":{"a":"a"}}"#)).unwrap_err();
         assert_eq!(e.field, "breaker.model_fallbacks.a");
         let e = parse_str(&base(r#"{"recovery_msec":1}"#)).unwrap_err();
-        assert_eq!(e.field, "recovery_msec");
+        assert_eq!(e.field, "breaker.recovery_msec");
     }
 
     #[test]
@@ -1314,5 +1680,502 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field, "rules[1].name");
+    }
+
+    /// `parse(config)`'s error as the log line shows it (after `invalid configuration: `).
+    fn refusal(config: &str) -> String {
+        match parse_str(config) {
+            Ok(_) => panic!("accepted: {config}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// MIN's rule with `extra` fields, and top-level `top` fields.
+    fn with(extra: &str, top: &str) -> String {
+        format!(r#"{{"rules":[{{"tokens_per_second":10,"burst":100{extra}}}]{top}}}"#)
+    }
+
+    #[test]
+    fn shape_errors_name_the_full_path_of_the_field_in_every_section() {
+        for (config, line) in [
+            (
+                r#"{"rules":[{"tokens_per_second":"10","burst":100}]}"#.to_string(),
+                r#"rules[0].tokens_per_second: invalid type: string "10", expected a number"#,
+            ),
+            (
+                with("", r#","models":{"a":{"default_max_tokens":"x"}}"#),
+                r#"models.a.default_max_tokens: invalid type: string "x", expected an integer >= 0"#,
+            ),
+            (
+                with(r#","max_wait_ms":-1"#, ""),
+                "rules[0].max_wait_ms: invalid value: integer `-1`, expected an integer >= 0",
+            ),
+            (
+                with(r#","max_wait_ms":1.5"#, ""),
+                "rules[0].max_wait_ms: invalid type: floating point `1.5`, expected an integer >= 0",
+            ),
+            (
+                with(r#","refund_unused":1"#, ""),
+                "rules[0].refund_unused: invalid type: integer `1`, expected a boolean",
+            ),
+            (
+                with("", r#","max_body_bytes":-1"#),
+                "max_body_bytes: invalid value: integer `-1`, expected an integer >= 0",
+            ),
+            (
+                with("", r#","max_tenants":-1"#),
+                "max_tenants: invalid value: integer `-1`, expected an integer between 0 and 4294967295",
+            ),
+            (
+                with("", r#","invalid_body":{"action":"charge","tokens":-1}"#),
+                "invalid_body.tokens: invalid value: integer `-1`, expected an integer >= 0",
+            ),
+            (
+                with("", r#","default_output":{"max_tokens_cap":-1}"#),
+                "default_output.max_tokens_cap: invalid value: integer `-1`, expected an integer >= 0",
+            ),
+            (
+                with("", r#","quota":{"tenants":{"t":{"model_limits":{"m":-1}}}}"#),
+                "quota.tenants.t.model_limits.m: invalid value: integer `-1`, expected an integer >= 0",
+            ),
+            (
+                with("", r#","quota":{"weights":{"m":{"input":"x"}}}"#),
+                r#"quota.weights.m.input: invalid type: string "x", expected a number"#,
+            ),
+            (
+                with("", r#","quota":{"month_offset_minutes":60.5}"#),
+                "quota.month_offset_minutes: invalid type: floating point `60.5`, expected an integer between -2147483648 and 2147483647",
+            ),
+            (
+                with("", r#","global_buckets":{"shim_breaker":{"window_ms":-3}}"#),
+                "global_buckets.shim_breaker.window_ms: invalid value: integer `-3`, expected an integer >= 0",
+            ),
+            (
+                with("", r#","breaker":{"cluster_fallbacks":{"a":{"cluster":"b","route":1}}}"#),
+                "breaker.cluster_fallbacks.a.route: invalid type: integer `1`, expected a string",
+            ),
+            (
+                with("", r#","breaker":{"keys":"cluster"}"#),
+                r#"breaker.keys: invalid type: string "cluster", expected an array"#,
+            ),
+            (
+                with("", r#","breaker":{"failure_threshold":0}"#),
+                "breaker.failure_threshold: must be >= 1",
+            ),
+            (
+                r#"{"rules":[1]}"#.to_string(),
+                "rules[0]: invalid type: integer `1`, expected a rule object",
+            ),
+            (
+                r#"{"rules":{}}"#.to_string(),
+                "rules: invalid type: map, expected an array",
+            ),
+            (
+                "null".to_string(),
+                "configuration: invalid type: null, expected the plugin configuration as a JSON object",
+            ),
+        ] {
+            assert_eq!(refusal(&config), line, "{config}");
+        }
+    }
+
+    #[test]
+    fn unknown_repeated_and_missing_fields_are_named_with_their_path() {
+        let foo = refusal(&with(r#","foo":1"#, ""));
+        assert!(
+            foo.starts_with("rules[0].foo: unknown field `foo`, expected one of `name`, "),
+            "{foo}"
+        );
+        assert_eq!(
+            refusal(&with(r#","burst":1"#, "")),
+            "rules[0].burst: is given more than once"
+        );
+        assert_eq!(
+            refusal(&with("", r#","rules":[]"#)),
+            "rules: is given more than once"
+        );
+        assert_eq!(
+            refusal(&with("", r#","models":{"a":{},"b":{},"a":{}}"#)),
+            "models.a: is given more than once"
+        );
+        assert_eq!(
+            refusal(&with(
+                "",
+                r#","quota":{"tenants":{"t":{"model_limits":{"m":1,"m":2}}}}"#
+            )),
+            "quota.tenants.t.model_limits.m: is given more than once"
+        );
+        assert_eq!(
+            refusal(&with(
+                "",
+                r#","breaker":{"model_fallbacks":{"a":"b","a":"c"}}"#
+            )),
+            "breaker.model_fallbacks.a: is given more than once"
+        );
+        assert_eq!(
+            refusal(&with(
+                "",
+                r#","breaker":{"cluster_fallbacks":{"a":{"cluster":"b"}}}"#
+            )),
+            "breaker.cluster_fallbacks.a.route: is required"
+        );
+        assert_eq!(
+            refusal(&with("", r#","invalid_body":{"tokens":1}"#)),
+            "invalid_body.action: is required"
+        );
+        let probe = refusal(&with("", r#","breaker":{"probe_permits":2}"#));
+        assert!(
+            probe.starts_with("breaker.probe_permits: unknown field `probe_permits`"),
+            "{probe}"
+        );
+    }
+
+    #[test]
+    fn json_syntax_errors_keep_the_position_and_the_path_reached() {
+        assert_eq!(
+            refusal(r#"{"rules":[{"tokens_per_second":10,"burst":100,}]}"#),
+            "rules[0]: trailing comma at line 1 column 47"
+        );
+        assert_eq!(
+            refusal(&format!("{MIN} x")),
+            "configuration: trailing characters at line 1 column 50"
+        );
+        assert_eq!(
+            refusal(""),
+            "configuration: EOF while parsing a value at line 1 column 0"
+        );
+        assert_eq!(
+            refusal("[1]"),
+            "configuration[0]: invalid type: integer `1`, expected a string"
+        );
+    }
+
+    #[test]
+    fn tenant_patterns_that_can_never_match_a_tenant_id_are_refused() {
+        for tenant in ["team-*", "a b", "*a", "ü"] {
+            assert_eq!(
+                refusal(&with(&format!(r#","tenant":"{tenant}""#), "")),
+                format!("rules[0].tenant: '{tenant}' can never match a tenant: use \"*\" or one exact tenant id, 1-128 characters from [A-Za-z0-9._:@-] (tenant patterns are not globs)")
+            );
+        }
+        let long = "a".repeat(129);
+        assert!(refusal(&with(&format!(r#","tenant":"{long}""#), ""))
+            .starts_with("rules[0].tenant: 'aaaa"));
+        let ok = "a".repeat(128);
+        for tenant in ["*", "key:0123456789abcdef", "a.b_c:d@e-f", ok.as_str()] {
+            parse_str(&with(&format!(r#","tenant":"{tenant}""#), "")).unwrap();
+        }
+    }
+
+    #[test]
+    fn default_tenant_must_be_a_valid_tenant_id() {
+        assert_eq!(
+            refusal(&with("", r#","default_tenant":"a b""#)),
+            "default_tenant: 'a b' is not a valid tenant id: 1-128 characters from [A-Za-z0-9._:@-]"
+        );
+        assert_eq!(
+            refusal(&with("", r#","default_tenant":" ""#)),
+            "default_tenant: must not be empty (omit it for 401)"
+        );
+        let c = parse_str(&with("", r#","default_tenant":"anon@x""#)).unwrap();
+        assert_eq!(c.default_tenant.as_deref(), Some("anon@x"));
+        assert_eq!(
+            refusal(&with(
+                "",
+                r#","quota":{"cluster":"w","monthly_limit":1,"tenants":{"a/b":{}}}"#
+            )),
+            "quota.tenants.a/b: is not a valid tenant id: 1-128 characters from [A-Za-z0-9._:@-]"
+        );
+    }
+
+    #[test]
+    fn rule_names_are_limited_to_a_key_safe_charset() {
+        for name in ["a b", "a:b", "a/b", "", "{x}", "é"] {
+            assert_eq!(
+                refusal(&with(&format!(r#","name":"{name}""#), "")),
+                format!("rules[0].name: '{name}' is not a valid rule name: 1-64 characters from [A-Za-z0-9._-]")
+            );
+        }
+        let long = "n".repeat(65);
+        assert!(
+            refusal(&with(&format!(r#","name":"{long}""#), "")).starts_with("rules[0].name: 'nnn")
+        );
+        for name in [
+            "gpt-4.1",
+            "claude-sonnet-4.5",
+            "A_b-9",
+            "n".repeat(64).as_str(),
+        ] {
+            parse_str(&with(&format!(r#","name":"{name}""#), "")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_star_is_only_accepted_alone_or_once_at_the_end_of_a_model_pattern() {
+        for pattern in ["gpt-*-mini", "**", "*gpt", "gpt**", "a*b*"] {
+            assert_eq!(
+                refusal(&with(&format!(r#","model":"{pattern}""#), "")),
+                format!("rules[0].model: '{pattern}' is not a model pattern: use an exact name, \"prefix*\" or \"*\" ('*' only once, at the end)")
+            );
+            assert_eq!(
+                refusal(&with("", &format!(r#","models":{{"{pattern}":{{}}}}"#))),
+                format!("models.{pattern}: '{pattern}' is not a model pattern: use an exact name, \"prefix*\" or \"*\" ('*' only once, at the end)")
+            );
+        }
+        let c = parse_str(&with(
+            r#","model":"gpt-4*""#,
+            r#","models":{"*":{},"o3*":{},"x":{}}"#,
+        ))
+        .unwrap();
+        assert_eq!(c.rules[0].model, ModelMatch::Prefix("gpt-4".into()));
+    }
+
+    #[test]
+    fn a_rule_shadowed_by_an_earlier_one_is_refused_naming_both() {
+        let rules = |list: &str| format!(r#"{{"rules":[{list}]}}"#);
+        let r = |tenant: &str, model: &str| {
+            format!(r#"{{"tenant":"{tenant}","model":"{model}","tokens_per_second":1,"burst":1}}"#)
+        };
+        for (earlier, later) in [
+            (r("*", "*"), r("*", "*")),
+            (r("*", "*"), r("t", "gpt-4.1")),
+            (r("t", "gpt-4.1"), r("t", "gpt-4.1")),
+            (r("*", "gpt-*"), r("t", "gpt-4*")),
+            (r("*", "gpt-*"), r("*", "gpt-4.1")),
+            (r("t", "*"), r("t", "gpt-*")),
+        ] {
+            let e = parse_str(&rules(&format!("{earlier},{later}"))).unwrap_err();
+            assert_eq!(e.field, "rules[1]", "{earlier} {later}");
+            assert!(
+                e.reason.starts_with("can never match: rules[0] (tenant")
+                    && e.reason.ends_with(") matches every request it would"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            refusal(&rules(&format!(
+                "{},{},{}",
+                r("a", "*"),
+                r("*", "gpt-*"),
+                r("*", "gpt-4o")
+            ))),
+            r#"rules[2]: can never match: rules[1] (tenant "*", model "gpt-*") matches every request it would"#
+        );
+        // Still reachable: a narrower rule after a wider one on the other axis, or a wider one last.
+        for (earlier, later) in [
+            (r("t", "*"), r("*", "*")),
+            (r("*", "gpt-4.1"), r("*", "gpt-*")),
+            (r("*", "gpt-4*"), r("*", "gpt-*")),
+            (r("t", "gpt-*"), r("u", "gpt-*")),
+            (r("*", "gpt-4.1"), r("t", "*")),
+        ] {
+            parse_str(&rules(&format!("{earlier},{later}"))).unwrap();
+        }
+    }
+
+    #[test]
+    fn refusal_lines_stay_on_one_line_whatever_the_config_holds() {
+        let line = refusal(&with(r#","name":"a\nb""#, ""));
+        assert_eq!(
+            line,
+            "rules[0].name: 'a\\nb' is not a valid rule name: 1-64 characters from [A-Za-z0-9._-]"
+        );
+        assert!(!refusal(&with("", r#","models":{"a\nb":{"x":1}}"#)).contains('\n'));
+    }
+
+    #[test]
+    fn rule_numbers_are_refused_outside_their_stated_range() {
+        for (extra, line) in [
+            (
+                r#","tokens_per_second":1e-300"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got 1e-300",
+            ),
+            (
+                r#","tokens_per_second":0.0009"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got 9e-4",
+            ),
+            (
+                r#","tokens_per_second":-5"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got -5",
+            ),
+            (
+                r#","tokens_per_second":2e15"#,
+                "rules[0].tokens_per_second: must be between 0.001 and 1e15, got 2e15",
+            ),
+            (
+                r#","burst":1e16"#,
+                "rules[0].burst: must be between 1 and 1e15, got 1e16",
+            ),
+            (
+                r#","burst":0.5"#,
+                "rules[0].burst: must be between 1 and 1e15, got 0.5",
+            ),
+            (
+                r#","requests_per_minute":0.5"#,
+                "rules[0].requests_per_minute: must be between 1 and 1e15, got 0.5",
+            ),
+            (
+                r#","requests_per_minute":1e300"#,
+                "rules[0].requests_per_minute: must be between 1 and 1e15, got 1e300",
+            ),
+            (
+                r#","max_wait_ms":60001"#,
+                "rules[0].max_wait_ms: must be between 0 and 60000, got 60001",
+            ),
+            (
+                r#","tokens_per_second":0.001,"burst":2000000"#,
+                "rules[0].tokens_per_second: 0.001 refills the burst of 2000000 tokens in 2000000000 s, longer than the 1000000000 s (about 31 years) supported: use at least 0.002",
+            ),
+        ] {
+            // The rule is built field by field: a repeated field would be refused as such.
+            let mut fields = vec![("tokens_per_second", "10"), ("burst", "100")];
+            for kv in extra.trim_start_matches(',').split(',') {
+                let (k, v) = kv.split_once(':').unwrap();
+                let k = k.trim_matches('"');
+                match fields.iter_mut().find(|(name, _)| *name == k) {
+                    Some(slot) => slot.1 = v,
+                    None => fields.push((k, v)),
+                }
+            }
+            let rule: Vec<String> = fields.iter().map(|(k, v)| format!(r#""{k}":{v}"#)).collect();
+            let config = format!(r#"{{"rules":[{{{}}}]}}"#, rule.join(","));
+            assert_eq!(refusal(&config), line, "{config}");
+        }
+        // The edges are accepted.
+        for rule in [
+            r#"{"tokens_per_second":0.001,"burst":1000000}"#,
+            r#"{"tokens_per_second":1e15,"burst":1e15,"requests_per_minute":1e15}"#,
+            r#"{"tokens_per_second":1,"burst":1,"requests_per_minute":1,"max_wait_ms":60000}"#,
+        ] {
+            parse_str(&format!(r#"{{"rules":[{rule}]}}"#)).unwrap();
+        }
+    }
+
+    #[test]
+    fn every_bounded_setting_states_its_range_in_the_refusal() {
+        let many: Vec<String> = (0..257)
+            .map(|i| format!(r#"{{"tenant":"t{i}","tokens_per_second":1,"burst":1}}"#))
+            .collect();
+        let quota = |extra: &str| {
+            with(
+                "",
+                &format!(r#","quota":{{"cluster":"w","monthly_limit":1{extra}}}"#),
+            )
+        };
+        for (config, line) in [
+            (
+                format!(r#"{{"rules":[{}]}}"#, many.join(",")),
+                "rules: must hold between 1 and 256 rules, got 257",
+            ),
+            (
+                r#"{"rules":[]}"#.to_string(),
+                "rules: must hold between 1 and 256 rules, got 0",
+            ),
+            (
+                with("", r#","max_body_bytes":1073741825"#),
+                "max_body_bytes: must be between 1 and 1073741824 (1 GiB), got 1073741825",
+            ),
+            (
+                with("", r#","max_body_bytes":0"#),
+                "max_body_bytes: must be between 1 and 1073741824 (1 GiB), got 0",
+            ),
+            (
+                with("", r#","max_tenants":1000001"#),
+                "max_tenants: must be between 1 and 1000000, got 1000001",
+            ),
+            (
+                with("", r#","cas_max_retries":0"#),
+                "cas_max_retries: must be between 1 and 1000, got 0",
+            ),
+            (
+                with("", r#","default_output":{"max_tokens_cap":0}"#),
+                "default_output.max_tokens_cap: must be >= 1",
+            ),
+            (
+                with("", r#","breaker":{"max_fallback_hops":9}"#),
+                "breaker.max_fallback_hops: must be between 0 and 8, got 9",
+            ),
+            (
+                with("", r#","breaker":{"max_keys":100001}"#),
+                "breaker.max_keys: must be between 1 and 100000, got 100001",
+            ),
+            (
+                with("", r#","global_buckets":{"cluster":"w","timeout_ms":60001}"#),
+                "global_buckets.timeout_ms: must be between 1 and 60000, got 60001",
+            ),
+            (
+                quota(r#","timeout_ms":0"#),
+                "quota.timeout_ms: must be between 1 and 60000, got 0",
+            ),
+            (
+                with("", r#","quota":{"cluster":"w","monthly_limit":9007199254740992}"#),
+                "quota.monthly_limit: must be between 1 and 9007199254740991 (2^53 - 1), got 9007199254740992",
+            ),
+            (
+                quota(r#","model_limits":{"m":0}"#),
+                "quota.model_limits.m: must be between 1 and 9007199254740991 (2^53 - 1), got 0",
+            ),
+            (
+                quota(r#","month_offset_minutes":-841"#),
+                "quota.month_offset_minutes: must be between -840 and 840, got -841",
+            ),
+            (
+                quota(r#","settle_max_attempts":1001"#),
+                "quota.settle_max_attempts: must be between 1 and 1000, got 1001",
+            ),
+            (
+                quota(r#","settle_retry_ms":9"#),
+                "quota.settle_retry_ms: must be between 10 and 60000, got 9",
+            ),
+            (
+                quota(r#","settle_retry_ms":60001"#),
+                "quota.settle_retry_ms: must be between 10 and 60000, got 60001",
+            ),
+            (
+                quota(r#","exhausted_recheck_s":0"#),
+                "quota.exhausted_recheck_s: must be >= 1, got 0",
+            ),
+            (
+                quota(r#","exhausted_below":0"#),
+                "quota.exhausted_below: must be >= 1, got 0",
+            ),
+            (
+                quota(r#","grace_seconds":315360001"#),
+                "quota.grace_seconds: must be between 0 and 315360000, got 315360001",
+            ),
+            (
+                quota(r#","idempotency_window_s":315360001"#),
+                "quota.idempotency_window_s: must be between 0 and 315360000, got 315360001",
+            ),
+            (
+                quota(r#","clock_skew_s":-3153600001"#),
+                "quota.clock_skew_s: must be between -3153600000 and 3153600000 (100 years), got -3153600001",
+            ),
+            (
+                quota(r#","weights":{"m":{"output":-1}}"#),
+                "quota.weights.m.output: must be a number >= 0",
+            ),
+        ] {
+            assert_eq!(refusal(&config), line, "{config}");
+        }
+    }
+
+    #[test]
+    fn a_fixed_charge_for_unreadable_bodies_above_every_burst_is_refused() {
+        let config = |tokens: u64| {
+            format!(
+                r#"{{"invalid_body":{{"action":"charge","tokens":{tokens}}},
+                    "rules":[{{"tenant":"a","tokens_per_second":1,"burst":300}},
+                             {{"tokens_per_second":1,"burst":200}}]}}"#
+            )
+        };
+        assert_eq!(
+            refusal(&config(301)),
+            "invalid_body.tokens: 301 is larger than the burst of every rule (largest 300): every request with an unreadable body would be refused with 413"
+        );
+        assert_eq!(
+            parse_str(&config(300)).unwrap().invalid_body,
+            InvalidBody::Charge(300)
+        );
     }
 }
