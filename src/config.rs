@@ -1398,6 +1398,17 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let breaker = raw.breaker.map(breaker).transpose()?;
     let quota = raw.quota.map(quota).transpose()?;
     let global = raw.global_buckets.map(global).transpose()?;
+    if let (Some(g), Some(q)) = (&global, &quota) {
+        if g.cluster == q.cluster && g.shim_breaker != q.shim_breaker {
+            return Err(err(
+                "global_buckets.shim_breaker".to_string(),
+                format!(
+                    "differs from quota.shim_breaker, but both reach cluster '{}' and a cluster has one shim breaker: give both the same settings (or omit both)",
+                    g.cluster
+                ),
+            ));
+        }
+    }
     if global.is_none() {
         if let Some(i) = rules.iter().position(|r| r.global) {
             return Err(err(
@@ -1434,6 +1445,29 @@ mod tests {
     }
 
     const MIN: &str = r#"{"rules":[{"tokens_per_second":10,"burst":100}]}"#;
+
+    #[test]
+    fn one_cluster_has_one_shim_breaker() {
+        let q = r#""quota":{"cluster":"webdis","monthly_limit":1000,"shim_breaker":{"failure_threshold":2}}"#;
+        let g = r#""global_buckets":{"cluster":"webdis"}"#;
+        let e = parse_str(&format!(
+            r#"{{"rules":[{{"tokens_per_second":10,"burst":100}}],{q},{g}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "global_buckets.shim_breaker");
+        assert!(e.reason.contains("cluster 'webdis'"), "{}", e.reason);
+        // Same settings, or another cluster: fine.
+        let g2 = r#""global_buckets":{"cluster":"webdis","shim_breaker":{"failure_threshold":2}}"#;
+        parse_str(&format!(
+            r#"{{"rules":[{{"tokens_per_second":10,"burst":100}}],{q},{g2}}}"#
+        ))
+        .unwrap();
+        let g3 = r#""global_buckets":{"cluster":"webdis2"}"#;
+        parse_str(&format!(
+            r#"{{"rules":[{{"tokens_per_second":10,"burst":100}}],{q},{g3}}}"#
+        ))
+        .unwrap();
+    }
 
     #[test]
     fn minimal_config_takes_documented_defaults() {
