@@ -9,15 +9,21 @@
 //!
 //! | API ([`ApiKind`])      | input counted                                                          | output reserved from |
 //! |------------------------|------------------------------------------------------------------------|----------------------|
-//! | `/chat/completions`    | `messages[]` (content strings and parts, `name`, `tool_calls`), `tools`, `functions`, `response_format` | `max_tokens` / `max_completion_tokens` × `n` |
-//! | `/completions`         | `prompt` (string, strings, token ids), `suffix`                         | `max_tokens` × `n` |
+//! | `/chat/completions`    | `messages[]` (content strings and parts, `name`, `tool_calls`, `refusal`), `tools`, `functions`, `response_format`, `prediction.content` | the larger of `max_tokens` / `max_completion_tokens` × `n` |
+//! | `/completions`         | `prompt` (string, strings, token ids), `suffix`                         | `max_tokens` × max(`n`, `best_of`) |
 //! | `/embeddings`          | `input` (string, strings, token ids, arrays of token ids)              | none (0) |
 //! | `/responses`           | `input` (string or items), `instructions`, `tools`, `text.format`       | `max_output_tokens` |
 //! | `/messages` (Anthropic)| `system`, `messages[].content` blocks (text, tool_use, tool_result), `tools` | `max_tokens` |
 //!
-//! The reserved output is what the body asks for (first present of `max_tokens`,
-//! `max_completion_tokens`, `max_output_tokens`) or the per-model default from [`OutputLimits`], clamped
-//! to the per-model cap, times `n` (capped at 128).
+//! The reserved output is what the body asks for (the largest present of `max_tokens`,
+//! `max_completion_tokens`, `max_output_tokens`: err towards charging) or the per-model default from
+//! [`OutputLimits`], clamped to the per-model cap, times `n` (legacy completions: the larger of `n`
+//! and `best_of`, which the provider generates and bills), capped at [`MAX_N`] = 128.
+//!
+//! Parts that are not text have fixed or size-based costs: images [`IMAGE_TOKENS`], audio
+//! (`input_audio`) by the size of its base64 data ([`AUDIO_TOKENS_PER_KB`],
+//! [`AUDIO_WAV_TOKENS_PER_KB`]), files by the size of `file_data` ([`FILE_TOKENS_PER_KB`]) or a
+//! fixed [`FILE_ID_TOKENS`] for a `file_id`.
 //!
 //! Speed (native release build, `cargo bench --bench estimate`): about 1.3 to 1.7 µs per KB of
 //! English, Chinese, Japanese or Korean body (the lower figure for bodies of 16 KB and more, the higher
@@ -63,8 +69,22 @@ pub const IMAGE_TOKENS: u64 = 85;
 pub const MESSAGE_OVERHEAD: u64 = 3;
 /// Tokens that prime the assistant reply in chat-style APIs.
 pub const REPLY_PRIMER: u64 = 3;
-/// Largest `n` (number of choices) honoured when multiplying the output reservation.
+/// Largest `n` (number of choices) honoured when multiplying the output reservation (also caps
+/// legacy completions' `best_of`).
 pub const MAX_N: u64 = 128;
+/// Audio input (`input_audio` part) in WAV / PCM: tokens per KB (1024 bytes) of its base64 `data`.
+/// The length is unknown, so the rate assumes the smallest common WAV (8 kHz, 16-bit mono: 16 KB/s,
+/// 21 KB/s as base64) at gpt-4o's ~10 input tokens per second of audio: 0.47, rounded up.
+pub const AUDIO_WAV_TOKENS_PER_KB: u64 = 1;
+/// Audio input in any other or no `format` (mp3, opus, …), per KB of base64: compressed audio at
+/// 32 kbit/s (4 KB/s, 5.3 KB/s as base64) at ~10 tokens per second is 1.9, rounded up.
+pub const AUDIO_TOKENS_PER_KB: u64 = 2;
+/// File input (`file` part's `file_data`, Responses `input_file`), per KB of base64: PDFs are billed
+/// as extracted text plus an image per page, about 1,000–1,500 tokens for a page of ~100 KB base64;
+/// 16 per KB errs high.
+pub const FILE_TOKENS_PER_KB: u64 = 16;
+/// File input by `file_id` (its size is unknown to the filter): a fixed charge, about two pages.
+pub const FILE_ID_TOKENS: u64 = 2048;
 /// Deepest nesting of JSON values this module walks into (content blocks inside tool results, …).
 pub const MAX_DEPTH: usize = 64;
 
@@ -133,10 +153,11 @@ pub struct Estimate {
     pub model: Option<String>,
     /// Estimate of the billed input tokens.
     pub prompt_tokens: u64,
-    /// Reserved output: requested (`max_tokens` | `max_completion_tokens` | `max_output_tokens`) or
-    /// `limits.default_tokens`, clamped to `limits.cap_tokens`, times `n`; 0 for embeddings.
+    /// Reserved output: requested (the largest of `max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`) or `limits.default_tokens`, clamped to `limits.cap_tokens`, times `n`
+    /// (or legacy completions' `best_of` if larger, capped at [`MAX_N`]); 0 for embeddings.
     pub output_tokens: u64,
-    /// What the body asked for, if anything.
+    /// What the body asked for (the largest of the output limits it sends), if anything.
     pub requested_output: Option<u64>,
     /// `stream == true`.
     pub stream: bool,
@@ -254,7 +275,7 @@ fn estimate_by(
         let per_choice = requested_output
             .unwrap_or(lim.default_tokens)
             .min(lim.cap_tokens);
-        per_choice.saturating_mul(choices(fields.n)?)
+        per_choice.saturating_mul(choices(fields.n, fields.best_of)?)
     };
 
     Ok(Estimate {
@@ -294,8 +315,11 @@ fn walk_fast(body: &[u8], kind: ApiKind, fields: &mut Fields) -> Result<bool, js
     Ok(is_object)
 }
 
-/// First present (non-null) of `max_tokens`, `max_completion_tokens`, `max_output_tokens`.
+/// The largest present (non-null) of `max_tokens`, `max_completion_tokens`, `max_output_tokens`
+/// (a body that sends two asks for the larger: the reservation errs towards charging); the first
+/// bad one, in that order, is an error.
 fn requested_output(f: &Fields) -> Res<Option<u64>> {
+    let mut max = None;
     for (num, field) in [
         (f.max_tokens, "max_tokens"),
         (f.max_completion_tokens, "max_completion_tokens"),
@@ -303,20 +327,22 @@ fn requested_output(f: &Fields) -> Res<Option<u64>> {
     ] {
         match num {
             Num::Absent => continue,
-            Num::Val(v) => return Ok(Some(v)),
+            Num::Val(v) => max = Some(max.map_or(v, |m: u64| m.max(v))),
             Num::Bad => return Err(EstimateError::BadField(field)),
         }
     }
-    Ok(None)
+    Ok(max)
 }
 
-/// `n` (number of choices), 1 when absent, capped at [`MAX_N`].
-fn choices(n: Num) -> Res<u64> {
-    match n {
+/// Completions billed per request: `n` (1 when absent), or legacy completions' `best_of` if larger
+/// (the provider generates, and bills, `best_of` completions server-side), capped at [`MAX_N`].
+fn choices(n: Num, best_of: Num) -> Res<u64> {
+    let count = |num: Num, field: &'static str| match num {
         Num::Absent => Ok(1),
-        Num::Val(n) => Ok(n.clamp(1, MAX_N)),
-        Num::Bad => Err(EstimateError::BadField("n")),
-    }
+        Num::Val(v) => Ok(v.clamp(1, MAX_N)),
+        Num::Bad => Err(EstimateError::BadField(field)),
+    };
+    Ok(count(n, "n")?.max(count(best_of, "best_of")?))
 }
 
 /// Estimate a JSON value as the text of its compact serialization.
@@ -347,6 +373,8 @@ struct Fields {
     max_completion_tokens: Num,
     max_output_tokens: Num,
     n: Num,
+    /// Legacy completions `best_of`.
+    best_of: Num,
     /// Chat or Anthropic `messages`, reply primer included.
     messages: Res<u64>,
     tools: Res<u64>,
@@ -361,6 +389,8 @@ struct Fields {
     /// Responses `text.format`.
     text: u64,
     system: Res<u64>,
+    /// Chat `prediction` (Predicted Outputs).
+    prediction: Res<u64>,
 }
 
 impl Fields {
@@ -373,6 +403,7 @@ impl Fields {
             max_completion_tokens: Num::Absent,
             max_output_tokens: Num::Absent,
             n: Num::Absent,
+            best_of: Num::Absent,
             messages: Ok(0),
             tools: Ok(0),
             functions: Ok(0),
@@ -383,17 +414,23 @@ impl Fields {
             instructions: Ok(0),
             text: 0,
             system: Ok(0),
+            prediction: Ok(0),
         }
     }
 
     /// The billed input for `kind`; the first failing field in the order the fields are documented.
     fn prompt_tokens(&self, kind: ApiKind) -> Res<u64> {
-        let parts: [&Res<u64>; 3] = match kind {
-            ApiKind::ChatCompletions => [&self.messages, &self.tools, &self.functions],
-            ApiKind::Completions => [&self.prompt, &Ok(0), &Ok(0)],
-            ApiKind::Embeddings => [&self.input, &Ok(0), &Ok(0)],
-            ApiKind::Responses => [&self.input, &self.instructions, &self.tools],
-            ApiKind::AnthropicMessages => [&self.system, &self.messages, &self.tools],
+        let parts: [&Res<u64>; 4] = match kind {
+            ApiKind::ChatCompletions => [
+                &self.messages,
+                &self.tools,
+                &self.functions,
+                &self.prediction,
+            ],
+            ApiKind::Completions => [&self.prompt, &Ok(0), &Ok(0), &Ok(0)],
+            ApiKind::Embeddings => [&self.input, &Ok(0), &Ok(0), &Ok(0)],
+            ApiKind::Responses => [&self.input, &self.instructions, &self.tools, &Ok(0)],
+            ApiKind::AnthropicMessages => [&self.system, &self.messages, &self.tools, &Ok(0)],
         };
         let mut t = match kind {
             ApiKind::ChatCompletions => self.response_format,
@@ -450,6 +487,13 @@ enum Key {
     Source,
     Data,
     Format,
+    BestOf,
+    Prediction,
+    Refusal,
+    InputAudio,
+    File,
+    FileData,
+    FileId,
     Other,
 }
 
@@ -486,6 +530,13 @@ impl Key {
             b"thinking" => Key::Thinking,
             b"source" => Key::Source,
             b"data" => Key::Data,
+            b"best_of" => Key::BestOf,
+            b"prediction" => Key::Prediction,
+            b"refusal" => Key::Refusal,
+            b"input_audio" => Key::InputAudio,
+            b"file" => Key::File,
+            b"file_data" => Key::FileData,
+            b"file_id" => Key::FileId,
             b"format" => Key::Format,
             _ => Key::Other,
         }
@@ -501,6 +552,9 @@ enum Tag {
     ToolResult,
     Thinking,
     Document,
+    Audio,
+    File,
+    Refusal,
     FunctionCall,
     FunctionCallOutput,
     Other,
@@ -515,6 +569,9 @@ impl Tag {
             "tool_result" => Tag::ToolResult,
             "thinking" => Tag::Thinking,
             "document" => Tag::Document,
+            "input_audio" => Tag::Audio,
+            "file" | "input_file" => Tag::File,
+            "refusal" => Tag::Refusal,
             "function_call" | "custom_tool_call" => Tag::FunctionCall,
             "function_call_output" | "custom_tool_call_output" => Tag::FunctionCallOutput,
             _ => Tag::Other,
@@ -911,6 +968,10 @@ impl<'de> Shape<'de> for Top<'_> {
                 (Key::MaxCompletionTokens, _) => f.max_completion_tokens = value(&mut a, Count)?,
                 (Key::MaxOutputTokens, _) => f.max_output_tokens = value(&mut a, Count)?,
                 (Key::N, _) => f.n = value(&mut a, Count)?,
+                (Key::BestOf, Completions) => f.best_of = value(&mut a, Count)?,
+                (Key::Prediction, ChatCompletions) => {
+                    f.prediction = value(&mut a, Prediction { raw })?
+                }
                 (Key::Messages, ChatCompletions) => {
                     f.messages = value(&mut a, Messages(ChatMessage { raw }))?
                 }
@@ -982,6 +1043,7 @@ impl<'de> Shape<'de> for ChatMessage {
         let mut tool_calls = Ok(0);
         let mut function_call = 0;
         let mut tool_call_id = None;
+        let mut refusal = None;
         let raw = self.raw;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -992,6 +1054,7 @@ impl<'de> Shape<'de> for ChatMessage {
                 Key::ToolCalls => tool_calls = value(&mut a, ToolCalls)?,
                 Key::FunctionCall => function_call = value(&mut a, FunctionCallShape)?,
                 Key::ToolCallId => tool_call_id = read_text(&mut a, raw, Str)?,
+                Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
                 _ => value(&mut a, Ignore)?,
             }
         }
@@ -1001,7 +1064,8 @@ impl<'de> Shape<'de> for ChatMessage {
                 .saturating_add(name.map_or(0, |n: u64| n.saturating_add(1)))
                 .saturating_add(tool_calls?)
                 .saturating_add(function_call)
-                .saturating_add(tool_call_id.unwrap_or(0)))
+                .saturating_add(tool_call_id.unwrap_or(0))
+                .saturating_add(refusal.unwrap_or(0)))
         })())
     }
 }
@@ -1196,6 +1260,11 @@ impl<'de> Shape<'de> for Part {
         let mut input = None;
         let mut content = 0;
         let mut source = None;
+        let mut refusal = None;
+        let mut audio = None;
+        let mut file = None;
+        let mut file_data = None;
+        let mut file_id = false;
         let Part { depth, raw } = self;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -1206,6 +1275,12 @@ impl<'de> Shape<'de> for Part {
                 Key::Input => input = Some(json_tokens(&a.next_value::<Value>()?)),
                 Key::Content => content = read_text(&mut a, raw, ToolResultContent { depth, raw })?,
                 Key::Source => source = value(&mut a, Source)?,
+                Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
+                Key::InputAudio => audio = value(&mut a, Audio)?,
+                Key::File => file = value(&mut a, FilePart)?,
+                // Responses `input_file` parts carry these directly.
+                Key::FileData => file_data = value(&mut a, Len)?,
+                Key::FileId => file_id = value(&mut a, Len)?.is_some(),
                 _ => value(&mut a, Ignore)?,
             }
         }
@@ -1223,8 +1298,138 @@ impl<'de> Shape<'de> for Part {
                 Some((true, data)) => data.as_deref().map_or(0, text_tokens),
                 _ => text.unwrap_or(0),
             },
+            Tag::Audio => audio.unwrap_or(0),
+            Tag::File => file.unwrap_or_else(|| file_tokens(file_data, file_id)),
+            Tag::Refusal => refusal.unwrap_or(0),
             _ => text.unwrap_or(0),
         })
+    }
+}
+
+/// The length in bytes of a string (base64 data, ids); None for anything else.
+#[derive(Clone, Copy)]
+struct Len;
+
+impl Shape<'_> for Len {
+    type Out = Option<u64>;
+    fn other(self) -> Option<u64> {
+        None
+    }
+    fn string(self, s: &str) -> Option<u64> {
+        Some(s.len() as u64)
+    }
+}
+
+/// Tokens of `len` bytes at `per_kb` tokens per 1024, rounded up.
+fn per_kb(len: u64, per_kb: u64) -> u64 {
+    len.saturating_mul(per_kb).div_ceil(1024)
+}
+
+/// A file given by `file_data` (base64, size-based, see [`FILE_TOKENS_PER_KB`]) or `file_id`
+/// ([`FILE_ID_TOKENS`]); the data wins when both are there, nothing is 0.
+fn file_tokens(data: Option<u64>, id: bool) -> u64 {
+    match data {
+        Some(len) => per_kb(len, FILE_TOKENS_PER_KB),
+        None if id => FILE_ID_TOKENS,
+        None => 0,
+    }
+}
+
+/// `input_audio`: `{"data": "<base64>", "format": "wav" | "mp3" | …}`, costed by the size of its data
+/// (see [`AUDIO_TOKENS_PER_KB`], [`AUDIO_WAV_TOKENS_PER_KB`]); None for anything else.
+#[derive(Clone, Copy)]
+struct Audio;
+
+impl<'de> Shape<'de> for Audio {
+    type Out = Option<u64>;
+    fn other(self) -> Option<u64> {
+        None
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
+        let mut len = 0;
+        let mut wav = false;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::Data => len = value(&mut a, Len)?.unwrap_or(0),
+                Key::Format => wav = value(&mut a, AudioFormat)?,
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        let rate = if wav {
+            AUDIO_WAV_TOKENS_PER_KB
+        } else {
+            AUDIO_TOKENS_PER_KB
+        };
+        Ok(Some(per_kb(len, rate)))
+    }
+}
+
+/// Whether an audio `format` is uncompressed (`wav`, `pcm16`).
+#[derive(Clone, Copy)]
+struct AudioFormat;
+
+impl Shape<'_> for AudioFormat {
+    type Out = bool;
+    fn other(self) -> bool {
+        false
+    }
+    fn string(self, s: &str) -> bool {
+        matches!(s, "wav" | "pcm16")
+    }
+}
+
+/// A chat `file` part's `file`: `{"file_data": "<base64>"}` or `{"file_id": "…"}` (see
+/// [`file_tokens`]); None for anything else.
+#[derive(Clone, Copy)]
+struct FilePart;
+
+impl<'de> Shape<'de> for FilePart {
+    type Out = Option<u64>;
+    fn other(self) -> Option<u64> {
+        None
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
+        let mut data = None;
+        let mut id = false;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::FileData => data = value(&mut a, Len)?,
+                Key::FileId => id = value(&mut a, Len)?.is_some(),
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        Ok(Some(file_tokens(data, id)))
+    }
+}
+
+/// Chat `prediction` (Predicted Outputs): `{"type": "content", "content": <string or text parts>}`,
+/// counted as prompt text; null is nothing, anything else is a bad field.
+#[derive(Clone, Copy)]
+struct Prediction {
+    /// The fast walk (see [`Top::raw`]).
+    raw: bool,
+}
+
+impl<'de> Shape<'de> for Prediction {
+    type Out = Res<u64>;
+    fn other(self) -> Res<u64> {
+        Err(EstimateError::BadField("prediction"))
+    }
+    fn null(self) -> Res<u64> {
+        Ok(0)
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
+        let mut content = Ok(0);
+        let raw = self.raw;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::Content => {
+                    content = read_text(&mut a, raw, Content::top("prediction.content", raw))?
+                }
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        Ok(content)
     }
 }
 
@@ -3089,14 +3294,28 @@ mod tests {
     }
 
     #[test]
-    fn first_present_of_max_tokens_max_completion_tokens_max_output_tokens_wins() {
+    fn the_largest_present_of_max_tokens_max_completion_tokens_max_output_tokens_is_reserved() {
         let e = ok(ApiKind::ChatCompletions, r#"{"max_completion_tokens":300}"#);
         assert_eq!((e.requested_output, e.output_tokens), (Some(300), 300));
+        // Both present: the larger, whichever comes first (err towards charging).
         let e = ok(
             ApiKind::ChatCompletions,
             r#"{"max_tokens":100,"max_completion_tokens":300}"#,
         );
-        assert_eq!(e.requested_output, Some(100));
+        assert_eq!((e.requested_output, e.output_tokens), (Some(300), 300));
+        let e = ok(
+            ApiKind::ChatCompletions,
+            r#"{"max_completion_tokens":50,"max_tokens":400}"#,
+        );
+        assert_eq!((e.requested_output, e.output_tokens), (Some(400), 400));
+        // A bad one is still an error, even when the other is larger.
+        assert_eq!(
+            est(
+                ApiKind::ChatCompletions,
+                r#"{"max_tokens":900,"max_completion_tokens":"x"}"#
+            ),
+            Err(EstimateError::BadField("max_completion_tokens"))
+        );
         let e = ok(
             ApiKind::ChatCompletions,
             r#"{"max_tokens":null,"max_completion_tokens":300}"#,
@@ -3112,6 +3331,162 @@ mod tests {
             r#"{"messages":[],"max_tokens":5}"#,
         );
         assert_eq!(e.output_tokens, 5);
+    }
+
+    #[test]
+    fn legacy_completions_reserve_max_tokens_times_the_larger_of_n_and_best_of() {
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"best_of":5}"#,
+        );
+        assert_eq!(e.output_tokens, 50);
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"n":2,"best_of":5}"#,
+        );
+        assert_eq!(e.output_tokens, 50);
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"n":7,"best_of":null}"#,
+        );
+        assert_eq!(e.output_tokens, 70);
+        // Capped at MAX_N like `n`.
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"best_of":100000}"#,
+        );
+        assert_eq!(e.output_tokens, 10 * MAX_N);
+        assert_eq!(
+            est(ApiKind::Completions, r#"{"max_tokens":10,"best_of":-1}"#),
+            Err(EstimateError::BadField("best_of"))
+        );
+        // Chat has no `best_of`: ignored there.
+        let e = ok(ApiKind::ChatCompletions, r#"{"max_tokens":10,"best_of":5}"#);
+        assert_eq!(e.output_tokens, 10);
+    }
+
+    #[test]
+    fn chat_prediction_content_and_refusals_count_as_prompt_text() {
+        let base = ok(
+            ApiKind::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .prompt_tokens;
+        let code = "fn main() { println!(hello); }";
+        let with_string = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}}],"prediction":{{"type":"content","content":"{code}"}}}}"#
+            ),
+        );
+        let t = text_tokens(code);
+        assert_eq!(with_string.prompt_tokens, base + t);
+        let with_parts = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}}],"prediction":{{"type":"content","content":[{{"type":"text","text":"{code}"}},{{"type":"text","text":"{code}"}}]}}}}"#
+            ),
+        );
+        assert_eq!(with_parts.prompt_tokens, base + 2 * t);
+        let null = ok(
+            ApiKind::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":"hi"}],"prediction":null}"#,
+        );
+        assert_eq!(null.prompt_tokens, base);
+        assert_eq!(
+            est(ApiKind::ChatCompletions, r#"{"prediction":"x"}"#),
+            Err(EstimateError::BadField("prediction"))
+        );
+        assert_eq!(
+            est(
+                ApiKind::ChatCompletions,
+                r#"{"prediction":{"type":"content","content":5}}"#
+            ),
+            Err(EstimateError::BadField("prediction.content"))
+        );
+        // Assistant refusals: the message field and refusal content parts.
+        let refusal = "I can't help with that request.";
+        let r = text_tokens(refusal);
+        let msg = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":null,"refusal":"{refusal}"}}]}}"#
+            ),
+        );
+        assert_eq!(msg.prompt_tokens, base + MESSAGE_OVERHEAD + r);
+        let part = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":[{{"type":"refusal","refusal":"{refusal}"}}]}}]}}"#
+            ),
+        );
+        assert_eq!(part.prompt_tokens, base + MESSAGE_OVERHEAD + r);
+    }
+
+    #[test]
+    fn audio_and_file_parts_have_a_documented_size_based_or_fixed_cost() {
+        let base = ok(
+            ApiKind::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":[]}]}"#,
+        )
+        .prompt_tokens;
+        let with = |part: &str| {
+            ok(
+                ApiKind::ChatCompletions,
+                &format!(r#"{{"messages":[{{"role":"user","content":[{part}]}}]}}"#),
+            )
+            .prompt_tokens
+                - base
+        };
+        let b64 = "A".repeat(10 * 1024);
+        assert_eq!(
+            with(&format!(
+                r#"{{"type":"input_audio","input_audio":{{"data":"{b64}","format":"mp3"}}}}"#
+            )),
+            10 * AUDIO_TOKENS_PER_KB
+        );
+        assert_eq!(
+            with(&format!(
+                r#"{{"type":"input_audio","input_audio":{{"format":"wav","data":"{b64}"}}}}"#
+            )),
+            10 * AUDIO_WAV_TOKENS_PER_KB
+        );
+        assert_eq!(
+            with(r#"{"type":"input_audio","input_audio":{"data":"QUJD"}}"#),
+            1
+        );
+        assert_eq!(
+            with(&format!(
+                r#"{{"type":"file","file":{{"filename":"a.pdf","file_data":"data:application/pdf;base64,{b64}"}}}}"#
+            )),
+            per_kb(10 * 1024 + 28, FILE_TOKENS_PER_KB)
+        );
+        assert_eq!(
+            with(r#"{"type":"file","file":{"file_id":"file-abc123"}}"#),
+            FILE_ID_TOKENS
+        );
+        // Responses `input_file` parts carry the fields directly.
+        let responses = |part: &str| {
+            ok(
+                ApiKind::Responses,
+                &format!(r#"{{"input":[{{"role":"user","content":[{part}]}}]}}"#),
+            )
+            .prompt_tokens
+        };
+        let empty = responses("");
+        assert_eq!(
+            responses(r#"{"type":"input_file","file_id":"file-abc123"}"#) - empty,
+            FILE_ID_TOKENS
+        );
+        assert_eq!(
+            responses(&format!(
+                r#"{{"type":"input_file","filename":"a.pdf","file_data":"{b64}"}}"#
+            )) - empty,
+            10 * FILE_TOKENS_PER_KB
+        );
+        // Odd shapes are 0, never an error.
+        assert_eq!(with(r#"{"type":"input_audio","input_audio":"x"}"#), 0);
+        assert_eq!(with(r#"{"type":"file","file":7}"#), 0);
     }
 
     #[test]
