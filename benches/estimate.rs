@@ -12,14 +12,30 @@
 //!    interleaved trials of ≥ 120 ms. Then a 154-byte chat body in ns per call (the fixed cost of a
 //!    call), and `text_tokens` alone.
 //!
-//! Exits non-zero when any class has p95 |error| above 15 % (all lines). Speed is printed, never gated:
-//! absolute times depend on the machine and its load (the target is ≤ 2 µs/KB natively).
+//! Exits non-zero when one of the target classes (English prose, code, JSON, Thai, Japanese, Chinese,
+//! Korean, mixed) has p95 |error| above 15 % (all lines); the other script classes (Cyrillic, Greek,
+//! Arabic, Hebrew, Hindi, accented Latin, Vietnamese) are not all fitted that far yet and fail above
+//! 30 % (a regression guard); the `adversarial` class (synthetic junk: punctuation, random letters,
+//! base64, whitespace runs, zero-width characters) is gated on its lowest estimate / real ratio
+//! instead (at least 0.15, a regression guard: the estimate may be over on junk, the aim is never to
+//! be far under; its table row shows that ratio). Speed is printed, never gated: absolute times
+//! depend on the machine and its load (the target is ≤ 2 µs/KB natively).
 use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokengate::estimate::{estimate, text_tokens, ApiKind, OutputLimits};
 
 const P95_LIMIT: f64 = 15.0;
+/// Classes held to [`P95_LIMIT`]; every other script class to [`P95_GUARD`].
+const TARGET_CLASSES: [&str; 8] = [
+    "english", "code", "json", "thai", "japanese", "chinese", "korean", "mixed",
+];
+/// Regression guard of the script classes not yet fitted to [`P95_LIMIT`].
+const P95_GUARD: f64 = 30.0;
+/// Class gated on its lowest estimate / real ratio instead of p95.
+const ADVERSARIAL: &str = "adversarial";
+/// Lowest estimate / real ratio allowed in [`ADVERSARIAL`] (a regression guard).
+const MIN_RATIO: f64 = 0.15;
 
 fn load_corpus(dir: &Path) -> Result<Vec<(String, Vec<String>)>, String> {
     let mut paths: Vec<_> = std::fs::read_dir(dir)
@@ -177,8 +193,8 @@ fn main() {
     println!(
         "Token estimate vs o200k_base (relative error per sample: (estimate - real) / real)\n"
     );
-    println!("| class | samples | ours median | ours p95 | held-out median | held-out p95 | chars/4 median | chars/4 p95 |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| class | samples | ours median | ours p95 | held-out median | held-out p95 | chars/4 median | chars/4 p95 | lowest estimate / real |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut failed = Vec::new();
     for (name, texts) in &corpus {
         let (mut ours, mut held, mut naive) = (Vec::new(), Vec::new(), Vec::new());
@@ -193,8 +209,11 @@ fn main() {
             naive.push((chars4 - real) / real * 100.0);
         }
         let (o, h, n) = (stats(&ours), stats(&held), stats(&naive));
+        let lowest = ours
+            .iter()
+            .fold(f64::INFINITY, |m, e| m.min(1.0 + e / 100.0));
         println!(
-            "| {name} | {} | {:+.1} % | {:.1} % | {:+.1} % | {:.1} % | {:+.1} % | {:.1} % |",
+            "| {name} | {} | {:+.1} % | {:.1} % | {:+.1} % | {:.1} % | {:+.1} % | {:.1} % | {lowest:.2} |",
             texts.len(),
             o.median,
             o.p95,
@@ -203,7 +222,14 @@ fn main() {
             n.median,
             n.p95
         );
-        if o.p95 > P95_LIMIT || o.p95.is_nan() {
+        let bad = if name == ADVERSARIAL {
+            lowest < MIN_RATIO || lowest.is_nan()
+        } else if TARGET_CLASSES.contains(&name.as_str()) {
+            o.p95 > P95_LIMIT || o.p95.is_nan()
+        } else {
+            o.p95 > P95_GUARD || o.p95.is_nan()
+        };
+        if bad {
             failed.push(name.clone());
         }
     }
@@ -250,7 +276,17 @@ fn main() {
         ),
     ];
     // The other corpus classes (CJK above is Chinese).
-    for name in ["japanese", "korean", "thai", "code", "json", "mixed"] {
+    for name in [
+        "japanese",
+        "korean",
+        "thai",
+        "code",
+        "json",
+        "mixed",
+        "cyrillic",
+        "latin",
+        "adversarial",
+    ] {
         let texts = class(name);
         sets.push((
             format!("{name} ~1 KB × 64"),
@@ -310,10 +346,10 @@ fn main() {
 
     if !failed.is_empty() {
         eprintln!(
-            "\nFAIL: p95 |error| above {P95_LIMIT} % for: {}",
+            "\nFAIL: p95 |error| above {P95_LIMIT} % (target classes) or {P95_GUARD} % (other scripts), or for {ADVERSARIAL} an estimate below {MIN_RATIO} of real, for: {}",
             failed.join(", ")
         );
         std::process::exit(1);
     }
-    println!("\nOK: every class within p95 |error| <= {P95_LIMIT} %");
+    println!("\nOK: target classes within p95 |error| <= {P95_LIMIT} %, other scripts <= {P95_GUARD} %, {ADVERSARIAL}: estimate >= {MIN_RATIO} of real");
 }

@@ -9,15 +9,21 @@
 //!
 //! | API ([`ApiKind`])      | input counted                                                          | output reserved from |
 //! |------------------------|------------------------------------------------------------------------|----------------------|
-//! | `/chat/completions`    | `messages[]` (content strings and parts, `name`, `tool_calls`), `tools`, `functions`, `response_format` | `max_tokens` / `max_completion_tokens` × `n` |
-//! | `/completions`         | `prompt` (string, strings, token ids), `suffix`                         | `max_tokens` × `n` |
+//! | `/chat/completions`    | `messages[]` (content strings and parts, `name`, `tool_calls`, `refusal`), `tools`, `functions`, `response_format`, `prediction.content` | the larger of `max_tokens` / `max_completion_tokens` × `n` |
+//! | `/completions`         | `prompt` (string, strings, token ids), `suffix`                         | `max_tokens` × max(`n`, `best_of`) |
 //! | `/embeddings`          | `input` (string, strings, token ids, arrays of token ids)              | none (0) |
 //! | `/responses`           | `input` (string or items), `instructions`, `tools`, `text.format`       | `max_output_tokens` |
 //! | `/messages` (Anthropic)| `system`, `messages[].content` blocks (text, tool_use, tool_result), `tools` | `max_tokens` |
 //!
-//! The reserved output is what the body asks for (first present of `max_tokens`,
-//! `max_completion_tokens`, `max_output_tokens`) or the per-model default from [`OutputLimits`], clamped
-//! to the per-model cap, times `n` (capped at 128).
+//! The reserved output is what the body asks for (the largest present of `max_tokens`,
+//! `max_completion_tokens`, `max_output_tokens`: err towards charging) or the per-model default from
+//! [`OutputLimits`], clamped to the per-model cap, times `n` (legacy completions: the larger of `n`
+//! and `best_of`, which the provider generates and bills), capped at [`MAX_N`] = 128.
+//!
+//! Parts that are not text have fixed or size-based costs: images [`IMAGE_TOKENS`], audio
+//! (`input_audio`) by the size of its base64 data ([`AUDIO_TOKENS_PER_KB`],
+//! [`AUDIO_WAV_TOKENS_PER_KB`]), files by the size of `file_data` ([`FILE_TOKENS_PER_KB`]) or a
+//! fixed [`FILE_ID_TOKENS`] for a `file_id`.
 //!
 //! Speed (native release build, `cargo bench --bench estimate`): about 1.3 to 1.7 µs per KB of
 //! English, Chinese, Japanese or Korean body (the lower figure for bodies of 16 KB and more, the higher
@@ -35,7 +41,8 @@
 //! punctuation and whitespace runs separately, and every other script (Thai, kana, CJK ideographs,
 //! Hangul, Cyrillic, …) by a per-character rate plus a per-run rate. The rates in [`WEIGHTS`] were fitted
 //! against `o200k_base` on the `corpus/` texts; `chars / 4` is 2–4× wrong for Thai and CJK, this is
-//! within ±15 % (p95) on every corpus class. Run `cargo bench --bench estimate` to see the numbers.
+//! within ±15 % (p95) on most corpus classes (not yet on Latin-script European languages, Hindi,
+//! Arabic and Vietnamese: 18–29 %). Run `cargo bench --bench estimate` to see the numbers.
 //!
 //! Example: `{"model":"gpt-4.1","messages":[{"role":"user","content":"Hello!"}],"max_tokens":64}`
 //! estimates to about 9 prompt tokens (3 per message, 3 for the reply primer, 2 for the text) plus 64
@@ -63,8 +70,22 @@ pub const IMAGE_TOKENS: u64 = 85;
 pub const MESSAGE_OVERHEAD: u64 = 3;
 /// Tokens that prime the assistant reply in chat-style APIs.
 pub const REPLY_PRIMER: u64 = 3;
-/// Largest `n` (number of choices) honoured when multiplying the output reservation.
+/// Largest `n` (number of choices) honoured when multiplying the output reservation (also caps
+/// legacy completions' `best_of`).
 pub const MAX_N: u64 = 128;
+/// Audio input (`input_audio` part) in WAV / PCM: tokens per KB (1024 bytes) of its base64 `data`.
+/// The length is unknown, so the rate assumes the smallest common WAV (8 kHz, 16-bit mono: 16 KB/s,
+/// 21 KB/s as base64) at gpt-4o's ~10 input tokens per second of audio: 0.47, rounded up.
+pub const AUDIO_WAV_TOKENS_PER_KB: u64 = 1;
+/// Audio input in any other or no `format` (mp3, opus, …), per KB of base64: compressed audio at
+/// 32 kbit/s (4 KB/s, 5.3 KB/s as base64) at ~10 tokens per second is 1.9, rounded up.
+pub const AUDIO_TOKENS_PER_KB: u64 = 2;
+/// File input (`file` part's `file_data`, Responses `input_file`), per KB of base64: PDFs are billed
+/// as extracted text plus an image per page, about 1,000–1,500 tokens for a page of ~100 KB base64;
+/// 16 per KB errs high.
+pub const FILE_TOKENS_PER_KB: u64 = 16;
+/// File input by `file_id` (its size is unknown to the filter): a fixed charge, about two pages.
+pub const FILE_ID_TOKENS: u64 = 2048;
 /// Deepest nesting of JSON values this module walks into (content blocks inside tool results, …).
 pub const MAX_DEPTH: usize = 64;
 
@@ -135,10 +156,11 @@ pub struct Estimate {
     pub model: Option<String>,
     /// Estimate of the billed input tokens.
     pub prompt_tokens: u64,
-    /// Reserved output: requested (`max_tokens` | `max_completion_tokens` | `max_output_tokens`) or
-    /// `limits.default_tokens`, clamped to `limits.cap_tokens`, times `n`; 0 for embeddings.
+    /// Reserved output: requested (the largest of `max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`) or `limits.default_tokens`, clamped to `limits.cap_tokens`, times `n`
+    /// (or legacy completions' `best_of` if larger, capped at [`MAX_N`]); 0 for embeddings.
     pub output_tokens: u64,
-    /// What the body asked for, if anything.
+    /// What the body asked for (the largest of the output limits it sends), if anything.
     pub requested_output: Option<u64>,
     /// How many choices `output_tokens` reserves for (`n`, 1..=[`MAX_N`]; 1 for embeddings):
     /// `output_tokens` = per-choice output × this. Whoever lowers the output limit written into the
@@ -261,7 +283,7 @@ fn estimate_by(
         let per_choice = requested_output
             .unwrap_or(lim.default_tokens)
             .min(lim.cap_tokens);
-        let n = choices(fields.n)?;
+        let n = choices(fields.n, fields.best_of)?;
         (per_choice.saturating_mul(n), n)
     };
 
@@ -303,8 +325,11 @@ fn walk_fast(body: &[u8], kind: ApiKind, fields: &mut Fields) -> Result<bool, js
     Ok(is_object)
 }
 
-/// First present (non-null) of `max_tokens`, `max_completion_tokens`, `max_output_tokens`.
+/// The largest present (non-null) of `max_tokens`, `max_completion_tokens`, `max_output_tokens`
+/// (a body that sends two asks for the larger: the reservation errs towards charging); the first
+/// bad one, in that order, is an error.
 fn requested_output(f: &Fields) -> Res<Option<u64>> {
+    let mut max = None;
     for (num, field) in [
         (f.max_tokens, "max_tokens"),
         (f.max_completion_tokens, "max_completion_tokens"),
@@ -312,20 +337,22 @@ fn requested_output(f: &Fields) -> Res<Option<u64>> {
     ] {
         match num {
             Num::Absent => continue,
-            Num::Val(v) => return Ok(Some(v)),
+            Num::Val(v) => max = Some(max.map_or(v, |m: u64| m.max(v))),
             Num::Bad => return Err(EstimateError::BadField(field)),
         }
     }
-    Ok(None)
+    Ok(max)
 }
 
-/// `n` (number of choices), 1 when absent, capped at [`MAX_N`].
-fn choices(n: Num) -> Res<u64> {
-    match n {
+/// Completions billed per request: `n` (1 when absent), or legacy completions' `best_of` if larger
+/// (the provider generates, and bills, `best_of` completions server-side), capped at [`MAX_N`].
+fn choices(n: Num, best_of: Num) -> Res<u64> {
+    let count = |num: Num, field: &'static str| match num {
         Num::Absent => Ok(1),
-        Num::Val(n) => Ok(n.clamp(1, MAX_N)),
-        Num::Bad => Err(EstimateError::BadField("n")),
-    }
+        Num::Val(v) => Ok(v.clamp(1, MAX_N)),
+        Num::Bad => Err(EstimateError::BadField(field)),
+    };
+    Ok(count(n, "n")?.max(count(best_of, "best_of")?))
 }
 
 /// Estimate a JSON value as the text of its compact serialization.
@@ -356,6 +383,8 @@ struct Fields {
     max_completion_tokens: Num,
     max_output_tokens: Num,
     n: Num,
+    /// Legacy completions `best_of`.
+    best_of: Num,
     /// Chat or Anthropic `messages`, reply primer included.
     messages: Res<u64>,
     tools: Res<u64>,
@@ -370,6 +399,8 @@ struct Fields {
     /// Responses `text.format`.
     text: u64,
     system: Res<u64>,
+    /// Chat `prediction` (Predicted Outputs).
+    prediction: Res<u64>,
 }
 
 impl Fields {
@@ -382,6 +413,7 @@ impl Fields {
             max_completion_tokens: Num::Absent,
             max_output_tokens: Num::Absent,
             n: Num::Absent,
+            best_of: Num::Absent,
             messages: Ok(0),
             tools: Ok(0),
             functions: Ok(0),
@@ -392,17 +424,23 @@ impl Fields {
             instructions: Ok(0),
             text: 0,
             system: Ok(0),
+            prediction: Ok(0),
         }
     }
 
     /// The billed input for `kind`; the first failing field in the order the fields are documented.
     fn prompt_tokens(&self, kind: ApiKind) -> Res<u64> {
-        let parts: [&Res<u64>; 3] = match kind {
-            ApiKind::ChatCompletions => [&self.messages, &self.tools, &self.functions],
-            ApiKind::Completions => [&self.prompt, &Ok(0), &Ok(0)],
-            ApiKind::Embeddings => [&self.input, &Ok(0), &Ok(0)],
-            ApiKind::Responses => [&self.input, &self.instructions, &self.tools],
-            ApiKind::AnthropicMessages => [&self.system, &self.messages, &self.tools],
+        let parts: [&Res<u64>; 4] = match kind {
+            ApiKind::ChatCompletions => [
+                &self.messages,
+                &self.tools,
+                &self.functions,
+                &self.prediction,
+            ],
+            ApiKind::Completions => [&self.prompt, &Ok(0), &Ok(0), &Ok(0)],
+            ApiKind::Embeddings => [&self.input, &Ok(0), &Ok(0), &Ok(0)],
+            ApiKind::Responses => [&self.input, &self.instructions, &self.tools, &Ok(0)],
+            ApiKind::AnthropicMessages => [&self.system, &self.messages, &self.tools, &Ok(0)],
         };
         let mut t = match kind {
             ApiKind::ChatCompletions => self.response_format,
@@ -459,6 +497,13 @@ enum Key {
     Source,
     Data,
     Format,
+    BestOf,
+    Prediction,
+    Refusal,
+    InputAudio,
+    File,
+    FileData,
+    FileId,
     Other,
 }
 
@@ -495,6 +540,13 @@ impl Key {
             b"thinking" => Key::Thinking,
             b"source" => Key::Source,
             b"data" => Key::Data,
+            b"best_of" => Key::BestOf,
+            b"prediction" => Key::Prediction,
+            b"refusal" => Key::Refusal,
+            b"input_audio" => Key::InputAudio,
+            b"file" => Key::File,
+            b"file_data" => Key::FileData,
+            b"file_id" => Key::FileId,
             b"format" => Key::Format,
             _ => Key::Other,
         }
@@ -510,6 +562,9 @@ enum Tag {
     ToolResult,
     Thinking,
     Document,
+    Audio,
+    File,
+    Refusal,
     FunctionCall,
     FunctionCallOutput,
     Other,
@@ -524,6 +579,9 @@ impl Tag {
             "tool_result" => Tag::ToolResult,
             "thinking" => Tag::Thinking,
             "document" => Tag::Document,
+            "input_audio" => Tag::Audio,
+            "file" | "input_file" => Tag::File,
+            "refusal" => Tag::Refusal,
             "function_call" | "custom_tool_call" => Tag::FunctionCall,
             "function_call_output" | "custom_tool_call_output" => Tag::FunctionCallOutput,
             _ => Tag::Other,
@@ -920,6 +978,10 @@ impl<'de> Shape<'de> for Top<'_> {
                 (Key::MaxCompletionTokens, _) => f.max_completion_tokens = value(&mut a, Count)?,
                 (Key::MaxOutputTokens, _) => f.max_output_tokens = value(&mut a, Count)?,
                 (Key::N, _) => f.n = value(&mut a, Count)?,
+                (Key::BestOf, Completions) => f.best_of = value(&mut a, Count)?,
+                (Key::Prediction, ChatCompletions) => {
+                    f.prediction = value(&mut a, Prediction { raw })?
+                }
                 (Key::Messages, ChatCompletions) => {
                     f.messages = value(&mut a, Messages(ChatMessage { raw }))?
                 }
@@ -991,6 +1053,7 @@ impl<'de> Shape<'de> for ChatMessage {
         let mut tool_calls = Ok(0);
         let mut function_call = 0;
         let mut tool_call_id = None;
+        let mut refusal = None;
         let raw = self.raw;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -1001,6 +1064,7 @@ impl<'de> Shape<'de> for ChatMessage {
                 Key::ToolCalls => tool_calls = value(&mut a, ToolCalls)?,
                 Key::FunctionCall => function_call = value(&mut a, FunctionCallShape)?,
                 Key::ToolCallId => tool_call_id = read_text(&mut a, raw, Str)?,
+                Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
                 _ => value(&mut a, Ignore)?,
             }
         }
@@ -1010,7 +1074,8 @@ impl<'de> Shape<'de> for ChatMessage {
                 .saturating_add(name.map_or(0, |n: u64| n.saturating_add(1)))
                 .saturating_add(tool_calls?)
                 .saturating_add(function_call)
-                .saturating_add(tool_call_id.unwrap_or(0)))
+                .saturating_add(tool_call_id.unwrap_or(0))
+                .saturating_add(refusal.unwrap_or(0)))
         })())
     }
 }
@@ -1205,6 +1270,11 @@ impl<'de> Shape<'de> for Part {
         let mut input = None;
         let mut content = 0;
         let mut source = None;
+        let mut refusal = None;
+        let mut audio = None;
+        let mut file = None;
+        let mut file_data = None;
+        let mut file_id = false;
         let Part { depth, raw } = self;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -1215,6 +1285,12 @@ impl<'de> Shape<'de> for Part {
                 Key::Input => input = Some(json_tokens(&a.next_value::<Value>()?)),
                 Key::Content => content = read_text(&mut a, raw, ToolResultContent { depth, raw })?,
                 Key::Source => source = value(&mut a, Source)?,
+                Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
+                Key::InputAudio => audio = value(&mut a, Audio)?,
+                Key::File => file = value(&mut a, FilePart)?,
+                // Responses `input_file` parts carry these directly.
+                Key::FileData => file_data = value(&mut a, Len)?,
+                Key::FileId => file_id = value(&mut a, Len)?.is_some(),
                 _ => value(&mut a, Ignore)?,
             }
         }
@@ -1232,8 +1308,138 @@ impl<'de> Shape<'de> for Part {
                 Some((true, data)) => data.as_deref().map_or(0, text_tokens),
                 _ => text.unwrap_or(0),
             },
+            Tag::Audio => audio.unwrap_or(0),
+            Tag::File => file.unwrap_or_else(|| file_tokens(file_data, file_id)),
+            Tag::Refusal => refusal.unwrap_or(0),
             _ => text.unwrap_or(0),
         })
+    }
+}
+
+/// The length in bytes of a string (base64 data, ids); None for anything else.
+#[derive(Clone, Copy)]
+struct Len;
+
+impl Shape<'_> for Len {
+    type Out = Option<u64>;
+    fn other(self) -> Option<u64> {
+        None
+    }
+    fn string(self, s: &str) -> Option<u64> {
+        Some(s.len() as u64)
+    }
+}
+
+/// Tokens of `len` bytes at `per_kb` tokens per 1024, rounded up.
+fn per_kb(len: u64, per_kb: u64) -> u64 {
+    len.saturating_mul(per_kb).div_ceil(1024)
+}
+
+/// A file given by `file_data` (base64, size-based, see [`FILE_TOKENS_PER_KB`]) or `file_id`
+/// ([`FILE_ID_TOKENS`]); the data wins when both are there, nothing is 0.
+fn file_tokens(data: Option<u64>, id: bool) -> u64 {
+    match data {
+        Some(len) => per_kb(len, FILE_TOKENS_PER_KB),
+        None if id => FILE_ID_TOKENS,
+        None => 0,
+    }
+}
+
+/// `input_audio`: `{"data": "<base64>", "format": "wav" | "mp3" | …}`, costed by the size of its data
+/// (see [`AUDIO_TOKENS_PER_KB`], [`AUDIO_WAV_TOKENS_PER_KB`]); None for anything else.
+#[derive(Clone, Copy)]
+struct Audio;
+
+impl<'de> Shape<'de> for Audio {
+    type Out = Option<u64>;
+    fn other(self) -> Option<u64> {
+        None
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
+        let mut len = 0;
+        let mut wav = false;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::Data => len = value(&mut a, Len)?.unwrap_or(0),
+                Key::Format => wav = value(&mut a, AudioFormat)?,
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        let rate = if wav {
+            AUDIO_WAV_TOKENS_PER_KB
+        } else {
+            AUDIO_TOKENS_PER_KB
+        };
+        Ok(Some(per_kb(len, rate)))
+    }
+}
+
+/// Whether an audio `format` is uncompressed (`wav`, `pcm16`).
+#[derive(Clone, Copy)]
+struct AudioFormat;
+
+impl Shape<'_> for AudioFormat {
+    type Out = bool;
+    fn other(self) -> bool {
+        false
+    }
+    fn string(self, s: &str) -> bool {
+        matches!(s, "wav" | "pcm16")
+    }
+}
+
+/// A chat `file` part's `file`: `{"file_data": "<base64>"}` or `{"file_id": "…"}` (see
+/// [`file_tokens`]); None for anything else.
+#[derive(Clone, Copy)]
+struct FilePart;
+
+impl<'de> Shape<'de> for FilePart {
+    type Out = Option<u64>;
+    fn other(self) -> Option<u64> {
+        None
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
+        let mut data = None;
+        let mut id = false;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::FileData => data = value(&mut a, Len)?,
+                Key::FileId => id = value(&mut a, Len)?.is_some(),
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        Ok(Some(file_tokens(data, id)))
+    }
+}
+
+/// Chat `prediction` (Predicted Outputs): `{"type": "content", "content": <string or text parts>}`,
+/// counted as prompt text; null is nothing, anything else is a bad field.
+#[derive(Clone, Copy)]
+struct Prediction {
+    /// The fast walk (see [`Top::raw`]).
+    raw: bool,
+}
+
+impl<'de> Shape<'de> for Prediction {
+    type Out = Res<u64>;
+    fn other(self) -> Res<u64> {
+        Err(EstimateError::BadField("prediction"))
+    }
+    fn null(self) -> Res<u64> {
+        Ok(0)
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
+        let mut content = Ok(0);
+        let raw = self.raw;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::Content => {
+                    content = read_text(&mut a, raw, Content::top("prediction.content", raw))?
+                }
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        Ok(content)
     }
 }
 
@@ -1503,7 +1709,7 @@ impl<'de> Shape<'de> for TextConfig {
 // Text → tokens
 
 /// Number of features [`text_features`] counts.
-pub const NUM_FEATURES: usize = 44;
+pub const NUM_FEATURES: usize = 64;
 // `utf8_tokens` weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
@@ -1523,11 +1729,11 @@ pub mod feature {
     pub const CYRILLIC: usize = 12;
     /// Greek letters.
     pub const GREEK: usize = 13;
-    /// Arabic and Hebrew letters.
-    pub const ARABIC_HEBREW: usize = 14;
+    /// Arabic letters.
+    pub const ARABIC: usize = 14;
     /// Devanagari and other Indic letters.
     pub const INDIC: usize = 15;
-    /// Runs of the alphabetic scripts above (≈ words).
+    /// Runs of Cyrillic (≈ words; the other alphabetic scripts have their own run features).
     pub const ALPHA_RUNS: usize = 16;
     /// Thai characters that occur in 50..150 multi-character o200k tokens.
     pub const THAI: usize = 17;
@@ -1583,31 +1789,91 @@ pub mod feature {
     pub const CAPS_WORD_CHARS: usize = 42;
     /// Maximal runs of katakana (loanwords, which o200k often has as whole tokens).
     pub const KATAKANA_RUNS: usize = 43;
+    /// ASCII words that start right after an ASCII letter: camelCase humps (`getHttp` + `Response`),
+    /// which have no space to merge into (prose words do).
+    pub const HUMP: usize = 44;
+    /// ASCII words right after an ASCII digit, and digit runs right after an ASCII letter (`x86`,
+    /// `utf8`, base64, hex): switches between letters and digits inside one blob.
+    pub const ALNUM_SWITCH: usize = 45;
+    /// ASCII punctuation from the fourth character of a run on that differs from the character
+    /// before it: mixed runs (`!?.,;:`) are about one token per two characters, repeats
+    /// (`========`) one token for many.
+    pub const PUNCT_MIX: usize = 46;
+    /// Newline runs, one per 16 newlines (o200k merges up to about 16 line breaks into a token).
+    pub const NEWLINE_16: usize = 47;
+    /// Space/tab runs, one per 128 (o200k's longest whitespace tokens).
+    pub const SPACE_128: usize = 48;
+    /// Symbols U+2000..=U+2BFF outside the punctuation block (arrows, math, currency, box drawing).
+    pub const SYMBOL: usize = 49;
+    /// Zero-width and format characters (ZWSP, ZWJ, bidi marks, word joiner, BOM, soft hyphen).
+    pub const ZERO_WIDTH: usize = 50;
+    /// Runs of zero-width / format characters.
+    pub const ZERO_WIDTH_RUNS: usize = 51;
+    /// Hebrew letters.
+    pub const HEBREW: usize = 52;
+    /// Letters of an alphabetic-script run (Cyrillic, Greek, Arabic, Hebrew, Indic) past its 12th:
+    /// long runs are not words, o200k splits them into short pieces.
+    pub const ALPHA_LONG: usize = 53;
+    /// Accented Latin letters right after another one in the same word (Vietnamese `ườ`, random
+    /// accented text).
+    pub const LATIN_EXT_PAIR: usize = 54;
+    /// Runs of Greek.
+    pub const GREEK_RUNS: usize = 55;
+    /// Runs of Arabic.
+    pub const ARABIC_RUNS: usize = 56;
+    /// Runs of Hebrew.
+    pub const HEBREW_RUNS: usize = 57;
+    /// Runs of Indic scripts.
+    pub const INDIC_RUNS: usize = 58;
+    /// Other characters from U+0800 on (letters of scripts without a feature of their own, which
+    /// o200k mostly encodes as bytes; supplementary-plane characters other than emoji and Han).
+    pub const OTHER_WIDE: usize = 59;
+    /// Cyrillic letters that only Ukrainian (and Belarusian) use: і ї є ґ.
+    pub const CYRILLIC_UK: usize = 60;
+    /// All Cyrillic letters of a text with at least one of [`CYRILLIC_UK`] per 40 (Ukrainian, which
+    /// o200k splits into about 1.4 times as many tokens as Russian). Derived: see `derive`.
+    pub const CYRILLIC_UK_TEXT: usize = 61;
+    /// Latin Extended-A letters (Polish, Czech, Hungarian, Turkish, … but not Vietnamese `đ`).
+    pub const LATIN_EXT_A: usize = 62;
+    /// ASCII words of a text with at least one accented Latin letter per 20 words: French, German,
+    /// Spanish, Polish, … whose unaccented words are also rarer in o200k than English ones. Derived:
+    /// see `derive`.
+    pub const LATIN_EXT_A_TEXT: usize = 63;
 }
 
 /// Weight (tokens) of each feature.
 ///
 /// Fitted against OpenAI `o200k_base` (tiktoken-rs) on the even-indexed lines of every `corpus/*.jsonl`
-/// file by weighted least squares minimising Σ((estimate − real)/real)², i.e. relative error per
-/// sample, with a small ridge pull towards hand-set priors (which alone decide the scripts the corpus
-/// does not cover: Latin-ext, Cyrillic, Greek, Arabic/Hebrew, Indic, emoji — taken from a handful of
-/// probe sentences). The odd-indexed lines are held out; the bench reports both.
+/// file but `adversarial` by weighted least squares minimising Σ((estimate − real)/real)², i.e.
+/// relative error per sample (each class weighing the same, the eight original classes three times
+/// as much), with a small ridge pull towards hand-set priors (which alone decide emoji). The
+/// features that only junk has much of (mixed punctuation, newline and space runs, zero-width
+/// characters, symbols, other scripts, long alphabetic runs, accented-letter pairs, camelCase humps,
+/// letter/digit switches) are set by hand so that the `adversarial` class is not estimated far
+/// below o200k (a little over is accepted: the limiter errs towards charging); digit groups are
+/// fixed at 1 (o200k's rule). The odd-indexed lines are held out; the bench reports both.
 pub const WEIGHTS: [f64; NUM_FEATURES] = [
-    0.989, 1.142, 0.806, 1.140, 1.206, 0.810, 0.946, 1.298, 1.347, 1.010,
-    0.093, // ASCII words: length 1..=8, 9-10, 11+ (count), 11+ (letters)
-    0.302, 0.180, 0.250, 0.200, 0.250,
-    0.500, // Latin-ext, Cyrillic, Greek, Arabic/Hebrew, Indic, their runs (priors)
-    0.595, -0.707, // Thai mid, Thai runs
-    0.697, 0.624, 1.225, 0.240, // hiragana, katakana, Han, CJK runs
-    1.096, 0.351, // Hangul, Hangul runs
-    0.999, // digit groups
-    0.093, 0.877, 1.046, // ASCII punct, punct runs, wide punct
-    1.600, 1.027, // emoji, other (priors)
-    0.238, 0.745, 0.753, -0.522,
-    -0.495, // newline runs, space runs, space before digit, upper case, punct+word
-    2.190, 0.682, 2.243, 0.590, // Han rare/merge, Hangul rare/merge
-    0.386, 0.482, 0.490, // Thai common/rare, all-caps letters
-    0.489, // katakana runs
+    1.024, 0.993, 0.677, 1.008, 1.207, 0.892, 1.104, 1.408, 1.483, 1.023,
+    0.125, // ASCII words: length 1..=8, 9-10, 11+ (count), 11+ (letters)
+    0.150, 0.170, 0.320, 0.211, 0.257,
+    0.511, // Latin-ext, Cyrillic, Greek, Arabic, Indic, Cyrillic runs
+    0.615, -0.775, // Thai mid, Thai runs
+    0.689, 0.636, 1.257, 0.172, // hiragana, katakana, Han, CJK runs
+    1.154, 0.340, // Hangul, Hangul runs
+    1.000, // digit groups
+    0.050, 0.915, 1.050, // ASCII punct, punct runs, wide punct
+    1.600, 1.039, // emoji, other
+    0.247, 0.774, 0.777, -0.491,
+    -0.556, // newline runs, space runs, space before digit, upper case, punct+word
+    2.223, 0.685, 2.275, 0.589, // Han rare/merge, Hangul rare/merge
+    0.379, 0.493, 0.501, // Thai common/rare, all-caps letters
+    0.491, // katakana runs
+    0.600, 0.900, 0.600, 1.000, // hump, alnum switch, punct mix, newlines / 16
+    1.000, 1.500, 0.250, 1.000, // spaces / 128, symbols, zero-width, zero-width runs
+    0.293, 0.550, 0.750, 0.522, // Hebrew, alpha long, Latin-ext pair, Greek runs
+    0.512, 0.568, 0.491, 3.000, // Arabic runs, Hebrew runs, Indic runs, other wide
+    0.222, 0.110, 0.818,
+    0.093, // Ukrainian letters and text, Latin Extended-A letters and text
 ];
 
 /// Character classes of non-ASCII code points (and, in [`ascii_cls`], of ASCII bytes).
@@ -1622,8 +1888,11 @@ enum Cls {
     Punct,
     LatinExt,
     Cyrillic,
+    /// і ї є ґ (and capitals).
+    CyrillicUk,
     Greek,
-    ArabicHebrew,
+    Arabic,
+    Hebrew,
     Indic,
     Thai,
     ThaiCommon,
@@ -1638,6 +1907,12 @@ enum Cls {
     HangulMerge,
     WidePunct,
     Emoji,
+    /// Zero-width and format characters.
+    ZeroWidth,
+    /// Symbols U+2000..=U+2BFF outside the punctuation block.
+    Symbol,
+    /// Any other character from U+0800 on.
+    OtherWide,
     Other,
 }
 
@@ -1697,6 +1972,21 @@ fn classify(c: u32) -> Cls {
 /// Class of any code point (the general case of [`classify`]).
 #[inline(never)]
 fn classify_other(c: u32) -> Cls {
+    match classify_block(c) {
+        Cls::Other if c >= 0x800 => {
+            if (0x2000..=0x2BFF).contains(&c) {
+                Cls::Symbol
+            } else {
+                Cls::OtherWide
+            }
+        }
+        cls => cls,
+    }
+}
+
+/// [`classify_other`] by block, before characters from U+0800 on without a class are told apart.
+#[inline(always)]
+fn classify_block(c: u32) -> Cls {
     // Nested ranges so that the common blocks are reached in a few comparisons.
     if c < 0x3000 {
         if c < 0x370 {
@@ -1704,6 +1994,7 @@ fn classify_other(c: u32) -> Cls {
                 0..=0x7F => u8::try_from(c).map_or(Cls::Other, ascii_cls),
                 0xA0 => Cls::Space,
                 0x85 => Cls::Newline,
+                0xAD => Cls::ZeroWidth,
                 0xD7 | 0xF7 => Cls::Other,
                 0xC0..=0x2AF => Cls::LatinExt,
                 _ => Cls::Other,
@@ -1712,8 +2003,10 @@ fn classify_other(c: u32) -> Cls {
         if c < 0x1000 {
             return match c {
                 0x370..=0x3FF => Cls::Greek,
+                0x404 | 0x406 | 0x407 | 0x454 | 0x456 | 0x457 | 0x490 | 0x491 => Cls::CyrillicUk,
                 0x400..=0x52F => Cls::Cyrillic,
-                0x590..=0x6FF | 0x750..=0x77F => Cls::ArabicHebrew,
+                0x590..=0x5FF => Cls::Hebrew,
+                0x600..=0x6FF | 0x750..=0x77F | 0x8A0..=0x8FF => Cls::Arabic,
                 0x900..=0xDFF => Cls::Indic,
                 0xE00..=0xE7F => thai_class(c),
                 _ => Cls::Other,
@@ -1724,6 +2017,7 @@ fn classify_other(c: u32) -> Cls {
             0x1E00..=0x1EFF => Cls::LatinExt,
             0x1F00..=0x1FFF => Cls::Greek,
             0x2000..=0x200A | 0x202F | 0x205F => Cls::Space,
+            0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F => Cls::ZeroWidth,
             0x2028 | 0x2029 => Cls::Newline,
             0x2010..=0x206F => Cls::Punct,
             _ => Cls::Other,
@@ -1746,7 +2040,9 @@ fn classify_other(c: u32) -> Cls {
             0xAC00..=0xD7A3 => classify(c),
             0xA960..=0xA97F | 0xD7A4..=0xD7FF => Cls::HangulRare,
             0xF900..=0xFAFF => Cls::HanRare,
-            0xFB1D..=0xFDFF | 0xFE70..=0xFEFF => Cls::ArabicHebrew,
+            0xFE00..=0xFE0F | 0xFEFF => Cls::ZeroWidth,
+            0xFB1D..=0xFB4F => Cls::Hebrew,
+            0xFB50..=0xFDFF | 0xFE70..=0xFEFE => Cls::Arabic,
             0xFF10..=0xFF19 => Cls::Digit,
             0xFF21..=0xFF3A | 0xFF41..=0xFF5A => Cls::Han,
             0xFF01..=0xFF64 => Cls::WidePunct,
@@ -1807,7 +2103,9 @@ enum Run {
 #[inline]
 fn run_of(c: Cls) -> Option<Run> {
     match c {
-        Cls::Cyrillic | Cls::Greek | Cls::ArabicHebrew | Cls::Indic => Some(Run::Alpha),
+        Cls::Cyrillic | Cls::CyrillicUk | Cls::Greek | Cls::Arabic | Cls::Hebrew | Cls::Indic => {
+            Some(Run::Alpha)
+        }
         Cls::Thai | Cls::ThaiCommon | Cls::ThaiRare => Some(Run::Thai),
         Cls::Hiragana | Cls::Katakana | Cls::Han | Cls::HanRare | Cls::HanMerge => Some(Run::Cjk),
         Cls::Hangul | Cls::HangulRare | Cls::HangulMerge => Some(Run::Hangul),
@@ -1821,8 +2119,10 @@ fn char_feature(c: Cls) -> Option<usize> {
     Some(match c {
         Cls::LatinExt => feature::LATIN_EXT,
         Cls::Cyrillic => feature::CYRILLIC,
+        Cls::CyrillicUk => feature::CYRILLIC_UK,
         Cls::Greek => feature::GREEK,
-        Cls::ArabicHebrew => feature::ARABIC_HEBREW,
+        Cls::Arabic => feature::ARABIC,
+        Cls::Hebrew => feature::HEBREW,
         Cls::Indic => feature::INDIC,
         Cls::Thai => feature::THAI,
         Cls::ThaiCommon => feature::THAI_COMMON,
@@ -1838,6 +2138,9 @@ fn char_feature(c: Cls) -> Option<usize> {
         Cls::WidePunct => feature::WIDE_PUNCT,
         Cls::Emoji => feature::EMOJI,
         Cls::Other => feature::OTHER,
+        Cls::ZeroWidth => feature::ZERO_WIDTH,
+        Cls::Symbol => feature::SYMBOL,
+        Cls::OtherWide => feature::OTHER_WIDE,
         Cls::Punct => feature::PUNCT,
         Cls::Lower | Cls::Upper | Cls::Digit | Cls::Space | Cls::Newline => return None,
     })
@@ -1931,6 +2234,16 @@ fn lower_run(bytes: &[u8], i: usize) -> usize {
     n + count_while(bytes, i + n, |b| b.is_ascii_lowercase())
 }
 
+/// The per-letter feature of an accented Latin letter.
+#[inline(always)]
+fn latin_ext_feature(cp: u32) -> usize {
+    if (0x100..=0x17F).contains(&cp) && cp != 0x110 && cp != 0x111 {
+        feature::LATIN_EXT_A
+    } else {
+        feature::LATIN_EXT
+    }
+}
+
 #[inline(always)]
 fn is_latin_ext(cp: u32) -> bool {
     matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
@@ -1946,17 +2259,24 @@ fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> u
     let mut i = start + upper;
     let mut letters = upper;
     let mut mixed = false;
+    // The letter before is an accented one.
+    let mut ext = false;
     loop {
         let lower = lower_run(bytes, i);
         i += lower;
         letters += lower;
         mixed |= lower > 0;
+        ext &= lower == 0;
         match decode(bytes, i) {
             Some((cp, n)) if is_latin_ext(cp) => {
                 i += n;
                 letters += 1;
                 mixed = true;
-                bump(f, feature::LATIN_EXT, 1);
+                bump(f, latin_ext_feature(cp), 1);
+                if ext {
+                    bump(f, feature::LATIN_EXT_PAIR, 1);
+                }
+                ext = true;
             }
             _ => break,
         }
@@ -2053,6 +2373,20 @@ fn byte_class(b: u8) -> u8 {
     BYTE_CLASS.get(usize::from(b)).copied().unwrap_or(B_HIGH)
 }
 
+/// The [`byte_class`] of the byte before `i` (0 at the start).
+#[inline(always)]
+fn prev_class(bytes: &[u8], i: usize) -> u8 {
+    bytes.get(i.wrapping_sub(1)).map_or(0, |&b| byte_class(b))
+}
+
+/// [`feature::PUNCT_MIX`] of one run of ASCII punctuation: its characters from the fourth on that
+/// differ from the one before.
+#[inline(never)]
+pub(crate) fn punct_mix(run: &[u8]) -> u64 {
+    let pairs = run.windows(2).skip(2);
+    pairs.filter(|p| p.first() != p.get(1)).count() as u64
+}
+
 /// Number of bytes from `i` on whose class is in `classes`.
 #[inline(always)]
 fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
@@ -2065,6 +2399,7 @@ pub fn text_features(text: &str) -> [u64; NUM_FEATURES] {
     let mut f: Counts = [0; 64];
     // A `&str` is valid UTF-8: the scan never stops early.
     count_text(text.as_bytes(), &mut f);
+    derive(&mut f);
     let mut out = [0u64; NUM_FEATURES];
     for (o, n) in out.iter_mut().zip(f.iter()) {
         *o = *n;
@@ -2100,6 +2435,7 @@ fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Option<u64> {
     if !count_features::<WINDOWS>(bytes, &mut f, windows) {
         return None;
     }
+    derive(&mut f);
     let mut sum = 0.0f64;
     // In feature order, as a plain loop over all of them would add. Zero counts add nothing (the sum
     // is never -0.0), so they are skipped, four at a time: short texts touch few features.
@@ -2115,6 +2451,31 @@ fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Option<u64> {
     }
     // `as` saturates for f64 → u64 (NaN → 0).
     Some((sum.round() as u64).max(1))
+}
+
+/// The features that describe the whole text, from the counts of the others (see
+/// [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`]).
+#[inline(always)]
+fn derive(f: &mut Counts) {
+    let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
+    let uk = count(f, feature::CYRILLIC_UK);
+    if uk != 0 {
+        let cyrillic = count(f, feature::CYRILLIC).saturating_add(uk);
+        if uk.saturating_mul(40) >= cyrillic {
+            bump(f, feature::CYRILLIC_UK_TEXT, cyrillic);
+        }
+    }
+    let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
+    if accented != 0 {
+        let words = f
+            .get(feature::WORD_1..=feature::WORD_LONG)
+            .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
+        if accented.saturating_mul(20) >= words {
+            // Capitalised words too: German nouns split more than English ones.
+            let upper = count(f, feature::UPPER);
+            bump(f, feature::LATIN_EXT_A_TEXT, words.saturating_add(upper));
+        }
+    }
 }
 
 /// Whether `bytes` is worth reading with ASCII windows: long enough (a window costs about what the
@@ -2180,6 +2541,10 @@ fn count_features<const WINDOWS: bool>(bytes: &[u8], f: &mut Counts, windows: bo
             // single spaces between them (which have no feature of their own), and a capitalised
             // word after one.
             let mut was_punct = was_punct;
+            // A lower-case word starts after a letter only where that letter is not ASCII.
+            if prev_class(bytes, i) & B_DIGIT != 0 {
+                bump(f, feature::ALNUM_SWITCH, 1);
+            }
             loop {
                 // Words shorter than eight letters (most): what follows them is in the same load.
                 if let Some(w) = bytes
@@ -2258,6 +2623,7 @@ fn count_features<const WINDOWS: bool>(bytes: &[u8], f: &mut Counts, windows: bo
             }
             let len = run_of_class(bytes, i, B_SPACE);
             i += len;
+            bump(f, feature::SPACE_128, (len / 128) as u64);
             match after_spaces(bytes, i) {
                 AfterSpaces::Digit => bump(f, feature::SPACE_BEFORE_DIGIT, 1),
                 // Spaces before a newline or at the end belong to the newline piece.
@@ -2269,19 +2635,37 @@ fn count_features<const WINDOWS: bool>(bytes: &[u8], f: &mut Counts, windows: bo
             }
         } else if class & B_PUNCT != 0 {
             let len = run_of_class(bytes, i, B_PUNCT);
+            if len >= 4 {
+                bump(
+                    f,
+                    feature::PUNCT_MIX,
+                    punct_mix(bytes.get(i..i + len).unwrap_or(&[])),
+                );
+            }
             i += len;
             after_punct = len == 1;
             bump(f, feature::PUNCT, len as u64);
             bump(f, feature::PUNCT_RUNS, 1);
         } else if class & B_UPPER != 0 {
+            let prev = prev_class(bytes, i);
+            if prev & (B_LOWER | B_UPPER) != 0 {
+                bump(f, feature::HUMP, 1);
+            } else if prev & B_DIGIT != 0 {
+                bump(f, feature::ALNUM_SWITCH, 1);
+            }
             i = scan_word(bytes, i, f, was_punct);
         } else if class & B_DIGIT != 0 {
+            if prev_class(bytes, i) & (B_LOWER | B_UPPER) != 0 {
+                bump(f, feature::ALNUM_SWITCH, 1);
+            }
             let len = run_of_class(bytes, i, B_DIGIT);
             i += len;
             bump(f, feature::DIGIT_GROUPS, len.div_ceil(3) as u64);
         } else if class & B_NEWLINE != 0 {
-            i += run_of_class(bytes, i, B_NEWLINE);
+            let len = run_of_class(bytes, i, B_NEWLINE);
+            i += len;
             bump(f, feature::NEWLINE_RUNS, 1);
+            bump(f, feature::NEWLINE_16, (len / 16) as u64);
         } else if class & B_HIGH != 0 {
             match scan_non_ascii(bytes, i, f, was_punct) {
                 Some(next) => i = next,
@@ -2342,6 +2726,21 @@ fn scan_non_ascii(bytes: &[u8], i: usize, f: &mut Counts, was_punct: bool) -> Op
             bump(f, feature::DIGIT_GROUPS, 1);
             j
         }
+        Cls::ZeroWidth => {
+            // A run of them is one piece; o200k merges a few into a token.
+            let mut j = j;
+            let mut n = 1u64;
+            while let Some((cp, len)) = decode(bytes, j) {
+                if classify(cp) != Cls::ZeroWidth {
+                    break;
+                }
+                n += 1;
+                j += len;
+            }
+            bump(f, feature::ZERO_WIDTH_RUNS, 1);
+            bump(f, feature::ZERO_WIDTH, n);
+            j
+        }
         _ => {
             if let Some(idx) = char_feature(cls) {
                 bump(f, idx, 1);
@@ -2355,9 +2754,13 @@ fn scan_non_ascii(bytes: &[u8], i: usize, f: &mut Counts, was_punct: bool) -> Op
                     bump(f, feature::HANGUL_RUNS, 1);
                     scan_hangul(bytes, j, f)
                 }
-                Some(run @ (Run::Alpha | Run::Thai)) => {
-                    bump(f, run_feature(run), 1);
-                    scan_run(bytes, j, run, f)
+                Some(Run::Alpha) => {
+                    bump(f, alpha_run_feature(cls), 1);
+                    scan_run(bytes, j, Run::Alpha, f)
+                }
+                Some(Run::Thai) => {
+                    bump(f, feature::THAI_RUNS, 1);
+                    scan_run(bytes, j, Run::Thai, f)
                 }
                 None => j,
             }
@@ -2365,14 +2768,15 @@ fn scan_non_ascii(bytes: &[u8], i: usize, f: &mut Counts, was_punct: bool) -> Op
     })
 }
 
-/// The feature that counts runs of `run`.
+/// The feature that counts runs of alphabetic scripts, by the class of the run's first letter.
 #[inline(always)]
-fn run_feature(run: Run) -> usize {
-    match run {
-        Run::Alpha => feature::ALPHA_RUNS,
-        Run::Thai => feature::THAI_RUNS,
-        Run::Cjk => feature::CJK_RUNS,
-        Run::Hangul => feature::HANGUL_RUNS,
+fn alpha_run_feature(cls: Cls) -> usize {
+    match cls {
+        Cls::Greek => feature::GREEK_RUNS,
+        Cls::Arabic => feature::ARABIC_RUNS,
+        Cls::Hebrew => feature::HEBREW_RUNS,
+        Cls::Indic => feature::INDIC_RUNS,
+        _ => feature::ALPHA_RUNS,
     }
 }
 
@@ -2574,9 +2978,13 @@ fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     j
 }
 
+/// Letters of an alphabetic run up to which it costs like a word (see [`feature::ALPHA_LONG`]).
+const ALPHA_WORD: u64 = 12;
+
 /// Rest of a run of `run` from `j` (the first character is counted), the general case.
 #[inline(always)]
 fn scan_run(bytes: &[u8], mut j: usize, run: Run, f: &mut Counts) -> usize {
+    let mut letters = 1u64;
     // ASCII never belongs to a script run: `decode` stops there.
     while let Some((cp, n)) = decode(bytes, j) {
         let c = classify(cp);
@@ -2586,7 +2994,11 @@ fn scan_run(bytes: &[u8], mut j: usize, run: Run, f: &mut Counts) -> usize {
         if let Some(idx) = char_feature(c) {
             bump(f, idx, 1);
         }
+        letters += 1;
         j += n;
+    }
+    if run == Run::Alpha {
+        bump(f, feature::ALPHA_LONG, letters.saturating_sub(ALPHA_WORD));
     }
     j
 }
@@ -2897,14 +3309,28 @@ mod tests {
     }
 
     #[test]
-    fn first_present_of_max_tokens_max_completion_tokens_max_output_tokens_wins() {
+    fn the_largest_present_of_max_tokens_max_completion_tokens_max_output_tokens_is_reserved() {
         let e = ok(ApiKind::ChatCompletions, r#"{"max_completion_tokens":300}"#);
         assert_eq!((e.requested_output, e.output_tokens), (Some(300), 300));
+        // Both present: the larger, whichever comes first (err towards charging).
         let e = ok(
             ApiKind::ChatCompletions,
             r#"{"max_tokens":100,"max_completion_tokens":300}"#,
         );
-        assert_eq!(e.requested_output, Some(100));
+        assert_eq!((e.requested_output, e.output_tokens), (Some(300), 300));
+        let e = ok(
+            ApiKind::ChatCompletions,
+            r#"{"max_completion_tokens":50,"max_tokens":400}"#,
+        );
+        assert_eq!((e.requested_output, e.output_tokens), (Some(400), 400));
+        // A bad one is still an error, even when the other is larger.
+        assert_eq!(
+            est(
+                ApiKind::ChatCompletions,
+                r#"{"max_tokens":900,"max_completion_tokens":"x"}"#
+            ),
+            Err(EstimateError::BadField("max_completion_tokens"))
+        );
         let e = ok(
             ApiKind::ChatCompletions,
             r#"{"max_tokens":null,"max_completion_tokens":300}"#,
@@ -2920,6 +3346,162 @@ mod tests {
             r#"{"messages":[],"max_tokens":5}"#,
         );
         assert_eq!(e.output_tokens, 5);
+    }
+
+    #[test]
+    fn legacy_completions_reserve_max_tokens_times_the_larger_of_n_and_best_of() {
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"best_of":5}"#,
+        );
+        assert_eq!(e.output_tokens, 50);
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"n":2,"best_of":5}"#,
+        );
+        assert_eq!(e.output_tokens, 50);
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"n":7,"best_of":null}"#,
+        );
+        assert_eq!(e.output_tokens, 70);
+        // Capped at MAX_N like `n`.
+        let e = ok(
+            ApiKind::Completions,
+            r#"{"prompt":"hi","max_tokens":10,"best_of":100000}"#,
+        );
+        assert_eq!(e.output_tokens, 10 * MAX_N);
+        assert_eq!(
+            est(ApiKind::Completions, r#"{"max_tokens":10,"best_of":-1}"#),
+            Err(EstimateError::BadField("best_of"))
+        );
+        // Chat has no `best_of`: ignored there.
+        let e = ok(ApiKind::ChatCompletions, r#"{"max_tokens":10,"best_of":5}"#);
+        assert_eq!(e.output_tokens, 10);
+    }
+
+    #[test]
+    fn chat_prediction_content_and_refusals_count_as_prompt_text() {
+        let base = ok(
+            ApiKind::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .prompt_tokens;
+        let code = "fn main() { println!(hello); }";
+        let with_string = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}}],"prediction":{{"type":"content","content":"{code}"}}}}"#
+            ),
+        );
+        let t = text_tokens(code);
+        assert_eq!(with_string.prompt_tokens, base + t);
+        let with_parts = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}}],"prediction":{{"type":"content","content":[{{"type":"text","text":"{code}"}},{{"type":"text","text":"{code}"}}]}}}}"#
+            ),
+        );
+        assert_eq!(with_parts.prompt_tokens, base + 2 * t);
+        let null = ok(
+            ApiKind::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":"hi"}],"prediction":null}"#,
+        );
+        assert_eq!(null.prompt_tokens, base);
+        assert_eq!(
+            est(ApiKind::ChatCompletions, r#"{"prediction":"x"}"#),
+            Err(EstimateError::BadField("prediction"))
+        );
+        assert_eq!(
+            est(
+                ApiKind::ChatCompletions,
+                r#"{"prediction":{"type":"content","content":5}}"#
+            ),
+            Err(EstimateError::BadField("prediction.content"))
+        );
+        // Assistant refusals: the message field and refusal content parts.
+        let refusal = "I can't help with that request.";
+        let r = text_tokens(refusal);
+        let msg = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":null,"refusal":"{refusal}"}}]}}"#
+            ),
+        );
+        assert_eq!(msg.prompt_tokens, base + MESSAGE_OVERHEAD + r);
+        let part = ok(
+            ApiKind::ChatCompletions,
+            &format!(
+                r#"{{"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":[{{"type":"refusal","refusal":"{refusal}"}}]}}]}}"#
+            ),
+        );
+        assert_eq!(part.prompt_tokens, base + MESSAGE_OVERHEAD + r);
+    }
+
+    #[test]
+    fn audio_and_file_parts_have_a_documented_size_based_or_fixed_cost() {
+        let base = ok(
+            ApiKind::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":[]}]}"#,
+        )
+        .prompt_tokens;
+        let with = |part: &str| {
+            ok(
+                ApiKind::ChatCompletions,
+                &format!(r#"{{"messages":[{{"role":"user","content":[{part}]}}]}}"#),
+            )
+            .prompt_tokens
+                - base
+        };
+        let b64 = "A".repeat(10 * 1024);
+        assert_eq!(
+            with(&format!(
+                r#"{{"type":"input_audio","input_audio":{{"data":"{b64}","format":"mp3"}}}}"#
+            )),
+            10 * AUDIO_TOKENS_PER_KB
+        );
+        assert_eq!(
+            with(&format!(
+                r#"{{"type":"input_audio","input_audio":{{"format":"wav","data":"{b64}"}}}}"#
+            )),
+            10 * AUDIO_WAV_TOKENS_PER_KB
+        );
+        assert_eq!(
+            with(r#"{"type":"input_audio","input_audio":{"data":"QUJD"}}"#),
+            1
+        );
+        assert_eq!(
+            with(&format!(
+                r#"{{"type":"file","file":{{"filename":"a.pdf","file_data":"data:application/pdf;base64,{b64}"}}}}"#
+            )),
+            per_kb(10 * 1024 + 28, FILE_TOKENS_PER_KB)
+        );
+        assert_eq!(
+            with(r#"{"type":"file","file":{"file_id":"file-abc123"}}"#),
+            FILE_ID_TOKENS
+        );
+        // Responses `input_file` parts carry the fields directly.
+        let responses = |part: &str| {
+            ok(
+                ApiKind::Responses,
+                &format!(r#"{{"input":[{{"role":"user","content":[{part}]}}]}}"#),
+            )
+            .prompt_tokens
+        };
+        let empty = responses("");
+        assert_eq!(
+            responses(r#"{"type":"input_file","file_id":"file-abc123"}"#) - empty,
+            FILE_ID_TOKENS
+        );
+        assert_eq!(
+            responses(&format!(
+                r#"{{"type":"input_file","filename":"a.pdf","file_data":"{b64}"}}"#
+            )) - empty,
+            10 * FILE_TOKENS_PER_KB
+        );
+        // Odd shapes are 0, never an error.
+        assert_eq!(with(r#"{"type":"input_audio","input_audio":"x"}"#), 0);
+        assert_eq!(with(r#"{"type":"file","file":7}"#), 0);
     }
 
     #[test]
@@ -3288,6 +3870,24 @@ mod tests {
         in_range("Ça coûte très cher, mais c'est délicieux à Genève.", 9, 16); // 12
         in_range("1234567 3.14159", 6, 10); // 8
         in_range("😀🎉👍", 3, 7); // 6
+    }
+
+    #[test]
+    fn adversarial_runs_are_not_estimated_far_below_o200k() {
+        // o200k_base counts in comments; the estimate may be a little over, never far under.
+        in_range(&"!?.,;:".repeat(500), 1700, 3000); // 2000
+        in_range(&"\n".repeat(3000), 160, 282); // 188
+        in_range(&" ".repeat(3000), 20, 40); // 24
+        in_range(&"\u{200b}".repeat(2000), 425, 750); // 500
+        in_range(
+            &"getHttpResponseHandlerFactoryInstance ".repeat(100),
+            510,
+            900,
+        ); // 600
+        in_range(&"áéíóúñçàèìòù".repeat(100), 1020, 1800); // 1200
+        in_range(&"жзкщфывапролдэюбьтимсчя".repeat(60), 765, 1350); // 901
+                                                                    // A repeated punctuation character is one token for many, as in o200k.
+        in_range(&"=".repeat(64), 1, 8); // 1
     }
 
     #[test]
@@ -3827,6 +4427,16 @@ mod tests {
             "—",
             "“",
             "Ж",
+            "!?.,;:",
+            "!!!!!",
+            "})));",
+            "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n",
+            "\n\n\n\n\n\n\n\n",
+            "Q2hlY2sgdGhp+/",
+            "9k",
+            "Lm",
+            "getHttpResponse",
+            "\u{200b}",
         ];
         let mut x = 0x2545_F491_4F6C_DD1D;
         for round in 0..30_000 {
@@ -4112,6 +4722,6 @@ mod tests {
                 eat(text_tokens(&s));
             }
         }
-        assert_eq!((lines, hash), (384, 0x2de4_2fed_c324_b4a1));
+        assert_eq!((lines, hash), (768, 0x63a7_1709_ea5e_8845));
     }
 }

@@ -142,17 +142,19 @@ fn word(src: &[u8; WINDOW], k: usize) -> u64 {
 pub(super) struct Tally {
     /// Punctuation, its runs, newline runs, other control characters, upper-case letters, spaces
     /// before digits, space runs, words after one punctuation character; then words of at least 1,
-    /// 2, …, 9 and 11 letters.
-    n: [u64; 18],
+    /// 2, …, 9 and 11 letters; camelCase humps, letter/digit switches.
+    n: [u64; 20],
     long_letters: u64,
     caps_letters: u64,
     digit_groups: u64,
+    punct_mix: u64,
+    newline_16: u64,
 }
 
 impl Tally {
     /// Adds the counts to `f`.
     pub(super) fn add_to(&self, f: &mut Counts) {
-        let [punct, runs, newlines, controls, uppers, before_digit, space_runs, punct_words, w1, w2, w3, w4, w5, w6, w7, w8, w9, w11] =
+        let [punct, runs, newlines, controls, uppers, before_digit, space_runs, punct_words, w1, w2, w3, w4, w5, w6, w7, w8, w9, w11, humps, switches] =
             self.n;
         bump(f, feature::PUNCT, punct);
         bump(f, feature::PUNCT_RUNS, runs);
@@ -176,6 +178,10 @@ impl Tally {
         bump(f, feature::WORD_LONG_CHARS, self.long_letters);
         bump(f, feature::CAPS_WORD_CHARS, self.caps_letters);
         bump(f, feature::DIGIT_GROUPS, self.digit_groups);
+        bump(f, feature::HUMP, humps);
+        bump(f, feature::ALNUM_SWITCH, switches);
+        bump(f, feature::PUNCT_MIX, self.punct_mix);
+        bump(f, feature::NEWLINE_16, self.newline_16);
     }
 }
 
@@ -263,7 +269,18 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         }
     }
     let len = rest.len().min(WINDOW);
-    match count(&planes, len, len == rest.len(), after_punct, t) {
+    // The class of the byte before the window, as far as the first piece cares.
+    let before = i
+        .checked_sub(1)
+        .and_then(|k| bytes.get(k))
+        .copied()
+        .unwrap_or(0);
+    let before = Before {
+        after_punct,
+        letter: before.is_ascii_alphabetic(),
+        digit: before.is_ascii_digit(),
+    };
+    match count(&planes, src, len, len == rest.len(), before, t) {
         Some((end, single, prose)) => Step::Counted {
             next: i + end,
             after_punct: single,
@@ -271,6 +288,19 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         },
         None => declined,
     }
+}
+
+/// How many of the bytes of `src` at the bits of `at` (none at bit 0) differ from the byte before.
+#[inline(never)]
+fn mixed(src: &[u8; WINDOW], mut at: u64) -> u64 {
+    let mut n = 0;
+    while at != 0 {
+        let k = at.trailing_zeros() as usize;
+        at &= at - 1;
+        let pair = src.get(k.wrapping_sub(1)..=k);
+        n += u64::from(pair.is_some_and(|p| p.first() != p.get(1)));
+    }
+    n
 }
 
 /// Whether `bytes` looks mostly ASCII: at most one of eight words spread over it has a byte that is
@@ -290,15 +320,32 @@ pub(super) fn mostly(bytes: &[u8]) -> bool {
     high <= 1
 }
 
-/// The counting part of [`window`], on the classes of its first `len` bytes.
+/// What the piece before a window was, as far as the window's first piece cares.
+#[derive(Clone, Copy)]
+struct Before {
+    /// A single punctuation character.
+    after_punct: bool,
+    /// Its last byte is an ASCII letter.
+    letter: bool,
+    /// Its last byte is an ASCII digit.
+    digit: bool,
+}
+
+/// The counting part of [`window`], on the classes of its first `len` bytes (of `src`).
 #[inline(always)]
 fn count(
     planes: &Planes,
+    src: &[u8; WINDOW],
     len: usize,
     end_of_text: bool,
-    after_punct: bool,
+    before: Before,
     t: &mut Tally,
 ) -> Option<(usize, bool, bool)> {
+    let Before {
+        after_punct,
+        letter: letter_before,
+        digit: digit_before,
+    } = before;
     let valid = u64::MAX >> (WINDOW - len);
     let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
     let lower = p0 & !p1 & !p2;
@@ -346,6 +393,9 @@ fn count(
         r &= go_on >> (k + 1);
     }
     let [r1, r2, r3, r4, r5, r6, r7, r8, r9, _, r11] = at_least;
+    // Letters and digits before each byte (bit 0: the byte before the window).
+    let letter_prev = (letter << 1) | u64::from(letter_before);
+    let digit_prev = (digit << 1) | u64::from(digit_before);
     // In the order of `Tally::n`.
     let masks = [
         punct & counted,
@@ -366,9 +416,11 @@ fn count(
         r8,
         r9,
         r11,
+        word_start & letter_prev & counted,
+        ((word_start & digit_prev) | (digit_start & letter_prev)) & counted,
     ];
     // Population counts of all the masks at once (compilers vectorize this).
-    let mut n = [0u64; 18];
+    let mut n = [0u64; 20];
     for (c, m) in n.iter_mut().zip(masks) {
         *c = u64::from(m.count_ones());
     }
@@ -407,6 +459,23 @@ fn count(
             groups += n.div_ceil(3);
         }
         t.digit_groups += groups;
+    }
+
+    // Mixed punctuation runs: characters from the fourth of a run on that differ from the one before.
+    let deep = punct & (punct << 1) & (punct << 2) & (punct << 3) & counted;
+    if deep != 0 {
+        t.punct_mix += mixed(src, deep);
+    }
+    // Newline runs of 16 or more: bit `k` of `long` is set iff bytes `k..k + 16` are line breaks.
+    let mut long = newline & (newline >> 1);
+    long &= long >> 2;
+    long &= long >> 4;
+    long &= long >> 8;
+    let mut long_starts = long & newline_start & counted;
+    while long_starts != 0 {
+        let first = long_starts.trailing_zeros();
+        long_starts &= long_starts - 1;
+        t.newline_16 += u64::from((newline >> first).trailing_ones() / 16);
     }
 
     // Whether the piece before `end` is a single punctuation character.
