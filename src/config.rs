@@ -323,6 +323,9 @@ pub struct Config {
     pub max_tenants: u32,
     /// CAS retries for one shared-data update.
     pub cas_max_retries: u32,
+    /// Whether responses are read (breaker stream ends, quota settlements, `refund_unused`): metered
+    /// requests then ask the provider for an uncompressed answer.
+    pub reads_responses: bool,
     /// Policy when a bucket update fails.
     pub on_store_error: StoreFailure,
     /// Circuit breaker, when configured.
@@ -1417,7 +1420,10 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let reads_responses =
+        breaker.is_some() || quota.is_some() || rules.iter().any(|r| r.refund_unused);
     Ok(Config {
+        reads_responses,
         quota,
         global,
         breaker,

@@ -1358,7 +1358,7 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         self.phase = Phase::Metering;
-        if h("accept-encoding").is_some() && reads_responses(&cfg) {
+        if cfg.reads_responses && h("accept-encoding").is_some() {
             // The filter reads the response (usage for settlements and refunds, the end of SSE
             // streams for the breaker): ask the provider for it uncompressed. A compressor filter
             // placed before tokengate still compresses for the client.
@@ -1854,9 +1854,4 @@ impl Http {
             "tokengate_too_large",
         )
     }
-}
-
-/// Whether responses are read for this configuration (breaker stream ends, quota settlements, refunds).
-fn reads_responses(cfg: &Config) -> bool {
-    cfg.breaker.is_some() || cfg.quota.is_some() || cfg.rules.iter().any(|r| r.refund_unused)
 }
