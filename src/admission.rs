@@ -352,14 +352,7 @@ pub fn credit(
     amount: u64,
     now_ns: u64,
 ) -> Result<(), UpdateError> {
-    if amount == 0 {
-        return Ok(());
-    }
-    let init = BucketState::full(&rule.params, now_ns);
-    store::update(store, key, cfg.cas_max_retries, &init, |s| {
-        ((), Some(bucket::credit(s, &rule.params, amount, now_ns)))
-    })
-    .map(|_| ())
+    adjust(store, cfg, rule, key, amount, now_ns, bucket::credit)
 }
 
 /// Takes `amount` more tokens from the bucket at `key` (usage above the charge, `refund_unused`).
@@ -371,12 +364,25 @@ pub fn debit(
     amount: u64,
     now_ns: u64,
 ) -> Result<(), UpdateError> {
+    adjust(store, cfg, rule, key, amount, now_ns, bucket::debit)
+}
+
+/// One CAS update of the bucket at `key` with `f` (credit or debit); nothing for 0 tokens.
+fn adjust(
+    store: &dyn SharedStore,
+    cfg: &Config,
+    rule: &Rule,
+    key: &str,
+    amount: u64,
+    now_ns: u64,
+    f: fn(&BucketState, &crate::bucket::BucketParams, u64, u64) -> BucketState,
+) -> Result<(), UpdateError> {
     if amount == 0 {
         return Ok(());
     }
     let init = BucketState::full(&rule.params, now_ns);
     store::update(store, key, cfg.cas_max_retries, &init, |s| {
-        ((), Some(bucket::debit(s, &rule.params, amount, now_ns)))
+        ((), Some(f(s, &rule.params, amount, now_ns)))
     })
     .map(|_| ())
 }
