@@ -352,10 +352,11 @@ pub fn credit(
     amount: u64,
     now_ns: u64,
 ) -> Result<(), UpdateError> {
-    adjust(store, cfg, rule, key, amount, now_ns, bucket::credit)
+    adjust(store, cfg, rule, key, amount, now_ns, bucket::credit).map(|_| ())
 }
 
 /// Takes `amount` more tokens from the bucket at `key` (usage above the charge, `refund_unused`).
+/// Returns the tokens really taken (the debt stops one burst deep).
 pub fn debit(
     store: &dyn SharedStore,
     cfg: &Config,
@@ -363,11 +364,12 @@ pub fn debit(
     key: &str,
     amount: u64,
     now_ns: u64,
-) -> Result<(), UpdateError> {
+) -> Result<u64, UpdateError> {
     adjust(store, cfg, rule, key, amount, now_ns, bucket::debit)
 }
 
-/// One CAS update of the bucket at `key` with `f` (credit or debit); nothing for 0 tokens.
+/// One CAS update of the bucket at `key` with `f` (credit or debit); nothing for 0 tokens. Returns
+/// how many tokens the balance really moved.
 fn adjust(
     store: &dyn SharedStore,
     cfg: &Config,
@@ -376,15 +378,17 @@ fn adjust(
     amount: u64,
     now_ns: u64,
     f: fn(&BucketState, &crate::bucket::BucketParams, u64, u64) -> BucketState,
-) -> Result<(), UpdateError> {
+) -> Result<u64, UpdateError> {
     if amount == 0 {
-        return Ok(());
+        return Ok(0);
     }
     let init = BucketState::full(&rule.params, now_ns);
     store::update(store, key, cfg.cas_max_retries, &init, |s| {
-        ((), Some(f(s, &rule.params, amount, now_ns)))
+        let next = f(s, &rule.params, amount, now_ns);
+        let moved = (s.refilled(&rule.params, now_ns).tokens - next.tokens).abs();
+        (moved.round() as u64, Some(next))
     })
-    .map(|_| ())
+    .map(|(moved, _)| moved)
 }
 
 #[cfg(test)]

@@ -408,7 +408,14 @@ local function apply(k, v)
   return n
 end
 if ARGV[5] ~= '-' and redis.call('TYPE', KEYS[4]).ok == 'string' then
-  if string.match(redis.call('GET', KEYS[4]), '^2 %w+ %d+ (%S+) ') == ARGV[5] then redis.call('DEL', KEYS[4]) end
+  local reps, rid = string.match(redis.call('GET', KEYS[4]), '^2 %w+ (%d+) (%S+) ')
+  if rid == ARGV[5] then
+    redis.call('DEL', KEYS[4])
+    -- Repeats served free while this request ran are not duplicates of a charge any more: each is
+    -- charged what this request had reserved (the refund, -d).
+    local n = tonumber(reps) or 0
+    if n > 0 and d < 0 then d = d - d * n end
+  end
 end
 u = apply(KEYS[1], u)
 if hasm then m = apply(KEYS[2], m) end
@@ -417,7 +424,7 @@ return {1, u, m}
 "#;
 
 /// SHA-1 of [`SETTLE_SCRIPT`] (checked against a real Redis in the tests).
-pub const SETTLE_SHA1: &str = "22a068c9b9ea9b6c5bdc1bada7521e982a186731";
+pub const SETTLE_SHA1: &str = "34278f8aedf5b221a2a88fbd47c57ff11bc6e792";
 
 /// The reconciliation script, for a request whose reservation outcome is unknown (the callout timed out
 /// or answered garbage): charges `actual` minus whatever this request had reserved (0 if the
@@ -446,7 +453,13 @@ local function apply(k, v)
   return n
 end
 if ARGV[5] ~= '-' and redis.call('TYPE', KEYS[5]).ok == 'string' then
-  if string.match(redis.call('GET', KEYS[5]), '^2 %w+ %d+ (%S+) ') == ARGV[5] then redis.call('DEL', KEYS[5]) end
+  local reps, rid = string.match(redis.call('GET', KEYS[5]), '^2 %w+ (%d+) (%S+) ')
+  if rid == ARGV[5] then
+    redis.call('DEL', KEYS[5])
+    -- Free repeats of a request that charged nothing: each is charged this request's reservation.
+    local n = tonumber(reps) or 0
+    if n > 0 then d = d + n * r end
+  end
 end
 if d ~= 0 then
   u = apply(KEYS[1], u)
@@ -458,7 +471,7 @@ return {1, u, m}
 "#;
 
 /// SHA-1 of [`RECONCILE_SCRIPT`].
-pub const RECONCILE_SHA1: &str = "f0ed2b75cc84892d2ea871ca1577c4e7faa25ae3";
+pub const RECONCILE_SHA1: &str = "70db30e5eae05f70de28a993586dfe76e0418fe7";
 
 /// Several settlements of ONE tenant in one call (their keys share the tenant's hash tag, so the batch
 /// stays on one Redis Cluster slot). Same rules as [`SETTLE_SCRIPT`] per entry.
@@ -488,7 +501,12 @@ for i = 0, n - 1 do
       redis.call('EXPIREAT', k, exp)
     end
     if rel ~= '-' and redis.call('TYPE', ki).ok == 'string' then
-      if string.match(redis.call('GET', ki), '^2 %w+ %d+ (%S+) ') == rel then redis.call('DEL', ki) end
+      local reps, rid = string.match(redis.call('GET', ki), '^2 %w+ (%d+) (%S+) ')
+      if rid == rel then
+        redis.call('DEL', ki)
+        local nr = tonumber(reps) or 0
+        if nr > 0 and d < 0 then d = d - d * nr end
+      end
     end
     apply(ku, u)
     if hasm then apply(km, m) end
@@ -500,7 +518,7 @@ return out
 "#;
 
 /// SHA-1 of [`SETTLE_BATCH_SCRIPT`] (checked against a real Redis in the tests).
-pub const SETTLE_BATCH_SHA1: &str = "a499883cd6cbe86f43201cbc486c894bce488972";
+pub const SETTLE_BATCH_SHA1: &str = "f9e36c33b8a7c589e1dedfe85ba6d32940ba12a4";
 
 /// How the host names the script to Webdis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2310,6 +2328,46 @@ pub(crate) mod live {
             assert_eq!(r.used_after, 150 + 150 * i);
         }
         assert_eq!(st.cli(&["GET", &a.keys().idem]), rec);
+    }
+
+    #[test]
+    fn free_repeats_of_a_request_that_is_then_refunded_are_charged() {
+        let Some(st) = Stack::start() else { return };
+        // Two free repeats are served while the first request runs; then it fails (full refund).
+        let a = idem_args("R", "req-1", 0xaaaa);
+        let k = a.keys();
+        reserve(&st, &a).unwrap();
+        for rid in ["req-2", "req-3"] {
+            let dup = reserve(&st, &idem_args("R", rid, 0xaaaa)).unwrap();
+            assert!(dup.duplicate);
+        }
+        assert_eq!(st.cli(&["GET", &k.used_total]), "150");
+        assert!(settle(&st, &full_refund(&a, 150)).unwrap().applied);
+        // The two repeats were served: each is charged the first one's reservation.
+        assert_eq!(st.cli(&["GET", &k.used_total]), "300");
+        assert_eq!(st.cli(&["EXISTS", &k.idem]), "0");
+        // The same through the batch script and through a reconciliation.
+        let b = idem_args("S", "s-1", 0xaaaa);
+        reserve(&st, &b).unwrap();
+        reserve(&st, &idem_args("S", "s-2", 0xaaaa)).unwrap();
+        let (status, body) = st.post(&settle_batch_request(
+            &[&full_refund(&b, 150)],
+            ScriptCall::Eval,
+        ));
+        assert_eq!(parse_settle_batch_reply(status, &body, 1).unwrap(), [1]);
+        assert_eq!(st.cli(&["GET", &b.keys().used_total]), "450");
+        let c = idem_args("T", "t-1", 0xaaaa);
+        reserve(&st, &c).unwrap();
+        reserve(&st, &idem_args("T", "t-2", 0xaaaa)).unwrap();
+        let rec = ReconcileArgs {
+            keys: c.keys(),
+            actual: 0,
+            expire_at_unix: c.expire_at_unix,
+            marker_ttl_s: 60,
+        };
+        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
+        assert!(parse_settle_reply(status, &body).unwrap().applied);
+        assert_eq!(st.cli(&["GET", &c.keys().used_total]), "600");
     }
 
     #[test]

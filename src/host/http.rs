@@ -1714,7 +1714,8 @@ impl Http {
         if global {
             // Sent by the root's tick (counted in tokengate_global_tokens_credited / _debited when
             // Redis takes it).
-            global_host::enqueue_credit(key, idx, amount);
+            let span = i64::try_from((rule.params.burst * 2.0).ceil() as u64).unwrap_or(i64::MAX);
+            global_host::enqueue_credit(key, idx, amount.clamp(-span, span));
         } else if amount > 0 {
             let amount = amount.unsigned_abs();
             if admission::credit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
@@ -1722,8 +1723,9 @@ impl Http {
             }
         } else {
             let amount = amount.unsigned_abs();
-            if admission::debit(&HostStore, &cfg, rule, &key, amount, now_ns()).is_ok() {
-                metrics::add(m.tokens_debited, amount);
+            if let Ok(taken) = admission::debit(&HostStore, &cfg, rule, &key, amount, now_ns()) {
+                // What the bucket really lost (its debt stops one burst deep).
+                metrics::add(m.tokens_debited, taken);
             }
         }
     }
