@@ -119,7 +119,8 @@ fn planes_common(x: u64, other: &mut u64) -> [u64; 3] {
     let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
     let low = !at_least(x, b'!');
     let not_lf = not(b'\n');
-    *other |= ((low & not(b' ') & not_lf) | at_least(x, 0x7F)) & HI;
+    // Below 0x21 but neither a space nor LF is below 0x20 and not LF.
+    *other |= ((!at_least(x, b' ') & not_lf) | at_least(x, 0x7F)) & HI;
     [
         (lower | digit | !not_lf) & HI,
         (upper | digit) & HI,
@@ -238,8 +239,26 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
             (&buf, rest.len().div_ceil(8))
         }
     };
-    let high = (0..words).fold(0, |h, k| h | (word(src, k) & HI));
-    if high != 0 {
+    // Classified first, the window's high bits gathered on the way (a window declined here is rare:
+    // most are declined on their first 16 bytes above).
+    let mut high = 0u64;
+    let mut planes = Planes::default();
+    let mut other = 0u64;
+    if words == 8 {
+        // Straight-line code: the compiler unrolls a loop of known length.
+        for k in 0..8 {
+            let x = word(src, k);
+            high |= x;
+            planes.add_common(x, k, &mut other);
+        }
+    } else {
+        for k in 0..words {
+            let x = word(src, k);
+            high |= x;
+            planes.add_common(x, k, &mut other);
+        }
+    }
+    if high & HI != 0 {
         let first = (0..words)
             .map(|k| word(src, k) & HI)
             .position(|h| h != 0)
@@ -248,18 +267,6 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         return Step::Declined {
             until: i + 8 * first + (h.trailing_zeros() / 8) as usize + WINDOW,
         };
-    }
-    let mut planes = Planes::default();
-    let mut other = 0u64;
-    if words == 8 {
-        // Straight-line code: the compiler unrolls a loop of known length.
-        for k in 0..8 {
-            planes.add_common(word(src, k), k, &mut other);
-        }
-    } else {
-        for k in 0..words {
-            planes.add_common(word(src, k), k, &mut other);
-        }
     }
     if other != 0 {
         // Tabs, CRs, other control characters or DEL (perhaps past the end of the text).
