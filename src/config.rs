@@ -591,6 +591,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
     )?;
     let mut model_limits = Vec::new();
     for (m, v) in raw.model_limits {
+        exact_model(&format!("quota.model_limits.{m}"), &m)?;
         model_limits.push((m.clone(), limit(format!("quota.model_limits.{m}"), v)?));
     }
     let default = TenantQuota {
@@ -613,6 +614,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         }
         let mut ml = default.model_limits.clone();
         for (m, v) in q.model_limits {
+            exact_model(&format!("quota.tenants.{t}.model_limits.{m}"), &m)?;
             let v = limit(format!("quota.tenants.{t}.model_limits.{m}"), v)?;
             ml.retain(|(x, _)| x != &m);
             ml.push((m, v));
@@ -634,6 +636,7 @@ fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
     }
     let mut weights = Vec::new();
     for (m, w) in raw.weights {
+        exact_model(&format!("quota.weights.{m}"), &m)?;
         let wt = Weights {
             input: w.input.unwrap_or(1.0),
             output: w.output.unwrap_or(1.0),
@@ -815,6 +818,16 @@ fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
                 "needs a non-empty source, a different non-empty cluster and a route value",
             ));
         }
+        if !f
+            .route
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..0x7F).contains(&b))
+        {
+            return Err(err(
+                format!("breaker.cluster_fallbacks.{from}.route"),
+                "must be a valid header value (visible ASCII, spaces and tabs)",
+            ));
+        }
         cluster_fallbacks.push(ClusterFallback {
             from,
             to: f.cluster,
@@ -829,6 +842,8 @@ fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
                 "needs a non-empty, different target model",
             ));
         }
+        exact_model(&format!("breaker.model_fallbacks.{from}"), &from)?;
+        exact_model(&format!("breaker.model_fallbacks.{from}"), &to)?;
         model_fallbacks.push((from, to));
     }
     let max_fallback_hops = in_range(
@@ -885,6 +900,18 @@ struct RawRule {
     max_wait_ms: Option<u64>,
     refund_unused: Option<bool>,
     global: Option<bool>,
+}
+
+/// Keys that name one model (quota limits and weights, model fallbacks): a `*` there would be taken
+/// literally and never match, so it is refused.
+fn exact_model(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.contains('*') {
+        return Err(err(
+            field,
+            format!("'{name}' must be an exact model name here ('*' patterns are only for rules[].model and models)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Default header giving the model in the headers phase.
@@ -1451,6 +1478,31 @@ mod tests {
     }
 
     const MIN: &str = r#"{"rules":[{"tokens_per_second":10,"burst":100}]}"#;
+
+    #[test]
+    fn exact_model_keys_and_route_values_are_checked() {
+        let r = r#""rules":[{"tokens_per_second":10,"burst":100}]"#;
+        let e = parse_str(&format!(
+            r#"{{{r},"quota":{{"cluster":"w","monthly_limit":10,"weights":{{"gpt-4*":{{"output":2}}}}}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "quota.weights.gpt-4*");
+        let e = parse_str(&format!(
+            r#"{{{r},"quota":{{"cluster":"w","monthly_limit":10,"model_limits":{{"a*":1}}}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "quota.model_limits.a*");
+        let e = parse_str(&format!(
+            r#"{{{r},"breaker":{{"model_fallbacks":{{"a":"b*"}}}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "breaker.model_fallbacks.a");
+        let e = parse_str(&format!(
+            r#"{{{r},"breaker":{{"cluster_fallbacks":{{"a":{{"cluster":"b","route":"x\r\ny"}}}}}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "breaker.cluster_fallbacks.a.route");
+    }
 
     #[test]
     fn one_cluster_has_one_shim_breaker() {

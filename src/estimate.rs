@@ -104,6 +104,14 @@ pub enum ApiKind {
     AnthropicMessages,
 }
 
+/// OpenAI Assistants' `…/threads/<thread id>/messages` (stores a message, bills nothing).
+fn is_thread_messages(path: &str) -> bool {
+    let mut rev = path.rsplit('/');
+    let _messages = rev.next();
+    let _thread_id = rev.next();
+    rev.next() == Some("threads")
+}
+
 impl ApiKind {
     /// From the request path (query string ignored); suffix match: "/chat/completions", "/completions",
     /// "/embeddings", "/responses", "/messages". None for anything else.
@@ -117,7 +125,7 @@ impl ApiKind {
             Some(ApiKind::Embeddings)
         } else if path.ends_with("/responses") {
             Some(ApiKind::Responses)
-        } else if path.ends_with("/messages") && !path.contains("/threads/") {
+        } else if path.ends_with("/messages") && !is_thread_messages(path) {
             // Not OpenAI Assistants' `/v1/threads/{id}/messages`, which stores a message and bills
             // nothing.
             Some(ApiKind::AnthropicMessages)
@@ -504,6 +512,8 @@ enum Key {
     File,
     FileData,
     FileId,
+    Title,
+    Context,
     Other,
 }
 
@@ -548,6 +558,8 @@ impl Key {
             b"file_data" => Key::FileData,
             b"file_id" => Key::FileId,
             b"format" => Key::Format,
+            b"title" => Key::Title,
+            b"context" => Key::Context,
             _ => Key::Other,
         }
     }
@@ -576,7 +588,8 @@ impl Tag {
             "text" => Tag::Text,
             "image_url" | "input_image" | "image" => Tag::Image,
             "tool_use" | "server_tool_use" => Tag::ToolUse,
-            "tool_result" => Tag::ToolResult,
+            // Anthropic search results: their content blocks, like a tool result's.
+            "tool_result" | "search_result" => Tag::ToolResult,
             "thinking" => Tag::Thinking,
             "document" => Tag::Document,
             "input_audio" => Tag::Audio,
@@ -1275,6 +1288,8 @@ impl<'de> Shape<'de> for Part {
         let mut file = None;
         let mut file_data = None;
         let mut file_id = false;
+        let mut title = 0;
+        let mut context = 0;
         let Part { depth, raw } = self;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -1284,13 +1299,15 @@ impl<'de> Shape<'de> for Part {
                 Key::Thinking => thinking = read_text(&mut a, raw, Str)?,
                 Key::Input => input = Some(json_tokens(&a.next_value::<Value>()?)),
                 Key::Content => content = read_text(&mut a, raw, ToolResultContent { depth, raw })?,
-                Key::Source => source = value(&mut a, Source)?,
+                Key::Source => source = value(&mut a, Source { depth, raw })?,
                 Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
                 Key::InputAudio => audio = value(&mut a, Audio)?,
                 Key::File => file = value(&mut a, FilePart)?,
                 // Responses `input_file` parts carry these directly.
                 Key::FileData => file_data = value(&mut a, Len)?,
                 Key::FileId => file_id = value(&mut a, Len)?.is_some(),
+                Key::Title => title = read_text(&mut a, raw, Str)?.unwrap_or(0),
+                Key::Context => context = read_text(&mut a, raw, Str)?.unwrap_or(0),
                 _ => value(&mut a, Ignore)?,
             }
         }
@@ -1304,10 +1321,13 @@ impl<'de> Shape<'de> for Part {
             // Anthropic tool result: content is a string or blocks.
             Tag::ToolResult => content.saturating_add(3),
             Tag::Thinking => thinking.unwrap_or(0),
-            Tag::Document => match source {
-                Some((true, data)) => data.as_deref().map_or(0, text_tokens),
-                _ => text.unwrap_or(0),
-            },
+            // Anthropic documents (and the title and context sent with them).
+            Tag::Document => source
+                .as_ref()
+                .map_or(0, SourceParts::tokens)
+                .saturating_add(text.unwrap_or(0))
+                .saturating_add(title)
+                .saturating_add(context),
             Tag::Audio => audio.unwrap_or(0),
             Tag::File => file.unwrap_or_else(|| file_tokens(file_data, file_id)),
             Tag::Refusal => refusal.unwrap_or(0),
@@ -1476,24 +1496,69 @@ impl<'de> Shape<'de> for ToolResultContent {
 
 /// A document `source`: whether its `type` is "text", and its `data` string (kept, not yet counted).
 #[derive(Clone, Copy)]
-struct Source;
+struct Source {
+    depth: usize,
+    /// The fast walk (see [`Top::raw`]).
+    raw: bool,
+}
+
+/// What a document `source` holds, costed once its `type` is known (it may come last).
+struct SourceParts<'de> {
+    /// `type`, when a string.
+    ty: Option<Cow<'de, str>>,
+    /// `data` (text, or base64), kept until the type is known.
+    data: Option<Cow<'de, str>>,
+    /// Tokens of `content` (a `content` source: a string or text blocks).
+    content: u64,
+}
+
+impl<'de> SourceParts<'de> {
+    /// Tokens of the document: its text; base64 (PDF) by size like a file; a `url` or `file` source
+    /// (not seen by the filter) like a file id; blocks of a `content` source by their text.
+    fn tokens(&self) -> u64 {
+        let data_len = self.data.as_deref().map(|d| d.len() as u64);
+        match self.ty.as_deref() {
+            Some("text") => self.data.as_deref().map_or(0, text_tokens),
+            Some("base64") => file_tokens(data_len, false),
+            Some("url" | "file") => FILE_ID_TOKENS,
+            Some("content") => self.content,
+            _ => self
+                .content
+                .max(data_len.map_or(0, |l| per_kb(l, FILE_TOKENS_PER_KB))),
+        }
+    }
+}
 
 impl<'de> Shape<'de> for Source {
-    type Out = Option<(bool, Option<Cow<'de, str>>)>;
+    type Out = Option<SourceParts<'de>>;
     fn other(self) -> Self::Out {
         None
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Out, A::Error> {
-        let mut is_text = false;
-        let mut data = None;
+        let mut parts = SourceParts {
+            ty: None,
+            data: None,
+            content: 0,
+        };
+        let Source { depth, raw } = self;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
-                Key::Type => is_text = value(&mut a, TypeTag)? == Tag::Text,
-                Key::Data => data = value(&mut a, KeepStr)?,
+                Key::Type => parts.ty = value(&mut a, KeepStr)?,
+                Key::Data => parts.data = value(&mut a, KeepStr)?,
+                Key::Content => {
+                    parts.content = read_text(
+                        &mut a,
+                        raw,
+                        ToolResultContent {
+                            depth: depth.saturating_add(1),
+                            raw,
+                        },
+                    )?
+                }
                 _ => value(&mut a, Ignore)?,
             }
         }
-        Ok(Some((is_text, data)))
+        Ok(Some(parts))
     }
 }
 
@@ -2711,8 +2776,30 @@ fn scan_non_ascii(bytes: &[u8], i: usize, f: &mut Counts, was_punct: bool) -> Op
     let cls = classify(cp);
     Some(match cls {
         Cls::LatinExt => scan_word(bytes, i, f, was_punct),
-        // Unicode spaces, line separators, punctuation and digits: one piece each.
-        Cls::Space => j,
+        // Unicode spaces, line separators, punctuation and digits: one piece each. A non-ASCII
+        // space is never merged into a word by o200k: the typographic ones (U+2000–U+200A, U+205F)
+        // are two tokens, no-break, narrow and ideographic spaces about one.
+        Cls::Space => {
+            // A run of the same space: o200k merges no-break and ideographic spaces (about 8 and
+            // 16 to a token), not the typographic or narrow ones (two and one token each).
+            let mut end = j;
+            let mut run = 1u64;
+            while let Some((next, m)) = decode(bytes, end) {
+                if next != cp {
+                    break;
+                }
+                end += m;
+                run += 1;
+            }
+            if (0x2000..=0x200A).contains(&cp) || cp == 0x205F {
+                bump(f, feature::SYMBOL, run);
+            } else if cp == 0xA0 || cp == 0x3000 {
+                bump(f, feature::PUNCT_RUNS, 1 + (run - 1) / 8);
+            } else {
+                bump(f, feature::PUNCT_RUNS, run);
+            }
+            end
+        }
         Cls::Newline => {
             bump(f, feature::NEWLINE_RUNS, 1);
             j
@@ -3247,6 +3334,10 @@ mod tests {
         );
         assert_eq!(ApiKind::from_path("/v1/models"), None);
         assert_eq!(ApiKind::from_path("/v1/threads/thread_abc/messages"), None);
+        assert_eq!(
+            ApiKind::from_path("/x/threads/y/z/v1/messages"),
+            Some(ApiKind::AnthropicMessages)
+        );
         assert_eq!(ApiKind::from_path("/v1/chat/completions/x"), None);
         assert_eq!(ApiKind::from_path(""), None);
         assert_eq!(ApiKind::ChatCompletions.as_str(), "chat_completions");
@@ -3873,12 +3964,60 @@ mod tests {
     }
 
     #[test]
+    fn anthropic_documents_and_search_results_are_counted() {
+        let base = MESSAGE_OVERHEAD + REPLY_PRIMER;
+        let doc = |block: serde_json::Value| {
+            let body = serde_json::json!({"model": "claude", "max_tokens": 1,
+                "messages": [{"role": "user", "content": [block]}]})
+            .to_string();
+            ok(ApiKind::AnthropicMessages, &body).prompt_tokens - base
+        };
+        let pdf = "A".repeat(400 * 1024);
+        assert_eq!(
+            doc(serde_json::json!({"type": "document",
+                "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}})),
+            400 * FILE_TOKENS_PER_KB
+        );
+        assert_eq!(
+            doc(serde_json::json!({"type": "document",
+                "source": {"type": "url", "url": "https://example.com/a.pdf"}})),
+            FILE_ID_TOKENS
+        );
+        assert_eq!(
+            doc(
+                serde_json::json!({"type": "document", "source": {"type": "file", "file_id": "f1"}})
+            ),
+            FILE_ID_TOKENS
+        );
+        let words = "The quarterly report shows revenue growth in every region.";
+        assert_eq!(
+            doc(
+                serde_json::json!({"type": "document", "title": "Report", "context": "Q3",
+                "source": {"type": "content", "content": [{"type": "text", "text": words}]}})
+            ),
+            text_tokens(words) + text_tokens("Report") + text_tokens("Q3")
+        );
+        assert!(
+            doc(
+                serde_json::json!({"type": "search_result", "source": "https://e.com", "title": "t",
+                "content": [{"type": "text", "text": words}]})
+            ) >= text_tokens(words)
+        );
+    }
+
+    #[test]
     fn adversarial_runs_are_not_estimated_far_below_o200k() {
         // o200k_base counts in comments; the estimate may be a little over, never far under.
         in_range(&"!?.,;:".repeat(500), 1700, 3000); // 2000
         in_range(&"\n".repeat(3000), 160, 282); // 188
         in_range(&" ".repeat(3000), 20, 40); // 24
         in_range(&"\u{200b}".repeat(2000), 425, 750); // 500
+        in_range(&"\u{2000}".repeat(1000), 1400, 2400); // 2000
+        in_range(&"word\u{2000}".repeat(500), 1200, 1800); // 1500
+        in_range(&"\u{a0}".repeat(1000), 100, 250); // 125
+        in_range(&"word\u{a0}".repeat(500), 850, 1200); // 1000
+        in_range(&"\u{202f}".repeat(1000), 850, 1200); // 1000
+        in_range(&"\u{3000}".repeat(1000), 55, 150); // 63
         in_range(
             &"getHttpResponseHandlerFactoryInstance ".repeat(100),
             510,
@@ -4722,6 +4861,6 @@ mod tests {
                 eat(text_tokens(&s));
             }
         }
-        assert_eq!((lines, hash), (768, 0x63a7_1709_ea5e_8845));
+        assert_eq!((lines, hash), (768, 0xeb58_f908_c8b7_e600));
     }
 }

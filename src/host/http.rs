@@ -1336,12 +1336,16 @@ impl HttpContext for Http {
                 let path = h(":path").unwrap_or_default();
                 // Query, fragment and `;` parameters are not part of the endpoint's name, and
                 // neither is case (an upstream that ignores it must not serve unmetered calls).
-                let path = path.split(['?', '#', ';']).next().unwrap_or(path);
-                let path = path.trim_end_matches('/');
-                if path.bytes().any(|b| b.is_ascii_uppercase()) {
-                    ApiKind::from_path(&path.to_ascii_lowercase())
+                let path = path.split(['?', '#']).next().unwrap_or(path);
+                if path.bytes().any(|b| b == b';' || b.is_ascii_uppercase()) {
+                    // `;` parameters of any segment dropped (`/v1/chat;a=b/completions`), case folded.
+                    let clean: Vec<String> = path
+                        .split('/')
+                        .map(|seg| seg.split(';').next().unwrap_or(seg).to_ascii_lowercase())
+                        .collect();
+                    ApiKind::from_path(clean.join("/").trim_end_matches('/'))
                 } else {
-                    ApiKind::from_path(path)
+                    ApiKind::from_path(path.trim_end_matches('/'))
                 }
             }
             _ => None,

@@ -248,6 +248,7 @@ fn other_spellings_of_an_llm_path_are_metered_too() {
         "/v1/chat%2fcompletions",
         "/v1/Chat/Completions",
         "/v1/chat/completions;x=1",
+        "/v1/chat;a=b/completions",
     ] {
         let r = http::post(
             envoy.port,

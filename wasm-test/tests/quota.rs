@@ -1396,8 +1396,10 @@ fn slow_webdis_times_out() {
     // The first two waited for the 50 ms callout timeout; once the breaker is open nothing waits for
     // it. Single latencies on a loaded 2-core machine jitter by tens of ms, so the later ones are
     // judged by their median and by the callout count (the black hole saw exactly two).
+    // (Envoy's timers run on its event loop's cached clock: a 50 ms timeout can fire a few ms before
+    // 50 ms of the client's clock have passed, so the bound allows for that.)
     assert!(
-        lat[0] >= Duration::from_millis(50) && lat[1] >= Duration::from_millis(50),
+        lat[0] >= Duration::from_millis(40) && lat[1] >= Duration::from_millis(40),
         "{lat:?}"
     );
     let mut later: Vec<Duration> = lat[2..].to_vec();
