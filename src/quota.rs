@@ -336,6 +336,9 @@ if win > 0 then
         if ttl < 1 then ttl = win * 1000 end
         redis.call('SET', KEYS[5], string.format('2 %s %d %s %s', pf, tonumber(pn) + 1, pr, pd), 'PX', ttl)
         r[6] = 1
+        -- The first decision, with today's usage (the headers must not show a stale remaining).
+        r[2] = tonumber(redis.call('GET', KEYS[1]) or '0') or r[2]
+        if hasm then r[4] = tonumber(redis.call('GET', KEYS[2]) or '0') or r[4] end
         return r
       end
     end
@@ -379,7 +382,7 @@ return r
 "#;
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "543bff925f769c6ca537f9be2c8e8b8285c26218";
+pub const RESERVE_SHA1: &str = "c58b7253819975f3abedd063a0f5ac55471232b8";
 
 /// The settlement script (once per request id).
 ///
@@ -2250,6 +2253,15 @@ pub(crate) mod live {
         assert!(st
             .cli(&["GET", &a.keys().idem])
             .starts_with("2 000000000000feed 1 req-1 "));
+        // A later repeat reports the usage as it is now (another request charged 150 meanwhile).
+        let mut other = base();
+        other.request_id = "req-x".into();
+        reserve(&st, &other).unwrap();
+        a.request_id = "req-3".into();
+        let third = reserve(&st, &a).unwrap();
+        assert!(third.duplicate);
+        assert_eq!(third.used_after, 300);
+        assert_eq!(third.limit, first.limit);
     }
 
     fn idem_args(key: &str, rid: &str, fingerprint: u64) -> ReserveArgs {
