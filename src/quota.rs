@@ -153,6 +153,15 @@ fn hex_digit(n: u8) -> char {
     char::from(HEX.get(usize::from(n & 0x0f)).copied().unwrap_or(b'0'))
 }
 
+/// [`sanitize`] without a copy when `raw` is already safe and short enough (the usual model name).
+pub fn sanitized(raw: &str) -> std::borrow::Cow<'_, str> {
+    if !raw.is_empty() && raw.len() <= MAX_PART_LEN && raw.bytes().all(is_key_safe) {
+        std::borrow::Cow::Borrowed(raw)
+    } else {
+        std::borrow::Cow::Owned(sanitize(raw))
+    }
+}
+
 /// Makes `raw` safe inside a key: `[A-Za-z0-9._:-]` kept, any other byte as `%XX` (so `{`, `}` and `%`
 /// can never appear raw and the hash tag stays the tenant). The result is at most [`MAX_PART_LEN`]
 /// bytes: a longer one keeps its first bytes and ends with `~` plus the FNV-1a-64 of the whole raw value
@@ -1309,6 +1318,20 @@ mod tests {
                 assert_eq!(month_of(end - 1, off), month_of(t, off));
             }
             t += 86_400 * 7 + 3_607;
+        }
+    }
+
+    #[test]
+    fn sanitized_borrows_exactly_when_sanitize_would_not_change_the_value() {
+        let long = "m".repeat(300);
+        for raw in ["gpt-4.1", "key:abc", "a b", "é", "", "x/y", long.as_str()] {
+            let s = sanitized(raw);
+            assert_eq!(s, sanitize(raw), "{raw}");
+            assert_eq!(
+                matches!(s, std::borrow::Cow::Borrowed(_)),
+                s == raw,
+                "{raw}"
+            );
         }
     }
 

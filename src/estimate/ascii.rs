@@ -85,13 +85,7 @@ fn planes(x: u64) -> [u64; 3] {
     let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
     // High bit clear iff the byte is `c`.
     let not = |c: u8| (x ^ (ONES * u64::from(c))).wrapping_add(ONES * 0x7F);
-    // Folding case (setting bit 5) maps exactly the letters onto `a..=z`; upper-case letters have bit
-    // 5 clear (`x << 2` moves it to bit 7).
-    let folded = x | (ONES * 0x20);
-    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
-    let lower = letter & (x << 2);
-    let upper = letter & !(x << 2);
-    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    let [lower, upper, digit] = letters_digits(x);
     let low = !at_least(x, b'!');
     let newline = !(not(b'\n') & not(b'\r'));
     let tab = !not(b'\t');
@@ -105,6 +99,19 @@ fn planes(x: u64) -> [u64; 3] {
     ]
 }
 
+/// Lower-case letters, upper-case letters and digits of an ASCII word (high bit of each byte; the same
+/// carry caveat as [`planes`]).
+#[inline(always)]
+fn letters_digits(x: u64) -> [u64; 3] {
+    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
+    // Folding case (setting bit 5) maps exactly the letters onto `a..=z`; upper-case letters have bit
+    // 5 clear (`x << 2` moves it to bit 7).
+    let folded = x | (ONES * 0x20);
+    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    [letter & (x << 2), letter & !(x << 2), digit]
+}
+
 /// [`planes`] for words whose only bytes below 0x21 are spaces and LFs (most text): cheaper, and
 /// `other` gets a high bit for each other byte below 0x21 and each DEL (then the window is classified
 /// again by [`planes`]).
@@ -112,11 +119,7 @@ fn planes(x: u64) -> [u64; 3] {
 fn planes_common(x: u64, other: &mut u64) -> [u64; 3] {
     let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
     let not = |c: u8| (x ^ (ONES * u64::from(c))).wrapping_add(ONES * 0x7F);
-    let folded = x | (ONES * 0x20);
-    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
-    let lower = letter & (x << 2);
-    let upper = letter & !(x << 2);
-    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    let [lower, upper, digit] = letters_digits(x);
     let low = !at_least(x, b'!');
     let not_lf = not(b'\n');
     // Below 0x21 but neither a space nor LF is below 0x20 and not LF.

@@ -395,11 +395,11 @@ impl Http {
         // The model comes from the client's body: written percent-encoded (bounded), so that it can
         // never add fields or lines to the access log.
         let model = if model.is_empty() {
-            "-".to_string()
+            std::borrow::Cow::Borrowed("-")
         } else {
-            crate::quota::sanitize(model)
+            crate::quota::sanitized(model)
         };
-        let model = model.as_str();
+        let model = model.as_ref();
         let estimated = reply::Dec::int(self.cost.unwrap_or(0));
         let mut rec = String::with_capacity(64 + tenant.len() + model.len());
         for part in [
