@@ -23,6 +23,7 @@ pub mod bucket;
 pub mod config;
 pub mod estimate;
 pub mod failover;
+pub mod flow;
 pub mod global;
 pub mod host;
 pub mod identity;

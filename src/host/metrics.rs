@@ -1,107 +1,29 @@
-//! Envoy stats defined by the filter. In `/stats` they show as `wasmcustom.<name>`, in
-//! `/stats/prometheus` as `<name>`.
+//! Envoy counters for every [`Metric`]: defined once per VM, in [`Metric::ALL`] order.
 
 use super::abi::{self, MetricType};
-use std::cell::Cell;
+use crate::flow::Metric;
+use std::cell::RefCell;
 
-macro_rules! counters {
-    ($($field:ident),* $(,)?) => {
-        /// Metric ids of this VM (`UNDEFINED` when the host refused the definition).
-        #[derive(Clone, Copy)]
-        pub struct Metrics { $(
-            #[doc = concat!("`tokengate_", stringify!($field), "`")]
-            pub $field: u32,
-        )* }
-        impl Default for Metrics {
-            fn default() -> Self { Metrics { $($field: UNDEFINED,)* } }
-        }
-        impl Metrics {
-            /// Defines every counter (idempotent across VMs: Envoy dedups by name).
-            pub fn define() -> Self {
-                Metrics { $(
-                    $field: abi::define_metric(MetricType::Counter, concat!("tokengate_", stringify!($field))).unwrap_or(UNDEFINED),
-                )* }
-            }
-        }
-    };
-}
-
-counters!(
-    requests_admitted,
-    requests_limited_tokens,
-    requests_limited_requests,
-    requests_shaped,
-    requests_rejected_invalid_body,
-    requests_rejected_too_large,
-    requests_rejected_cost_exceeds_burst,
-    requests_rejected_no_tenant,
-    requests_passthrough,
-    requests_invalid_body_charged,
-    tokens_estimated,
-    tokens_credited,
-    tokens_debited,
-    cas_exhausted,
-    state_corrupt,
-    store_errors,
-    tenant_overflow,
-    breaker_opened,
-    breaker_half_opened,
-    breaker_closed,
-    breaker_short_circuited,
-    breaker_probes,
-    breaker_fallbacks,
-    quota_reserved,
-    quota_reserved_tokens,
-    quota_rejected,
-    quota_rejected_cached,
-    quota_duplicates,
-    quota_clamped,
-    quota_settled,
-    quota_settle_duplicates,
-    quota_settle_retries,
-    quota_settle_dropped,
-    quota_refunded_tokens,
-    quota_extra_charged_tokens,
-    quota_shim_errors,
-    quota_fail_open,
-    quota_fail_closed,
-    quota_reconciled,
-    global_charged,
-    global_rejected_cached,
-    global_shim_errors,
-    global_fallback_local,
-    global_fail_open,
-    global_fail_closed,
-    global_tokens_credited,
-    global_tokens_debited,
-    global_credits_dropped,
-);
-
-/// Id used when a metric could not be defined (Envoy numbers counters from 0).
+/// Id used when a metric could not be defined.
 pub const UNDEFINED: u32 = u32::MAX;
 
 thread_local! {
-    static METRICS: Cell<Metrics> = Cell::new(Metrics::default());
+    static IDS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Defines the metrics once per VM.
+/// Defines every counter (idempotent across VMs: Envoy dedups by name).
 pub fn init() {
-    METRICS.with(|m| m.set(Metrics::define()));
-}
-
-/// This VM's metric ids.
-pub fn get() -> Metrics {
-    METRICS.with(|m| m.get())
+    let ids: Vec<u32> = Metric::ALL
+        .iter()
+        .map(|m| abi::define_metric(MetricType::Counter, m.name()).unwrap_or(UNDEFINED))
+        .collect();
+    IDS.with(|i| *i.borrow_mut() = ids);
 }
 
 /// Adds `by` to a counter.
-pub fn add(id: u32, by: u64) {
+pub fn add(m: Metric, by: u64) {
+    let id = IDS.with(|i| i.borrow().get(m as usize).copied().unwrap_or(UNDEFINED));
     if id != UNDEFINED {
         abi::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
     }
-}
-
-/// Adds one to a counter.
-pub fn inc(id: u32) {
-    add(id, 1);
 }

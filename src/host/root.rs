@@ -1,18 +1,30 @@
-//! Root context: loads the configuration, defines metrics, releases held (shaped) requests on ticks, and
-//! creates one [`Http`] context per request.
+//! Root context: loads the configuration, defines metrics, runs the flow's tick (held requests,
+//! settlements, credits) and its callouts, and creates one [`Http`] context per request.
 
 use super::abi::{self, Buffer, Level};
+use super::effects::{apply_common, call_reply, dispatch};
 use super::http::Http;
-use super::{global, log, metrics, now_ns, quota, VM};
+use super::{metrics, EnvoyHost, VM};
 use crate::config::{self, Config};
+use crate::flow::{self, CalloutReply, Cx, Effect, Purpose};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 
 /// Tick period while shaping is configured: the granularity of releasing held requests.
 pub const SHAPING_TICK_MS: u32 = 5;
-/// Tick period for quota settlements alone.
+/// Tick period for quota settlements and global credits alone.
 pub const SETTLE_TICK_MS: u32 = 20;
+/// Tick period otherwise (log summaries).
+pub const IDLE_TICK_MS: u32 = 1000;
+
+/// The build, logged once when a VM starts.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("TOKENGATE_GIT_REV"),
+    ")"
+);
 
 /// The root context of one VM.
 #[derive(Default)]
@@ -20,31 +32,92 @@ pub struct Root {
     cfg: Option<Rc<Config>>,
 }
 
+impl Root {
+    /// Runs a worker function and applies its effects.
+    fn run(&mut self, f: impl FnOnce(&mut Cx)) {
+        let Some(cfg) = self.cfg.clone() else {
+            return;
+        };
+        let mut fx = VM.with(|vm| {
+            let mut vm = vm.borrow_mut();
+            let vm = &mut *vm;
+            let mut cx = Cx {
+                cfg: &cfg,
+                host: &EnvoyHost,
+                worker: &mut vm.worker,
+                fx: &mut vm.fx,
+            };
+            f(&mut cx);
+            std::mem::take(&mut vm.fx)
+        });
+        let mut i = 0;
+        while i < fx.len() {
+            let Some(e) = fx.get_mut(i).map(|e| std::mem::replace(e, Effect::Resume)) else {
+                break;
+            };
+            i += 1;
+            let Some(e) = apply_common(e) else {
+                continue;
+            };
+            match e {
+                // A context that went away (client gone) is simply not found.
+                Effect::ResumeContext(id) if abi::set_effective_context(id).is_ok() => {
+                    let _ = abi::resume_request();
+                }
+                Effect::Dispatch(c) => {
+                    let purpose = c.purpose;
+                    match dispatch(&c) {
+                        Ok(token) => VM.with(|vm| {
+                            vm.borrow_mut().root_callouts.insert(token, purpose);
+                        }),
+                        Err(s) => {
+                            let more = worker_reply(&cfg, purpose, CalloutReply::refused(s));
+                            fx.extend(more);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Delivers a root callout reply to the worker; returns its effects.
+fn worker_reply(cfg: &Config, purpose: Purpose, reply: CalloutReply) -> Vec<Effect> {
+    VM.with(|vm| {
+        let mut vm = vm.borrow_mut();
+        let vm = &mut *vm;
+        let mut cx = Cx {
+            cfg,
+            host: &EnvoyHost,
+            worker: &mut vm.worker,
+            fx: &mut vm.fx,
+        };
+        flow::worker::on_callout_reply(&mut cx, purpose, reply);
+        std::mem::take(&mut vm.fx)
+    })
+}
+
 impl Context for Root {
     fn on_http_call_response(
         &mut self,
-        token_id: u32,
-        _num_headers: usize,
+        token: u32,
+        _headers: usize,
         body_size: usize,
-        _num_trailers: usize,
+        _trailers: usize,
     ) {
-        let Some(cfg) = self.cfg.as_ref() else {
+        let Some(purpose) = VM.with(|vm| vm.borrow_mut().root_callouts.remove(&token)) else {
             return;
         };
-        if let Some(g) = cfg.global.as_ref() {
-            if global::on_credit_response(cfg, g, token_id, body_size) {
-                return;
-            }
-        }
-        if let Some(q) = cfg.quota.as_ref() {
-            quota::on_settle_response(q, token_id, body_size);
-        }
+        let reply = call_reply(body_size);
+        self.run(|cx| flow::worker::on_callout_reply(cx, purpose, reply));
     }
 }
 
 impl RootContext for Root {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
         metrics::init();
+        abi::log(Level::Info, &format!("tokengate {VERSION} starting"));
         true
     }
 
@@ -54,7 +127,7 @@ impl RootContext for Root {
         {
             Ok(b) => b,
             Err(s) => {
-                log(
+                abi::log(
                     Level::Error,
                     &format!("invalid configuration: cannot read it (status {s})"),
                 );
@@ -68,15 +141,15 @@ impl RootContext for Root {
                 } else if cfg.quota.is_some() || cfg.global.is_some() {
                     SETTLE_TICK_MS
                 } else {
-                    0
+                    IDLE_TICK_MS
                 };
                 if abi::set_tick_period_ms(tick).is_err() {
-                    log(
+                    abi::log(
                         Level::Warn,
                         "cannot set the tick period; shaping releases late",
                     );
                 }
-                log(
+                abi::log(
                     Level::Info,
                     &format!("configured: {} bucket rules", cfg.rules.len()),
                 );
@@ -84,34 +157,14 @@ impl RootContext for Root {
                 true
             }
             Err(e) => {
-                log(Level::Error, &format!("invalid configuration: {e}"));
+                abi::log(Level::Error, &format!("invalid configuration: {e}"));
                 false
             }
         }
     }
 
     fn on_tick(&mut self) {
-        let now = now_ns();
-        let due: Vec<u32> = VM.with(|vm| {
-            let mut vm = vm.borrow_mut();
-            let (due, keep): (Vec<_>, Vec<_>) = vm.held.iter().partition(|(_, at)| *at <= now);
-            vm.held = keep;
-            due.into_iter().map(|(id, _)| id).collect()
-        });
-        for id in due {
-            // A context that went away (client gone) is simply not found.
-            if abi::set_effective_context(id).is_ok() {
-                let _ = abi::resume_request();
-            }
-        }
-        if let Some(q) = self.cfg.as_ref().and_then(|c| c.quota.as_ref()) {
-            quota::tick(q);
-        }
-        if let Some(cfg) = self.cfg.as_ref() {
-            if let Some(g) = cfg.global.as_ref() {
-                global::tick(cfg, g);
-            }
-        }
+        self.run(flow::worker::on_tick);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -1,0 +1,804 @@
+//! Phase 2, request body: estimate, pick the model, edit the body, then the admission steps in order —
+//! local bucket, breaker admissions, global bucket (callout), quota reservation (callout) — and let the
+//! request go, hold it, or answer.
+
+use super::answers;
+use super::shim;
+use super::state::{
+    Audit, Charge, Charges, Forwarded, GlobalCharge, Plan, QuotaReq, Request, Stage, Step,
+};
+use super::worker::{self, Credit, KNOWN_KEYS_CACHE};
+use super::{Body, Cx, Effect, Level, Metric, Next, Purpose};
+use crate::accounting::Reserved;
+use crate::admission::{self, Decision};
+use crate::breaker;
+use crate::config::{GlobalFailure, InvalidBody, QuotaFailure, StoreFailure};
+use crate::estimate::{self, ApiKind};
+use crate::failover::{self, Choice};
+use crate::global;
+use crate::quota::{self, ReserveArgs};
+use crate::reply::LocalReply;
+use crate::rewrite::{self, Edits};
+use crate::store::UpdateError;
+
+/// The body field that carries the output limit for this API.
+pub(super) fn output_field(kind: ApiKind, body: &[u8]) -> &'static str {
+    match kind {
+        ApiKind::Responses => "max_output_tokens",
+        ApiKind::ChatCompletions if body.windows(21).any(|w| w == b"max_completion_tokens") => {
+            "max_completion_tokens"
+        }
+        _ => "max_tokens",
+    }
+}
+
+impl Request {
+    /// Envoy's request-body callback.
+    pub fn on_request_body(&mut self, cx: &mut Cx, body_size: usize, end_of_stream: bool) -> Next {
+        let Stage::AwaitingBody(meta) = &self.stage else {
+            return Next::Continue;
+        };
+        if body_size > cx.cfg.max_body_bytes {
+            let meta = (**meta).clone();
+            cx.inc(Metric::RequestsRejectedTooLarge);
+            return self.refuse(
+                cx,
+                &meta,
+                "",
+                "too_large",
+                answers::too_large(cx.cfg.max_body_bytes),
+                "tokengate_too_large",
+            );
+        }
+        if !end_of_stream {
+            return Next::Pause;
+        }
+        match cx.host.body(Body::Request, body_size) {
+            Some(body) => self.decide(cx, &body, true),
+            None => {
+                cx.log_failure(
+                    Level::Warn,
+                    "read_body",
+                    "cannot read the request body; estimating it as empty".to_string(),
+                );
+                self.decide(cx, &[], true)
+            }
+        }
+    }
+
+    /// The body is complete (or there is none): estimate, pick the model, charge, decide. `sync`: called
+    /// from a stream callback (the returned [`Next`] is used).
+    pub(super) fn decide(&mut self, cx: &mut Cx, body: &[u8], sync: bool) -> Next {
+        let cfg = cx.cfg;
+        let meta = match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::AwaitingBody(m) => *m,
+            other => {
+                self.stage = other;
+                return Next::Continue;
+            }
+        };
+        let Some(kind) = meta.kind else {
+            self.stage = Stage::Passthrough;
+            return Next::Continue;
+        };
+        let hint = meta.model_hint.as_deref();
+        let est = match estimate::estimate(kind, body, &|model| cfg.output_limits(model.or(hint))) {
+            Ok(e) => Some(e),
+            Err(e) => match cfg.invalid_body {
+                InvalidBody::Reject => {
+                    cx.inc(Metric::RequestsRejectedInvalidBody);
+                    return self.refuse(
+                        cx,
+                        &meta,
+                        "",
+                        "invalid_body",
+                        answers::invalid_body(kind.as_str(), &e.to_string()),
+                        "tokengate_invalid_body",
+                    );
+                }
+                InvalidBody::Charge(_) => {
+                    cx.inc(Metric::RequestsInvalidBodyCharged);
+                    None
+                }
+            },
+        };
+        let (prompt, output, cost) = match (&est, cfg.invalid_body) {
+            (Some(e), _) => (e.prompt_tokens, e.output_tokens, e.total()),
+            (None, InvalidBody::Charge(t)) => (t, 0, t),
+            (None, InvalidBody::Reject) => (0, 0, 0),
+        };
+        let choices = est.as_ref().map_or(1, |e| e.output_choices);
+        let fingerprint = if cfg.quota.is_some() && meta.idem_key.is_some() {
+            quota::body_fingerprint(body)
+        } else {
+            0
+        };
+        let mut model = est
+            .as_ref()
+            .and_then(|e| e.model.clone())
+            .or_else(|| meta.model_hint.clone())
+            .unwrap_or_default();
+
+        // Body edits: a model fallback, and include_usage for quota settlement of streams.
+        let mut edits = Edits::default();
+        let mut model_closed = None;
+        let mut fallbacks = Vec::new();
+        if let Some(b) = cfg
+            .breaker
+            .as_ref()
+            .filter(|b| b.keys.model && !model.is_empty())
+        {
+            let next = |m: &str| b.model_fallback(m).map(|t| (t.to_string(), None));
+            match failover::peek_chain(cx.store(), b, "model", &model, &next, cx.now()) {
+                Ok(Choice {
+                    target,
+                    from: Some(from),
+                    closed,
+                    ..
+                }) => {
+                    model_closed = closed.then(|| target.clone());
+                    edits.set_model = Some(target.clone());
+                    fallbacks.push(format!("{from} -> {target}"));
+                }
+                Ok(choice) => model_closed = choice.closed.then_some(choice.target),
+                Err(reset) => {
+                    cx.inc(Metric::BreakerShortCircuited);
+                    return self.refuse(
+                        cx,
+                        &meta,
+                        &model,
+                        "circuit_open",
+                        answers::circuit_open("model", &model, reset),
+                        "tokengate_circuit_open",
+                    );
+                }
+            }
+        }
+        if let (Some(q), Some(e)) = (&cfg.quota, &est) {
+            edits.inject_include_usage = q.inject_stream_usage && e.stream && !e.include_usage;
+            edits.max_output_field = output_field(kind, body).to_string();
+        }
+        // Kept for a max_tokens clamp after the reservation.
+        let mut kept = if cfg.quota.is_some() {
+            body.to_vec()
+        } else {
+            Vec::new()
+        };
+        let mut injected_usage = false;
+        if edits.set_model.is_some() || edits.inject_include_usage {
+            match rewrite::rewrite_with_report(body, &edits) {
+                Ok(r) => {
+                    if let Some(new_body) = r.body {
+                        if cfg.quota.is_some() {
+                            kept.clone_from(&new_body);
+                        }
+                        cx.fx.push(Effect::ReplaceRequestBody(new_body));
+                    }
+                    if r.model_changed {
+                        cx.inc(Metric::BreakerFallbacks);
+                        if let Some(t) = edits.set_model.take() {
+                            model = t;
+                        }
+                    }
+                    injected_usage = r.injected_include_usage;
+                }
+                Err(e) => {
+                    cx.log_failure(
+                        Level::Warn,
+                        "rewrite_body",
+                        format!("cannot rewrite the request body: {e}"),
+                    );
+                    if edits.set_model.is_some() {
+                        cx.inc(Metric::BreakerShortCircuited);
+                        return self.refuse(
+                            cx,
+                            &meta,
+                            &model,
+                            "circuit_open",
+                            answers::circuit_open("model", &model, 1000),
+                            "tokengate_circuit_open",
+                        );
+                    }
+                }
+            }
+        }
+        cx.add(Metric::TokensEstimated, cost);
+        let mut meta = meta;
+        meta.fallbacks.extend(fallbacks);
+        let mut plan = Box::new(Plan {
+            meta,
+            model,
+            cost,
+            prompt,
+            output,
+            choices,
+            fingerprint,
+            body: kept,
+            injected_usage,
+            charges: Charges::default(),
+            snapshot: None,
+            wait_ms: 0,
+            step: Step::Done,
+            sync,
+        });
+
+        let now = cx.now();
+        let mut global_charge = None;
+        if let Some((idx, rule)) = cfg
+            .rule_for(&plan.meta.tenant, &plan.model)
+            .and_then(|i| cfg.rules.get(i).map(|r| (i, r)))
+        {
+            if rule.global && cfg.global.is_some() {
+                // Charged in Redis once the breakers admitted the request (unless Redis refused this
+                // bucket moments ago and it cannot have refilled since).
+                let key = global::key(rule, &plan.meta.tenant, &plan.model);
+                if let Some((reply, reason)) =
+                    super::headers::global_refused_from_cache(cx, rule, &key, cost)
+                {
+                    cx.inc(Metric::GlobalRejectedCached);
+                    let (meta, model) = (plan.meta.clone(), plan.model.clone());
+                    return self.reject(cx, &meta, &model, Some(cost), reply, reason);
+                }
+                global_charge = Some((idx, key));
+            } else if let Err(next) = self.charge_local(cx, &mut plan, idx, now) {
+                return next;
+            }
+        }
+        if let Err(next) = self.admit_breakers(cx, &mut plan, model_closed.as_deref(), now) {
+            return next;
+        }
+        if let Some((rule, key)) = global_charge {
+            plan.step = Step::Global(GlobalCharge {
+                rule,
+                key,
+                cost,
+                used_eval: false,
+                shim_probe: false,
+                started: false,
+            });
+            return self.start_global(cx, plan);
+        }
+        self.after_buckets(cx, plan)
+    }
+
+    /// Charges rule `idx`'s bucket in this Envoy's shared data: `Ok` (admitted, `plan.wait_ms` set when
+    /// shaped), or the reply already made.
+    pub(super) fn charge_local(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        idx: usize,
+        now: u64,
+    ) -> Result<(), Next> {
+        let cfg = cx.cfg;
+        let Some(rule) = cfg.rules.get(idx) else {
+            return Ok(());
+        };
+        let (key, info) = admission::bucket_key(
+            cx.host.store(),
+            cfg,
+            &mut cx.worker.known_keys,
+            KNOWN_KEYS_CACHE,
+            rule,
+            &plan.meta.tenant,
+            &plan.model,
+        );
+        if info.overflow {
+            cx.inc(Metric::TenantOverflow);
+        }
+        let seen = plan
+            .meta
+            .prechecked
+            .take()
+            .and_then(|(k, seen)| (k == key).then_some(seen));
+        let (decision, stats) =
+            admission::charge(cx.store(), cfg, rule, &key, plan.cost, now, seen);
+        if stats.corrupt {
+            cx.inc(Metric::StateCorrupt);
+            cx.log_failure(
+                Level::Warn,
+                "corrupt_bucket",
+                format!("corrupt bucket state at {key}: reset to full"),
+            );
+        }
+        match decision {
+            Decision::Admit {
+                snapshot,
+                cost,
+                wait_ms,
+            } => {
+                plan.charges.local = Some(Charge {
+                    rule: idx,
+                    key,
+                    cost,
+                });
+                plan.snapshot = Some(snapshot);
+                plan.wait_ms = wait_ms;
+                Ok(())
+            }
+            Decision::Reject { reply, reason } => {
+                let (meta, model) = (plan.meta.clone(), plan.model.clone());
+                Err(self.reject(cx, &meta, &model, Some(plan.cost), reply, reason))
+            }
+            Decision::StoreFailed(e) => {
+                cx.inc(match e {
+                    UpdateError::CasExhausted => Metric::CasExhausted,
+                    UpdateError::Host => Metric::StoreErrors,
+                });
+                cx.log_failure(
+                    Level::Warn,
+                    "bucket_store",
+                    format!("bucket update failed at {key}: {e:?}; applying on_store_error"),
+                );
+                if cfg.on_store_error == StoreFailure::Deny {
+                    return Err(self.refused_after_charges(
+                        cx,
+                        plan,
+                        "deny_store_error",
+                        answers::limiter_unavailable(),
+                        "tokengate_store_error",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes the breaker admissions for the chosen cluster and model (after the bucket admitted).
+    /// `Err`: a breaker refused (lost the last permit to another worker); charges were given back and
+    /// the reply made.
+    fn admit_breakers(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        model_closed: Option<&str>,
+        now: u64,
+    ) -> Result<(), Next> {
+        let cfg = cx.cfg;
+        let Some(b) = &cfg.breaker else {
+            return Ok(());
+        };
+        // A cluster read CLOSED in the headers phase counts as seen closed for a second (long uploads
+        // read it again).
+        let cluster_closed = plan
+            .meta
+            .cluster_closed_at
+            .is_some_and(|t| now.saturating_sub(t) < 1_000_000_000);
+        let mut targets: Vec<(&str, String, bool)> = Vec::new();
+        if let Some(c) = plan.meta.cluster.clone() {
+            targets.push(("cluster", c, cluster_closed));
+        }
+        if b.keys.model && !plan.model.is_empty() {
+            let seen = model_closed == Some(plan.model.as_str());
+            targets.push(("model", plan.model.clone(), seen));
+        }
+        for (scope, name, seen_closed) in targets {
+            let (res, t) = failover::admit(
+                cx.host.store(),
+                b,
+                scope,
+                &name,
+                now,
+                cfg.cas_max_retries,
+                &mut cx.worker.known_keys,
+                KNOWN_KEYS_CACHE,
+                seen_closed,
+            );
+            if let Some(t) = t {
+                super::end::transition(cx, &breaker::key(scope, &name), t);
+            }
+            match res {
+                Ok(a) => {
+                    if a.probe {
+                        cx.inc(Metric::BreakerProbes);
+                    }
+                    if let Some(k) = a.key {
+                        plan.charges.breakers.push((k, a.probe));
+                    }
+                }
+                Err(reset) => {
+                    cx.inc(Metric::BreakerShortCircuited);
+                    refund(cx, &mut plan.charges);
+                    let (meta, audit_model) = (plan.meta.clone(), name.clone());
+                    return Err(self.refuse(
+                        cx,
+                        &meta,
+                        &audit_model,
+                        "circuit_open",
+                        answers::circuit_open(scope, &name, reset),
+                        "tokengate_circuit_open",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every bucket admitted: the quota next, or let the request go.
+    pub(super) fn after_buckets(&mut self, cx: &mut Cx, mut plan: Box<Plan>) -> Next {
+        if plan.wait_ms > 0 {
+            cx.inc(Metric::RequestsShaped);
+        }
+        if let Some(qr) = self.quota_request(cx, &plan) {
+            return self.start_reserve(cx, plan, qr);
+        }
+        plan.step = Step::Done;
+        self.proceed(cx, plan, None)
+    }
+
+    /// Starts the global bucket charge.
+    fn start_global(&mut self, cx: &mut Cx, mut plan: Box<Plan>) -> Next {
+        let Some(g) = cx.cfg.global.as_ref() else {
+            return self.after_buckets(cx, plan);
+        };
+        let Step::Global(gc) = &mut plan.step else {
+            return self.after_buckets(cx, plan);
+        };
+        match shim::admit(cx, &g.cluster, &g.shim_breaker) {
+            Ok(probe) => gc.shim_probe = probe,
+            Err(_) => {
+                let why = format!("the circuit of the shim at cluster '{}' is open", g.cluster);
+                return self.global_unavailable(cx, plan, &why);
+            }
+        }
+        self.dispatch_global(cx, plan, false)
+    }
+
+    /// Sends the global charge (`eval`: as `EVAL`, after a NOSCRIPT).
+    pub(super) fn dispatch_global(&mut self, cx: &mut Cx, mut plan: Box<Plan>, eval: bool) -> Next {
+        let cfg = cx.cfg;
+        let (Some(g), Step::Global(gc)) = (cfg.global.as_ref(), &mut plan.step) else {
+            return Next::Continue;
+        };
+        let Some(rule) = cfg.rules.get(gc.rule) else {
+            return Next::Continue;
+        };
+        let call = if eval {
+            crate::quota::ScriptCall::Eval
+        } else {
+            shim::script_call(cx.worker.global_script_loaded)
+        };
+        gc.used_eval = call == crate::quota::ScriptCall::Eval;
+        gc.started = true;
+        let body = global::charge_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, call);
+        cx.fx.push(Effect::Dispatch(shim::callout(
+            Purpose::GlobalCharge,
+            &g.cluster,
+            &g.authority,
+            g.timeout_ms,
+            body,
+        )));
+        // The answer comes in a callout callback: from then on the request is resumed, not continued.
+        plan.sync = false;
+        self.stage = Stage::Admitting(plan);
+        Next::Pause
+    }
+
+    /// Redis could not charge the global bucket: apply `global_buckets.on_failure`.
+    pub(super) fn global_unavailable(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        why: &str,
+    ) -> Next {
+        let cfg = cx.cfg;
+        cx.inc(Metric::GlobalShimErrors);
+        let idx = match &plan.step {
+            Step::Global(gc) => gc.rule,
+            _ => usize::MAX,
+        };
+        plan.step = Step::Done;
+        let policy = cfg
+            .global
+            .as_ref()
+            .map_or(GlobalFailure::Local, |g| g.on_failure);
+        match policy {
+            GlobalFailure::Local => {
+                cx.inc(Metric::GlobalFallbackLocal);
+                cx.log_failure(
+                    Level::Warn,
+                    "global_shim",
+                    format!("global bucket unavailable ({why}); charging this Envoy's bucket (on_failure=local)"),
+                );
+                let now = cx.now();
+                match self.charge_local(cx, &mut plan, idx, now) {
+                    Ok(()) => self.after_buckets(cx, plan),
+                    Err(next) => {
+                        refund(cx, &mut plan.charges);
+                        next
+                    }
+                }
+            }
+            GlobalFailure::Open => {
+                cx.inc(Metric::GlobalFailOpen);
+                cx.log_failure(
+                    Level::Warn,
+                    "global_shim",
+                    format!("global bucket unavailable ({why}); admitting (on_failure=open)"),
+                );
+                self.after_buckets(cx, plan)
+            }
+            GlobalFailure::Closed => {
+                cx.inc(Metric::GlobalFailClosed);
+                cx.log_failure(
+                    Level::Warn,
+                    "global_shim",
+                    format!("global bucket unavailable ({why}); rejecting (on_failure=closed)"),
+                );
+                self.refused_after_charges(
+                    cx,
+                    &mut plan,
+                    "global_unavailable",
+                    answers::limiter_unavailable(),
+                    "tokengate_global_unavailable",
+                )
+            }
+        }
+    }
+
+    /// The reservation this request asks for.
+    fn quota_request(&self, cx: &Cx, plan: &Plan) -> Option<QuotaReq> {
+        let q = cx.cfg.quota.as_ref()?;
+        let now_s = super::headers::unix_s(cx, q);
+        let tq = q.tenant(&plan.meta.tenant);
+        let w = q.weights(&plan.model);
+        let model = (!plan.model.is_empty()).then(|| plan.model.clone());
+        let default_model_limit = model
+            .as_deref()
+            .and_then(|m| tq.model_limits.iter().find(|(x, _)| x == m))
+            .map(|(_, l)| *l)
+            .unwrap_or(0);
+        let args = ReserveArgs {
+            tenant: plan.meta.tenant.clone(),
+            model,
+            month: quota::month_label(now_s, q.month_offset_minutes),
+            idempotency_key: plan.meta.idem_key.clone(),
+            body_fingerprint: plan.fingerprint,
+            request_id: plan.meta.request_id.clone(),
+            prompt_cost: quota::weighted(plan.prompt, 0, 0, 0, &w),
+            output_cost: quota::weighted(0, plan.output, 0, 0, &w),
+            default_limit: tq.monthly_limit,
+            default_model_limit,
+            expire_at_unix: quota::month_end_unix(now_s, q.month_offset_minutes)
+                .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
+            idem_window_s: q.idempotency_window_s,
+            clamp_output: tq.clamp_output,
+            min_output_cost: quota::min_clamped_output_cost(&w, plan.choices),
+        };
+        Some(QuotaReq {
+            keys: args.keys(),
+            expire_at: args.expire_at_unix,
+            reserved: Reserved {
+                prompt_cost: args.prompt_cost,
+                output_cost: args.output_cost,
+                weights: w,
+            },
+            args,
+            limit: tq.monthly_limit,
+            remaining: None,
+            reset_s: quota::seconds_to_reset(now_s, q.month_offset_minutes),
+            choices: plan.choices,
+            duplicate: false,
+            fail_open: false,
+            answered: false,
+            settled: false,
+            used_eval: false,
+            shim_probe: false,
+            started: false,
+            actual: None,
+            source: None,
+            uncertain: false,
+        })
+    }
+
+    /// Starts the quota reservation callout.
+    fn start_reserve(&mut self, cx: &mut Cx, plan: Box<Plan>, mut qr: QuotaReq) -> Next {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            return self.proceed(cx, plan, None);
+        };
+        match shim::admit(cx, &q.cluster, &q.shim_breaker) {
+            Err(_) => {
+                let why = format!(
+                    "the circuit of the quota shim at cluster '{}' is open",
+                    q.cluster
+                );
+                self.quota_unavailable(cx, plan, qr, &why)
+            }
+            Ok(probe) => {
+                qr.shim_probe = probe;
+                self.dispatch_reserve(cx, plan, qr, false)
+            }
+        }
+    }
+
+    /// Sends the reservation (`eval`: as `EVAL`, after a NOSCRIPT).
+    pub(super) fn dispatch_reserve(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        mut qr: QuotaReq,
+        eval: bool,
+    ) -> Next {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            return self.proceed(cx, plan, None);
+        };
+        let call = if eval {
+            crate::quota::ScriptCall::Eval
+        } else {
+            shim::script_call(cx.worker.quota_script_loaded)
+        };
+        qr.used_eval = call == crate::quota::ScriptCall::Eval;
+        qr.started = true;
+        let body = quota::reserve_request(&qr.args, call);
+        cx.fx.push(Effect::Dispatch(shim::callout(
+            Purpose::Reserve,
+            &q.cluster,
+            &q.authority,
+            q.timeout_ms,
+            body,
+        )));
+        plan.step = Step::Quota(Box::new(qr));
+        // The answer comes in a callout callback: from then on the request is resumed, not continued.
+        plan.sync = false;
+        self.stage = Stage::Admitting(plan);
+        Next::Pause
+    }
+
+    /// The quota shim could not answer: apply the tenant's failure policy.
+    pub(super) fn quota_unavailable(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        mut qr: QuotaReq,
+        why: &str,
+    ) -> Next {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            return self.proceed(cx, plan, None);
+        };
+        cx.inc(Metric::QuotaShimErrors);
+        plan.step = Step::Done;
+        match q.tenant(&plan.meta.tenant).on_failure {
+            QuotaFailure::Open => {
+                cx.inc(Metric::QuotaFailOpen);
+                cx.log_failure(
+                    Level::Warn,
+                    "quota_shim",
+                    format!("quota check failed ({why}); admitting (on_failure=open)"),
+                );
+                qr.fail_open = true;
+                qr.answered = true;
+                self.proceed(cx, plan, Some(qr))
+            }
+            QuotaFailure::Closed => {
+                cx.inc(Metric::QuotaFailClosed);
+                cx.log_failure(
+                    Level::Warn,
+                    "quota_shim",
+                    format!("quota check failed ({why}); rejecting (on_failure=closed)"),
+                );
+                refund(cx, &mut plan.charges);
+                let audit = Audit {
+                    tenant: plan.meta.tenant.clone(),
+                    model: plan.model.clone(),
+                    cost: Some(plan.cost),
+                    decision: "quota_unavailable",
+                };
+                let reconcile = qr.uncertain.then_some(qr);
+                self.answer(
+                    cx,
+                    audit,
+                    reconcile,
+                    answers::quota_unavailable(),
+                    "tokengate_quota_unavailable",
+                )
+            }
+        }
+    }
+
+    /// Gives every charge back and answers.
+    pub(super) fn refused_after_charges(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        decision: &'static str,
+        reply: LocalReply,
+        details: &'static str,
+    ) -> Next {
+        refund(cx, &mut plan.charges);
+        let audit = Audit {
+            tenant: plan.meta.tenant.clone(),
+            model: plan.model.clone(),
+            cost: Some(plan.cost),
+            decision,
+        };
+        self.answer(cx, audit, None, reply, details)
+    }
+
+    /// Lets the request go on (or holds it until its shaping release time).
+    pub(super) fn proceed(
+        &mut self,
+        cx: &mut Cx,
+        plan: Box<Plan>,
+        quota: Option<QuotaReq>,
+    ) -> Next {
+        cx.inc(Metric::RequestsAdmitted);
+        let now = cx.now();
+        let plan = *plan;
+        let hold_until =
+            (plan.wait_ms > 0).then(|| now.saturating_add(plan.wait_ms.saturating_mul(1_000_000)));
+        let decision = if quota.as_ref().is_some_and(|q| q.fail_open) {
+            "admit_quota_fail_open"
+        } else {
+            "admit"
+        };
+        let fwd = Forwarded {
+            meta: plan.meta,
+            model: plan.model,
+            cost: plan.cost,
+            injected_usage: plan.injected_usage,
+            charges: plan.charges,
+            snapshot: plan.snapshot,
+            shaped_ms: plan.wait_ms,
+            quota,
+            decision,
+            resp: Default::default(),
+        };
+        if let Some(due) = hold_until.filter(|d| *d > now) {
+            cx.fx.push(Effect::Audit(answers::audit_record(
+                &fwd.meta.tenant,
+                &fwd.model,
+                Some(fwd.cost),
+                "shaped",
+                fwd.quota.as_ref(),
+            )));
+            cx.worker.hold(self.id, due);
+            self.stage = Stage::Held(Box::new(Forwarded {
+                decision: "shaped",
+                ..fwd
+            }));
+            return Next::Pause;
+        }
+        cx.fx.push(Effect::Audit(answers::audit_record(
+            &fwd.meta.tenant,
+            &fwd.model,
+            Some(fwd.cost),
+            decision,
+            fwd.quota.as_ref(),
+        )));
+        self.stage = Stage::Forwarded(Box::new(fwd));
+        if plan.sync {
+            Next::Continue
+        } else {
+            cx.fx.push(Effect::Resume);
+            Next::Pause
+        }
+    }
+}
+
+/// Gives the bucket charges and any breaker probe permits back (the request was not sent after all).
+pub(super) fn refund(cx: &mut Cx, charges: &mut Charges) {
+    let cfg = cx.cfg;
+    for (key, probe) in std::mem::take(&mut charges.breakers) {
+        if probe {
+            let _ = breaker::release_probe_shared(cx.store(), &key, cfg.cas_max_retries);
+        }
+    }
+    if let Some(c) = charges.local.take() {
+        if let Some(rule) = cfg.rules.get(c.rule) {
+            let now = cx.now();
+            if admission::credit(cx.store(), cfg, rule, &c.key, c.cost, now).is_ok() {
+                cx.add(Metric::TokensCredited, c.cost);
+            }
+        }
+    }
+    if let Some(c) = charges.global.take() {
+        worker::enqueue_credit(
+            cx,
+            Credit {
+                key: c.key,
+                rule: c.rule,
+                amount: i64::try_from(c.cost).unwrap_or(i64::MAX),
+            },
+        );
+    }
+}

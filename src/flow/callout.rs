@@ -1,0 +1,285 @@
+//! Phase 3, callout replies: the global bucket charge and the quota reservation answered (or the host
+//! refused to send them); the admission resumes where it paused.
+
+use super::answers;
+use super::body::{output_field, refund};
+use super::headers::unix_s;
+use super::shim;
+use super::state::{Audit, Charge, Plan, QuotaReq, Request, Stage, Step};
+use super::{CalloutReply, Cx, Effect, Metric, Purpose};
+use crate::admission::{self, Decision};
+use crate::bucket::Verdict;
+use crate::config::QuotaSettings;
+use crate::global;
+use crate::quota::{self, ExhaustedMarker, Reason, ShimError};
+use crate::rewrite::{self, Edits};
+use crate::store::Codec;
+
+/// Shared-data count of exhausted-tenant markers.
+pub const MARKER_COUNTER: &str = "tg:n:markers";
+
+impl Request {
+    /// A callout of this request answered (or the host refused it: [`CalloutReply::refused`]).
+    pub fn on_callout_reply(&mut self, cx: &mut Cx, reply: CalloutReply) {
+        let mut plan = match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Admitting(plan) => plan,
+            other => {
+                // A late reply for a request that moved on (it cannot happen: a request waits for its
+                // one callout); nothing to do.
+                self.stage = other;
+                return;
+            }
+        };
+        match std::mem::replace(&mut plan.step, Step::Done) {
+            Step::Global(gc) => {
+                plan.step = Step::Global(gc);
+                self.on_global_reply(cx, plan, reply);
+            }
+            Step::Quota(qr) => self.on_reserve_reply(cx, plan, *qr, reply),
+            Step::Done => self.stage = Stage::Admitting(plan),
+        }
+    }
+
+    /// Which callout this request waits for.
+    pub fn awaiting(&self) -> Option<Purpose> {
+        match &self.stage {
+            Stage::Admitting(p) => match p.step {
+                Step::Global(_) => Some(Purpose::GlobalCharge),
+                Step::Quota(_) => Some(Purpose::Reserve),
+                Step::Done => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn on_global_reply(&mut self, cx: &mut Cx, mut plan: Box<Plan>, reply: CalloutReply) {
+        let cfg = cx.cfg;
+        let Some(g) = cfg.global.as_ref() else {
+            return;
+        };
+        let Step::Global(gc) = &plan.step else {
+            return;
+        };
+        let (idx, used_eval, probe, cost) = (gc.rule, gc.used_eval, gc.shim_probe, gc.cost);
+        let Some(rule) = cfg.rules.get(idx) else {
+            return;
+        };
+        let parsed = match reply.refused {
+            Some(s) => Err((
+                ShimError::Unavailable,
+                shim::describe_refusal(&g.cluster, s),
+            )),
+            None => global::parse_reply(reply.status, &reply.body)
+                .map_err(|e| (e.clone(), format!("{e} (cluster '{}')", g.cluster))),
+        };
+        match parsed {
+            Err((ShimError::NoScript, _)) if !used_eval => {
+                cx.worker.global_script_loaded = false;
+                self.dispatch_global(cx, plan, true);
+            }
+            Err((_, why)) => {
+                shim::record(cx, &g.cluster, &g.shim_breaker, false, probe);
+                self.global_unavailable(cx, plan, &why);
+            }
+            Ok(r) => {
+                shim::record(cx, &g.cluster, &g.shim_breaker, true, probe);
+                if used_eval {
+                    cx.worker.global_script_loaded = true;
+                }
+                cx.inc(Metric::GlobalCharged);
+                let key = match std::mem::replace(&mut plan.step, Step::Done) {
+                    Step::Global(gc) => gc.key,
+                    _ => String::new(),
+                };
+                if matches!(
+                    r.verdict,
+                    Verdict::LimitTokens { .. } | Verdict::LimitRequests { .. }
+                ) {
+                    let seen = global::seen_after_refusal(&key, &r, cx.now());
+                    let _ = cx.store().set(&global::seen_slot(&key), &seen.encode(), 0);
+                }
+                let snap = r.state.snapshot(&rule.params);
+                match admission::decision(r.verdict, snap, rule, cost) {
+                    Decision::Admit {
+                        snapshot, wait_ms, ..
+                    } => {
+                        plan.charges.global = Some(Charge {
+                            rule: idx,
+                            key,
+                            cost,
+                        });
+                        plan.snapshot = Some(snapshot);
+                        plan.wait_ms = wait_ms;
+                        self.after_buckets(cx, plan);
+                    }
+                    Decision::Reject { reply, reason } => {
+                        // Nothing was charged; give back the breaker probe permits.
+                        refund(cx, &mut plan.charges);
+                        let (meta, model) = (plan.meta.clone(), plan.model.clone());
+                        self.reject(cx, &meta, &model, Some(plan.cost), reply, reason);
+                    }
+                    Decision::StoreFailed(_) => {
+                        plan.step = Step::Global(super::state::GlobalCharge {
+                            rule: idx,
+                            key,
+                            cost,
+                            used_eval,
+                            shim_probe: probe,
+                            started: true,
+                        });
+                        self.global_unavailable(cx, plan, "unexpected verdict");
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_reserve_reply(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        mut qr: QuotaReq,
+        reply: CalloutReply,
+    ) {
+        let cfg = cx.cfg;
+        let Some(q) = cfg.quota.as_ref() else {
+            return;
+        };
+        let parsed = match reply.refused {
+            Some(s) => Err((
+                ShimError::Unavailable,
+                shim::describe_refusal(&q.cluster, s),
+            )),
+            None => quota::parse_reserve_reply(reply.status, &reply.body)
+                .map_err(|e| (e.clone(), format!("{e} (cluster '{}')", q.cluster))),
+        };
+        let probe = qr.shim_probe;
+        match parsed {
+            Err((ShimError::NoScript, _)) if !qr.used_eval => {
+                cx.worker.quota_script_loaded = false;
+                self.dispatch_reserve(cx, plan, qr, true);
+            }
+            Err((e, why)) => {
+                shim::record(cx, &q.cluster, &q.shim_breaker, false, probe);
+                if reply.refused.is_none()
+                    && matches!(e, ShimError::Unavailable | ShimError::Garbage(_))
+                {
+                    // Webdis may have run the script after all (a timeout): reconcile at the end.
+                    qr.uncertain = true;
+                }
+                self.quota_unavailable(cx, plan, qr, &why);
+            }
+            Ok(r) => {
+                shim::record(cx, &q.cluster, &q.shim_breaker, true, probe);
+                if qr.used_eval {
+                    cx.worker.quota_script_loaded = true;
+                }
+                qr.answered = true;
+                // The limit that binds (tenant or tenant × model) and its remaining, as one pair.
+                let (limit, remaining) = r.binding();
+                qr.limit = limit;
+                qr.remaining = Some(remaining);
+                if r.allowed {
+                    qr.duplicate = r.duplicate;
+                    if r.duplicate {
+                        cx.inc(Metric::QuotaDuplicates);
+                    } else {
+                        cx.inc(Metric::QuotaReserved);
+                        cx.add(
+                            Metric::QuotaReservedTokens,
+                            qr.reserved.prompt_cost.saturating_add(r.granted_output),
+                        );
+                    }
+                    // A duplicate (same body) gets the first request's clamp, never more output.
+                    if r.reason == Reason::Clamped {
+                        qr.reserved.output_cost = r.granted_output;
+                        let tokens = quota::clamped_output_tokens(
+                            r.granted_output,
+                            &qr.reserved.weights,
+                            qr.choices,
+                        );
+                        clamp_body(cx, &mut plan, tokens);
+                    }
+                    self.proceed(cx, plan, Some(qr));
+                } else {
+                    // Nothing was reserved: nothing to settle.
+                    cx.inc(Metric::QuotaRejected);
+                    refund(cx, &mut plan.charges);
+                    if r.reason == Reason::TenantLimit && r.remaining() < q.exhausted_below {
+                        mark_exhausted(cx, q, &plan.meta.tenant, limit, r.remaining());
+                    }
+                    let what = if r.reason == Reason::ModelLimit {
+                        format!("for model '{}'", plan.model)
+                    } else {
+                        "for this tenant".to_string()
+                    };
+                    let audit = Audit {
+                        tenant: plan.meta.tenant.clone(),
+                        model: plan.model.clone(),
+                        cost: Some(plan.cost),
+                        decision: "quota_exceeded",
+                    };
+                    self.answer(
+                        cx,
+                        audit,
+                        None,
+                        answers::quota_exceeded(limit, remaining, qr.reset_s, &what),
+                        "tokengate_quota_exceeded",
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Lowers the output limit of the body to what the quota granted.
+fn clamp_body(cx: &mut Cx, plan: &mut Plan, tokens: u64) {
+    let Some(kind) = plan.meta.kind else {
+        return;
+    };
+    let edits = Edits {
+        clamp_max_output: Some(tokens),
+        max_output_field: output_field(kind, &plan.body).to_string(),
+        ..Edits::default()
+    };
+    if let Ok(Some(new_body)) = rewrite::rewrite(&plan.body, &edits) {
+        cx.inc(Metric::QuotaClamped);
+        plan.body.clone_from(&new_body);
+        cx.fx.push(Effect::ReplaceRequestBody(new_body));
+    }
+}
+
+/// Remembers in shared data that this tenant is out of quota (bounded keys; see README).
+fn mark_exhausted(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    tenant: &str,
+    effective_limit: u64,
+    remaining: u64,
+) {
+    let key = ExhaustedMarker::key(tenant);
+    let now_s = unix_s(cx, q);
+    let ok = admission::claim_slot(
+        cx.host.store(),
+        MARKER_COUNTER,
+        cx.cfg.max_tenants,
+        cx.cfg.cas_max_retries,
+        &mut cx.worker.known_keys,
+        super::worker::KNOWN_KEYS_CACHE,
+        &key,
+    );
+    if !ok {
+        return;
+    }
+    let until = quota::month_end_unix(now_s, q.month_offset_minutes)
+        .min(now_s.saturating_add(i64::try_from(q.exhausted_recheck_s).unwrap_or(60)));
+    let marker = ExhaustedMarker {
+        month_end_unix: until,
+        limit: effective_limit,
+        config_limit: q.tenant(tenant).monthly_limit,
+        remaining,
+    };
+    let _ = cx
+        .store()
+        .set(&key, &crate::store::Codec::encode(&marker), 0);
+}

@@ -1,0 +1,309 @@
+//! Phase 5, the end of a request (end of the response stream, or `on_log` for aborts): the breaker
+//! outcome, the quota settlement (queued for the root's tick), `refund_unused`.
+
+use super::answers;
+use super::state::{Forwarded, QuotaReq, Request, Stage};
+use super::worker::{self, Credit, Job};
+use super::{Cx, Effect, Level, Metric};
+use crate::accounting::{self, Ending};
+use crate::admission;
+use crate::breaker::{self, Transition};
+use crate::failover;
+use crate::quota::{ReconcileArgs, SettleArgs};
+use crate::usage::{self, SseScanner};
+
+/// How long Redis remembers a request was settled (a retry after that could apply twice).
+pub const SETTLED_MARKER_TTL_S: u64 = 2 * 86_400;
+
+impl Request {
+    /// Envoy's `on_log`: the request is over (completed, failed or aborted by the client).
+    pub fn on_log(&mut self, cx: &mut Cx) {
+        if let Stage::Forwarded(f) | Stage::Held(f) = &mut self.stage {
+            record_breakers(cx, f);
+        }
+        self.finish(cx, false);
+    }
+
+    /// Settles and refunds once (`ending_complete`: the response reached its end of stream).
+    pub(super) fn finish(&mut self, cx: &mut Cx, ending_complete: bool) {
+        match &mut self.stage {
+            Stage::Forwarded(f) | Stage::Held(f) => {
+                settle(cx, f, ending_complete);
+                refund_unused(cx, f);
+            }
+            Stage::Replied(r) => {
+                if let Some(mut qr) = r.reconcile.take() {
+                    // The reservation's outcome is unknown and the request was refused: whatever the
+                    // lost reservation did is undone (actual 0).
+                    reconcile(cx, &mut qr, Ending::NotServed);
+                    cx.fx.push(Effect::Audit(answers::audit_record(
+                        &r.audit.tenant,
+                        &r.audit.model,
+                        r.audit.cost,
+                        r.audit.decision,
+                        Some(&qr),
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Queues a reconciliation: charge what the request really cost, whatever the lost reservation did.
+fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
+    qr.settled = true;
+    let st = accounting::settle(&qr.reserved, ending);
+    qr.actual = Some(st.actual);
+    qr.source = Some(st.source);
+    worker::enqueue_settlement(
+        cx,
+        Job::Reconcile(ReconcileArgs {
+            keys: qr.keys.clone(),
+            actual: st.actual,
+            expire_at_unix: qr.expire_at,
+            marker_ttl_s: SETTLED_MARKER_TTL_S,
+        }),
+    );
+}
+
+/// Settles the reservation once the response ended (or the stream went away).
+fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
+    if f.quota.as_ref().is_none_or(|q| q.settled || q.duplicate) {
+        return;
+    }
+    let status = f.resp.status;
+    let (usage, completed, content_bytes) = match &f.resp.stream {
+        Some(sc) => (sc.usage(), sc.completed(), sc.content_bytes()),
+        // A JSON answer cut part way: its output is estimated from the bytes that arrived (structure
+        // included, which errs towards charging; capped at the reservation).
+        None => (
+            usage::from_json(&f.resp.json),
+            ending_complete,
+            f.resp.json.len() as u64,
+        ),
+    };
+    // No response headers at all (status 0) means the client went away before any answer: the provider
+    // may have billed the prompt, so that is charged (a cut with nothing streamed). Envoy's own failure
+    // replies (503/504 …) and provider errors are not served: refunded.
+    let ending = if status == 0 {
+        Ending::Cut {
+            usage: None,
+            content_bytes: 0,
+        }
+    } else if !(200..300).contains(&status) {
+        Ending::NotServed
+    } else if completed && ending_complete {
+        Ending::Completed { usage }
+    } else {
+        Ending::Cut {
+            usage,
+            content_bytes,
+        }
+    };
+    let Some(qr) = f.quota.as_mut() else {
+        return;
+    };
+    if qr.uncertain {
+        reconcile(cx, qr, ending);
+    } else {
+        if !qr.answered || qr.fail_open {
+            return;
+        }
+        qr.settled = true;
+        let st = accounting::settle(&qr.reserved, ending);
+        qr.actual = Some(st.actual);
+        qr.source = Some(st.source);
+        // Nothing charged in the end: the idempotency record (if this request wrote it) goes too.
+        let release = st.actual == 0 && qr.keys.has_idem;
+        if st.delta != 0 || release {
+            worker::enqueue_settlement(
+                cx,
+                Job::Settle(SettleArgs {
+                    keys: qr.keys.clone(),
+                    delta: st.delta,
+                    expire_at_unix: qr.expire_at,
+                    marker_ttl_s: SETTLED_MARKER_TTL_S,
+                    release_idempotency: release,
+                }),
+            );
+        } else {
+            cx.inc(Metric::QuotaSettled);
+        }
+    }
+    cx.fx.push(Effect::Audit(answers::audit_record(
+        &f.meta.tenant,
+        &f.model,
+        Some(f.cost),
+        f.decision,
+        f.quota.as_ref(),
+    )));
+}
+
+/// `refund_unused` rules: gives back to the bucket what the provider's usage shows was not used
+/// (everything when the provider did not serve the request); takes usage above the charge too. Without a
+/// response (client gone) or without reported usage the estimate stands.
+fn refund_unused(cx: &mut Cx, f: &mut Forwarded) {
+    if f.resp.refunded {
+        return;
+    }
+    let cfg = cx.cfg;
+    let (charge, global) = match (&f.charges.local, &f.charges.global) {
+        (Some(c), _) => (c.clone(), false),
+        (None, Some(c)) => (c.clone(), true),
+        (None, None) => return,
+    };
+    let Some(rule) = cfg.rules.get(charge.rule).filter(|r| r.refund_unused) else {
+        return;
+    };
+    f.resp.refunded = true;
+    let status = f.resp.status;
+    // Positive: tokens given back; negative: the provider's usage was above the charge and the
+    // difference is taken too, so the bucket accounts for what was really spent.
+    let amount: i64 = if status == 0 {
+        0
+    } else if !(200..300).contains(&status) {
+        i64::try_from(charge.cost).unwrap_or(i64::MAX)
+    } else {
+        let usage = match &f.resp.stream {
+            Some(sc) => sc.usage(),
+            None => usage::from_json(&f.resp.json),
+        };
+        usage.map_or(0, |u| {
+            let used = u.prompt_tokens.saturating_add(u.completion_tokens);
+            let diff = i128::from(charge.cost) - i128::from(used);
+            i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
+        })
+    };
+    if amount == 0 {
+        return;
+    }
+    let now = cx.now();
+    if global {
+        // Sent by the root's tick (counted in tokengate_global_tokens_credited / _debited when Redis
+        // takes it).
+        let span = i64::try_from((rule.params.burst * 2.0).ceil() as u64).unwrap_or(i64::MAX);
+        worker::enqueue_credit(
+            cx,
+            Credit {
+                key: charge.key,
+                rule: charge.rule,
+                amount: amount.clamp(-span, span),
+            },
+        );
+    } else if amount > 0 {
+        let amount = amount.unsigned_abs();
+        if admission::credit(cx.store(), cfg, rule, &charge.key, amount, now).is_ok() {
+            cx.add(Metric::TokensCredited, amount);
+        }
+    } else {
+        let amount = amount.unsigned_abs();
+        if let Ok(taken) = admission::debit(cx.store(), cfg, rule, &charge.key, amount, now) {
+            // What the bucket really lost (its debt stops one burst deep).
+            cx.add(Metric::TokensDebited, taken);
+        }
+    }
+}
+
+/// Reports this request's outcome to the breakers that admitted it.
+fn record_breakers(cx: &mut Cx, f: &mut Forwarded) {
+    if f.charges.breakers.is_empty() {
+        return;
+    }
+    let cfg = cx.cfg;
+    let Some(b) = &cfg.breaker else {
+        return;
+    };
+    let status = if f.resp.status != 0 {
+        f.resp.status
+    } else {
+        cx.host
+            .property(&["response", "code"])
+            .and_then(|v| crate::store::read_u64(&v, 0))
+            .map(|c| u32::try_from(c).unwrap_or(0))
+            .unwrap_or(0)
+    };
+    // A 2xx/3xx that reached its end of stream came whole from the upstream ("via_upstream"): its
+    // details cannot change the outcome, so the property is not read.
+    let details = if f.resp.ended && (200..400).contains(&status) {
+        None
+    } else {
+        cx.host
+            .property(&["response", "code_details"])
+            .and_then(|v| String::from_utf8(v).ok())
+    };
+    let completed = if b.count_incomplete_streams {
+        f.resp.stream.as_ref().map(SseScanner::completed)
+    } else {
+        None
+    };
+    if !b.count_incomplete_streams
+        && f.resp.stream.is_some()
+        && breaker::cut_after_response_started(status, details.as_deref())
+    {
+        // A stream the upstream cut after it had started: that is what the option turns off (the
+        // reset would otherwise count as one).
+        return;
+    }
+    let Some(outcome) = breaker::classify(status, details.as_deref(), completed, &b.policy) else {
+        return;
+    };
+    let resets: Vec<&str> = f.resp.reset_headers.iter().map(String::as_str).collect();
+    let outcome = outcome.with_retry_after(breaker::retry_after_ms(
+        f.resp.retry_after.as_deref(),
+        &resets,
+    ));
+    let now = cx.now();
+    for (key, probe) in std::mem::take(&mut f.charges.breakers) {
+        // A plain success changes nothing unless successes are counted for a failure rate: no
+        // shared-data access at all.
+        if breaker::record_is_noop(&b.cfg, outcome, probe) {
+            continue;
+        }
+        match breaker::record_shared(
+            cx.host.store(),
+            &key,
+            &b.cfg,
+            outcome,
+            probe,
+            now,
+            cfg.cas_max_retries,
+        ) {
+            Ok((Some(t), _)) => transition(cx, &key, t),
+            Ok(_) => {}
+            Err(e) => {
+                cx.inc(Metric::StoreErrors);
+                cx.log_failure(
+                    Level::Warn,
+                    "breaker_store",
+                    format!("breaker update failed at {key}: {e:?}"),
+                );
+            }
+        }
+    }
+}
+
+/// Logs and counts a breaker transition.
+pub(super) fn transition(cx: &mut Cx, key: &str, t: Transition) {
+    cx.log(
+        Level::Info,
+        format!(
+            "breaker {key}: {} -> {} ({})",
+            t.from.as_str(),
+            t.to.as_str(),
+            t.reason
+        ),
+    );
+    cx.inc(match t.to {
+        breaker::State::Open => Metric::BreakerOpened,
+        breaker::State::HalfOpen => Metric::BreakerHalfOpened,
+        breaker::State::Closed => Metric::BreakerClosed,
+    });
+    cx.fx.push(Effect::Gauge(
+        format!(
+            "tokengate_breaker_state.{}",
+            key.strip_prefix("tg:cb:").unwrap_or(key)
+        ),
+        failover::gauge(t.to),
+    ));
+}

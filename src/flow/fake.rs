@@ -1,0 +1,1 @@
+//! A fake Envoy for the flow tests (filled in below).

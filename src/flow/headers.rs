@@ -1,0 +1,344 @@
+//! Phase 1, request headers: decide everything the headers allow, so that the upstream is never
+//! contacted for a request refused here.
+
+use super::answers;
+use super::state::{Audit, Meta, Replied, Request, Stage};
+use super::{Cx, Effect, Headers, Metric, Next};
+use crate::admission::{self, RejectReason};
+use crate::estimate::ApiKind;
+use crate::failover;
+use crate::global;
+use crate::identity;
+use crate::quota::{self, ExhaustedMarker};
+use crate::reply::LocalReply;
+use std::borrow::Cow;
+
+/// The API an LLM call is for, from its method and path; `None` for anything else (passed untouched).
+/// Query, fragment, `;` parameters of any segment, trailing slashes and ASCII case do not hide an LLM
+/// path (an upstream that ignores them must not serve unmetered calls).
+pub fn api_kind(method: Option<&str>, path: Option<&str>) -> Option<ApiKind> {
+    if method != Some("POST") {
+        return None;
+    }
+    let path = path.unwrap_or_default();
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    if path.bytes().any(|b| b == b';' || b.is_ascii_uppercase()) {
+        let clean: Vec<String> = path
+            .split('/')
+            .map(|seg| seg.split(';').next().unwrap_or(seg).to_ascii_lowercase())
+            .collect();
+        ApiKind::from_path(clean.join("/").trim_end_matches('/'))
+    } else {
+        ApiKind::from_path(path.trim_end_matches('/'))
+    }
+}
+
+impl Request {
+    /// Envoy's request-headers callback.
+    pub fn on_request_headers(
+        &mut self,
+        cx: &mut Cx,
+        h: &dyn Headers,
+        end_of_stream: bool,
+    ) -> Next {
+        let cfg = cx.cfg;
+        let kind = api_kind(h.get(":method"), h.get(":path"));
+        if let Some(b) = &cfg.breaker {
+            // Only the filter may steer requests to a fallback cluster, on every path and method (a
+            // client-sent value would pick the fallback route for requests the filter passes).
+            if h.get(&b.route_header).is_some() {
+                cx.fx.push(Effect::RemoveRequestHeader(Cow::Owned(
+                    b.route_header.clone(),
+                )));
+            }
+        }
+        let Some(kind) = kind else {
+            cx.inc(Metric::RequestsPassthrough);
+            self.stage = Stage::Passthrough;
+            return Next::Continue;
+        };
+        let mut meta = Meta {
+            kind: Some(kind),
+            ..Meta::default()
+        };
+        if cfg.reads_responses && h.get("accept-encoding").is_some() {
+            // The filter reads the response (usage for settlements and refunds, the end of SSE streams
+            // for the breaker): ask the provider for it uncompressed. A compressor filter placed before
+            // tokengate still compresses for the client.
+            cx.fx.push(Effect::RemoveRequestHeader(Cow::Borrowed(
+                "accept-encoding",
+            )));
+        }
+
+        let header_tenant = cfg.tenant_header.as_deref().and_then(|n| h.get(n));
+        let key = identity::api_key(h.get("authorization"), h.get("x-api-key"));
+        let worker = &mut *cx.worker;
+        match identity::resolve_with(
+            header_tenant,
+            key,
+            cfg.api_key_tenants,
+            cfg.default_tenant.as_deref(),
+            |k| worker.key_tenants.tenant(k),
+        ) {
+            Some((t, _)) => meta.tenant = t,
+            None => {
+                cx.inc(Metric::RequestsRejectedNoTenant);
+                return self.refuse(
+                    cx,
+                    &meta,
+                    "",
+                    "no_tenant",
+                    answers::missing_tenant(),
+                    "tokengate_no_tenant",
+                );
+            }
+        }
+        meta.model_hint = cfg
+            .model_header
+            .as_deref()
+            .and_then(|n| h.get(n))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+
+        if let Some(len) = h
+            .get("content-length")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            if len > cfg.max_body_bytes as u64 {
+                cx.inc(Metric::RequestsRejectedTooLarge);
+                return self.refuse(
+                    cx,
+                    &meta,
+                    "",
+                    "too_large",
+                    answers::too_large(cfg.max_body_bytes),
+                    "tokengate_too_large",
+                );
+            }
+        }
+
+        let mut drop_length = false;
+        if let Some(q) = &cfg.quota {
+            if let Some(reply) = exhausted_cached(cx, q, &meta.tenant) {
+                cx.inc(Metric::QuotaRejectedCached);
+                return self.refuse(
+                    cx,
+                    &meta,
+                    "",
+                    "quota_exceeded_cached",
+                    reply,
+                    "tokengate_quota_exceeded",
+                );
+            }
+            // Names this request's settlement (retries reuse it). Clients can send `x-request-id`, so it
+            // is made unique with the context id and the time.
+            let rid = h.get("x-request-id").unwrap_or_default();
+            meta.request_id = format!("{}-{}-{}", rid.get(..64).unwrap_or(rid), self.id, cx.now());
+            meta.idem_key = h
+                .get("idempotency-key")
+                .or_else(|| h.get("x-idempotency-key"))
+                .filter(|k| !k.trim().is_empty())
+                .map(str::to_string);
+            // The body may be rewritten (include_usage, max_tokens clamp).
+            drop_length = true;
+        }
+        if let Some(b) = &cfg.breaker {
+            // The body may be rewritten (model fallback).
+            drop_length |= !b.model_fallbacks.is_empty();
+            if b.keys.cluster {
+                if let Some(cluster) = cx
+                    .host
+                    .property(&["xds", "cluster_name"])
+                    .and_then(|v| String::from_utf8(v).ok())
+                    .filter(|c| !c.is_empty())
+                {
+                    let next = |c: &str| {
+                        b.cluster_fallback(c)
+                            .map(|f| (f.to.clone(), Some(f.route.clone())))
+                    };
+                    let now = cx.now();
+                    match failover::peek_chain(cx.store(), b, "cluster", &cluster, &next, now) {
+                        Ok(choice) => {
+                            if choice.closed {
+                                meta.cluster_closed_at = Some(now);
+                            }
+                            if let (Some(from), Some(route)) = (&choice.from, &choice.route) {
+                                // Envoy re-picks the route when a header changes in this phase.
+                                cx.fx.push(Effect::SetRequestHeader(
+                                    Cow::Owned(b.route_header.clone()),
+                                    route.clone(),
+                                ));
+                                cx.inc(Metric::BreakerFallbacks);
+                                meta.fallbacks.push(format!("{from} -> {}", choice.target));
+                            }
+                            meta.cluster = Some(choice.target);
+                        }
+                        Err(reset) => {
+                            cx.inc(Metric::BreakerShortCircuited);
+                            return self.refuse(
+                                cx,
+                                &meta,
+                                &cluster,
+                                "circuit_open",
+                                answers::circuit_open("cluster", &cluster, reset),
+                                "tokengate_circuit_open",
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if drop_length && h.get("content-length").is_some() {
+            // Envoy does not fix content-length after a body rewrite: let it send the body chunked.
+            cx.fx
+                .push(Effect::RemoveRequestHeader(Cow::Borrowed("content-length")));
+        }
+
+        // Headers-phase refusal when the bucket is known without the body.
+        let rule_idx = match meta.model_hint.as_deref() {
+            Some(model) => cfg.rule_for(&meta.tenant, model),
+            None => cfg.rule_without_model(&meta.tenant),
+        };
+        if let Some(rule) = rule_idx.and_then(|i| cfg.rules.get(i)) {
+            let model = meta.model_hint.clone().unwrap_or_default();
+            if rule.global && cfg.global.is_some() {
+                // A global rule's bucket is in Redis: only its refusal cache is read here.
+                let key = global::key(rule, &meta.tenant, &model);
+                if let Some((reply, reason)) = global_refused_from_cache(cx, rule, &key, 1) {
+                    cx.inc(Metric::GlobalRejectedCached);
+                    return self.reject(cx, &meta, &model, None, reply, reason);
+                }
+            } else {
+                let key = admission::plain_key(rule, &meta.tenant, &model);
+                let mut seen = None;
+                match admission::precheck(cx.store(), rule, &key, cx.now(), &mut seen) {
+                    Ok(Some((reply, reason))) => {
+                        return self.reject(cx, &meta, &model, None, reply, reason)
+                    }
+                    Ok(None) => meta.prechecked = seen.map(|seen| (key, seen)),
+                    // The body phase reads again and repairs; nothing is decided here.
+                    Err(true) => cx.inc(Metric::StateCorrupt),
+                    Err(false) => cx.inc(Metric::StoreErrors),
+                }
+            }
+        }
+        self.stage = Stage::AwaitingBody(Box::new(meta));
+        if end_of_stream {
+            return self.decide(cx, &[], true);
+        }
+        Next::Continue
+    }
+
+    /// Sends a local reply: the request is answered, nothing was charged (or it was given back).
+    pub(super) fn refuse(
+        &mut self,
+        cx: &mut Cx,
+        meta: &Meta,
+        model: &str,
+        decision: &'static str,
+        reply: LocalReply,
+        details: &'static str,
+    ) -> Next {
+        let audit = Audit {
+            tenant: meta.tenant.clone(),
+            model: model.to_string(),
+            cost: None,
+            decision,
+        };
+        self.answer(cx, audit, None, reply, details)
+    }
+
+    /// Writes the audit record and the reply; the stage becomes [`Stage::Replied`].
+    pub(super) fn answer(
+        &mut self,
+        cx: &mut Cx,
+        audit: Audit,
+        reconcile: Option<super::state::QuotaReq>,
+        reply: LocalReply,
+        details: &'static str,
+    ) -> Next {
+        cx.fx.push(Effect::Audit(answers::audit_record(
+            &audit.tenant,
+            &audit.model,
+            audit.cost,
+            audit.decision,
+            None,
+        )));
+        cx.fx.push(Effect::Reply { reply, details });
+        self.stage = Stage::Replied(Box::new(Replied { audit, reconcile }));
+        Next::Pause
+    }
+
+    /// A bucket's 429/413: counted by reason; `cost` (known once the body was read) is reported in
+    /// `x-tokengate-estimated-tokens`.
+    pub(super) fn reject(
+        &mut self,
+        cx: &mut Cx,
+        meta: &Meta,
+        model: &str,
+        cost: Option<u64>,
+        mut reply: LocalReply,
+        reason: RejectReason,
+    ) -> Next {
+        let (metric, decision) = match reason {
+            RejectReason::Tokens => (Metric::RequestsLimitedTokens, "limited_tokens"),
+            RejectReason::Requests => (Metric::RequestsLimitedRequests, "limited_requests"),
+            RejectReason::TooLarge => (
+                Metric::RequestsRejectedCostExceedsBurst,
+                "cost_exceeds_burst",
+            ),
+        };
+        cx.inc(metric);
+        if let Some(cost) = cost {
+            // Body-phase refusals say what the request would have cost (what the client waits for).
+            reply.headers.push((
+                "x-tokengate-estimated-tokens".to_string(),
+                crate::reply::Dec::int(cost).as_str().to_string(),
+            ));
+        }
+        let audit = Audit {
+            tenant: meta.tenant.clone(),
+            model: model.to_string(),
+            cost,
+            decision,
+        };
+        self.answer(cx, audit, None, reply, "tokengate_rejected")
+    }
+}
+
+/// The 429 for a global bucket that Redis refused moments ago and that cannot hold `cost` tokens (or
+/// one request) yet, from the refusal cache in shared data (see [`crate::global`]); `None` = ask Redis.
+pub(super) fn global_refused_from_cache(
+    cx: &Cx,
+    rule: &crate::config::Rule,
+    key: &str,
+    cost: u64,
+) -> Option<(LocalReply, RejectReason)> {
+    let (bytes, _) = cx.store().get(&global::seen_slot(key)).ok()??;
+    let state = global::Seen::for_key(&bytes, key)?;
+    admission::refusal_for(&state, rule, cost, cx.now())
+}
+
+/// Seconds since the epoch for month arithmetic (host clock plus the configured skew).
+pub(super) fn unix_s(cx: &Cx, q: &crate::config::QuotaSettings) -> i64 {
+    i64::try_from(cx.now() / 1_000_000_000)
+        .unwrap_or(0)
+        .saturating_add(q.clock_skew_s)
+}
+
+/// The 429 of a tenant known to be exhausted (shared-data marker), without a callout.
+fn exhausted_cached(cx: &Cx, q: &crate::config::QuotaSettings, tenant: &str) -> Option<LocalReply> {
+    let now_s = unix_s(cx, q);
+    let key = ExhaustedMarker::key(tenant);
+    let (marker, _) = crate::store::peek::<ExhaustedMarker>(cx.store(), &key).ok()?;
+    let marker = marker?;
+    if !marker.is_active(now_s) || marker.config_limit != q.tenant(tenant).monthly_limit {
+        return None;
+    }
+    Some(answers::quota_exceeded(
+        marker.limit,
+        marker.remaining,
+        quota::seconds_to_reset(now_s, q.month_offset_minutes),
+        "for this tenant",
+    ))
+}

@@ -1,0 +1,90 @@
+//! Every counter the filter exports, as a pure enum: the flow counts with [`Metric`] values and the host
+//! adapter defines one Envoy counter per variant (`tokengate_<name>`, see [`Metric::name`]).
+//!
+//! In `/stats` they show as `wasmcustom.tokengate_<name>`, in `/stats/prometheus` as `tokengate_<name>`.
+
+macro_rules! metrics {
+    ($($variant:ident => $name:literal,)*) => {
+        /// One counter.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)]
+        pub enum Metric { $($variant,)* }
+
+        impl Metric {
+            /// Every counter, in definition order (the host defines them in this order).
+            pub const ALL: &'static [Metric] = &[$(Metric::$variant,)*];
+
+            /// The exported name.
+            pub fn name(self) -> &'static str {
+                match self { $(Metric::$variant => concat!("tokengate_", $name),)* }
+            }
+        }
+    };
+}
+
+metrics! {
+    RequestsAdmitted => "requests_admitted",
+    RequestsLimitedTokens => "requests_limited_tokens",
+    RequestsLimitedRequests => "requests_limited_requests",
+    RequestsShaped => "requests_shaped",
+    RequestsRejectedInvalidBody => "requests_rejected_invalid_body",
+    RequestsRejectedTooLarge => "requests_rejected_too_large",
+    RequestsRejectedCostExceedsBurst => "requests_rejected_cost_exceeds_burst",
+    RequestsRejectedNoTenant => "requests_rejected_no_tenant",
+    RequestsPassthrough => "requests_passthrough",
+    RequestsInvalidBodyCharged => "requests_invalid_body_charged",
+    TokensEstimated => "tokens_estimated",
+    TokensCredited => "tokens_credited",
+    TokensDebited => "tokens_debited",
+    CasExhausted => "cas_exhausted",
+    StateCorrupt => "state_corrupt",
+    StoreErrors => "store_errors",
+    TenantOverflow => "tenant_overflow",
+    HostRefused => "host_refused",
+    BreakerOpened => "breaker_opened",
+    BreakerHalfOpened => "breaker_half_opened",
+    BreakerClosed => "breaker_closed",
+    BreakerShortCircuited => "breaker_short_circuited",
+    BreakerProbes => "breaker_probes",
+    BreakerFallbacks => "breaker_fallbacks",
+    QuotaReserved => "quota_reserved",
+    QuotaReservedTokens => "quota_reserved_tokens",
+    QuotaRejected => "quota_rejected",
+    QuotaRejectedCached => "quota_rejected_cached",
+    QuotaDuplicates => "quota_duplicates",
+    QuotaClamped => "quota_clamped",
+    QuotaSettled => "quota_settled",
+    QuotaSettleDuplicates => "quota_settle_duplicates",
+    QuotaSettleRetries => "quota_settle_retries",
+    QuotaSettleDropped => "quota_settle_dropped",
+    QuotaRefundedTokens => "quota_refunded_tokens",
+    QuotaExtraChargedTokens => "quota_extra_charged_tokens",
+    QuotaShimErrors => "quota_shim_errors",
+    QuotaFailOpen => "quota_fail_open",
+    QuotaFailClosed => "quota_fail_closed",
+    QuotaReconciled => "quota_reconciled",
+    GlobalCharged => "global_charged",
+    GlobalRejectedCached => "global_rejected_cached",
+    GlobalShimErrors => "global_shim_errors",
+    GlobalFallbackLocal => "global_fallback_local",
+    GlobalFailOpen => "global_fail_open",
+    GlobalFailClosed => "global_fail_closed",
+    GlobalTokensCredited => "global_tokens_credited",
+    GlobalTokensDebited => "global_tokens_debited",
+    GlobalCreditsDropped => "global_credits_dropped",
+    LogsSuppressed => "logs_suppressed",
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_names_are_unique_and_prefixed() {
+        let mut seen = std::collections::HashSet::new();
+        for m in Metric::ALL {
+            assert!(m.name().starts_with("tokengate_"));
+            assert!(seen.insert(m.name()), "{} twice", m.name());
+        }
+    }
+}

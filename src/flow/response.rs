@@ -1,0 +1,176 @@
+//! Phase 4, the response: rate-limit, quota and fallback headers; SSE chunks scanned for the final event
+//! and `usage` (the injected usage chunk stripped), or a JSON body kept for its `usage`.
+
+use super::answers;
+use super::state::{Forwarded, Request, Stage};
+use super::{Body, Cx, Effect, Headers, Next};
+use crate::reply::{self, Dec};
+use crate::usage::{Forward, SseScanner};
+use std::borrow::Cow;
+
+/// Largest JSON response kept to read its `usage`.
+pub const MAX_JSON_RESPONSE: usize = 16 * 1024 * 1024;
+
+/// What the response said, for the breaker, the quota settlement and `refund_unused`.
+#[derive(Default)]
+pub(super) struct Resp {
+    /// HTTP status (0 = no response headers seen).
+    pub status: u32,
+    /// `retry-after` of a failure.
+    pub retry_after: Option<String>,
+    /// Reset hints of a failure (`x-ratelimit-reset-*`, `retry-after-ms` as `<n>ms`).
+    pub reset_headers: Vec<String>,
+    /// An SSE response: its final event, usage and content size.
+    pub stream: Option<SseScanner>,
+    /// Keep a JSON response body to read its `usage`.
+    pub collect: bool,
+    /// The kept JSON body (bounded by [`MAX_JSON_RESPONSE`]).
+    pub json: Vec<u8>,
+    /// Unused bucket tokens were already given back.
+    pub refunded: bool,
+    /// The response reached its end of stream.
+    pub ended: bool,
+}
+
+impl Forwarded {
+    /// The response must be looked at (breaker outcome, settlement, refund).
+    fn settling(&self) -> bool {
+        self.quota
+            .as_ref()
+            .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain))
+    }
+
+    fn refunding(&self, cx: &Cx) -> bool {
+        self.charges
+            .local
+            .as_ref()
+            .or(self.charges.global.as_ref())
+            .and_then(|c| cx.cfg.rules.get(c.rule))
+            .is_some_and(|r| r.refund_unused)
+    }
+}
+
+impl Request {
+    /// Envoy's response-headers callback.
+    pub fn on_response_headers(
+        &mut self,
+        cx: &mut Cx,
+        h: &dyn Headers,
+        end_of_stream: bool,
+    ) -> Next {
+        let (Stage::Forwarded(f) | Stage::Held(f)) = &mut self.stage else {
+            return Next::Continue;
+        };
+        f.resp.ended = end_of_stream;
+        let settling = f.settling();
+        let refunding = f.refunding(cx);
+        let inspect = !f.charges.breakers.is_empty() || settling || refunding;
+        if inspect || f.quota.is_some() {
+            f.resp.status = h.get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+            // Retry hints matter only on failures.
+            if !f.charges.breakers.is_empty() && (f.resp.status == 429 || f.resp.status >= 500) {
+                f.resp.retry_after = h.get("retry-after").map(str::to_string);
+                for name in [
+                    "x-ratelimit-reset-requests",
+                    "x-ratelimit-reset-tokens",
+                    "anthropic-ratelimit-requests-reset",
+                ] {
+                    if let Some(v) = h.get(name) {
+                        f.resp.reset_headers.push(v.to_string());
+                    }
+                }
+                if let Some(ms) = h.get("retry-after-ms") {
+                    f.resp.reset_headers.push(format!("{}ms", ms.trim()));
+                }
+            }
+            // A body the provider compressed anyway (it ignored the removed accept-encoding) cannot be
+            // read: its usage is unknown (the estimate stands) and an SSE stream's end is not judged.
+            if inspect && !is_encoded(h.get("content-encoding")) {
+                let sse = h
+                    .get("content-type")
+                    .is_some_and(|c| c.contains("text/event-stream"));
+                if sse {
+                    f.resp.stream = Some(SseScanner::new(f.injected_usage));
+                } else {
+                    f.resp.collect = (settling || refunding) && (200..300).contains(&f.resp.status);
+                }
+            }
+        }
+        if let Some(qr) = &f.quota {
+            if let Some(remaining) = qr.remaining {
+                for (k, v) in answers::quota_headers(qr.limit, remaining, qr.reset_s) {
+                    cx.fx.push(Effect::SetResponseHeader(Cow::Owned(k), v));
+                }
+            }
+        }
+        if f.resp.stream.is_some() && f.injected_usage {
+            // The body is rewritten chunk by chunk (the usage chunk removed).
+            cx.fx.push(Effect::RemoveResponseHeader(Cow::Borrowed(
+                "content-length",
+            )));
+        }
+        if !f.meta.fallbacks.is_empty() {
+            // Every hop in one header, in order: `provider -> provider_fallback, gpt-4.1 -> deepseek`.
+            cx.fx.push(Effect::SetResponseHeader(
+                Cow::Borrowed("x-tokengate-fallback"),
+                f.meta.fallbacks.join(", "),
+            ));
+        }
+        if let Some(snap) = &f.snapshot {
+            reply::each_ratelimit_header(snap, |k, v| {
+                cx.fx
+                    .push(Effect::SetResponseHeader(Cow::Borrowed(k), v.to_string()));
+            });
+        }
+        cx.fx.push(Effect::SetResponseHeader(
+            Cow::Borrowed("x-tokengate-estimated-tokens"),
+            Dec::int(f.cost).as_str().to_string(),
+        ));
+        if f.shaped_ms > 0 {
+            cx.fx.push(Effect::SetResponseHeader(
+                Cow::Borrowed("x-tokengate-shaped-ms"),
+                Dec::int(f.shaped_ms).as_str().to_string(),
+            ));
+        }
+        Next::Continue
+    }
+
+    /// Envoy's response-body callback (one chunk; `body_size` bytes are readable through the host).
+    pub fn on_response_body(&mut self, cx: &mut Cx, body_size: usize, end_of_stream: bool) -> Next {
+        let (Stage::Forwarded(f) | Stage::Held(f)) = &mut self.stage else {
+            return Next::Continue;
+        };
+        f.resp.ended |= end_of_stream;
+        if let Some(sc) = f.resp.stream.as_mut() {
+            if body_size > 0 {
+                if let Some(chunk) = cx.host.body(Body::ResponseChunk, body_size) {
+                    if let Forward::Replace(bytes) = sc.feed(&chunk).forward {
+                        cx.fx.push(Effect::ReplaceResponseChunk(bytes));
+                    }
+                }
+            }
+            if end_of_stream {
+                let rest = sc.finish();
+                if !rest.is_empty() {
+                    cx.fx.push(Effect::AppendResponseBody(rest));
+                }
+            }
+        } else if f.resp.collect
+            && body_size > 0
+            && f.resp.json.len().saturating_add(body_size) <= MAX_JSON_RESPONSE
+        {
+            if let Some(chunk) = cx.host.body(Body::ResponseChunk, body_size) {
+                f.resp.json.extend_from_slice(&chunk);
+            }
+        }
+        if end_of_stream {
+            self.finish(cx, true);
+        }
+        Next::Continue
+    }
+}
+
+/// A `content-encoding` other than identity.
+pub fn is_encoded(v: Option<&str>) -> bool {
+    v.is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"))
+}

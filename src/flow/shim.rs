@@ -1,0 +1,107 @@
+//! The Webdis shims (quota and global buckets) as the flow sees them: one breaker per cluster in shared
+//! data (`tg:cb:shim=<cluster>`), shared by whoever calls that cluster; while it is open no callout is
+//! made and the caller's failure policy applies at once, so a dead Webdis costs one timeout per recovery
+//! window.
+
+use super::{Callout, Cx, Level, Purpose};
+use crate::breaker::{self, Admission, BreakerConfig, Outcome};
+use crate::quota::ScriptCall;
+
+/// The shim breaker key of a cluster.
+pub fn key(cluster: &str) -> String {
+    breaker::key("shim", cluster)
+}
+
+/// Asks the breaker of the shim at `cluster` whether a callout may be made now: `Ok(probe)`, or
+/// `Err(ms until it may)` while it is open.
+pub fn admit(cx: &mut Cx, cluster: &str, cfg: &BreakerConfig) -> Result<bool, u64> {
+    let now = cx.now();
+    let retries = cx.cfg.cas_max_retries;
+    match breaker::admit_shared(cx.store(), &key(cluster), cfg, now, retries) {
+        Ok((a, t, _)) => {
+            if let Some(t) = t {
+                log_transition(cx, cluster, t);
+            }
+            match a {
+                Admission::Rejected { reset_in_ms } => Err(reset_in_ms),
+                Admission::Probe => Ok(true),
+                Admission::Allowed => Ok(false),
+            }
+        }
+        // The store failed: do not block traffic on it.
+        Err(_) => Ok(false),
+    }
+}
+
+/// Reports a callout outcome to the breaker of the shim at `cluster`.
+pub fn record(cx: &mut Cx, cluster: &str, cfg: &BreakerConfig, ok: bool, probe: bool) {
+    let outcome = if ok {
+        Outcome::Success
+    } else {
+        Outcome::Failure {
+            retry_after_ms: None,
+        }
+    };
+    let now = cx.now();
+    let retries = cx.cfg.cas_max_retries;
+    if breaker::record_is_noop(cfg, outcome, probe) {
+        return;
+    }
+    if let Ok((Some(t), _)) =
+        breaker::record_shared(cx.store(), &key(cluster), cfg, outcome, probe, now, retries)
+    {
+        log_transition(cx, cluster, t);
+    }
+}
+
+/// True while the shim breaker of `cluster` is open (queued work waits).
+pub fn is_open(cx: &Cx, cluster: &str, cfg: &BreakerConfig) -> bool {
+    match crate::store::peek::<breaker::BreakerState>(cx.store(), &key(cluster)) {
+        Ok((Some(st), _)) => breaker::peek_state(&st, cfg, cx.now()).1 > 0,
+        _ => false,
+    }
+}
+
+fn log_transition(cx: &mut Cx, cluster: &str, t: breaker::Transition) {
+    cx.log(
+        Level::Warn,
+        format!(
+            "webdis shim {cluster}: {} -> {} ({})",
+            t.from.as_str(),
+            t.to.as_str(),
+            t.reason
+        ),
+    );
+}
+
+/// A callout to the shim at `cluster`.
+pub fn callout(
+    purpose: Purpose,
+    cluster: &str,
+    authority: &str,
+    timeout_ms: u32,
+    body: String,
+) -> Callout {
+    Callout {
+        purpose,
+        cluster: cluster.to_string(),
+        authority: authority.to_string(),
+        timeout_ms,
+        body,
+    }
+}
+
+/// Which script call to use: `EVALSHA` once Redis answered one of ours, else `EVAL` (which also loads
+/// the script into Redis' cache).
+pub fn script_call(loaded: bool) -> ScriptCall {
+    if loaded {
+        ScriptCall::EvalSha
+    } else {
+        ScriptCall::Eval
+    }
+}
+
+/// Why a reply counts as a shim failure, for logs: names the cluster.
+pub fn describe_refusal(cluster: &str, status: u32) -> String {
+    format!("the host refused a callout to cluster '{cluster}' (status {status}: is the cluster defined in Envoy?)")
+}

@@ -1,0 +1,236 @@
+//! The per-request state: one type per phase, carried forward as the request moves on.
+//!
+//! ```text
+//! New ──headers──> Passthrough                        (not an LLM call)
+//!   └────────────> AwaitingBody(Meta) ──body──> Admitting(Plan) ──callout reply──> …
+//!                        │                         │
+//!                        └──────── Replied <───────┴──> Held(Forwarded) ──tick──> Forwarded
+//!                                                   └──> Forwarded ──response, end──> (settled)
+//! ```
+
+use super::response::Resp;
+use crate::accounting::{Reserved, UsageSource};
+use crate::bucket::Snapshot;
+use crate::estimate::ApiKind;
+use crate::quota::{QuotaKeys, ReserveArgs};
+use crate::store::Seen;
+
+/// One request's context.
+pub struct Request {
+    /// Envoy's context id.
+    pub(super) id: u32,
+    pub(super) stage: Stage,
+}
+
+impl Request {
+    /// A new request with Envoy's context id.
+    pub fn new(id: u32) -> Self {
+        Request {
+            id,
+            stage: Stage::New,
+        }
+    }
+
+    /// Envoy's context id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// True when shaping held the request (the adapter drops it from the hold list on drop). A held
+    /// request is resumed by the root's tick without its context knowing: it stays `Held` and is
+    /// treated as forwarded from then on.
+    pub fn is_held(&self) -> bool {
+        matches!(self.stage, Stage::Held(_))
+    }
+
+    /// True once the request was admitted (the response phases have work to do).
+    pub fn is_forwarded(&self) -> bool {
+        matches!(self.stage, Stage::Forwarded(_) | Stage::Held(_))
+    }
+
+    /// True when `on_log` has work to do (an admitted request, or a reconciliation to queue).
+    pub fn has_end_work(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Forwarded(_) | Stage::Held(_) | Stage::Replied(_)
+        )
+    }
+
+    /// The phase, for tests and logs.
+    pub fn phase(&self) -> &'static str {
+        match &self.stage {
+            Stage::New => "new",
+            Stage::Passthrough => "passthrough",
+            Stage::AwaitingBody(_) => "awaiting_body",
+            Stage::Admitting(_) => "admitting",
+            Stage::Held(_) => "held",
+            Stage::Forwarded(_) => "forwarded",
+            Stage::Replied(_) => "replied",
+            Stage::Done => "done",
+        }
+    }
+}
+
+/// Where a request is.
+pub(super) enum Stage {
+    /// Nothing seen yet.
+    New,
+    /// Not metered: forwarded untouched.
+    Passthrough,
+    /// Metered; waiting for the end of the body.
+    AwaitingBody(Box<Meta>),
+    /// The body was read; an admission callout (global charge, quota reservation) is in flight.
+    Admitting(Box<Plan>),
+    /// Admitted, held by shaping until the root's tick releases it.
+    Held(Box<Forwarded>),
+    /// Admitted and sent upstream.
+    Forwarded(Box<Forwarded>),
+    /// The filter answered itself; an uncertain reservation may still need reconciling at the end.
+    Replied(Box<Replied>),
+    /// Settled; nothing left to do.
+    Done,
+}
+
+/// What the headers phase learnt.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Meta {
+    pub kind: Option<ApiKind>,
+    pub tenant: String,
+    /// The model named in `model_header`.
+    pub model_hint: Option<String>,
+    /// Names the quota settlement (`<client x-request-id>-<context>-<ns>`).
+    pub request_id: String,
+    /// Client `Idempotency-Key`.
+    pub idem_key: Option<String>,
+    /// Upstream cluster chosen (after any fallback) and when its breaker was read CLOSED.
+    pub cluster: Option<String>,
+    pub cluster_closed_at: Option<u64>,
+    /// `x-tokengate-fallback` hops.
+    pub fallbacks: Vec<String>,
+    /// The bucket read in the headers phase (key, value, CAS token): the body-phase charge of that same
+    /// key starts from it (its CAS catches any write in between).
+    pub prechecked: Option<(String, Seen)>,
+}
+
+/// One bucket charge, kept to give it back if a later step refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Charge {
+    pub rule: usize,
+    pub key: String,
+    pub cost: u64,
+}
+
+/// What the request was charged so far.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Charges {
+    /// This Envoy's bucket.
+    pub local: Option<Charge>,
+    /// A global (Redis) bucket.
+    pub global: Option<Charge>,
+    /// Breakers that admitted it: (key, holds a probe permit).
+    pub breakers: Vec<(String, bool)>,
+}
+
+/// The request once its body was read: the estimate, the model, the charges, and the admission steps
+/// still to run.
+pub(super) struct Plan {
+    pub meta: Meta,
+    pub model: String,
+    /// Estimated tokens (prompt + reserved output), what buckets are charged.
+    pub cost: u64,
+    pub prompt: u64,
+    pub output: u64,
+    /// Choices the reserved output covers (a quota clamp divides by it).
+    pub choices: u64,
+    /// `quota::body_fingerprint` of the client's body (binds an idempotency key to the request).
+    pub fingerprint: u64,
+    /// The body as sent upstream (kept while a quota reservation may clamp it).
+    pub body: Vec<u8>,
+    /// `stream_options.include_usage` was added: strip the extra chunk.
+    pub injected_usage: bool,
+    pub charges: Charges,
+    /// The bucket state after the charge, for `x-ratelimit-*`.
+    pub snapshot: Option<Snapshot>,
+    /// Shaping: hold this long once every step admitted.
+    pub wait_ms: u64,
+    /// The step in flight or next.
+    pub step: Step,
+    /// The request is still inside its request-body callback (a continue is returned, not resumed).
+    pub sync: bool,
+}
+
+/// Admission steps after the local bucket and breakers.
+pub(super) enum Step {
+    /// The global bucket charge (callout in flight once started).
+    Global(GlobalCharge),
+    /// The quota reservation (callout in flight once started).
+    Quota(Box<QuotaReq>),
+    /// Every step admitted.
+    Done,
+}
+
+/// One request's global bucket charge.
+pub(super) struct GlobalCharge {
+    pub rule: usize,
+    pub key: String,
+    pub cost: u64,
+    pub used_eval: bool,
+    pub shim_probe: bool,
+    pub started: bool,
+}
+
+/// One request's quota reservation.
+#[derive(Debug, Clone)]
+pub(super) struct QuotaReq {
+    pub args: ReserveArgs,
+    pub keys: QuotaKeys,
+    pub reserved: Reserved,
+    pub expire_at: i64,
+    pub limit: u64,
+    pub remaining: Option<u64>,
+    pub reset_s: u64,
+    pub choices: u64,
+    pub duplicate: bool,
+    pub fail_open: bool,
+    pub answered: bool,
+    pub settled: bool,
+    pub used_eval: bool,
+    pub shim_probe: bool,
+    pub started: bool,
+    pub actual: Option<u64>,
+    pub source: Option<UsageSource>,
+    /// The reservation callout failed in a way that may still have reserved (timeout, garbage): the
+    /// request is reconciled instead of settled.
+    pub uncertain: bool,
+}
+
+/// An admitted request.
+pub(super) struct Forwarded {
+    pub meta: Meta,
+    pub model: String,
+    pub cost: u64,
+    pub injected_usage: bool,
+    pub charges: Charges,
+    pub snapshot: Option<Snapshot>,
+    pub shaped_ms: u64,
+    pub quota: Option<QuotaReq>,
+    /// The decision written to the audit record (kept when settlement facts are added).
+    pub decision: &'static str,
+    pub resp: Resp,
+}
+
+/// A request the filter answered itself.
+pub(super) struct Replied {
+    pub audit: Audit,
+    /// A reservation whose outcome is unknown (the callout timed out): reconciled at the end.
+    pub reconcile: Option<QuotaReq>,
+}
+
+/// What the audit record says.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Audit {
+    pub tenant: String,
+    pub model: String,
+    pub cost: Option<u64>,
+    pub decision: &'static str,
+}
