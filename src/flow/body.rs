@@ -731,7 +731,15 @@ impl Request {
         } else {
             "admit"
         };
+        let refund = plan
+            .charges
+            .local
+            .as_ref()
+            .or(plan.charges.global.as_ref())
+            .and_then(|c| cx.cfg.rules.get(c.rule))
+            .is_some_and(|r| r.refund_unused);
         let fwd = Forwarded {
+            refund,
             meta: plan.meta,
             model: plan.model,
             cost: plan.cost,

@@ -179,6 +179,32 @@ impl CalloutReply {
     }
 }
 
+/// A header value; numbers are formatted by the host on the stack (no allocation on the hot path).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// Text as is.
+    Text(String),
+    /// A whole number.
+    Int(u64),
+    /// Seconds, as a short decimal rounded up to the millisecond (`0.25`, `3`).
+    Secs(f64),
+}
+
+impl Value {
+    /// Calls `f` with the value as text.
+    pub fn with_str<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        match self {
+            Value::Text(s) => f(s),
+            Value::Int(n) => f(crate::reply::Dec::int(*n).as_str()),
+            Value::Secs(s) => f(crate::reply::Dec::secs(*s).as_str()),
+        }
+    }
+    /// The value as text.
+    pub fn to_text(&self) -> String {
+        self.with_str(str::to_string)
+    }
+}
+
 /// What the host adapter must do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
@@ -196,7 +222,7 @@ pub enum Effect {
     /// Replace the whole buffered request body.
     ReplaceRequestBody(Vec<u8>),
     /// Set a response header.
-    SetResponseHeader(Cow<'static, str>, String),
+    SetResponseHeader(Cow<'static, str>, Value),
     /// Remove a response header.
     RemoveResponseHeader(Cow<'static, str>),
     /// Replace the current response chunk.

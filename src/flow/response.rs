@@ -3,8 +3,7 @@
 
 use super::answers;
 use super::state::{Forwarded, Request, Stage};
-use super::{Body, Cx, Effect, Headers, Next};
-use crate::reply::{self, Dec};
+use super::{Body, Cx, Effect, Headers, Next, Value};
 use crate::usage::{Forward, SseScanner};
 use std::borrow::Cow;
 
@@ -40,14 +39,6 @@ impl Forwarded {
             .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain))
     }
 
-    fn refunding(&self, cx: &Cx) -> bool {
-        self.charges
-            .local
-            .as_ref()
-            .or(self.charges.global.as_ref())
-            .and_then(|c| cx.cfg.rules.get(c.rule))
-            .is_some_and(|r| r.refund_unused)
-    }
 }
 
 impl Request {
@@ -63,7 +54,7 @@ impl Request {
         };
         f.resp.ended = end_of_stream;
         let settling = f.settling();
-        let refunding = f.refunding(cx);
+        let refunding = f.refund;
         let inspect = !f.charges.breakers.is_empty() || settling || refunding;
         if inspect || f.quota.is_some() {
             f.resp.status = h.get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -99,7 +90,8 @@ impl Request {
         if let Some(qr) = &f.quota {
             if let Some(remaining) = qr.remaining {
                 for (k, v) in answers::quota_headers(qr.limit, remaining, qr.reset_s) {
-                    cx.fx.push(Effect::SetResponseHeader(Cow::Owned(k), v));
+                    cx.fx
+                        .push(Effect::SetResponseHeader(Cow::Owned(k), Value::Text(v)));
                 }
             }
         }
@@ -113,23 +105,20 @@ impl Request {
             // Every hop in one header, in order: `provider -> provider_fallback, gpt-4.1 -> deepseek`.
             cx.fx.push(Effect::SetResponseHeader(
                 Cow::Borrowed("x-tokengate-fallback"),
-                f.meta.fallbacks.join(", "),
+                Value::Text(f.meta.fallbacks.join(", ")),
             ));
         }
         if let Some(snap) = &f.snapshot {
-            reply::each_ratelimit_header(snap, |k, v| {
-                cx.fx
-                    .push(Effect::SetResponseHeader(Cow::Borrowed(k), v.to_string()));
-            });
+            ratelimit_headers(cx, snap);
         }
         cx.fx.push(Effect::SetResponseHeader(
             Cow::Borrowed("x-tokengate-estimated-tokens"),
-            Dec::int(f.cost).as_str().to_string(),
+            Value::Int(f.cost),
         ));
         if f.shaped_ms > 0 {
             cx.fx.push(Effect::SetResponseHeader(
                 Cow::Borrowed("x-tokengate-shaped-ms"),
-                Dec::int(f.shaped_ms).as_str().to_string(),
+                Value::Int(f.shaped_ms),
             ));
         }
         Next::Continue
@@ -167,6 +156,24 @@ impl Request {
             self.finish(cx, true);
         }
         Next::Continue
+    }
+}
+
+/// `x-ratelimit-*` of a bucket snapshot (the same values as [`crate::reply::each_ratelimit_header`]).
+fn ratelimit_headers(cx: &mut Cx, snap: &crate::bucket::Snapshot) {
+    let mut set = |k: &'static str, v: Value| {
+        cx.fx.push(Effect::SetResponseHeader(Cow::Borrowed(k), v));
+    };
+    set(
+        "x-ratelimit-limit-tokens",
+        Value::Int(snap.limit_tokens.floor() as u64),
+    );
+    set("x-ratelimit-remaining-tokens", Value::Int(snap.remaining_tokens));
+    set("x-ratelimit-reset-tokens", Value::Secs(snap.reset_tokens_s));
+    if let Some((limit, remaining, reset)) = snap.requests {
+        set("x-ratelimit-limit-requests", Value::Int(limit.floor() as u64));
+        set("x-ratelimit-remaining-requests", Value::Int(remaining));
+        set("x-ratelimit-reset-requests", Value::Secs(reset));
     }
 }
 

@@ -48,12 +48,32 @@ impl Request {
         matches!(self.stage, Stage::Forwarded(_) | Stage::Held(_))
     }
 
-    /// True when `on_log` has work to do (an admitted request, or a reconciliation to queue).
+    /// True when a response chunk must be shown to the flow (a stream or JSON body being read, or the
+    /// end of the response with something to settle, refund or record).
+    pub fn wants_response_body(&self, end_of_stream: bool) -> bool {
+        match &self.stage {
+            Stage::Forwarded(f) | Stage::Held(f) => {
+                f.resp.stream.is_some()
+                    || f.resp.collect
+                    || (end_of_stream
+                        && (f.quota.is_some() || f.refund || !f.charges.breakers.is_empty()))
+            }
+            _ => false,
+        }
+    }
+
+    /// True when `on_log` has work to do (a breaker outcome, a settlement or refund not done yet, a
+    /// reconciliation to queue).
     pub fn has_end_work(&self) -> bool {
-        matches!(
-            self.stage,
-            Stage::Forwarded(_) | Stage::Held(_) | Stage::Replied(_)
-        )
+        match &self.stage {
+            Stage::Forwarded(f) | Stage::Held(f) => {
+                !f.charges.breakers.is_empty()
+                    || f.quota.as_ref().is_some_and(|q| !q.settled)
+                    || (f.refund && !f.resp.refunded)
+            }
+            Stage::Replied(r) => r.reconcile.is_some(),
+            _ => false,
+        }
     }
 
     /// The phase, for tests and logs.
@@ -213,6 +233,8 @@ pub(super) struct Forwarded {
     pub charges: Charges,
     pub snapshot: Option<Snapshot>,
     pub shaped_ms: u64,
+    /// A charged rule gives back unused tokens (`refund_unused`).
+    pub refund: bool,
     pub quota: Option<QuotaReq>,
     /// The decision written to the audit record (kept when settlement facts are added).
     pub decision: &'static str,

@@ -3,7 +3,7 @@
 
 use super::abi::{self, Buffer, HeaderBlob, Level, Map};
 use super::effects::{apply_common, call_reply, dispatch};
-use super::{EnvoyHost, VM};
+use super::{EnvoyHost, LazyHeaders, VM};
 use crate::config::Config;
 use crate::flow::{CalloutReply, Cx, Effect, Next, Request};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -104,7 +104,7 @@ impl Http {
                     refused(abi::remove_header(Map::RequestHeaders, &k));
                 }
                 Effect::SetResponseHeader(k, v) => {
-                    refused(abi::set_header(Map::ResponseHeaders, &k, &v));
+                    refused(v.with_str(|v| abi::set_header(Map::ResponseHeaders, &k, v)));
                 }
                 Effect::RemoveResponseHeader(k) => {
                     refused(abi::remove_header(Map::ResponseHeaders, &k));
@@ -241,15 +241,15 @@ impl HttpContext for Http {
         if !self.req.is_forwarded() {
             return Action::Continue;
         }
-        // Every response header this request looks at, in one host call.
-        let headers = HeaderBlob::get(Map::ResponseHeaders);
+        // Every response header this request looks at, in one host call, if it looks at any.
+        let headers = LazyHeaders::new(Map::ResponseHeaders);
         self.run(From::Stream, |req, cx| {
             req.on_response_headers(cx, &headers, end_of_stream)
         })
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.req.is_forwarded() {
+        if !self.req.wants_response_body(end_of_stream) {
             return Action::Continue;
         }
         self.chunk_len = body_size;

@@ -61,3 +61,28 @@ impl crate::flow::Headers for abi::HeaderBlob {
         self.find(name)
     }
 }
+
+/// A header map read from the host on the first lookup only (one host call for all of them, none when
+/// the flow looks at no header: a data-returning host call costs about 11 k instructions).
+pub struct LazyHeaders {
+    map: abi::Map,
+    blob: std::cell::OnceCell<abi::HeaderBlob>,
+}
+
+impl LazyHeaders {
+    /// Map `map`, not read yet.
+    pub fn new(map: abi::Map) -> Self {
+        LazyHeaders {
+            map,
+            blob: std::cell::OnceCell::new(),
+        }
+    }
+}
+
+impl crate::flow::Headers for LazyHeaders {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.blob
+            .get_or_init(|| abi::HeaderBlob::get(self.map))
+            .find(name)
+    }
+}
