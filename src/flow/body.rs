@@ -537,7 +537,7 @@ impl Request {
     }
 
     /// The reservation this request asks for.
-    fn quota_request(&self, cx: &Cx, plan: &Plan) -> Option<QuotaReq> {
+    pub(super) fn quota_request(&self, cx: &Cx, plan: &Plan) -> Option<QuotaReq> {
         let q = cx.cfg.quota.as_ref()?;
         let now_s = super::headers::unix_s(cx, q);
         let tq = q.tenant(&plan.meta.tenant);
@@ -723,63 +723,77 @@ impl Request {
     ) -> Next {
         cx.inc(Metric::RequestsAdmitted);
         let now = cx.now();
-        let plan = *plan;
-        let hold_until =
-            (plan.wait_ms > 0).then(|| now.saturating_add(plan.wait_ms.saturating_mul(1_000_000)));
+        let (wait_ms, sync) = (plan.wait_ms, plan.sync);
+        if let Some(due) = (wait_ms > 0)
+            .then(|| now.saturating_add(wait_ms.saturating_mul(1_000_000)))
+            .filter(|d| *d > now)
+        {
+            let fwd = forwarded(cx, plan, quota, "shaped");
+            cx.worker.hold(self.id, due);
+            self.stage = Stage::Held(Box::new(fwd));
+            return Next::Pause;
+        }
         let decision = if quota.as_ref().is_some_and(|q| q.fail_open) {
             "admit_quota_fail_open"
         } else {
             "admit"
         };
-        let refund = plan
-            .charges
-            .local
-            .as_ref()
-            .or(plan.charges.global.as_ref())
-            .and_then(|c| cx.cfg.rules.get(c.rule))
-            .is_some_and(|r| r.refund_unused);
-        let fwd = Forwarded {
-            refund,
-            meta: plan.meta,
-            model: plan.model,
-            cost: plan.cost,
-            injected_usage: plan.injected_usage,
-            charges: plan.charges,
-            snapshot: plan.snapshot,
-            shaped_ms: plan.wait_ms,
-            quota,
-            decision,
-            resp: Default::default(),
-        };
-        if let Some(due) = hold_until.filter(|d| *d > now) {
-            cx.fx.push(Effect::Audit(answers::audit_record(
-                &fwd.meta.tenant,
-                &fwd.model,
-                Some(fwd.cost),
-                "shaped",
-                fwd.quota.as_ref(),
-            )));
-            cx.worker.hold(self.id, due);
-            self.stage = Stage::Held(Box::new(Forwarded {
-                decision: "shaped",
-                ..fwd
-            }));
-            return Next::Pause;
-        }
-        cx.fx.push(Effect::Audit(answers::audit_record(
-            &fwd.meta.tenant,
-            &fwd.model,
-            Some(fwd.cost),
-            decision,
-            fwd.quota.as_ref(),
-        )));
-        self.stage = Stage::Forwarded(Box::new(fwd));
-        if plan.sync {
+        self.forward(cx, plan, quota, decision);
+        if sync {
             Next::Continue
         } else {
             cx.fx.push(Effect::Resume);
             Next::Pause
         }
+    }
+
+    /// The request is admitted with `decision` (audited): from here on it is forwarded.
+    pub(super) fn forward(
+        &mut self,
+        cx: &mut Cx,
+        plan: Box<Plan>,
+        quota: Option<QuotaReq>,
+        decision: &'static str,
+    ) {
+        let fwd = forwarded(cx, plan, quota, decision);
+        self.stage = Stage::Forwarded(Box::new(fwd));
+    }
+}
+
+/// The admitted request, its audit record written.
+fn forwarded(
+    cx: &mut Cx,
+    plan: Box<Plan>,
+    quota: Option<QuotaReq>,
+    decision: &'static str,
+) -> Forwarded {
+    let plan = *plan;
+    let refund = plan
+        .charges
+        .local
+        .as_ref()
+        .or(plan.charges.global.as_ref())
+        .and_then(|c| cx.cfg.rules.get(c.rule))
+        .is_some_and(|r| r.refund_unused);
+    cx.fx.push(Effect::Audit(answers::audit_record(
+        &plan.meta.tenant,
+        &plan.model,
+        Some(plan.cost),
+        decision,
+        quota.as_ref(),
+    )));
+    Forwarded {
+        refund,
+        meta: plan.meta,
+        model: plan.model,
+        cost: plan.cost,
+        injected_usage: plan.injected_usage,
+        charges: plan.charges,
+        snapshot: plan.snapshot,
+        shaped_ms: plan.wait_ms,
+        quota,
+        decision,
+        resp: Default::default(),
     }
 }
 

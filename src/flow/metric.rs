@@ -73,6 +73,7 @@ metrics! {
     GlobalTokensDebited => "global_tokens_debited",
     GlobalCreditsDropped => "global_credits_dropped",
     LogsSuppressed => "logs_suppressed",
+    ResponsesBeforeDecision => "responses_before_decision",
 }
 
 #[cfg(test)]

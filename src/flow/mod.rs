@@ -34,6 +34,7 @@ mod answers;
 mod body;
 mod callout;
 mod end;
+#[cfg(test)]
 pub mod fake;
 mod headers;
 pub mod logs;

@@ -38,7 +38,6 @@ impl Forwarded {
             .as_ref()
             .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain))
     }
-
 }
 
 impl Request {
@@ -49,6 +48,9 @@ impl Request {
         h: &dyn Headers,
         end_of_stream: bool,
     ) -> Next {
+        if let Stage::Admitting(_) = self.stage {
+            self.response_before_decision(cx);
+        }
         let (Stage::Forwarded(f) | Stage::Held(f)) = &mut self.stage else {
             return Next::Continue;
         };
@@ -168,10 +170,16 @@ fn ratelimit_headers(cx: &mut Cx, snap: &crate::bucket::Snapshot) {
         "x-ratelimit-limit-tokens",
         Value::Int(snap.limit_tokens.floor() as u64),
     );
-    set("x-ratelimit-remaining-tokens", Value::Int(snap.remaining_tokens));
+    set(
+        "x-ratelimit-remaining-tokens",
+        Value::Int(snap.remaining_tokens),
+    );
     set("x-ratelimit-reset-tokens", Value::Secs(snap.reset_tokens_s));
     if let Some((limit, remaining, reset)) = snap.requests {
-        set("x-ratelimit-limit-requests", Value::Int(limit.floor() as u64));
+        set(
+            "x-ratelimit-limit-requests",
+            Value::Int(limit.floor() as u64),
+        );
         set("x-ratelimit-remaining-requests", Value::Int(remaining));
         set("x-ratelimit-reset-requests", Value::Secs(reset));
     }
@@ -180,4 +188,36 @@ fn ratelimit_headers(cx: &mut Cx, snap: &crate::bucket::Snapshot) {
 /// A `content-encoding` other than identity.
 pub fn is_encoded(v: Option<&str>) -> bool {
     v.is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"))
+}
+
+impl Request {
+    /// The upstream answered while the admission was still pending (a provider that answers before
+    /// reading the body, e.g. refusing a key). The answer cannot be stopped any more, so the request is
+    /// accounted as admitted from here on: what was charged stays charged; a global charge in flight
+    /// keeps whatever Redis does with it (as after a timeout); the quota is *reconciled* at the end —
+    /// charged what the response shows it cost, whatever a reservation in flight does (the tombstone
+    /// makes a late one a no-op) — and a callout answer that arrives later is ignored. Counted in
+    /// `tokengate_responses_before_decision`.
+    fn response_before_decision(&mut self, cx: &mut Cx) {
+        let Stage::Admitting(mut plan) =
+            std::mem::replace(&mut self.stage, super::state::Stage::Done)
+        else {
+            return;
+        };
+        cx.inc(super::Metric::ResponsesBeforeDecision);
+        cx.log_failure(
+            super::Level::Warn,
+            "response_before_decision",
+            "the upstream answered before the filter decided on the request (does it read the whole body before answering?); accounting it as admitted".to_string(),
+        );
+        let quota = match std::mem::replace(&mut plan.step, super::state::Step::Done) {
+            super::state::Step::Quota(qr) => Some(*qr),
+            _ => self.quota_request(cx, &plan),
+        }
+        .map(|mut qr| {
+            qr.uncertain = true;
+            qr
+        });
+        self.forward(cx, plan, quota, "response_before_decision");
+    }
 }

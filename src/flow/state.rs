@@ -43,9 +43,13 @@ impl Request {
         matches!(self.stage, Stage::Held(_))
     }
 
-    /// True once the request was admitted (the response phases have work to do).
-    pub fn is_forwarded(&self) -> bool {
-        matches!(self.stage, Stage::Forwarded(_) | Stage::Held(_))
+    /// True once the request was admitted (the response phases have work to do), or while its
+    /// admission is pending (an upstream that answers before the body was read is a defined case).
+    pub fn sees_response(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Forwarded(_) | Stage::Held(_) | Stage::Admitting(_)
+        )
     }
 
     /// True when a response chunk must be shown to the flow (a stream or JSON body being read, or the

@@ -238,7 +238,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if !self.req.is_forwarded() {
+        if !self.req.sees_response() {
             return Action::Continue;
         }
         // Every response header this request looks at, in one host call, if it looks at any.

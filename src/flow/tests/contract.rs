@@ -1,0 +1,234 @@
+//! The response contract: every answer the filter makes, and the headers of admitted responses.
+
+use super::*;
+use crate::flow::Metric;
+
+#[test]
+fn an_admitted_request_is_forwarded_with_rate_limit_and_estimate_headers() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1000.0)]}));
+    let mut c = e.send(
+        "/v1/chat/completions",
+        &[TENANT],
+        &chat("m", "hello there", 10),
+    );
+    assert!(c.forwarded && c.reply.is_none());
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"id":"x"}"#],
+    );
+    clean(&c);
+    let cost = estimated(&c);
+    assert!(cost > 10, "prompt + 10 reserved, got {cost}");
+    assert_eq!(c.header("x-ratelimit-limit-tokens"), Some("1000"));
+    assert_eq!(
+        c.header("x-ratelimit-remaining-tokens"),
+        Some((1000 - cost).to_string().as_str())
+    );
+    assert!(c.header("x-ratelimit-reset-tokens").is_some());
+    assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
+    assert_eq!(c.audit_field("tenant").as_deref(), Some("acme"));
+    assert_eq!(e.metric(Metric::RequestsAdmitted), 1);
+}
+
+#[test]
+fn an_empty_token_bucket_answers_429_tokens_per_second_exceeded_with_the_estimate() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 100.0)]}));
+    let first = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
+    assert!(first.forwarded);
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
+    clean(&c);
+    assert_eq!(c.status(), Some(429));
+    let j = c.reply_json();
+    assert_eq!(j["error"]["code"], "tokens_per_second_exceeded");
+    assert_eq!(j["error"]["type"], "rate_limit_error");
+    assert!(c.reply_header("retry-after").is_some());
+    assert_eq!(c.reply_header("x-ratelimit-limit-tokens"), Some("100"));
+    assert!(estimated(&c) > 60);
+    assert_eq!(e.metric(Metric::RequestsLimitedTokens), 1);
+    assert_eq!(c.audit_field("decision").as_deref(), Some("limited_tokens"));
+}
+
+#[test]
+fn a_spent_request_bucket_answers_429_requests_per_minute_exceeded() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
+        {"name": "r", "tokens_per_second": 1000, "burst": 100000, "requests_per_minute": 1}]}));
+    assert!(
+        e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5))
+            .forwarded
+    );
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5));
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(
+        c.reply_json()["error"]["code"],
+        "requests_per_minute_exceeded"
+    );
+    assert_eq!(c.reply_header("x-ratelimit-remaining-requests"), Some("0"));
+    assert_eq!(e.metric(Metric::RequestsLimitedRequests), 1);
+}
+
+#[test]
+fn a_bucket_known_from_the_headers_refuses_before_the_upstream_is_contacted() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
+        {"name": "r", "tokens_per_second": 1000, "burst": 1e6, "requests_per_minute": 1}]}));
+    let body = chat("m", "hi", 35);
+    assert!(
+        e.send(
+            "/v1/chat/completions",
+            &[TENANT, ("x-tokengate-model", "m")],
+            &body
+        )
+        .forwarded
+    );
+    let c = e.send(
+        "/v1/chat/completions",
+        &[TENANT, ("x-tokengate-model", "m")],
+        &body,
+    );
+    clean(&c);
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(
+        c.reply_json()["error"]["code"],
+        "requests_per_minute_exceeded"
+    );
+    assert!(!c.upstream_started, "refused in the headers phase");
+    // No estimate is known in the headers phase.
+    assert_eq!(c.reply_header("x-tokengate-estimated-tokens"), None);
+}
+
+#[test]
+fn a_cost_above_the_burst_answers_413_cost_exceeds_burst() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 100.0)]}));
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 500));
+    assert_eq!(c.status(), Some(413));
+    assert_eq!(c.reply_json()["error"]["code"], "cost_exceeds_burst");
+    assert_eq!(e.metric(Metric::RequestsRejectedCostExceedsBurst), 1);
+}
+
+#[test]
+fn a_body_over_max_body_bytes_answers_413_from_its_content_length_or_while_buffering() {
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "max_body_bytes": 100, "rules": [rule(10.0, 1e6)]}),
+    );
+    let big = chat("m", &"x".repeat(200), 5);
+    let c = e.send("/v1/chat/completions", &[TENANT], &big);
+    assert_eq!(c.status(), Some(413));
+    assert!(!c.upstream_started);
+    assert_eq!(c.reply_json()["error"]["code"], "request_too_large");
+    // Without content-length (chunked upload) the body phase refuses it.
+    let c = e.send(
+        "/v1/chat/completions",
+        &[TENANT, ("content-length", "10")],
+        &big,
+    );
+    assert!(c.upstream_started);
+    assert_eq!(c.status(), Some(413));
+    assert_eq!(e.metric(Metric::RequestsRejectedTooLarge), 2);
+}
+
+#[test]
+fn a_body_that_is_not_a_request_answers_400_or_is_charged_the_configured_tokens() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let c = e.send("/v1/chat/completions", &[TENANT], "not json");
+    assert_eq!(c.status(), Some(400));
+    assert_eq!(c.reply_json()["error"]["code"], "invalid_body");
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "invalid_body": {"action": "charge", "tokens": 77},
+        "rules": [rule(10.0, 1e6)]}),
+    );
+    let mut c = e.send("/v1/chat/completions", &[TENANT], "not json");
+    assert!(c.forwarded);
+    e.respond(&mut c, 400, &[], &["{}"]);
+    assert_eq!(estimated(&c), 77);
+    assert_eq!(e.metric(Metric::RequestsInvalidBodyCharged), 1);
+}
+
+#[test]
+fn no_tenant_answers_401_unless_a_default_tenant_is_configured() {
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "api_key_tenants": false, "rules": [rule(10.0, 1e6)]}),
+    );
+    let c = e.send("/v1/chat/completions", &[], &chat("m", "hi", 5));
+    assert_eq!(c.status(), Some(401));
+    assert_eq!(c.reply_json()["error"]["code"], "missing_tenant");
+    assert!(!c.upstream_started);
+    let e = envoy(
+        json!({"default_tenant": "anon", "api_key_tenants": false, "rules": [rule(10.0, 1e6)]}),
+    );
+    let c = e.send("/v1/chat/completions", &[], &chat("m", "hi", 5));
+    assert!(c.forwarded);
+    assert_eq!(c.audit_field("tenant").as_deref(), Some("anon"));
+}
+
+#[test]
+fn an_api_key_names_a_hashed_tenant() {
+    let e = envoy(json!({"rules": [rule(10.0, 1e6)]}));
+    let c = e.send(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer sk-alice")],
+        &chat("m", "hi", 5),
+    );
+    assert!(c.forwarded);
+    let t = c.audit_field("tenant").unwrap();
+    assert_eq!(t, crate::identity::tenant_from_key("sk-alice"));
+    assert!(!t.contains("alice"));
+}
+
+#[test]
+fn other_methods_and_paths_pass_untouched_but_lose_a_client_sent_route_header() {
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)],
+        "breaker": {"cluster_fallbacks": {"provider": {"cluster": "fb", "route": "fallback"}}}}),
+    );
+    let c = e.send(
+        "/v1/models",
+        &[TENANT, ("x-tokengate-route", "fallback")],
+        "{}",
+    );
+    clean(&c);
+    assert!(c.forwarded && c.audit.is_none());
+    assert!(!c.headers.iter().any(|(k, _)| k == "x-tokengate-route"));
+    assert_eq!(e.metric(Metric::RequestsPassthrough), 1);
+}
+
+#[test]
+fn case_parameters_and_trailing_slashes_do_not_hide_an_llm_path() {
+    use crate::estimate::ApiKind;
+    use crate::flow::headers::api_kind;
+    for p in [
+        "/v1/chat/completions",
+        "/V1/Chat/Completions/",
+        "/v1/chat;x=y/completions?stream=1",
+        "/openai/deployments/d/chat/completions",
+    ] {
+        assert_eq!(
+            api_kind(Some("POST"), Some(p)),
+            Some(ApiKind::ChatCompletions),
+            "{p}"
+        );
+    }
+    assert_eq!(api_kind(Some("GET"), Some("/v1/chat/completions")), None);
+    assert_eq!(
+        api_kind(Some("POST"), Some("/v1/threads/t1/messages")),
+        None
+    );
+    assert_eq!(
+        api_kind(Some("POST"), Some("/v1/messages")),
+        Some(ApiKind::AnthropicMessages)
+    );
+}
+
+#[test]
+fn every_answer_in_the_headers_phase_leaves_no_request_hanging() {
+    // 401, 413 by content-length, cached quota 429, open cluster breaker: the headers phase answers
+    // and never pauses without a reply (FakeEnvoy flags a pause as a violation).
+    let e =
+        envoy(json!({"api_key_tenants": false, "max_body_bytes": 10, "rules": [rule(10.0, 1e6)]}));
+    clean(&e.send("/v1/chat/completions", &[], &chat("m", "hi", 5)));
+    clean(&e.send(
+        "/v1/chat/completions",
+        &[("x-tenant-id", "a")],
+        &chat("m", "hi", 5),
+    ));
+}

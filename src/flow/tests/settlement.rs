@@ -1,0 +1,245 @@
+//! The quota: reservation, the settlement table (one test per row), idempotent repeats, clamping,
+//! include_usage injection.
+
+use super::*;
+use crate::flow::Metric;
+
+fn quota_cfg(extra: Value) -> Value {
+    let mut q = json!({"cluster": "webdis", "monthly_limit": 100000});
+    if let (Some(q), Some(x)) = (q.as_object_mut(), extra.as_object()) {
+        for (k, v) in x {
+            q.insert(k.clone(), v.clone());
+        }
+    }
+    json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)], "quota": q})
+}
+
+/// Sends a chat request and admits its reservation; returns the call and what was reserved.
+fn admitted(e: &FakeEnvoy, body: &str) -> Call {
+    let mut c = e.send("/v1/chat/completions", &[TENANT], body);
+    clean(&c);
+    let callout = c.pending.clone().expect("a reservation callout");
+    assert!(segments(&callout.body)
+        .iter()
+        .any(|s| s == "tg:q:{acme}:2026-11"));
+    assert!(!c.forwarded, "waits for the reservation");
+    e.reply(&mut c, 200, &reserved(500, 100000));
+    assert!(c.forwarded);
+    c
+}
+
+/// The settlements queued by the worker, as (delta, release) pairs, after a tick.
+fn settled_deltas(e: &FakeEnvoy) -> Vec<i64> {
+    e.tick(0);
+    let calls = e.root_callouts.borrow().clone();
+    calls
+        .iter()
+        .flat_map(|c| {
+            let seg = segments(&c.body);
+            let nkeys: usize = seg[2].parse().unwrap();
+            let args = &seg[3 + nkeys..];
+            // Batch: 5 args per settlement, then the protocol tag.
+            args.chunks(5)
+                .filter(|a| a.len() == 5)
+                .map(|a| a[0].parse::<i64>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_complete_answer_with_usage_is_charged_its_usage_token_for_token() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 100));
+    let reserved = estimated(&c);
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20,"total_tokens":27}}"#],
+    );
+    clean(&c);
+    assert_eq!(c.header("x-tokengate-quota-remaining"), Some("99500"));
+    assert_eq!(c.header("x-tokengate-quota-limit"), Some("100000"));
+    assert_eq!(c.audit_field("actual").as_deref(), Some("27"));
+    assert_eq!(c.audit_field("usage_source").as_deref(), Some("provider"));
+    assert_eq!(settled_deltas(&e), vec![27 - reserved as i64]);
+}
+
+#[test]
+fn a_complete_answer_without_usage_is_charged_the_reservation() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 100));
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"id":"x"}"#],
+    );
+    assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
+    assert_eq!(c.audit_field("actual"), c.audit_field("reserved"));
+    assert!(settled_deltas(&e).is_empty(), "nothing to correct");
+    assert_eq!(e.metric(Metric::QuotaSettled), 1);
+}
+
+#[test]
+fn an_answer_the_provider_did_not_serve_is_refunded_in_full() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 100));
+    let reserved = estimated(&c) as i64;
+    e.respond(
+        &mut c,
+        500,
+        &[("content-type", "application/json")],
+        &[r#"{"error":{}}"#],
+    );
+    assert_eq!(c.audit_field("actual").as_deref(), Some("0"));
+    assert_eq!(c.audit_field("usage_source").as_deref(), Some("none"));
+    assert_eq!(settled_deltas(&e), vec![-reserved]);
+}
+
+#[test]
+fn a_stream_cut_mid_way_is_charged_the_prompt_and_the_streamed_output() {
+    let e = envoy(quota_cfg(json!({"inject_stream_usage": false})));
+    let mut c = admitted(&e, &chat_stream("m", "hello", 1000));
+    let text = "word ".repeat(40);
+    let ev = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n");
+    e.respond_partly(
+        &mut c,
+        200,
+        &[("content-type", "text/event-stream")],
+        &[&ev],
+        false,
+    );
+    e.end(&mut c); // the client (or upstream) went away before [DONE]
+    clean(&c);
+    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
+    assert!(
+        actual > 30 && actual < reserved,
+        "prompt + ~40 streamed tokens, got {actual} of {reserved}"
+    );
+}
+
+#[test]
+fn a_client_gone_before_any_response_is_charged_the_prompt() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 1000));
+    e.end(&mut c);
+    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    assert!(actual > 0 && actual < 50, "the prompt only, got {actual}");
+    assert_eq!(settled_deltas(&e), vec![actual as i64 - reserved as i64]);
+}
+
+#[test]
+fn include_usage_is_injected_for_streams_and_its_chunk_removed_from_what_the_client_gets() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat_stream("m", "hello", 50));
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert!(
+        !c.headers.iter().any(|(k, _)| k == "content-length"),
+        "rewritten body goes chunked"
+    );
+    let chunks = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    e.respond(
+        &mut c,
+        200,
+        &[
+            ("content-type", "text/event-stream"),
+            ("content-length", "999"),
+        ],
+        &chunks,
+    );
+    clean(&c);
+    let seen = String::from_utf8(c.client_body.clone()).unwrap();
+    assert!(seen.contains("\"hi\"") && seen.contains("[DONE]"));
+    assert!(
+        !seen.contains("usage"),
+        "the injected usage chunk is stripped: {seen}"
+    );
+    assert_eq!(c.header("content-length"), None);
+    assert_eq!(c.audit_field("actual").as_deref(), Some("6"));
+}
+
+#[test]
+fn an_idempotent_repeat_is_admitted_free_and_not_settled() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = e.send(
+        "/v1/chat/completions",
+        &[TENANT, ("idempotency-key", "k1")],
+        &chat("m", "hi", 10),
+    );
+    let seg = segments(&c.pending.clone().unwrap().body);
+    assert!(seg.iter().any(|s| s == "tg:q:{acme}:idem:k1"), "{seg:?}");
+    e.reply(&mut c, 200, &eval(&[1, 500, 100000, 0, -1, 1, 0, 0]));
+    assert!(c.forwarded);
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20}}"#],
+    );
+    assert_eq!(e.metric(Metric::QuotaDuplicates), 1);
+    assert!(settled_deltas(&e).is_empty());
+}
+
+#[test]
+fn a_spent_quota_answers_429_and_is_then_refused_from_shared_data_without_a_callout() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    e.reply(&mut c, 200, &eval(&[0, 100000, 100000, 0, -1, 0, 0, 1]));
+    clean(&c);
+    assert_eq!(c.status(), Some(429));
+    let j = c.reply_json();
+    assert_eq!(j["error"]["type"], "insufficient_quota");
+    assert_eq!(c.reply_header("x-tokengate-quota-remaining"), Some("0"));
+    assert_eq!(e.metric(Metric::QuotaRejected), 1);
+    // The next request is refused in the headers phase, no callout.
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    assert_eq!(c.status(), Some(429));
+    assert!(c.pending.is_none() && !c.upstream_started);
+    assert_eq!(e.metric(Metric::QuotaRejectedCached), 1);
+    assert_eq!(
+        c.audit_field("decision").as_deref(),
+        Some("quota_exceeded_cached")
+    );
+}
+
+#[test]
+fn a_clamped_reservation_lowers_max_tokens_in_the_body() {
+    let e = envoy(quota_cfg(json!({"clamp_output": true})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1000));
+    // Granted 40 of output cost (unit weights): max_tokens 40.
+    e.reply(&mut c, 200, &eval(&[1, 99990, 100000, 0, -1, 0, 40, 3]));
+    clean(&c);
+    assert!(c.forwarded);
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["max_tokens"], 40);
+    assert_eq!(e.metric(Metric::QuotaClamped), 1);
+}
+
+#[test]
+fn settlements_of_one_tenant_go_in_one_batch_and_a_failed_batch_is_retried() {
+    let e = envoy(quota_cfg(json!({})));
+    for _ in 0..3 {
+        let mut c = admitted(&e, &chat("m", "hello", 100));
+        e.respond(&mut c, 500, &[], &["{}"]);
+    }
+    e.tick(0);
+    assert_eq!(e.root_callouts.borrow().len(), 1, "one batch");
+    e.reply_root(0, 503, "");
+    assert_eq!(e.metric(Metric::QuotaSettleRetries), 3);
+    e.advance_ms(2000);
+    e.tick(0);
+    assert_eq!(e.root_callouts.borrow().len(), 1);
+    e.reply_root(0, 200, &eval(&[1, 1, 1]));
+    assert_eq!(e.metric(Metric::QuotaSettled), 3);
+    assert!(e.metric(Metric::QuotaRefundedTokens) > 0);
+}
