@@ -538,3 +538,84 @@ fn docker_compose_mounts_files_that_exist() {
         "docker-compose.yaml must pin Envoy 1.40.0"
     );
 }
+
+/// The names of the HTTP filters of a bootstrap, in order (`- name: …` items right under `http_filters:`).
+fn http_filter_names(yaml: &str) -> Vec<String> {
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim_start() != "http_filters:");
+    let Some(key_line) = lines.next() else {
+        return Vec::new();
+    };
+    let key_indent = key_line.len() - key_line.trim_start().len();
+    let mut names = Vec::new();
+    for line in lines {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if indent < key_indent || (indent == key_indent && !trimmed.starts_with("- ")) {
+            break;
+        }
+        if indent == key_indent {
+            if let Some(name) = trimmed.strip_prefix("- name: ") {
+                names.push(name.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_bootstrap_removes_client_identity_headers_before_any_other_filter() {
+    let config = envoy_plugin_config("envoy.yaml");
+    let tenant_header = config["tenant_header"].as_str().expect("tenant_header");
+    for file in ["envoy.yaml", "envoy-docker.yaml"] {
+        let yaml = read(&envoy_dir().join(file));
+        let filters = http_filter_names(&yaml);
+        assert_eq!(
+            filters,
+            [
+                "envoy.filters.http.header_mutation",
+                "envoy.filters.http.jwt_authn",
+                "envoy.filters.http.wasm",
+                "envoy.filters.http.router"
+            ],
+            "{file}: http_filters"
+        );
+        let first = yaml
+            .find("- name: envoy.filters.http.header_mutation")
+            .expect("header_mutation");
+        let jwt = yaml
+            .find("- name: envoy.filters.http.jwt_authn")
+            .expect("jwt_authn");
+        let mutation = &yaml[first..jwt];
+        for header in [tenant_header, "x-tokengate-group"] {
+            assert!(
+                mutation.contains(&format!("- remove: {header}\n")),
+                "{file}: header_mutation does not remove {header}"
+            );
+        }
+        let authn = &yaml[jwt..];
+        for (claim, header) in [("tenant", tenant_header), ("group", "x-tokengate-group")] {
+            assert!(
+                authn.contains(&format!(
+                    "- header_name: {header}\n                    claim_name: {claim}\n"
+                )),
+                "{file}: jwt_authn does not map claim {claim} to {header}"
+            );
+        }
+        // Missing tokens fall through to the API key; a present but bad token is refused (not
+        // `allow_missing_or_failed`).
+        assert!(
+            authn.contains("- allow_missing: {}"),
+            "{file}: allow_missing"
+        );
+        assert!(
+            !authn.contains("allow_missing_or_failed"),
+            "{file}: a failed token must be refused"
+        );
+        assert!(authn.contains("forward: false"), "{file}: token forwarded");
+    }
+}
