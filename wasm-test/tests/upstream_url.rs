@@ -161,12 +161,20 @@ fn an_api_key_replaces_the_clients_and_a_base_path_is_prefixed() {
     );
 }
 
+/// URL, API key, text the rendered config must contain, text it must not.
+type Case = (
+    &'static str,
+    Option<&'static str>,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
 #[test]
 fn every_upstream_url_variant_passes_envoy_validate_and_bad_ones_are_refused() {
     let wasm = require_wasm();
     let tmp = TempDir::new("upstream");
     let cfg = tmp.path().join("envoy.yaml");
-    let cases: [(&str, Option<&str>, &[&str], &[&str]); 6] = [
+    let cases: [Case; 6] = [
         (
             "https://api.openai.com/v1",
             Some("sk-x"),
