@@ -8,12 +8,18 @@
 #   scripts/deps.sh               everything
 #   scripts/deps.sh --rust-only   only the Rust target (what `make build` and `make lint` need)
 #   scripts/deps.sh --bench       everything, plus valgrind (`make bench` counts instructions with callgrind)
+#   scripts/deps.sh --containers  everything, plus what `make compose-test` and `make oci` need: podman, runc,
+#                                 netavark, aardvark-dns, iptables and debootstrap from Debian, podman-compose
+#                                 (PyPI) into .venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUST_ONLY=0
 BENCH=0
 if [ "${1:-}" = --rust-only ]; then RUST_ONLY=1; fi
 if [ "${1:-}" = --bench ]; then BENCH=1; fi
+CONTAINERS=0
+if [ "${1:-}" = --containers ]; then CONTAINERS=1; fi
+PODMAN_COMPOSE_VERSION=1.6.0
 
 ENVOY_VERSION=1.40.0
 export DEBIAN_FRONTEND=noninteractive
@@ -80,7 +86,21 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v webdis >/dev/null 2>&1 || missing+=(webdis)
 if [ "$BENCH" = 1 ]; then command -v valgrind >/dev/null 2>&1 || missing+=(valgrind); fi
+if [ "$CONTAINERS" = 1 ]; then
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    [ -x /usr/lib/podman/netavark ] || missing+=(netavark)
+    [ -x /usr/lib/podman/aardvark-dns ] || missing+=(aardvark-dns)
+    command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     apt_install "${missing[@]}"
+fi
+
+# 4. podman-compose for `make compose-test` (only with --containers).
+if [ "$CONTAINERS" = 1 ] && [ ! -x .venv/bin/podman-compose ]; then
+    log "pip install podman-compose==$PODMAN_COMPOSE_VERSION into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check --no-input "podman-compose==$PODMAN_COMPOSE_VERSION"
 fi

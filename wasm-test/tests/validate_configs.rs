@@ -19,7 +19,7 @@ use std::process::Command;
 use serde_json::Value;
 
 const WASM_RELATIVE: &str = "target/wasm32-wasip1/release/tokengate.wasm";
-const DOCKER_WASM: &str = "/etc/envoy/tokengate.wasm";
+const DOCKER_WASM: &str = "/etc/envoy/wasm/tokengate.wasm";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -520,7 +520,7 @@ fn webdis_configs_enable_only_the_commands_the_filter_uses() {
 }
 
 #[test]
-fn docker_compose_mounts_files_that_exist() {
+fn docker_compose_mounts_files_that_exist_and_takes_images_from_variables() {
     let compose = read(&envoy_dir().join("docker-compose.yaml"));
     for file in ["envoy-docker.yaml", "webdis-docker.json", "Dockerfile.mock"] {
         assert!(
@@ -529,14 +529,82 @@ fn docker_compose_mounts_files_that_exist() {
         );
         assert!(envoy_dir().join(file).exists(), "envoy/{file} is missing");
     }
+    // The build output directory is mounted (a file mount of a missing .wasm would become an empty
+    // directory); the envoy service checks for the file and names `make build` (scripts/compose-test.sh
+    // runs that case for real).
+    let wasm_dir = WASM_RELATIVE.trim_end_matches("/tokengate.wasm");
+    let docker_dir = DOCKER_WASM.trim_end_matches("/tokengate.wasm");
     assert!(
-        compose.contains(WASM_RELATIVE),
-        "docker-compose.yaml must mount the built wasm"
+        compose.contains(&format!("- ../{wasm_dir}:{docker_dir}:ro")),
+        "docker-compose.yaml must mount ../{wasm_dir} at {docker_dir}"
     );
     assert!(
-        compose.contains("envoyproxy/envoy:v1.40.0"),
-        "docker-compose.yaml must pin Envoy 1.40.0"
+        compose.contains(&format!("if [ ! -f {DOCKER_WASM} ]; then")),
+        "the envoy service must check for {DOCKER_WASM} before starting Envoy"
     );
+    // Official images by default, each replaceable by a variable.
+    for (var, default) in [
+        ("ENVOY_IMAGE", "envoyproxy/envoy:v1.40.0"),
+        ("REDIS_IMAGE", "redis:7"),
+        ("WEBDIS_IMAGE", "nicolas/webdis:latest"),
+        ("MOCK_IMAGE", "tokengate-mock-provider"),
+    ] {
+        assert!(
+            compose.contains(&format!("image: ${{{var}:-{default}}}")),
+            "docker-compose.yaml: image ${{{var}:-{default}}}"
+        );
+    }
+    assert!(
+        !compose.contains("\n    image: envoyproxy") && !compose.contains("image: redis:"),
+        "an image name is hard-coded"
+    );
+    // Start order on health, and Redis durable.
+    for (service, dep) in [
+        ("envoy", "webdis"),
+        ("envoy", "mock"),
+        ("envoy", "mock2"),
+        ("webdis", "redis"),
+    ] {
+        let block = service_block(&compose, service);
+        assert!(
+            block.contains(&format!("{dep}: {{ condition: service_healthy }}")),
+            "{service} must wait for {dep} to be healthy"
+        );
+    }
+    for service in ["envoy", "mock", "mock2", "redis", "webdis"] {
+        assert!(
+            service_block(&compose, service).contains("healthcheck:"),
+            "{service} has no healthcheck"
+        );
+    }
+    let redis = service_block(&compose, "redis");
+    for arg in [
+        "\"--appendonly\", \"yes\"",
+        "\"--appendfsync\", \"everysec\"",
+    ] {
+        assert!(redis.contains(arg), "redis: {arg}");
+    }
+    assert!(redis.contains("- redis-data:/data"), "redis data volume");
+}
+
+/// The lines of one service of a compose file (from `  <name>:` to the next service or top-level key).
+fn service_block(compose: &str, name: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in compose.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim();
+        if !t.is_empty() && !t.starts_with('#') && indent <= 2 {
+            inside = indent == 2 && t == format!("{name}:");
+            continue;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(!out.is_empty(), "docker-compose.yaml: no service {name}");
+    out
 }
 
 /// The names of the HTTP filters of a bootstrap, in order (`- name: …` items right under `http_filters:`).
