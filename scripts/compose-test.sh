@@ -10,7 +10,7 @@
 #      not run healthchecks by itself without systemd, and podman-compose waits on `service_healthy` only
 #      with Podman >= 4.6 (Docker Compose honours the conditions).
 #   3. The smoke test: admitted / rate-limited / global bucket / quota / identity / breaker / metrics, and
-#      Redis' AOF directory exists in its volume.
+#      Redis' AOF directory exists in its volume. Then `make oci`'s image is built and checked (scripts/oci.sh).
 #   4. Always (trap): `podman-compose down -v`, then whatever is left with the project's label (containers,
 #      network, volume) is removed by name. The stand-in images stay cached (`scripts/compose-test.sh
 #      --clean-images` removes them and the base image).
@@ -133,8 +133,12 @@ if [ "$smoke" != 0 ]; then
     envoy_c=$(grep -m1 '_envoy_' <<<"$containers")
     podman logs --tail 40 "$envoy_c" >&2 || true
 fi
+# 4. The OCI image of the plugin (`make oci`), checked by scripts/oci.sh, then removed.
+if scripts/oci.sh localhost/tokengate-wasm:compose-test; then oci=1; else oci=0; fi
+podman rmi -f localhost/tokengate-wasm:compose-test >/dev/null 2>&1 || true
+
 # Missing .wasm and health passed (the script dies otherwise).
-passed=$(( smoke_passed + 2 + aof ))
-failed=$(( smoke_failed + 1 - aof ))
+passed=$(( smoke_passed + 2 + aof + oci ))
+failed=$(( smoke_failed + 2 - aof - oci ))
 log "$passed passed, $failed failed"
 [ "$failed" = 0 ]
