@@ -815,3 +815,122 @@ fn every_bootstrap_removes_client_identity_headers_before_any_other_filter() {
         assert!(authn.contains("forward: false"), "{file}: token forwarded");
     }
 }
+
+/// The metric names `src/host/metrics.rs` defines: `tokengate_<field>` for every field of its `counters!(…)`
+/// list, plus the prefixes of the dynamically named gauges of `src/host/gauges.rs`
+/// (`tokengate_breaker_state.` → Prometheus `tokengate_breaker_state_`).
+fn defined_metrics() -> (Vec<String>, Vec<String>) {
+    let src = read(&repo_root().join("src/host/metrics.rs"));
+    let start = src
+        .find("counters!(\n")
+        .expect("src/host/metrics.rs: no `counters!(` invocation")
+        + "counters!(\n".len();
+    let end = start + src[start..].find(");").expect("counters!( … );");
+    let names: Vec<String> = src[start..end]
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("tokengate_{s}"))
+        .collect();
+    assert!(names.len() > 10, "parsed too few counters: {names:?}");
+    for n in &names {
+        assert!(
+            n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+            "not a metric name: {n}"
+        );
+    }
+    let gauges = read(&repo_root().join("src/host/gauges.rs"));
+    let prefixes = gauges
+        .split('"')
+        .filter(|s| s.starts_with("tokengate_") && s.ends_with(".{}"))
+        .map(|s| s.trim_end_matches(".{}").to_string() + "_")
+        .collect();
+    (names, prefixes)
+}
+
+/// Every `tokengate_…` metric name in a PromQL expression, and every `__name__=~"tokengate_…"` regex prefix.
+fn promql_metric_names(expr: &str) -> (Vec<String>, Vec<String>) {
+    let mut names = Vec::new();
+    let mut regexes = Vec::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while let Some(off) = expr[i..].find("tokengate_") {
+        let s = i + off;
+        let mut e = s;
+        while e < bytes.len() && (bytes[e].is_ascii_alphanumeric() || bytes[e] == b'_') {
+            e += 1;
+        }
+        let name = &expr[s..e];
+        if expr[..s].ends_with("__name__=~\"") {
+            regexes.push(name.to_string());
+        } else {
+            names.push(name.to_string());
+        }
+        i = e;
+    }
+    (names, regexes)
+}
+
+#[test]
+fn grafana_dashboard_queries_only_metrics_the_filter_exports() {
+    let dashboard: Value =
+        serde_json::from_str(&read(&repo_root().join("docs/grafana-dashboard.json")))
+            .expect("docs/grafana-dashboard.json is JSON");
+    let (defined, prefixes) = defined_metrics();
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+    {
+        if let Some(q) = v["query"]["query"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "too few queries: {exprs:?}");
+    let mut queried = std::collections::BTreeSet::new();
+    for e in &exprs {
+        let (names, regexes) = promql_metric_names(e);
+        assert!(
+            !names.is_empty() || !regexes.is_empty(),
+            "query names no tokengate metric: {e}"
+        );
+        for n in names {
+            assert!(
+                defined.contains(&n),
+                "the dashboard queries {n}, which src/host/metrics.rs does not define ({e})"
+            );
+            queried.insert(n);
+        }
+        for r in regexes {
+            assert!(
+                prefixes.iter().any(|p| r == *p),
+                "the dashboard matches {r}…, which src/host/gauges.rs does not define ({e})"
+            );
+        }
+    }
+    // Every counter the filter defines is on the dashboard.
+    let missing: Vec<&String> = defined.iter().filter(|n| !queried.contains(*n)).collect();
+    assert!(missing.is_empty(), "not on the dashboard: {missing:?}");
+
+    // And the running filter exports exactly these names in /stats/prometheus.
+    let mock_port = wasm_test::free_port();
+    let envoy = wasm_test::Envoy::start(wasm_test::EnvoyOpts::new(
+        mock_port,
+        serde_json::json!({"tenant_header": "x-tenant-id", "rules": [
+            {"name": "all", "tenant": "*", "model": "*", "tokens_per_second": 10, "burst": 100}]}),
+    ))
+    .expect("envoy with the filter");
+    let prom = envoy.prometheus();
+    for n in &queried {
+        assert!(
+            wasm_test::prometheus_value(&prom, n).is_some(),
+            "Envoy's /stats/prometheus has no {n}"
+        );
+    }
+}
