@@ -8,7 +8,7 @@
 #                   (req/s, CPU, latency), then the same rows' instructions per request under callgrind
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
 #   make compose-test  envoy/docker-compose.yaml brought up with podman-compose on local stand-in images,
-#                   smoke-tested and torn down (first run ~1.5 min to build the images, then ~20 s)
+#                   smoke-tested and torn down (first run ~2.5 min to build the images, then ~20 s)
 #   make oci        the filter as an OCI image Istio can pull (oci://), built with Podman (see docs/deploying.md)
 #   make clean      cargo clean, remove .run/ and the empty-filter build (keeps .venv)
 #   make distclean  clean + remove .venv

@@ -17,7 +17,8 @@
 #
 # Needs: root, podman + runc + netavark + debootstrap (scripts/deps.sh --containers installs them and
 # podman-compose into .venv), the built .wasm and mock-provider (make compose-test builds them).
-# First run about 1.5 min (debootstrap ~30 s, apt in the image ~15 s); later runs about 1 min.
+# Measured on a 2-core machine: first run 70-140 s (debootstrap 30-80 s, stand-in images 20-35 s), then about
+# 20 s with the images cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
