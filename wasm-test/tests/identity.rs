@@ -1,0 +1,397 @@
+//! Tenant identity a client cannot forge, through the SHIPPED `envoy/envoy.yaml`.
+//!
+//! The bootstrap is rendered as shipped, with only ports and paths changed (listener, admin, the `provider`,
+//! `provider_fallback` and `webdis` clusters, the wasm path and the access log file), so the filter chain
+//! under test is the one users run: `header_mutation` (removes client-sent `x-tenant-id` and
+//! `x-tokengate-group`), then `jwt_authn` (a valid token in `x-tokengate-jwt` sets both from its `tenant`
+//! and `group` claims; a bad one is refused with 401), then tokengate with the shipped plugin configuration
+//! (`tenant_header: x-tenant-id`, `api_key_tenants: true`, monthly quotas in Redis behind Webdis).
+//!
+//! Charges are read where they land: the quota counters in Redis (`tg:q:{<tenant>}:<month>`) and the
+//! audit record of the access log (`tenant=…`). Test tokens are HS256, minted here with the demo key of
+//! the shipped `local_jwks`.
+
+mod shipped;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use shipped::ShippedEnvoy;
+use wasm_test::{
+    free_port, mock_provider, redis_cmd, repo_root, MockProvider, RedisServer, RespValue, Webdis,
+};
+
+/// The whole stack: mock provider, Redis, Webdis and the shipped Envoy.
+struct Stack {
+    mock: MockProvider,
+    redis: RedisServer,
+    _webdis: Webdis,
+    envoy: ShippedEnvoy,
+}
+
+impl Stack {
+    fn start() -> Stack {
+        let mock = mock_provider!();
+        let redis = RedisServer::start();
+        let webdis = Webdis::start(redis.port);
+        // The fallback cluster points at a port nobody listens on: these tests never open a breaker.
+        let envoy = ShippedEnvoy::start(mock.port, free_port(), webdis.port);
+        Stack {
+            mock,
+            redis,
+            _webdis: webdis,
+            envoy,
+        }
+    }
+
+    /// Redis keys of one tenant's quota (`tg:q:{<tenant>}*`).
+    fn quota_keys(&self, tenant: &str) -> Vec<String> {
+        match redis_cmd(self.redis.port, &["KEYS", &format!("tg:q:{{{tenant}}}*")]) {
+            Ok(RespValue::Array(Some(items))) => items.iter().filter_map(|v| v.as_str()).collect(),
+            other => panic!("KEYS: {other:?}"),
+        }
+    }
+
+    /// What the tenant was charged this month (`tg:q:{<tenant>}:<YYYY-MM>`), 0 when absent.
+    fn used_this_month(&self, tenant: &str) -> i64 {
+        self.quota_keys(tenant)
+            .iter()
+            .filter(|k| {
+                let month = k.rsplit(':').next().unwrap_or("");
+                month.len() == 7 && month.as_bytes().get(4) == Some(&b'-')
+            })
+            .map(|k| {
+                redis_cmd(self.redis.port, &["GET", k])
+                    .ok()
+                    .and_then(|v| v.as_int())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenants and tokens
+// ---------------------------------------------------------------------------------------------
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The tenant the filter derives from an API key: `key:<first 16 hex of SHA-256(key)>`.
+fn key_tenant(key: &str) -> String {
+    format!("key:{}", &hex(&Sha256::digest(key.as_bytes()))[..16])
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}
+
+fn base64url_decode(s: &str) -> Vec<u8> {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let vals: Vec<u32> = s
+        .bytes()
+        .map(|c| ABC.iter().position(|&a| a == c).expect("base64url") as u32)
+        .collect();
+    let mut out = Vec::new();
+    for chunk in vals.chunks(4) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &v)| n | v << (18 - 6 * i));
+        for i in 0..chunk.len() - 1 {
+            out.push((n >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    let mut k = [0u8; 64];
+    if key.len() > 64 {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let inner = Sha256::new()
+        .chain_update(k.map(|b| b ^ 0x36))
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(k.map(|b| b ^ 0x5c))
+        .chain_update(inner)
+        .finalize()
+        .to_vec()
+}
+
+/// The HS256 demo key of the shipped `jwt_authn` provider (its `local_jwks`, key `k`, base64url).
+fn shipped_demo_key() -> Vec<u8> {
+    let yaml = std::fs::read_to_string(repo_root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+    let line = yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("inline_string:") && l.contains("\"kty\":\"oct\""))
+        .expect("envoy.yaml: no local_jwks inline_string with an oct key");
+    let jwks = line
+        .trim_start()
+        .trim_start_matches("inline_string:")
+        .trim();
+    let jwks: Value = serde_json::from_str(jwks.trim_matches('\'')).expect("local_jwks is JSON");
+    base64url_decode(jwks["keys"][0]["k"].as_str().expect("k"))
+}
+
+/// An HS256 JWT for the shipped provider (issuer `tokengate-demo`, audience `tokengate`).
+fn mint(key: &[u8], claims: Value) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let mut claims = claims;
+    let obj = claims.as_object_mut().expect("claims object");
+    obj.entry("iss").or_insert(json!("tokengate-demo"));
+    obj.entry("aud").or_insert(json!("tokengate"));
+    obj.entry("exp").or_insert(json!(now + 300));
+    let header = json!({"alg": "HS256", "typ": "JWT", "kid": "tokengate-demo"});
+    let signing = format!(
+        "{}.{}",
+        base64url(header.to_string().as_bytes()),
+        base64url(claims.to_string().as_bytes())
+    );
+    let sig = base64url(&hmac_sha256(key, signing.as_bytes()));
+    format!("{signing}.{sig}")
+}
+
+/// The tenant of an access log line's audit record (`… audit=tenant=<t> model=…`).
+fn audit_tenant(line: &str) -> Option<&str> {
+    line.split(" audit=")
+        .nth(1)?
+        .split(' ')
+        .find_map(|part| part.strip_prefix("tenant="))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn helpers_match_known_values() {
+    // RFC 4231 test case 2 and the base64url alphabet.
+    assert_eq!(
+        hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    );
+    assert_eq!(base64url(b"\xfb\xff"), "-_8");
+    assert_eq!(base64url_decode("-_8"), b"\xfb\xff");
+    assert_eq!(base64url_decode(&base64url(b"tokengate!")), b"tokengate!");
+    assert!(key_tenant("sk-alice").starts_with("key:") && key_tenant("sk-alice").len() == 20);
+}
+
+#[test]
+fn a_client_sent_tenant_header_is_removed_and_the_api_key_tenant_is_charged() {
+    let s = Stack::start();
+    let alice = key_tenant("sk-alice");
+    let r = s.envoy.chat(
+        &[
+            ("authorization", "Bearer sk-alice"),
+            ("x-tenant-id", "demo-quota"),
+        ],
+        64,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        s.used_this_month(&alice) > 0,
+        "alice's key tenant {alice} was not charged; keys: {:?}",
+        s.quota_keys(&alice)
+    );
+    assert_eq!(
+        s.quota_keys("demo-quota"),
+        Vec::<String>::new(),
+        "the client-chosen tenant demo-quota was touched"
+    );
+    let lines = s.envoy.audit_lines(1);
+    assert_eq!(
+        lines
+            .iter()
+            .filter_map(|l| audit_tenant(l))
+            .collect::<Vec<_>>(),
+        [alice.as_str()],
+        "audit: {lines:?}"
+    );
+    // The provider never sees the client's tenant header.
+    let seen = s.mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_ne!(seen[0].header("x-tenant-id"), Some("demo-quota"));
+}
+
+#[test]
+fn a_forged_key_tenant_header_does_not_charge_the_keys_owner() {
+    let s = Stack::start();
+    let bob = key_tenant("sk-bob");
+    let mallory = key_tenant("sk-mallory");
+    for _ in 0..3 {
+        let r = s.envoy.chat(
+            &[
+                ("authorization", "Bearer sk-mallory"),
+                ("x-tenant-id", bob.as_str()),
+            ],
+            64,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(
+        s.quota_keys(&bob),
+        Vec::<String>::new(),
+        "bob's key tenant was charged for mallory's requests"
+    );
+    assert!(s.used_this_month(&mallory) > 0, "mallory was not charged");
+    // Without a key, the forged header alone is no identity at all: the filter's 401.
+    let r = s.envoy.chat(&[("x-tenant-id", bob.as_str())], 64);
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(s.quota_keys(&bob), Vec::<String>::new());
+}
+
+#[test]
+fn rotating_tenant_headers_does_not_escape_an_exhausted_tenant() {
+    let s = Stack::start();
+    let carol = key_tenant("sk-carol");
+    // The operator's override: carol's month allows 10 tokens, less than any request.
+    let set = redis_cmd(
+        s.redis.port,
+        &["SET", &format!("tg:q:{{{carol}}}:limit"), "10"],
+    );
+    assert_eq!(set, Ok(RespValue::Simple("OK".into())));
+    let r = s.envoy.chat(&[("authorization", "Bearer sk-carol")], 64);
+    assert_eq!(r.status, 429, "{}", r.text());
+    for i in 0..8 {
+        let forged = format!("rotated-{i}");
+        let r = s.envoy.chat(
+            &[
+                ("authorization", "Bearer sk-carol"),
+                ("x-tenant-id", forged.as_str()),
+            ],
+            64,
+        );
+        assert_eq!(r.status, 429, "x-tenant-id {forged}: {}", r.text());
+        assert_eq!(s.quota_keys(&forged), Vec::<String>::new());
+    }
+    assert_eq!(
+        s.mock.requests().len(),
+        0,
+        "an exhausted tenant reached the provider"
+    );
+}
+
+#[test]
+fn a_valid_jwt_sets_the_tenant_even_when_the_client_sent_the_header() {
+    let s = Stack::start();
+    let key = shipped_demo_key();
+    let token = mint(
+        &key,
+        json!({"sub": "u1", "tenant": "team-jwt", "group": "research"}),
+    );
+    let r = s.envoy.chat(
+        &[
+            ("authorization", "Bearer sk-alice"),
+            ("x-tenant-id", "demo-quota"),
+            ("x-tokengate-group", "admins"),
+            ("x-tokengate-jwt", token.as_str()),
+        ],
+        64,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        s.used_this_month("team-jwt") > 0,
+        "team-jwt was not charged"
+    );
+    assert_eq!(s.quota_keys("demo-quota"), Vec::<String>::new());
+    assert_eq!(s.quota_keys(&key_tenant("sk-alice")), Vec::<String>::new());
+    let lines = s.envoy.audit_lines(1);
+    assert_eq!(
+        lines
+            .iter()
+            .filter_map(|l| audit_tenant(l))
+            .collect::<Vec<_>>(),
+        ["team-jwt"],
+        "audit: {lines:?}"
+    );
+    let seen = s.mock.requests();
+    assert_eq!(seen.len(), 1);
+    // The group claim replaced the client's value; the token itself is not forwarded.
+    assert_eq!(seen[0].header("x-tokengate-group"), Some("research"));
+    assert_eq!(seen[0].header("x-tokengate-jwt"), None);
+    assert_eq!(s.envoy.stat("http.tokengate.jwt_authn.allowed"), 1);
+}
+
+#[test]
+fn a_client_sent_group_header_is_removed() {
+    let s = Stack::start();
+    let r = s.envoy.chat(
+        &[
+            ("authorization", "Bearer sk-alice"),
+            ("x-tokengate-group", "admins"),
+        ],
+        16,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = s.mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("x-tokengate-group"), None);
+}
+
+#[test]
+fn a_token_with_a_bad_signature_or_wrong_issuer_gets_401_from_jwt_authn() {
+    let s = Stack::start();
+    let good = shipped_demo_key();
+    let mut wrong = good.clone();
+    wrong[0] ^= 1;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let cases = [
+        ("bad signature", mint(&wrong, json!({"tenant": "team-jwt"}))),
+        (
+            "wrong issuer",
+            mint(&good, json!({"tenant": "team-jwt", "iss": "someone-else"})),
+        ),
+        (
+            "expired",
+            mint(&good, json!({"tenant": "team-jwt", "exp": now - 600})),
+        ),
+        ("not a JWT", "not-a-token".to_string()),
+    ];
+    for (what, token) in &cases {
+        let r = s.envoy.chat(
+            &[
+                ("authorization", "Bearer sk-alice"),
+                ("x-tenant-id", "team-jwt"),
+                ("x-tokengate-jwt", token.as_str()),
+            ],
+            16,
+        );
+        assert_eq!(r.status, 401, "{what}: {}", r.text());
+        // jwt_authn's own answer (plain text), not the filter's JSON missing_tenant.
+        assert!(
+            r.text().starts_with("Jwt"),
+            "{what}: 401 not from jwt_authn: {}",
+            r.text()
+        );
+    }
+    assert_eq!(
+        s.envoy.stat("http.tokengate.jwt_authn.denied"),
+        cases.len() as u64
+    );
+    assert_eq!(s.mock.requests().len(), 0);
+    assert_eq!(s.quota_keys("team-jwt"), Vec::<String>::new());
+}
