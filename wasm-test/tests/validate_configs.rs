@@ -816,21 +816,18 @@ fn every_bootstrap_removes_client_identity_headers_before_any_other_filter() {
     }
 }
 
-/// The metric names `src/host/metrics.rs` defines: `tokengate_<field>` for every field of its `counters!(…)`
-/// list, plus the prefixes of the dynamically named gauges of `src/host/gauges.rs`
-/// (`tokengate_breaker_state.` → Prometheus `tokengate_breaker_state_`).
+/// The metric names the filter defines: `tokengate_<name>` for every `Variant => "<name>"` of the
+/// `metrics!` list in `src/flow/metric.rs`, plus the prefixes of the dynamically named gauges the flow
+/// sets (`"tokengate_breaker_state.{}"` → Prometheus `tokengate_breaker_state_`).
 fn defined_metrics() -> (Vec<String>, Vec<String>) {
-    let src = read(&repo_root().join("src/host/metrics.rs"));
+    let src = read(&repo_root().join("src/flow/metric.rs"));
     let start = src
-        .find("counters!(\n")
-        .expect("src/host/metrics.rs: no `counters!(` invocation")
-        + "counters!(\n".len();
-    let end = start + src[start..].find(");").expect("counters!( … );");
-    let names: Vec<String> = src[start..end]
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| format!("tokengate_{s}"))
+        .find("metrics! {\n")
+        .expect("src/flow/metric.rs: no `metrics! {` invocation");
+    let names: Vec<String> = src[start..]
+        .lines()
+        .filter_map(|l| l.split_once("=> \"").map(|(_, r)| r))
+        .filter_map(|r| r.split_once('"').map(|(n, _)| format!("tokengate_{n}")))
         .collect();
     assert!(names.len() > 10, "parsed too few counters: {names:?}");
     for n in &names {
@@ -839,12 +836,19 @@ fn defined_metrics() -> (Vec<String>, Vec<String>) {
             "not a metric name: {n}"
         );
     }
-    let gauges = read(&repo_root().join("src/host/gauges.rs"));
-    let prefixes = gauges
-        .split('"')
-        .filter(|s| s.starts_with("tokengate_") && s.ends_with(".{}"))
-        .map(|s| s.trim_end_matches(".{}").to_string() + "_")
-        .collect();
+    let mut prefixes = Vec::new();
+    for entry in std::fs::read_dir(repo_root().join("src/flow")).expect("src/flow") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            prefixes.extend(
+                read(&path)
+                    .split('"')
+                    .filter(|s| s.starts_with("tokengate_") && s.ends_with(".{}"))
+                    .map(|s| s.trim_end_matches(".{}").to_string() + "_"),
+            );
+        }
+    }
+    assert!(!prefixes.is_empty(), "no gauge prefix found in src/flow");
     (names, prefixes)
 }
 
@@ -903,14 +907,14 @@ fn grafana_dashboard_queries_only_metrics_the_filter_exports() {
         for n in names {
             assert!(
                 defined.contains(&n),
-                "the dashboard queries {n}, which src/host/metrics.rs does not define ({e})"
+                "the dashboard queries {n}, which src/flow/metric.rs does not define ({e})"
             );
             queried.insert(n);
         }
         for r in regexes {
             assert!(
                 prefixes.iter().any(|p| r == *p),
-                "the dashboard matches {r}…, which src/host/gauges.rs does not define ({e})"
+                "the dashboard matches {r}…, which src/flow does not define ({e})"
             );
         }
     }
