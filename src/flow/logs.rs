@@ -9,8 +9,6 @@
 //! quota check failed at cluster 'webdis' (the shim answered 503); admitting (on_failure=open) (9871 more like it suppressed)
 //! ```
 
-use std::collections::HashMap;
-
 /// One line per cause per this many ns at most.
 pub const WINDOW_NS: u64 = 10_000_000_000;
 /// Causes tracked at most (a bound: causes are static strings, so this is never reached in practice).
@@ -28,25 +26,35 @@ pub enum Gate {
     Suppress,
 }
 
-/// Per-cause log rate limiter (one per VM).
+/// Per-cause log rate limiter (one per VM): `(cause, last logged ns, suppressed since)`.
 #[derive(Debug, Default)]
 pub struct LogGate {
-    causes: HashMap<&'static str, (u64, u64)>,
+    causes: Vec<(&'static str, u64, u64)>,
 }
 
 impl LogGate {
     /// Whether a line of `cause` is logged at `now_ns`.
     pub fn admit(&mut self, cause: &'static str, now_ns: u64) -> Gate {
-        if !self.causes.contains_key(cause) && self.causes.len() >= MAX_CAUSES {
-            self.causes.clear();
-        }
-        let entry = self.causes.entry(cause).or_insert((0, 0));
-        let (last, suppressed) = *entry;
+        let i = match self.causes.iter().position(|(c, ..)| *c == cause) {
+            Some(i) => i,
+            None => {
+                if self.causes.len() >= MAX_CAUSES {
+                    self.causes.clear();
+                }
+                self.causes.push((cause, 0, 0));
+                self.causes.len() - 1
+            }
+        };
+        let Some(entry) = self.causes.get_mut(i) else {
+            return Gate::Log { suppressed: 0 };
+        };
+        let (_, last, suppressed) = *entry;
         if last == 0 || now_ns.saturating_sub(last) >= WINDOW_NS {
-            *entry = (now_ns.max(1), 0);
+            entry.1 = now_ns.max(1);
+            entry.2 = 0;
             Gate::Log { suppressed }
         } else {
-            entry.1 = suppressed.saturating_add(1);
+            entry.2 = suppressed.saturating_add(1);
             Gate::Suppress
         }
     }
@@ -55,7 +63,7 @@ impl LogGate {
     /// window restarts, so a continuing outage still logs its next line at once.
     pub fn summaries(&mut self, now_ns: u64) -> Vec<(&'static str, u64)> {
         let mut out = Vec::new();
-        for (cause, (last, suppressed)) in self.causes.iter_mut() {
+        for (cause, last, suppressed) in self.causes.iter_mut() {
             if *suppressed > 0 && now_ns.saturating_sub(*last) >= WINDOW_NS {
                 out.push((*cause, *suppressed));
                 *suppressed = 0;

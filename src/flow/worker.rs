@@ -11,7 +11,7 @@
 //! * Nothing is sent while the shim's breaker is open.
 
 use super::{shim, CalloutReply, Cx, Effect, Level, Metric, Purpose};
-use crate::admission::KeySet;
+use crate::admission::{FnvBuild, KeySet};
 use crate::config::{GlobalSettings, QuotaSettings};
 use crate::global;
 use crate::identity::KeyCache;
@@ -87,9 +87,9 @@ pub struct Worker {
     /// Log rate limiter.
     pub logs: super::logs::LogGate,
     settle_queue: Vec<SettleJob>,
-    settle_inflight: HashMap<u64, Vec<SettleJob>>,
+    settle_inflight: HashMap<u64, Vec<SettleJob>, FnvBuild>,
     credits: Vec<Credit>,
-    credits_inflight: HashMap<u64, Credit>,
+    credits_inflight: HashMap<u64, Credit, FnvBuild>,
     next_id: u64,
 }
 

@@ -6,7 +6,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 thread_local! {
-    static IDS: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
+    static IDS: RefCell<HashMap<String, u32, crate::admission::FnvBuild>> =
+        RefCell::new(HashMap::default());
 }
 
 /// Sets gauge `name` to `value`.
