@@ -12,32 +12,13 @@
 
 use crate::bucket::{self, BucketState, Snapshot, Verdict};
 use crate::config::{Config, Rule};
+use crate::hash;
 use crate::reply::{self, LocalReply};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
 use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// FNV-1a as a `Hasher`: keys are short and chosen by this filter (tenant names are bounded by
-/// `max_tenants`), so SipHash's flood resistance buys nothing on the per-request lookup.
-#[derive(Default)]
-pub struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let h = if self.0 == 0 {
-            store::FNV_OFFSET
-        } else {
-            self.0
-        };
-        self.0 = store::fnv1a(h, bytes);
-    }
-}
-
-/// `BuildHasher` of [`Fnv`].
-pub type FnvBuild = BuildHasherDefault<Fnv>;
+/// The FNV hasher, re-exported from [`crate::hash`] where it lives now (the old paths keep working).
+pub use crate::hash::{Fnv, FnvBuild};
 
 /// The per-VM cache of keys known to exist.
 pub type KeySet = HashSet<String, FnvBuild>;
@@ -73,8 +54,8 @@ impl Codec for Count {
 
 /// FNV-1a over `parts`, each followed by a 0 byte.
 fn fnv1a(parts: &[&str]) -> u64 {
-    parts.iter().fold(store::FNV_OFFSET, |h, p| {
-        store::fnv1a(store::fnv1a(h, p.as_bytes()), &[0])
+    parts.iter().fold(hash::FNV_OFFSET, |h, p| {
+        hash::fnv1a(hash::fnv1a(h, p.as_bytes()), &[0])
     })
 }
 

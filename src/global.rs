@@ -28,8 +28,9 @@
 
 use crate::bucket::{BucketParams, BucketState, Verdict};
 use crate::config::Rule;
+use crate::hash::{fnv1a, FNV_OFFSET};
 use crate::quota::{command_body, parse_int_array, sanitize, ScriptCall, ShimError, PROTOCOL_TAG};
-use crate::store::{fnv1a, read_f64, read_u64, Codec, FNV_OFFSET};
+use crate::store::{read_f64, read_u64, Codec};
 
 /// Shared-data slots of the refusal cache (`tg:gx:<n>`): a fixed number of keys, whatever the traffic.
 pub const SEEN_SLOTS: u64 = 1024;

@@ -48,7 +48,7 @@ pub fn tenant_from_key(key: &str) -> String {
 /// when full).
 #[derive(Default)]
 pub struct KeyCache {
-    map: std::collections::HashMap<(u64, u64, usize), String, crate::admission::FnvBuild>,
+    map: std::collections::HashMap<(u64, u64, usize), String, crate::hash::FnvBuild>,
 }
 
 impl KeyCache {
@@ -57,7 +57,7 @@ impl KeyCache {
 
     /// The tenant id of `key` ([`tenant_from_key`]), cached.
     pub fn tenant(&mut self, key: &str) -> String {
-        let a = crate::store::fnv1a(crate::store::FNV_OFFSET, key.as_bytes());
+        let a = crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes());
         let b = key
             .as_bytes()
             .iter()

@@ -24,6 +24,7 @@ pub mod config;
 pub mod estimate;
 pub mod failover;
 pub mod global;
+pub mod hash;
 pub mod host;
 pub mod identity;
 pub mod quota;

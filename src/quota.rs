@@ -178,7 +178,7 @@ pub fn sanitize(raw: &str) -> String {
     short.push('~');
     short.push_str(&format!(
         "{:016x}",
-        crate::store::fnv1a(crate::store::FNV_OFFSET, raw.as_bytes())
+        crate::hash::fnv1a(crate::hash::FNV_OFFSET, raw.as_bytes())
     ));
     short
 }
@@ -683,7 +683,7 @@ pub fn reserve_request(args: &ReserveArgs, call: ScriptCall) -> String {
 
 /// The fingerprint that binds an idempotency key to one request: FNV-1a-64 of the raw body bytes.
 pub fn body_fingerprint(body: &[u8]) -> u64 {
-    crate::store::fnv1a(crate::store::FNV_OFFSET, body)
+    crate::hash::fnv1a(crate::hash::FNV_OFFSET, body)
 }
 
 /// Everything one settlement needs.
@@ -1782,7 +1782,7 @@ mod tests {
 
     #[test]
     fn body_fingerprint_is_fnv1a_of_the_raw_bytes() {
-        assert_eq!(body_fingerprint(b""), crate::store::FNV_OFFSET);
+        assert_eq!(body_fingerprint(b""), crate::hash::FNV_OFFSET);
         assert_eq!(body_fingerprint(b"foobar"), 0x8594_4171_f739_67e8);
         assert_ne!(
             body_fingerprint(br#"{"max_tokens":10}"#),
