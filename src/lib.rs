@@ -20,6 +20,7 @@ pub mod accounting;
 pub mod admission;
 pub mod breaker;
 pub mod bucket;
+pub mod calendar;
 pub mod config;
 pub mod estimate;
 pub mod failover;
@@ -27,11 +28,13 @@ pub mod global;
 pub mod hash;
 pub mod host;
 pub mod identity;
+pub mod keys;
 pub mod quota;
 pub mod reply;
 pub mod rewrite;
 pub mod store;
 pub mod usage;
+pub mod webdis;
 
 // The Envoy entry point, only in the wasm build: native test binaries need no `_initialize` export.
 #[cfg(target_arch = "wasm32")]
