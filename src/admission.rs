@@ -13,6 +13,7 @@
 use crate::bucket::{self, BucketState, Snapshot, Verdict};
 use crate::config::{Config, Rule};
 use crate::hash;
+use crate::keys;
 use crate::reply::{self, LocalReply};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
 use std::collections::HashSet;
@@ -23,8 +24,8 @@ pub use crate::hash::{Fnv, FnvBuild};
 /// The per-VM cache of keys known to exist.
 pub type KeySet = HashSet<String, FnvBuild>;
 
-/// Name of the shared counter of created bucket keys.
-pub const KEY_COUNTER: &str = "tg:n:buckets";
+/// Name of the shared counter of created bucket keys ([`crate::keys::BUCKET_COUNTER`]).
+pub const KEY_COUNTER: &str = keys::BUCKET_COUNTER;
 /// Overflow buckets per rule.
 pub const OVERFLOW_SLOTS: u64 = 64;
 
@@ -83,7 +84,7 @@ pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
     let mut key = String::with_capacity(
         6 + rule.name.len() + 1 + tenant.len() + model.map_or(0, |m| m.len() + 1),
     );
-    key.push_str("tg:b:");
+    key.push_str(keys::BUCKET);
     key.push_str(&rule.name);
     key.push(':');
     key.push_str(tenant);
@@ -161,7 +162,7 @@ pub fn bucket_key(
     } else {
         let n = fnv1a(&[tenant, model]) % OVERFLOW_SLOTS;
         (
-            format!("tg:b:{}:~overflow{}", rule.name, n),
+            format!("{}{}:~overflow{}", keys::BUCKET, rule.name, n),
             KeyInfo { overflow: true },
         )
     }

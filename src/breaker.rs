@@ -721,7 +721,7 @@ pub fn record_shared(
 /// (two names equal in their first 128 characters share a breaker).
 pub fn key(scope: &str, name: &str) -> String {
     let mut k = String::with_capacity(6 + MAX_SCOPE_BYTES + 1 + MAX_NAME_BYTES);
-    k.push_str("tg:cb:");
+    k.push_str(crate::keys::BREAKER);
     push_sanitized(&mut k, scope, MAX_SCOPE_BYTES);
     k.push('=');
     push_sanitized(&mut k, name, MAX_NAME_BYTES);

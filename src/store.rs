@@ -9,13 +9,14 @@
 //!   key with the *initial* state (no charge applied) and only then applies the change through a real CAS.
 //!   The loss is bounded: at most one concurrent creator per extra worker can overwrite a change made in
 //!   the few microseconds between its read and its create, once per key lifetime.
-//! * Keys are never evicted. Callers bound how many keys they create (see `host::keys`).
+//! * Keys are never evicted. Callers bound how many keys they create (see [`crate::keys`]).
 //!
 //! Pure logic never talks to Envoy: it gets a `&dyn SharedStore`, and tests use [`MemStore`], which follows
 //! Envoy's CAS rules exactly (including the create race) so two "workers" can be interleaved.
 //!
-//! Key naming: `tg:<kind>:<scope>` — e.g. `tg:b:3:t=9f2c…` (bucket of rule 3 for a tenant),
-//! `tg:cb:model=gpt-4.1` (breaker), `tg:q:x:<tenant>` (quota exhausted marker).
+//! Key naming: `tg:<kind>:…` — e.g. `tg:b:gpt:acme:gpt-4.1` (bucket of rule `gpt` for tenant `acme` and a
+//! model), `tg:cb:model=gpt-4.1` (breaker), `tg:q:x:<tenant>` (quota exhausted marker); every prefix is
+//! named in [`crate::keys`].
 
 /// Why a shared-data operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
