@@ -2,7 +2,9 @@
 //! on an LLM provider, and accounts for what was spent.
 //!
 //! Only `host/` touches `proxy_wasm`; every other module is plain Rust, tested natively, with time passed
-//! in as a parameter.
+//! in as a parameter. The only `unsafe` code is the raw ABI in `host/abi.rs` (its one
+//! `allow(unsafe_code)`); everywhere else it is denied.
+#![deny(unsafe_code, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(
     not(test),
     deny(
