@@ -42,7 +42,7 @@ pub fn tenant_from_key(key: &str) -> String {
     out
 }
 
-/// Tenant ids of API keys seen recently by this worker, so SHA-256 (about 9 000 instructions) runs
+/// Tenant ids of API keys seen recently by this worker, so SHA-256 (its cost: `docs/benchmarks.md`) runs
 /// once per key rather than once per request. Entries are found by two independent 64-bit hashes of
 /// the key plus its length; the key itself is not kept. At most [`KeyCache::MAX`] entries (cleared
 /// when full).

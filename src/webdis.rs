@@ -41,9 +41,11 @@ pub const PROTOCOL_TAG: &str = "tg1";
 /// How the host names the script to Webdis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptCall {
-    /// `EVAL/<script>/…`: always works, ≈ 3 KiB body; also (re)loads the script into Redis' cache.
+    /// `EVAL/<script>/…`: always works, the whole script in the body (sizes: `docs/benchmarks.md`); also
+    /// (re)loads the script into Redis' cache.
     Eval,
-    /// `EVALSHA/<sha1>/…`: ≈ 300 bytes; fails with [`ShimError::NoScript`] when Redis lost its cache.
+    /// `EVALSHA/<sha1>/…`: only the arguments, a few hundred bytes; fails with [`ShimError::NoScript`]
+    /// when Redis lost its cache.
     EvalSha,
 }
 
