@@ -36,23 +36,6 @@ pub struct KeyInfo {
     pub overflow: bool,
 }
 
-/// A shared count of created keys.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Count(u64);
-impl Codec for Count {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = vec![1u8];
-        v.extend_from_slice(&self.0.to_le_bytes());
-        v
-    }
-    fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 9 || b.first() != Some(&1) {
-            return None;
-        }
-        store::read_u64(b, 1).map(Count)
-    }
-}
-
 /// FNV-1a over `parts`, each followed by a 0 byte.
 fn fnv1a(parts: &[&str]) -> u64 {
     parts.iter().fold(hash::FNV_OFFSET, |h, p| {
@@ -120,9 +103,9 @@ pub fn claim_slot(
     let exists = matches!(store.get(key), Ok(Some(_)));
     let slot = exists
         || matches!(
-            store::update(store, counter_key, retries, &Count(0), |c| {
+            store::update(store, counter_key, retries, &store::Count(0), |c| {
                 if c.0 < u64::from(max) {
-                    (true, Some(Count(c.0 + 1)))
+                    (true, Some(store::Count(c.0 + 1)))
                 } else {
                     (false, None)
                 }
