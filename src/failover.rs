@@ -19,8 +19,8 @@ use crate::breaker::{self, Admission, State, Transition};
 use crate::config::BreakerSettings;
 use crate::store::{self, SharedStore};
 
-/// Shared count of created breaker keys.
-pub const BREAKER_KEY_COUNTER: &str = "tg:n:breakers";
+/// Shared count of created breaker keys ([`crate::keys::BREAKER_COUNTER`]).
+pub const BREAKER_KEY_COUNTER: &str = crate::keys::BREAKER_COUNTER;
 
 /// Gives the fallback of a name and, for clusters, the route-header value that selects it.
 pub type NextFn<'a> = &'a dyn Fn(&str) -> Option<(String, Option<String>)>;

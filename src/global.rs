@@ -8,7 +8,7 @@
 //! own clock (`TIME`), so replicas with skewed clocks still share one exact bucket: over any window the
 //! tokens admitted across all replicas never exceed `burst + tokens_per_second × elapsed`.
 //!
-//! Keys: `tg:gb:{<rule>:<tenant>}[:<model>]` (parts made safe by [`crate::quota::sanitize`]; the hash tag
+//! Keys: `tg:gb:{<rule>:<tenant>}[:<model>]` (parts made safe by [`crate::keys::sanitize`]; the hash tag
 //! keeps one tenant's buckets on one Redis Cluster slot), a hash of `t` (tokens), `r` (requests), `u`
 //! (updated, µs). Every write sets `PEXPIRE` to the time the bucket needs to be full again plus 60 s:
 //! a bucket left idle that long is full anyway, so it simply disappears, and Redis holds only the
@@ -28,8 +28,10 @@
 
 use crate::bucket::{BucketParams, BucketState, Verdict};
 use crate::config::Rule;
-use crate::quota::{command_body, parse_int_array, sanitize, ScriptCall, ShimError, PROTOCOL_TAG};
-use crate::store::{fnv1a, read_f64, read_u64, Codec, FNV_OFFSET};
+use crate::hash::{fnv1a, FNV_OFFSET};
+use crate::keys::{self, sanitize};
+use crate::store::{read_f64, read_u64, Codec};
+use crate::webdis::{command_body, parse_int_array, ScriptCall, ShimError, PROTOCOL_TAG};
 
 /// Shared-data slots of the refusal cache (`tg:gx:<n>`): a fixed number of keys, whatever the traffic.
 pub const SEEN_SLOTS: u64 = 1024;
@@ -86,7 +88,7 @@ fn key_hash(key: &str) -> u64 {
 
 /// The shared-data slot of the refusal cache for `key`.
 pub fn seen_slot(key: &str) -> String {
-    format!("tg:gx:{}", key_hash(key) % SEEN_SLOTS)
+    format!("{}{}", keys::GLOBAL_SEEN, key_hash(key) % SEEN_SLOTS)
 }
 
 /// What to cache after Redis refused a request on `key` at `now_ns` (this Envoy's clock).
@@ -100,69 +102,25 @@ pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
     }
 }
 
-/// The bucket script (charge, or credit when ARGV[6] ≠ 0: a negative credit is a debit, which may
+/// The bucket script (charge, or credit when `ARGV[6]` ≠ 0: a negative credit is a debit, which may
 /// leave the bucket in debt down to −burst).
 ///
 /// KEYS: `bucket`. ARGV: `cost, tokens_per_second, burst, requests_per_minute (0 = none), max_wait_ms,
 /// credit (0 = charge, < 0 = debit), now_us (0 = Redis TIME; tests only), "tg1"`.
-pub const SCRIPT: &str = r#"-- tokengate global bucket v1
-if ARGV[8] ~= 'tg1' then return redis.error_reply('ERR tokengate: protocol mismatch') end
-local cost, rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local rpm, maxw, credit, now = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if not (cost and rate and burst and rpm and maxw and credit and now) or rate <= 0 or burst <= 0 then
-  return redis.error_reply('ERR tokengate: bad argument')
-end
-if now <= 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local v = redis.call('HMGET', KEYS[1], 't', 'r', 'u')
-local t, r, u = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-if not (t and r and u) then t, r, u = burst, rpm, now end
-local dt = math.max(0, now - u) / 1e6
-t = math.min(burst, t + dt * rate)
-if rpm > 0 then r = math.min(rpm, r + dt * rpm / 60) else r = 0 end
--- A stamp ahead of this clock (garbage, or a failover to a server whose clock is behind) refills
--- nothing and is pulled back to now, so the bucket is never stuck waiting for the clock.
-u = now
-local function store()
-  redis.call('HSET', KEYS[1], 't', string.format('%.17g', t), 'r', string.format('%.17g', r), 'u', string.format('%d', u))
-  local ttl = math.ceil((burst - t) / rate * 1000) + 60000
-  if rpm > 0 then ttl = math.max(ttl, math.ceil((rpm - r) * 60000 / rpm) + 60000) end
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-local function out(verdict, us)
-  return {verdict, math.floor(t * 1000), math.floor(r * 1000), us}
-end
-if credit ~= 0 then
-  t = math.max(-burst, math.min(burst, t + credit))
-  store()
-  return out(0, 0)
-end
--- Refusals store too: the refill is kept and the key always has its expiry.
-if cost > burst then store() return out(4, 0) end
-local tw = math.max(0, (cost - t) / rate)
-local rw = 0
-if rpm > 0 then rw = math.max(0, (1 - r) * 60 / rpm) end
-local w = math.max(tw, rw)
-if w > 0 and w > maxw / 1000 then
-  store()
-  if rw > tw then return out(3, math.ceil(rw * 1e6)) end
-  return out(2, math.ceil(tw * 1e6))
-end
-t = t - cost
-if rpm > 0 then r = r - 1 end
-store()
-if w > 0 then return out(1, math.ceil(w * 1e6)) end
-return out(0, 0)
-"#;
+pub const SCRIPT: &str = include_str!("global.lua");
 
-/// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
+/// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked by a unit test and against a real Redis in
+/// `tests/redis_live.rs`).
 pub const SHA1: &str = "75649e2d74ef0a2277d22781482edfb6de1dd102";
 
 /// The Redis key of `rule`'s bucket for (tenant, model).
 pub fn key(rule: &Rule, tenant: &str, model: &str) -> String {
-    let mut k = format!("tg:gb:{{{}:{}}}", sanitize(&rule.name), sanitize(tenant));
+    let mut k = format!(
+        "{}{{{}:{}}}",
+        keys::GLOBAL_BUCKET,
+        sanitize(&rule.name),
+        sanitize(tenant)
+    );
     if rule.per_model {
         k.push(':');
         k.push_str(&sanitize(model));
@@ -170,7 +128,15 @@ pub fn key(rule: &Rule, tenant: &str, model: &str) -> String {
     k
 }
 
-fn argv(p: &BucketParams, cost: u64, max_wait_ms: u64, credit: i64, now_us: u64) -> Vec<String> {
+/// [`SCRIPT`]'s ARGV for a charge (`credit` 0) or a credit, in the script's order. `now_us` 0 lets the
+/// script read Redis' own clock (`TIME`), as every call of the filter does; tests pin the clock with it.
+pub fn argv(
+    p: &BucketParams,
+    cost: u64,
+    max_wait_ms: u64,
+    credit: i64,
+    now_us: u64,
+) -> Vec<String> {
     vec![
         cost.to_string(),
         num(p.tokens_per_second),
@@ -301,6 +267,11 @@ mod tests {
     }
 
     #[test]
+    fn the_sha1_constant_is_the_sha1_of_the_script_text() {
+        assert_eq!(crate::webdis::sha1_hex(SCRIPT.as_bytes()), SHA1);
+    }
+
+    #[test]
     fn keys_are_safe_and_tagged_by_rule_and_tenant() {
         assert_eq!(
             key(&rule(true), "acme", "gpt-4.1"),
@@ -366,167 +337,5 @@ mod tests {
             ),
             Err(ShimError::NoScript)
         );
-    }
-}
-
-/// The script against a real Redis (through a real Webdis): the same verdicts and balances as
-/// [`crate::bucket::charge`] on random sequences, the SHA-1, key expiry and garbage in Redis.
-#[cfg(test)]
-mod live {
-    use super::*;
-    use crate::bucket::{self, BucketState};
-    use crate::quota::live::Stack;
-
-    fn call(
-        st: &Stack,
-        key: &str,
-        p: &BucketParams,
-        cost: u64,
-        wait: u64,
-        credit: i64,
-        now_us: u64,
-    ) -> Reply {
-        let body = command_body(
-            ScriptCall::Eval,
-            SCRIPT,
-            SHA1,
-            &[key],
-            &argv(p, cost, wait, credit, now_us),
-        );
-        let (status, reply) = st.post(&body);
-        parse_reply(status, &reply)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&reply)))
-    }
-
-    #[test]
-    fn the_sha1_is_what_redis_computes() {
-        let Some(st) = Stack::start() else { return };
-        assert_eq!(st.cli(&["SCRIPT", "LOAD", SCRIPT]), SHA1);
-    }
-
-    #[test]
-    fn the_script_decides_like_the_local_bucket() {
-        let Some(st) = Stack::start() else { return };
-        // A small deterministic generator: costs, gaps, rates, shaping.
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
-        for case in 0..12 {
-            let p = BucketParams {
-                tokens_per_second: [10.0, 0.5, 1000.0, 3.25][case % 4],
-                burst: [100.0, 7.0, 5000.0, 64.5][case % 4],
-                requests_per_minute: if case % 3 == 0 {
-                    Some([5.0, 60.0][case % 2])
-                } else {
-                    None
-                },
-            };
-            let wait = if case % 5 == 4 { 800 } else { 0 };
-            let key = format!("tg:gb:{{t:{case}}}");
-            let mut local = BucketState::full(&p, 1_000_000_000);
-            let mut now_us = 1_000_000u64;
-            for _ in 0..60 {
-                now_us += next(400_000);
-                let cost = next(p.burst as u64 + 2);
-                let got = call(&st, &key, &p, cost, wait, 0, now_us);
-                let (v, _, after) = bucket::charge(&local, &p, cost, now_us * 1000, wait);
-                let refilled = local.refilled(&p, now_us * 1000);
-                let want = after.unwrap_or(refilled);
-                match (got.verdict, v) {
-                    (
-                        Verdict::LimitTokens { reset_in_s: a },
-                        Verdict::LimitTokens { reset_in_s: b },
-                    )
-                    | (
-                        Verdict::LimitRequests { reset_in_s: a },
-                        Verdict::LimitRequests { reset_in_s: b },
-                    ) => {
-                        assert!((a - b).abs() < 2e-6, "case {case}: {a} vs {b}")
-                    }
-                    (Verdict::Wait { wait_ms: a }, Verdict::Wait { wait_ms: b }) => {
-                        assert!(a.abs_diff(b) <= 1, "case {case}: {a} vs {b}")
-                    }
-                    (a, b) => assert_eq!(a, b, "case {case} cost {cost} at {now_us}"),
-                }
-                assert!(
-                    (got.state.tokens - want.tokens).abs() <= 0.0011,
-                    "case {case}: {got:?} vs {want:?}"
-                );
-                assert!(
-                    (got.state.requests - want.requests).abs() <= 0.0011,
-                    "case {case}"
-                );
-                if let Some(a) = after {
-                    local = a;
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn credits_cap_at_the_burst_and_keys_expire_when_idle() {
-        let Some(st) = Stack::start() else { return };
-        let p = BucketParams {
-            tokens_per_second: 10.0,
-            burst: 100.0,
-            requests_per_minute: None,
-        };
-        let r = call(&st, "k", &p, 80, 0, 0, 1_000_000);
-        assert_eq!((r.verdict, r.state.tokens), (Verdict::Admit, 20.0));
-        let r = call(&st, "k", &p, 0, 0, 30, 1_000_000);
-        assert_eq!(r.state.tokens, 50.0);
-        let r = call(&st, "k", &p, 0, 0, 500, 1_000_000);
-        assert_eq!(r.state.tokens, 100.0);
-        // Negative credits are debits (usage above the charge), at most one burst into debt.
-        let r = call(&st, "k", &p, 0, 0, -150, 1_000_000);
-        assert_eq!(r.state.tokens, -50.0);
-        let r = call(&st, "k", &p, 0, 0, -500, 1_000_000);
-        assert_eq!(r.state.tokens, -100.0);
-        let r = call(&st, "k", &p, 0, 0, 200, 1_000_000);
-        assert_eq!(r.state.tokens, 100.0);
-        // Drained: refills in 10 s; the key lives that long plus 60 s, no longer.
-        call(&st, "k", &p, 100, 0, 0, 1_000_000);
-        let ttl: i64 = st.cli(&["PTTL", "k"]).parse().unwrap();
-        assert!((69_000..=70_000).contains(&ttl), "{ttl}");
-        // Production calls use Redis' own clock.
-        let r = call(&st, "k2", &p, 1, 0, 0, 0);
-        assert_eq!(r.verdict, Verdict::Admit);
-        let u: u64 = st.cli(&["HGET", "k2", "u"]).parse().unwrap();
-        assert!(u > 1_700_000_000_000_000, "{u}");
-    }
-
-    #[test]
-    fn garbage_in_redis_is_an_error_or_a_fresh_bucket_never_a_crash() {
-        let Some(st) = Stack::start() else { return };
-        let p = BucketParams {
-            tokens_per_second: 10.0,
-            burst: 100.0,
-            requests_per_minute: None,
-        };
-        // Wrong type: Redis refuses, the host applies the failure policy.
-        st.cli(&["SET", "s", "x"]);
-        let body = charge_request("s", &p, 1, 0, ScriptCall::Eval);
-        let (status, reply) = st.post(&body);
-        assert!(matches!(
-            parse_reply(status, &reply),
-            Err(ShimError::RedisError(_))
-        ));
-        // Unreadable fields: treated as a full bucket.
-        st.cli(&["HSET", "h", "t", "abc", "r", "0", "u", "zz"]);
-        let r = call(&st, "h", &p, 10, 0, 0, 5);
-        assert_eq!((r.verdict, r.state.tokens), (Verdict::Admit, 90.0));
-        // A stamp far in the future (garbage, or written by a server whose clock was ahead): the
-        // bucket refills from now on instead of waiting for that clock, and the key gets its expiry.
-        st.cli(&["HSET", "f", "t", "0", "r", "0", "u", "99999999999999999"]);
-        let r = call(&st, "f", &p, 10, 0, 0, 5_000_000);
-        assert!(matches!(r.verdict, Verdict::LimitTokens { .. }), "{r:?}");
-        let ttl: i64 = st.cli(&["PTTL", "f"]).parse().unwrap();
-        assert!(ttl > 0, "{ttl}");
-        let r = call(&st, "f", &p, 10, 0, 0, 6_000_000);
-        assert_eq!(r.verdict, Verdict::Admit, "{r:?}");
     }
 }

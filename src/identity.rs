@@ -42,13 +42,13 @@ pub fn tenant_from_key(key: &str) -> String {
     out
 }
 
-/// Tenant ids of API keys seen recently by this worker, so SHA-256 (about 9 000 instructions) runs
+/// Tenant ids of API keys seen recently by this worker, so SHA-256 (its cost: `docs/benchmarks.md`) runs
 /// once per key rather than once per request. Entries are found by two independent 64-bit hashes of
 /// the key plus its length; the key itself is not kept. At most [`KeyCache::MAX`] entries (cleared
 /// when full).
 #[derive(Default)]
 pub struct KeyCache {
-    map: std::collections::HashMap<(u64, u64, usize), String, crate::admission::FnvBuild>,
+    map: std::collections::HashMap<(u64, u64, usize), String, crate::hash::FnvBuild>,
 }
 
 impl KeyCache {
@@ -57,7 +57,7 @@ impl KeyCache {
 
     /// The tenant id of `key` ([`tenant_from_key`]), cached.
     pub fn tenant(&mut self, key: &str) -> String {
-        let a = crate::store::fnv1a(crate::store::FNV_OFFSET, key.as_bytes());
+        let a = crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes());
         let b = key
             .as_bytes()
             .iter()

@@ -2,7 +2,9 @@
 //! on an LLM provider, and accounts for what was spent.
 //!
 //! Only `host/` touches `proxy_wasm`; every other module is plain Rust, tested natively, with time passed
-//! in as a parameter.
+//! in as a parameter. The only `unsafe` code is the raw ABI in `host/abi.rs` (its one
+//! `allow(unsafe_code)`); everywhere else it is denied.
+#![deny(unsafe_code, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(
     not(test),
     deny(
@@ -20,18 +22,22 @@ pub mod accounting;
 pub mod admission;
 pub mod breaker;
 pub mod bucket;
+pub mod calendar;
 pub mod config;
 pub mod estimate;
 pub mod failover;
 pub mod flow;
 pub mod global;
+pub mod hash;
 pub mod host;
 pub mod identity;
+pub mod keys;
 pub mod quota;
 pub mod reply;
 pub mod rewrite;
 pub mod store;
 pub mod usage;
+pub mod webdis;
 
 // The Envoy entry point, only in the wasm build: native test binaries need no `_initialize` export.
 #[cfg(target_arch = "wasm32")]

@@ -9,13 +9,14 @@
 //!   key with the *initial* state (no charge applied) and only then applies the change through a real CAS.
 //!   The loss is bounded: at most one concurrent creator per extra worker can overwrite a change made in
 //!   the few microseconds between its read and its create, once per key lifetime.
-//! * Keys are never evicted. Callers bound how many keys they create (see `host::keys`).
+//! * Keys are never evicted. Callers bound how many keys they create (see [`crate::keys`]).
 //!
 //! Pure logic never talks to Envoy: it gets a `&dyn SharedStore`, and tests use [`MemStore`], which follows
 //! Envoy's CAS rules exactly (including the create race) so two "workers" can be interleaved.
 //!
-//! Key naming: `tg:<kind>:<scope>` — e.g. `tg:b:3:t=9f2c…` (bucket of rule 3 for a tenant),
-//! `tg:cb:model=gpt-4.1` (breaker), `tg:q:x:<tenant>` (quota exhausted marker).
+//! Key naming: `tg:<kind>:…` — e.g. `tg:b:gpt:acme:gpt-4.1` (bucket of rule `gpt` for tenant `acme` and a
+//! model), `tg:cb:model=gpt-4.1` (breaker), `tg:q:x:<tenant>` (quota exhausted marker); every prefix is
+//! named in [`crate::keys`].
 
 /// Why a shared-data operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,15 +215,25 @@ impl SharedStore for MemStore {
     }
 }
 
-/// FNV-1a's offset basis: the starting value for [`fnv1a`].
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a, re-exported from [`crate::hash`] where it lives now (the old path keeps working).
+pub use crate::hash::{fnv1a, FNV_OFFSET};
 
-/// FNV-1a (64 bit) of `bytes`, continuing from `h` (start with [`FNV_OFFSET`]). The one hash behind
-/// overflow buckets, shortened key parts, the key cache's hasher and the API-key cache.
-pub fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(h, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+/// A shared count (of created keys, for the `tg:n:*` bounds): `[1][count u64 LE]`, 9 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub u64);
+
+impl Codec for Count {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&self.0.to_le_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 9 || b.first() != Some(&1) {
+            return None;
+        }
+        read_u64(b, 1).map(Count)
+    }
 }
 
 /// Reads a little-endian u64 at `at`; `None` when out of range.
@@ -250,78 +261,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fnv1a_matches_the_reference_vectors() {
-        assert_eq!(fnv1a(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
-        assert_eq!(
-            fnv1a(fnv1a(FNV_OFFSET, b"foo"), b"bar"),
-            fnv1a(FNV_OFFSET, b"foobar")
-        );
-    }
-
-    #[derive(Debug, Clone, PartialEq)]
-    struct Counter(u64);
-    impl Codec for Counter {
-        fn encode(&self) -> Vec<u8> {
-            let mut v = vec![1u8];
-            v.extend_from_slice(&self.0.to_le_bytes());
-            v
-        }
-        fn decode(b: &[u8]) -> Option<Self> {
-            if b.len() != 9 || b.first() != Some(&1) {
-                return None;
-            }
-            read_u64(b, 1).map(Counter)
-        }
-    }
-
-    #[test]
     fn update_creates_missing_key_then_applies_change_through_cas() {
         let s = MemStore::new();
-        let (d, st) = update(&s, "k", 3, &Counter(0), |c| (c.0, Some(Counter(c.0 + 5)))).unwrap();
+        let (d, st) = update(&s, "k", 3, &Count(0), |c| (c.0, Some(Count(c.0 + 5)))).unwrap();
         assert_eq!(d, 0);
         assert!(st.created);
-        let (v, _) = peek::<Counter>(&s, "k").unwrap();
-        assert_eq!(v, Some(Counter(5)));
+        let (v, _) = peek::<Count>(&s, "k").unwrap();
+        assert_eq!(v, Some(Count(5)));
     }
 
     #[test]
     fn corrupt_value_is_treated_as_fresh_and_flagged() {
         let s = MemStore::new();
         s.set("k", b"garbage", 0).unwrap();
-        let (_, st) = update(&s, "k", 3, &Counter(0), |c| ((), Some(Counter(c.0 + 1)))).unwrap();
+        let (_, st) = update(&s, "k", 3, &Count(0), |c| ((), Some(Count(c.0 + 1)))).unwrap();
         assert!(st.corrupt);
-        assert_eq!(peek::<Counter>(&s, "k").unwrap().0, Some(Counter(1)));
+        assert_eq!(peek::<Count>(&s, "k").unwrap().0, Some(Count(1)));
     }
 
     #[test]
     fn cas_conflict_from_another_worker_is_retried() {
         let s = MemStore::new();
-        s.set("k", &Counter(0).encode(), 0).unwrap();
+        s.set("k", &Count(0).encode(), 0).unwrap();
         let mut first = true;
-        let (_, st) = update(&s, "k", 3, &Counter(0), |c| {
+        let (_, st) = update(&s, "k", 3, &Count(0), |c| {
             if first {
                 first = false;
                 // another worker increments between our read and write
                 let (_, cas) = s.get("k").unwrap().unwrap();
-                s.set("k", &Counter(c.0 + 10).encode(), cas).unwrap();
+                s.set("k", &Count(c.0 + 10).encode(), cas).unwrap();
             }
-            ((), Some(Counter(c.0 + 1)))
+            ((), Some(Count(c.0 + 1)))
         })
         .unwrap();
         assert_eq!(st.retries, 1);
-        assert_eq!(peek::<Counter>(&s, "k").unwrap().0, Some(Counter(11)));
+        assert_eq!(peek::<Count>(&s, "k").unwrap().0, Some(Count(11)));
     }
 
     #[test]
     fn cas_exhaustion_is_reported_not_ignored() {
         let s = MemStore::new();
-        s.set("k", &Counter(0).encode(), 0).unwrap();
-        let r = update(&s, "k", 2, &Counter(0), |c| {
+        s.set("k", &Count(0).encode(), 0).unwrap();
+        let r = update(&s, "k", 2, &Count(0), |c| {
             let (_, cas) = s.get("k").unwrap().unwrap();
-            s.set("k", &Counter(c.0 + 1).encode(), cas).unwrap();
-            ((), Some(Counter(c.0 + 1)))
+            s.set("k", &Count(c.0 + 1).encode(), cas).unwrap();
+            ((), Some(Count(c.0 + 1)))
         });
         assert_eq!(r.unwrap_err(), UpdateError::CasExhausted);
     }
@@ -329,9 +313,9 @@ mod tests {
     #[test]
     fn read_only_decision_writes_nothing() {
         let s = MemStore::new();
-        s.set("k", &Counter(7).encode(), 0).unwrap();
+        s.set("k", &Count(7).encode(), 0).unwrap();
         let (_, cas0) = s.get("k").unwrap().unwrap();
-        update(&s, "k", 3, &Counter(0), |_| ((), None::<Counter>)).unwrap();
+        update(&s, "k", 3, &Count(0), |_| ((), None::<Count>)).unwrap();
         assert_eq!(s.get("k").unwrap().unwrap().1, cas0);
     }
 

@@ -3,7 +3,9 @@
 //! The SDK's `hostcalls::*` helpers (proxy-wasm 0.2.5) panic on any status they did not expect — for
 //! example reading a request header in the body phase (BadArgument) or a header that is not UTF-8 — and
 //! a panic kills the worker's VM. This module declares the same imports and turns every status into a
-//! `Result`, so the adapter decides what a failure means. It is the only `unsafe` in the crate.
+//! `Result`, so the adapter decides what a failure means. It is the only `unsafe` in the crate (the crate
+//! root denies `unsafe_code`; this module's `allow` is the one exception), and every `unsafe` block says
+//! why it is sound in a `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks` is denied).
 #![allow(clashing_extern_declarations, unsafe_code)]
 
 use std::ptr::{null, null_mut};
@@ -41,6 +43,9 @@ pub enum Buffer {
     PluginConfiguration = 7,
 }
 
+// The host's imports (proxy-wasm ABI 0.2.1). Every call below passes (pointer, length) pairs of slices
+// that stay alive until the call returns (the host copies what it keeps) and pointers to live locals for
+// the host to write its results into; a buffer the host returns is handed over to us (see `owned`).
 #[cfg(target_arch = "wasm32")]
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -273,10 +278,17 @@ fn status(s: u32) -> Result<(), Status> {
 }
 
 /// Takes ownership of a host-allocated buffer (allocated through the SDK's `proxy_on_memory_allocate`).
+///
+/// # Safety
+/// `data` must be null, or point to `size` bytes that the host returned from a call that succeeded and
+/// that nothing else owns: the SDK's `proxy_on_memory_allocate` allocates them as a `Vec<u8>` with
+/// exactly `size` capacity and forgets it, so rebuilding that `Vec` here (once per returned buffer) is
+/// what frees it. A null pointer or a zero size gives an empty `Vec` and touches nothing.
 unsafe fn owned(data: *mut u8, size: usize) -> Vec<u8> {
     if data.is_null() || size == 0 {
         Vec::new()
     } else {
+        // SAFETY: the caller guarantees `data` is a leaked `Vec<u8>` of capacity and length `size`.
         Vec::from_raw_parts(data, size, size)
     }
 }
@@ -298,6 +310,7 @@ pub enum Level {
 
 /// Writes one log line.
 pub fn log(level: Level, msg: &str) {
+    // SAFETY: (pointer, length) of `msg`, a live `&str` for the whole call; the host only reads it.
     unsafe {
         proxy_log(level as u32, msg.as_ptr(), msg.len());
     }
@@ -306,12 +319,14 @@ pub fn log(level: Level, msg: &str) {
 /// Host time, ns since the epoch.
 pub fn now_ns() -> Result<u64, Status> {
     let mut t: u64 = 0;
+    // SAFETY: the host writes one u64 through a pointer to a live local.
     status(unsafe { proxy_get_current_time_nanoseconds(&mut t) })?;
     Ok(t)
 }
 
 /// Sets the root context's tick period (0 = off).
 pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
+    // SAFETY: an integer argument; no memory is shared.
     status(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
@@ -319,7 +334,10 @@ pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
 pub fn get_buffer(b: Buffer, start: usize, max: usize) -> Result<Vec<u8>, Status> {
     let mut data = null_mut();
     let mut size = 0usize;
+    // SAFETY: the host writes a pointer and a length into two live locals.
     match unsafe { proxy_get_buffer_bytes(b as u32, start, max, &mut data, &mut size) } {
+        // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+        // `proxy_on_memory_allocate`; `owned` takes them over, once.
         OK => Ok(unsafe { owned(data, size) }),
         NOT_FOUND => Ok(Vec::new()),
         s => Err(s),
@@ -328,6 +346,7 @@ pub fn get_buffer(b: Buffer, start: usize, max: usize) -> Result<Vec<u8>, Status
 
 /// Replaces `[start, start+size)` of a buffer with `data`.
 pub fn set_buffer(b: Buffer, start: usize, size: usize, data: &[u8]) -> Result<(), Status> {
+    // SAFETY: (pointer, length) of `data`, a live slice for the whole call; the host copies it.
     status(unsafe { proxy_set_buffer_bytes(b as u32, start, size, data.as_ptr(), data.len()) })
 }
 
@@ -335,9 +354,13 @@ pub fn set_buffer(b: Buffer, start: usize, size: usize, data: &[u8]) -> Result<(
 pub fn get_header_bytes(m: Map, key: &str) -> Result<Option<Vec<u8>>, Status> {
     let mut data = null_mut();
     let mut size = 0usize;
+    // SAFETY: (pointer, length) of `key`, live for the whole call; the host writes a pointer and a
+    // length into two live locals.
     match unsafe {
         proxy_get_header_map_value(m as u32, key.as_ptr(), key.len(), &mut data, &mut size)
     } {
+        // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+        // `proxy_on_memory_allocate`; `owned` takes them over, once.
         OK => Ok(Some(unsafe { owned(data, size) })),
         NOT_FOUND => Ok(None),
         s => Err(s),
@@ -365,7 +388,10 @@ impl HeaderBlob {
     pub fn get(m: Map) -> HeaderBlob {
         let mut data = null_mut();
         let mut size = 0usize;
+        // SAFETY: the host writes a pointer and a length into two live locals.
         let bytes = match unsafe { proxy_get_header_map_pairs(m as u32, &mut data, &mut size) } {
+            // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+            // `proxy_on_memory_allocate`; `owned` takes them over, once.
             OK => unsafe { owned(data, size) },
             _ => Vec::new(),
         };
@@ -428,6 +454,8 @@ impl HeaderBlob {
 
 /// Appends a header.
 pub fn add_header(m: Map, key: &str, val: &str) -> Result<(), Status> {
+    // SAFETY: (pointer, length) of `key` and of `val`, live for the whole call; the host copies
+    // them.
     status(unsafe {
         proxy_add_header_map_value(m as u32, key.as_ptr(), key.len(), val.as_ptr(), val.len())
     })
@@ -435,6 +463,8 @@ pub fn add_header(m: Map, key: &str, val: &str) -> Result<(), Status> {
 
 /// Sets a header, replacing any value.
 pub fn set_header(m: Map, key: &str, val: &str) -> Result<(), Status> {
+    // SAFETY: (pointer, length) of `key` and of `val`, live for the whole call; the host copies
+    // them.
     status(unsafe {
         proxy_replace_header_map_value(m as u32, key.as_ptr(), key.len(), val.as_ptr(), val.len())
     })
@@ -442,6 +472,7 @@ pub fn set_header(m: Map, key: &str, val: &str) -> Result<(), Status> {
 
 /// Removes a header.
 pub fn remove_header(m: Map, key: &str) -> Result<(), Status> {
+    // SAFETY: (pointer, length) of `key`, live for the whole call; the host only reads it.
     status(unsafe { proxy_remove_header_map_value(m as u32, key.as_ptr(), key.len()) })
 }
 
@@ -450,8 +481,12 @@ pub fn get_shared(key: &str) -> Result<Option<(Vec<u8>, u32)>, Status> {
     let mut data = null_mut();
     let mut size = 0usize;
     let mut cas = 0u32;
+    // SAFETY: (pointer, length) of `key`, live for the whole call; the host writes a pointer, a
+    // length and the CAS into three live locals.
     match unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) }
     {
+        // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+        // `proxy_on_memory_allocate`; `owned` takes them over, once.
         OK => Ok(Some((unsafe { owned(data, size) }, cas))),
         NOT_FOUND => Ok(None),
         s => Err(s),
@@ -460,6 +495,8 @@ pub fn get_shared(key: &str) -> Result<Option<(Vec<u8>, u32)>, Status> {
 
 /// Shared data write with CAS (0 = unconditional).
 pub fn set_shared(key: &str, val: &[u8], cas: u32) -> Result<(), Status> {
+    // SAFETY: (pointer, length) of `key` and of `val`, live for the whole call; the host copies
+    // them.
     status(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), val.as_ptr(), val.len(), cas) })
 }
 
@@ -492,6 +529,8 @@ pub fn send_local_response(
     details: &str,
 ) -> Result<(), Status> {
     let h = serialize_map(headers);
+    // SAFETY: (pointer, length) of `details`, of `body` (null with length 0 when empty) and of the
+    // serialized headers `h`, all alive until the call returns; the host copies them.
     status(unsafe {
         proxy_send_local_response(
             code,
@@ -512,11 +551,13 @@ pub fn send_local_response(
 
 /// Resumes the request stream of the effective context.
 pub fn resume_request() -> Result<(), Status> {
+    // SAFETY: an integer argument; no memory is shared.
     status(unsafe { proxy_continue_stream(0) })
 }
 
 /// Makes `id` the effective context (to resume another HTTP context from the root's tick).
 pub fn set_effective_context(id: u32) -> Result<(), Status> {
+    // SAFETY: an integer argument; no memory is shared.
     status(unsafe { proxy_set_effective_context(id) })
 }
 
@@ -534,12 +575,15 @@ pub enum MetricType {
 /// Defines (or finds) a metric.
 pub fn define_metric(t: MetricType, name: &str) -> Result<u32, Status> {
     let mut id = 0u32;
+    // SAFETY: (pointer, length) of `name`, live for the whole call; the host writes the id into a
+    // live local.
     status(unsafe { proxy_define_metric(t as u32, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
 
 /// Adds to a counter or gauge.
 pub fn increment_metric(id: u32, by: i64) {
+    // SAFETY: integer arguments; no memory is shared.
     unsafe {
         proxy_increment_metric(id, by);
     }
@@ -547,6 +591,7 @@ pub fn increment_metric(id: u32, by: i64) {
 
 /// Sets a gauge or records a histogram sample.
 pub fn record_metric(id: u32, value: u64) {
+    // SAFETY: integer arguments; no memory is shared.
     unsafe {
         proxy_record_metric(id, value);
     }
@@ -567,6 +612,8 @@ fn path_bytes(path: &[&str]) -> Vec<u8> {
 /// Sets a property (filter state `wasm.<name>` for a one-segment path).
 pub fn set_property(path: &[&str], value: &[u8]) -> Result<(), Status> {
     let p = path_bytes(path);
+    // SAFETY: (pointer, length) of the path `p` and of `value`, live for the whole call; the host
+    // copies them.
     status(unsafe { proxy_set_property(p.as_ptr(), p.len(), value.as_ptr(), value.len()) })
 }
 
@@ -575,7 +622,11 @@ pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
     let p = path_bytes(path);
     let mut data = null_mut();
     let mut size = 0usize;
+    // SAFETY: (pointer, length) of the path `p`, live for the whole call; the host writes a pointer
+    // and a length into two live locals.
     match unsafe { proxy_get_property(p.as_ptr(), p.len(), &mut data, &mut size) } {
+        // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+        // `proxy_on_memory_allocate`; `owned` takes them over, once.
         OK => Ok(Some(unsafe { owned(data, size) })),
         NOT_FOUND => Ok(None),
         s => Err(s),
@@ -615,6 +666,8 @@ pub fn call_response_headers() -> Vec<(String, String)> {
 pub fn call_foreign_function(name: &str, args: &[u8]) -> Result<Vec<u8>, Status> {
     let mut data = null_mut();
     let mut size = 0usize;
+    // SAFETY: (pointer, length) of `name` and of `args`, live for the whole call; the host writes a
+    // pointer and a length into two live locals.
     match unsafe {
         proxy_call_foreign_function(
             name.as_ptr(),
@@ -625,6 +678,8 @@ pub fn call_foreign_function(name: &str, args: &[u8]) -> Result<Vec<u8>, Status>
             &mut size,
         )
     } {
+        // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+        // `proxy_on_memory_allocate`; `owned` takes them over, once.
         OK => Ok(unsafe { owned(data, size) }),
         NOT_FOUND => Ok(Vec::new()),
         s => Err(s),

@@ -903,9 +903,15 @@ impl Webdis {
     /// Writes a config (`daemonize: false`, `verbosity: 3`, logfile in a temp dir), starts
     /// `$WEBDIS_BIN` (default `webdis`) and waits until `GET /PING` answers (10 s).
     pub fn start(redis_port: u16) -> Webdis {
+        Webdis::start_with(redis_port, &serde_json::json!({}))
+    }
+
+    /// [`Webdis::start`] with the fields of the JSON object `extra` added to (or replacing those of) its
+    /// config, e.g. `{"acl": [{"disabled": ["EVAL"]}]}`.
+    pub fn start_with(redis_port: u16, extra: &Value) -> Webdis {
         let dir = TempDir::new("webdis");
         let port = free_port();
-        let config = serde_json::json!({
+        let mut config = serde_json::json!({
             "redis_host": "127.0.0.1",
             "redis_port": redis_port,
             "redis_auth": null,
@@ -919,6 +925,11 @@ impl Webdis {
             "verbosity": 3,
             "logfile": dir.path().join("webdis.log").display().to_string(),
         });
+        if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                config.insert(k.clone(), v.clone());
+            }
+        }
         let cfg_path = dir.path().join("webdis.json");
         fs::write(&cfg_path, config.to_string()).unwrap_or_else(|e| panic!("webdis.json: {e}"));
         let bin = std::env::var("WEBDIS_BIN").unwrap_or_else(|_| "webdis".into());

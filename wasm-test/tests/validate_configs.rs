@@ -913,7 +913,7 @@ fn grafana_dashboard_queries_only_metrics_the_filter_exports() {
         }
         for r in regexes {
             assert!(
-                prefixes.iter().any(|p| r == *p),
+                prefixes.contains(&r),
                 "the dashboard matches {r}…, which src/flow does not define ({e})"
             );
         }

@@ -1,0 +1,459 @@
+//! Plugin configuration: raw serde structs (shape, unknown fields refused) → validated runtime [`Config`]
+//! (meaning). A [`ConfigError`] names the JSON path of the bad field, for shape errors too (serde's, with
+//! the path tracked by `serde_path_to_error`): `rules[1].burst: must be between 1 and 1e15, got 0`,
+//! `rules[0].tokens_per_second: invalid type: string "10", expected a number`. The host logs it in one
+//! line and returns `false` from `on_configure`, so Envoy refuses the config. A range refusal states the
+//! range; patterns that could never match (a tenant glob, `*` inside a model name, a rule shadowed by an
+//! earlier one) are refused rather than left silently idle.
+//! Nothing falls back to a default quietly: absent optional fields take the documented defaults below,
+//! present but wrong ones are errors.
+//!
+//! Example (the JSON string in the Envoy wasm filter's `configuration`):
+//! ```json
+//! {"tenant_header": "x-tenant-id",
+//!  "models": {"gpt-4.1": {"default_max_tokens": 4096, "max_tokens_cap": 32768}},
+//!  "rules": [{"model": "gpt-4.1", "tokens_per_second": 300000, "burst": 2000000, "requests_per_minute": 600},
+//!            {"model": "*", "tokens_per_second": 1000, "burst": 20000}]}
+//! ```
+//!
+//! One file per section, each with its raw serde structs, its validated types and its step of
+//! `validate()`: `top.rs` (tenant, model and body fields, shared-store bounds), `rules.rs`, `models.rs`
+//! (`default_output`, `models`), `breaker.rs`, `quota.rs`, `global.rs` (`global_buckets`); `shim.rs`
+//! holds the Webdis shim settings `quota` and `global_buckets` share, `fields.rs` the value checks every
+//! section uses and `shape.rs` the serde-level errors. Every public type is re-exported here
+//! (`crate::config::Rule`, `crate::config::QuotaSettings`, …).
+
+mod breaker;
+mod fields;
+mod global;
+mod models;
+mod quota;
+mod rules;
+mod shape;
+mod shim;
+mod top;
+
+pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
+pub use global::{GlobalFailure, GlobalSettings};
+pub use models::DEFAULT_OUTPUT;
+pub use quota::{QuotaFailure, QuotaSettings, TenantQuota};
+pub use rules::{ModelMatch, Rule, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
+pub use top::{
+    InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER, MAX_BODY_BYTES_LIMIT,
+};
+
+use crate::estimate::OutputLimits;
+use serde::Deserialize;
+use shape::UniqueMap;
+use std::fmt;
+
+/// A configuration error with the path of the field at fault.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    /// JSON path of the field, e.g. `rules[0].burst`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    /// `field: reason` on one line: control characters a config value or key brought in are escaped.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let one_line = |f: &mut fmt::Formatter<'_>, s: &str| -> fmt::Result {
+            for c in s.chars() {
+                if c.is_control() {
+                    write!(f, "{}", c.escape_default())?;
+                } else {
+                    write!(f, "{c}")?;
+                }
+            }
+            Ok(())
+        };
+        one_line(f, &self.field)?;
+        f.write_str(": ")?;
+        one_line(f, &self.reason)
+    }
+}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The validated runtime configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Header carrying the tenant id.
+    pub tenant_header: Option<String>,
+    /// Derive the tenant from a hashed API key when the header is absent.
+    pub api_key_tenants: bool,
+    /// Tenant used when none is found (`None` → 401).
+    pub default_tenant: Option<String>,
+    /// Header giving the model (used in the headers phase and when the body has none).
+    pub model_header: Option<String>,
+    /// Largest request body accepted on LLM paths.
+    pub max_body_bytes: usize,
+    /// Policy for bodies that are not valid JSON.
+    pub invalid_body: InvalidBody,
+    /// Output reservation for models without an entry in `models`.
+    pub default_output: OutputLimits,
+    /// Per-model output reservation.
+    pub models: Vec<(ModelMatch, OutputLimits)>,
+    /// Bucket rules, first match wins.
+    pub rules: Vec<Rule>,
+    /// Most bucket keys created for distinct tenants before overflow buckets are used.
+    pub max_tenants: u32,
+    /// CAS retries for one shared-data update.
+    pub cas_max_retries: u32,
+    /// Whether responses are read (breaker stream ends, quota settlements, `refund_unused`): metered
+    /// requests then ask the provider for an uncompressed answer.
+    pub reads_responses: bool,
+    /// Policy when a bucket update fails.
+    pub on_store_error: StoreFailure,
+    /// Circuit breaker, when configured.
+    pub breaker: Option<BreakerSettings>,
+    /// Monthly quotas, when configured.
+    pub quota: Option<QuotaSettings>,
+    /// Where the buckets of `global` rules live, when configured.
+    pub global: Option<GlobalSettings>,
+}
+
+impl Config {
+    /// Output limits for a model (first matching entry of `models`, else `default_output`).
+    pub fn output_limits(&self, model: Option<&str>) -> OutputLimits {
+        model
+            .and_then(|m| self.models.iter().find(|(mm, _)| mm.matches(m)))
+            .map(|(_, l)| *l)
+            .unwrap_or(self.default_output)
+    }
+
+    /// Index of the first rule that applies to (tenant, model).
+    pub fn rule_for(&self, tenant: &str, model: &str) -> Option<usize> {
+        self.rules
+            .iter()
+            .position(|r| r.matches_tenant(tenant) && r.model.matches(model))
+    }
+
+    /// The rule that will apply to `tenant` whatever the model, when that is known without the body:
+    /// the first rule for this tenant matches every model and keeps one bucket for all of them.
+    pub fn rule_without_model(&self, tenant: &str) -> Option<usize> {
+        let idx = self.rules.iter().position(|r| r.matches_tenant(tenant))?;
+        let rule = self.rules.get(idx)?;
+        (rule.model == ModelMatch::Any && !rule.per_model).then_some(idx)
+    }
+
+    /// True when the root context needs ticks (shaping, quota settlements).
+    pub fn needs_tick(&self) -> bool {
+        self.shaping() || self.quota.is_some() || self.global.is_some()
+    }
+
+    /// True when any rule shapes (needs the root tick).
+    pub fn shaping(&self) -> bool {
+        self.rules.iter().any(|r| r.max_wait_ms > 0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "the plugin configuration as a JSON object"
+)]
+struct RawConfig {
+    tenant_header: Option<String>,
+    api_key_tenants: Option<bool>,
+    default_tenant: Option<String>,
+    model_header: Option<String>,
+    max_body_bytes: Option<u64>,
+    invalid_body: Option<top::RawInvalidBody>,
+    default_output: Option<models::RawOutput>,
+    #[serde(default)]
+    models: UniqueMap<models::RawOutput>,
+    rules: Option<Vec<rules::RawRule>>,
+    max_tenants: Option<u32>,
+    cas_max_retries: Option<u32>,
+    on_store_error: Option<String>,
+    breaker: Option<breaker::RawBreaker>,
+    quota: Option<quota::RawQuota>,
+    global_buckets: Option<global::RawGlobal>,
+}
+
+/// Parses and validates the plugin configuration.
+pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(shape::shape_error)?;
+    // Text after the JSON object (what serde_json::from_slice checks last).
+    de.end().map_err(|e| err("configuration", e.to_string()))?;
+    validate(raw)
+}
+
+/// The meaning stage: each section in turn (the first refusal is reported, in this order), then what
+/// sections must agree on.
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let RawConfig {
+        tenant_header,
+        api_key_tenants,
+        default_tenant,
+        model_header,
+        max_body_bytes,
+        invalid_body,
+        default_output,
+        models,
+        rules,
+        max_tenants,
+        cas_max_retries,
+        on_store_error,
+        breaker,
+        quota,
+        global_buckets,
+    } = raw;
+    let sources = top::sources(tenant_header, model_header, api_key_tenants, default_tenant)?;
+    let max_body_bytes = top::max_body_bytes(max_body_bytes)?;
+    let invalid_body = top::invalid_body(invalid_body)?;
+    let (default_output, models) = models::models(default_output.as_ref(), &models)?;
+    let rules = rules::rules(rules)?;
+    top::charge_fits_a_rule(invalid_body, &rules)?;
+    let store = top::store(max_tenants, cas_max_retries, on_store_error)?;
+    let breaker = breaker.map(breaker::breaker).transpose()?;
+    let quota = quota.map(quota::quota).transpose()?;
+    let global = global_buckets.map(global::global).transpose()?;
+    global::consistent(global.as_ref(), quota.as_ref(), &rules)?;
+    let reads_responses =
+        breaker.is_some() || quota.is_some() || rules.iter().any(|r| r.refund_unused);
+    Ok(Config {
+        reads_responses,
+        quota,
+        global,
+        breaker,
+        on_store_error: store.on_store_error,
+        tenant_header: sources.tenant_header,
+        api_key_tenants: sources.api_key_tenants,
+        default_tenant: sources.default_tenant,
+        model_header: sources.model_header,
+        max_body_bytes,
+        invalid_body,
+        default_output,
+        models,
+        rules,
+        max_tenants: store.max_tenants,
+        cas_max_retries: store.cas_max_retries,
+    })
+}
+
+/// Helpers shared by the config tests of every section.
+#[cfg(test)]
+mod testing {
+    use super::{parse, Config, ConfigError};
+
+    pub(super) fn parse_str(s: &str) -> Result<Config, ConfigError> {
+        parse(s.as_bytes())
+    }
+
+    pub(super) const MIN: &str = r#"{"rules":[{"tokens_per_second":10,"burst":100}]}"#;
+
+    /// `parse(config)`'s error as the log line shows it (after `invalid configuration: `).
+    pub(super) fn refusal(config: &str) -> String {
+        match parse_str(config) {
+            Ok(_) => panic!("accepted: {config}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// MIN's rule with `extra` fields, and top-level `top` fields.
+    pub(super) fn with(extra: &str, top: &str) -> String {
+        format!(r#"{{"rules":[{{"tokens_per_second":10,"burst":100{extra}}}]{top}}}"#)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn minimal_config_takes_documented_defaults() {
+        let c = parse_str(MIN).unwrap();
+        assert_eq!(c.max_body_bytes, 8 * 1024 * 1024);
+        assert!(c.api_key_tenants);
+        assert_eq!(c.invalid_body, InvalidBody::Reject);
+        assert_eq!(c.rules[0].name, "rule0");
+        assert_eq!(c.rules[0].model, ModelMatch::Any);
+        assert!(c.rules[0].per_model);
+    }
+
+    #[test]
+    fn wrong_types_are_refused() {
+        assert!(parse_str(r#"{"rules":[{"tokens_per_second":"fast","burst":1}]}"#).is_err());
+        assert!(parse_str(r#"[1,2]"#).is_err());
+        assert!(parse_str("not json").is_err());
+        assert!(parse_str("").is_err());
+    }
+
+    #[test]
+    fn the_readme_sample_and_a_config_with_every_documented_field_parse() {
+        let readme = include_str!("../../README.md");
+        let sample = readme
+            .split("## Sample configuration")
+            .nth(1)
+            .and_then(|s| s.split("```json\n").nth(1))
+            .and_then(|s| s.split("```").next())
+            .unwrap();
+        let c = parse(sample.as_bytes()).unwrap();
+        assert!(c.breaker.is_some() && c.quota.is_some());
+        let every = r#"{
+          "tenant_header": "x-tenant-id", "api_key_tenants": true, "default_tenant": "anon",
+          "model_header": "x-model", "max_body_bytes": 1048576,
+          "invalid_body": {"action": "charge", "tokens": 100},
+          "default_output": {"default_max_tokens": 512, "max_tokens_cap": 4096},
+          "models": {"gpt-4*": {"default_max_tokens": 256, "max_tokens_cap": 1024}},
+          "rules": [{"name": "r", "tenant": "*", "model": "*", "per_model": false,
+                     "tokens_per_second": 10, "burst": 100, "requests_per_minute": 60,
+                     "max_wait_ms": 500, "refund_unused": true, "global": true}],
+          "max_tenants": 100, "cas_max_retries": 8, "on_store_error": "deny",
+          "breaker": {"keys": ["cluster", "model"], "failure_threshold": 3, "window_ms": 30000,
+            "failure_rate_percent": 50, "min_requests": 10, "recovery_ms": 1000,
+            "backoff_multiplier": 1.5, "max_recovery_ms": 60000, "half_open_max_calls": 2,
+            "half_open_successes_to_close": 1, "probe_timeout_ms": 5000,
+            "failure_statuses": [[500, 599]], "count_429": true, "count_incomplete_streams": true,
+            "route_header": "x-route", "cluster_fallbacks": {"a": {"cluster": "b", "route": "fb"}},
+            "model_fallbacks": {"m1": "m2"}, "max_fallback_hops": 2, "max_keys": 50},
+          "quota": {"cluster": "webdis", "authority": "webdis", "timeout_ms": 80,
+            "monthly_limit": 1000, "model_limits": {"m1": 10}, "on_failure": "open",
+            "clamp_output": true, "tenants": {"t": {"monthly_limit": 5, "model_limits": {"m1": 2},
+            "on_failure": "closed", "clamp_output": false}},
+            "weights": {"m1": {"input": 1, "output": 4, "cached_input": 0.5, "reasoning": 4}},
+            "month_offset_minutes": 540, "grace_seconds": 60, "idempotency_window_s": 0,
+            "exhausted_recheck_s": 5, "exhausted_below": 10, "inject_stream_usage": false,
+            "shim_breaker": {"failure_threshold": 2, "window_ms": 1000, "recovery_ms": 500},
+            "settle_retry_ms": 100, "settle_max_attempts": 3, "clock_skew_s": 0},
+          "global_buckets": {"cluster": "webdis", "authority": "webdis", "timeout_ms": 80,
+            "on_failure": "closed",
+            "shim_breaker": {"failure_threshold": 2, "window_ms": 1000, "recovery_ms": 500}}
+        }"#;
+        let c = parse(every.as_bytes()).unwrap();
+        assert_eq!(c.on_store_error, StoreFailure::Deny);
+        assert!(c.rules[0].refund_unused);
+        assert_eq!(c.quota.unwrap().exhausted_below, 10);
+        assert_eq!(c.global.unwrap().on_failure, GlobalFailure::Closed);
+    }
+
+    #[test]
+    fn refusal_lines_stay_on_one_line_whatever_the_config_holds() {
+        let line = refusal(&with(r#","name":"a\nb""#, ""));
+        assert_eq!(
+            line,
+            "rules[0].name: 'a\\nb' is not a valid rule name: 1-64 characters from [A-Za-z0-9._-]"
+        );
+        assert!(!refusal(&with("", r#","models":{"a\nb":{"x":1}}"#)).contains('\n'));
+    }
+
+    #[test]
+    fn every_bounded_setting_states_its_range_in_the_refusal() {
+        let many: Vec<String> = (0..257)
+            .map(|i| format!(r#"{{"tenant":"t{i}","tokens_per_second":1,"burst":1}}"#))
+            .collect();
+        let quota = |extra: &str| {
+            with(
+                "",
+                &format!(r#","quota":{{"cluster":"w","monthly_limit":1{extra}}}"#),
+            )
+        };
+        for (config, line) in [
+            (
+                format!(r#"{{"rules":[{}]}}"#, many.join(",")),
+                "rules: must hold between 1 and 256 rules, got 257",
+            ),
+            (
+                r#"{"rules":[]}"#.to_string(),
+                "rules: must hold between 1 and 256 rules, got 0",
+            ),
+            (
+                with("", r#","max_body_bytes":1073741825"#),
+                "max_body_bytes: must be between 1 and 1073741824 (1 GiB), got 1073741825",
+            ),
+            (
+                with("", r#","max_body_bytes":0"#),
+                "max_body_bytes: must be between 1 and 1073741824 (1 GiB), got 0",
+            ),
+            (
+                with("", r#","max_tenants":1000001"#),
+                "max_tenants: must be between 1 and 1000000, got 1000001",
+            ),
+            (
+                with("", r#","cas_max_retries":0"#),
+                "cas_max_retries: must be between 1 and 1000, got 0",
+            ),
+            (
+                with("", r#","default_output":{"max_tokens_cap":0}"#),
+                "default_output.max_tokens_cap: must be >= 1",
+            ),
+            (
+                with("", r#","breaker":{"max_fallback_hops":9}"#),
+                "breaker.max_fallback_hops: must be between 0 and 8, got 9",
+            ),
+            (
+                with("", r#","breaker":{"max_keys":100001}"#),
+                "breaker.max_keys: must be between 1 and 100000, got 100001",
+            ),
+            (
+                with("", r#","global_buckets":{"cluster":"w","timeout_ms":60001}"#),
+                "global_buckets.timeout_ms: must be between 1 and 60000, got 60001",
+            ),
+            (
+                quota(r#","timeout_ms":0"#),
+                "quota.timeout_ms: must be between 1 and 60000, got 0",
+            ),
+            (
+                with("", r#","quota":{"cluster":"w","monthly_limit":9007199254740992}"#),
+                "quota.monthly_limit: must be between 1 and 9007199254740991 (2^53 - 1), got 9007199254740992",
+            ),
+            (
+                quota(r#","model_limits":{"m":0}"#),
+                "quota.model_limits.m: must be between 1 and 9007199254740991 (2^53 - 1), got 0",
+            ),
+            (
+                quota(r#","month_offset_minutes":-841"#),
+                "quota.month_offset_minutes: must be between -840 and 840, got -841",
+            ),
+            (
+                quota(r#","settle_max_attempts":1001"#),
+                "quota.settle_max_attempts: must be between 1 and 1000, got 1001",
+            ),
+            (
+                quota(r#","settle_retry_ms":9"#),
+                "quota.settle_retry_ms: must be between 10 and 60000, got 9",
+            ),
+            (
+                quota(r#","settle_retry_ms":60001"#),
+                "quota.settle_retry_ms: must be between 10 and 60000, got 60001",
+            ),
+            (
+                quota(r#","exhausted_recheck_s":0"#),
+                "quota.exhausted_recheck_s: must be >= 1, got 0",
+            ),
+            (
+                quota(r#","exhausted_below":0"#),
+                "quota.exhausted_below: must be >= 1, got 0",
+            ),
+            (
+                quota(r#","grace_seconds":315360001"#),
+                "quota.grace_seconds: must be between 0 and 315360000, got 315360001",
+            ),
+            (
+                quota(r#","idempotency_window_s":315360001"#),
+                "quota.idempotency_window_s: must be between 0 and 315360000, got 315360001",
+            ),
+            (
+                quota(r#","clock_skew_s":-3153600001"#),
+                "quota.clock_skew_s: must be between -3153600000 and 3153600000 (100 years), got -3153600001",
+            ),
+            (
+                quota(r#","weights":{"m":{"output":-1}}"#),
+                "quota.weights.m.output: must be a number >= 0",
+            ),
+        ] {
+            assert_eq!(refusal(&config), line, "{config}");
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! `quota`: monthly per-tenant limits kept in Redis behind the Webdis shim, with per-tenant and per-model
+//! overrides, cost weights and the settlement and idempotency settings:
+//! `"quota": {"cluster": "webdis", "monthly_limit": 1000000, "model_limits": {"gpt-4.1": 500000},
+//! "tenants": {"acme": {"monthly_limit": 5000000}}, "weights": {"gpt-4.1": {"output": 4}}}`.
+
+use super::fields::{at_least, exact_model, in_range, TENANT_ID};
+use super::shape::UniqueMap;
+use super::shim::{shim_breaker, shim_target, RawShimBreaker};
+use super::{err, ConfigError};
+use crate::breaker::BreakerConfig;
+use crate::quota::Weights;
+use serde::Deserialize;
+
+/// What a quota does when the shim (Webdis/Redis) cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaFailure {
+    /// Admit the request and count it (`tokengate_quota_fail_open`).
+    Open,
+    /// Answer 503 `quota_unavailable`.
+    Closed,
+}
+
+/// Per-tenant quota settings (after defaults are applied).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantQuota {
+    /// Monthly limit, weighted tokens.
+    pub monthly_limit: u64,
+    /// Monthly limits per model (weighted tokens); models not listed have none.
+    pub model_limits: Vec<(String, u64)>,
+    /// Failure policy.
+    pub on_failure: QuotaFailure,
+    /// Clamp `max_tokens` to what is left instead of rejecting.
+    pub clamp_output: bool,
+}
+
+/// Validated monthly-quota settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaSettings {
+    /// Envoy cluster of the Webdis shim.
+    pub cluster: String,
+    /// `:authority` of callouts.
+    pub authority: String,
+    /// Callout timeout.
+    pub timeout_ms: u32,
+    /// Defaults for tenants not listed.
+    pub default: TenantQuota,
+    /// Listed tenants.
+    pub tenants: Vec<(String, TenantQuota)>,
+    /// Per-model cost weights (exact names); others use unit weights.
+    pub weights: Vec<(String, Weights)>,
+    /// Month boundaries at this UTC offset.
+    pub month_offset_minutes: i32,
+    /// Counters expire this long after the month's end.
+    pub grace_seconds: u64,
+    /// `Idempotency-Key` window (0 = off).
+    pub idempotency_window_s: u64,
+    /// How long a tenant known exhausted is refused without asking Redis.
+    pub exhausted_recheck_s: u64,
+    /// A refused tenant with fewer weighted tokens left than this counts as exhausted.
+    pub exhausted_below: u64,
+    /// Add `stream_options.include_usage` to streaming requests and strip the extra chunk.
+    pub inject_stream_usage: bool,
+    /// Breaker on the shim itself.
+    pub shim_breaker: BreakerConfig,
+    /// First settlement retry delay, doubled per attempt.
+    pub settle_retry_ms: u64,
+    /// Settlement attempts before giving up (logged and counted).
+    pub settle_max_attempts: u32,
+    /// Seconds added to the host clock for month arithmetic only (tests of month rollover; keep 0).
+    pub clock_skew_s: i64,
+}
+
+impl QuotaSettings {
+    /// The settings of a tenant.
+    pub fn tenant(&self, tenant: &str) -> &TenantQuota {
+        self.tenants
+            .iter()
+            .find(|(t, _)| t == tenant)
+            .map(|(_, q)| q)
+            .unwrap_or(&self.default)
+    }
+    /// The weights of a model.
+    pub fn weights(&self, model: &str) -> Weights {
+        self.weights
+            .iter()
+            .find(|(m, _)| m == model)
+            .map(|(_, w)| *w)
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+pub(super) struct RawQuota {
+    cluster: Option<String>,
+    authority: Option<String>,
+    timeout_ms: Option<u32>,
+    monthly_limit: Option<u64>,
+    #[serde(default)]
+    model_limits: UniqueMap<u64>,
+    on_failure: Option<String>,
+    clamp_output: Option<bool>,
+    #[serde(default)]
+    tenants: UniqueMap<RawTenantQuota>,
+    #[serde(default)]
+    weights: UniqueMap<RawWeights>,
+    month_offset_minutes: Option<i32>,
+    grace_seconds: Option<u64>,
+    idempotency_window_s: Option<u64>,
+    exhausted_recheck_s: Option<u64>,
+    exhausted_below: Option<u64>,
+    inject_stream_usage: Option<bool>,
+    shim_breaker: Option<RawShimBreaker>,
+    settle_retry_ms: Option<u64>,
+    settle_max_attempts: Option<u32>,
+    clock_skew_s: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct RawTenantQuota {
+    monthly_limit: Option<u64>,
+    #[serde(default)]
+    model_limits: UniqueMap<u64>,
+    on_failure: Option<String>,
+    clamp_output: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct RawWeights {
+    input: Option<f64>,
+    output: Option<f64>,
+    cached_input: Option<f64>,
+    reasoning: Option<f64>,
+}
+
+/// Bound of `quota.grace_seconds` and `quota.idempotency_window_s`: 10 years (Redis expiry times).
+const TEN_YEARS_S: u64 = 3650 * 86_400;
+/// Bound of `quota.clock_skew_s` either way: 100 years.
+const MAX_CLOCK_SKEW_S: i64 = 100 * 365 * 86_400;
+
+fn quota_failure(
+    field: &str,
+    v: Option<&str>,
+    default: QuotaFailure,
+) -> Result<QuotaFailure, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some("open") => Ok(QuotaFailure::Open),
+        Some("closed") => Ok(QuotaFailure::Closed),
+        Some(o) => Err(err(
+            field,
+            format!("'{o}' is not one of \"open\", \"closed\""),
+        )),
+    }
+}
+
+/// Largest limit: Lua numbers are exact up to 2^53.
+const MAX_QUOTA: u64 = (1 << 53) - 1;
+
+fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 || v > MAX_QUOTA {
+        Err(err(
+            field,
+            format!("must be between 1 and {MAX_QUOTA} (2^53 - 1), got {v}"),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
+/// Validates the `quota` section.
+pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
+    let (cluster, authority, timeout_ms) =
+        shim_target("quota", raw.cluster, raw.authority, raw.timeout_ms)?;
+    let monthly_limit = limit(
+        "quota.monthly_limit".into(),
+        raw.monthly_limit
+            .ok_or_else(|| err("quota.monthly_limit", "is required"))?,
+    )?;
+    let mut model_limits = Vec::new();
+    for (m, v) in raw.model_limits {
+        exact_model(&format!("quota.model_limits.{m}"), &m)?;
+        model_limits.push((m.clone(), limit(format!("quota.model_limits.{m}"), v)?));
+    }
+    let default = TenantQuota {
+        monthly_limit,
+        model_limits,
+        on_failure: quota_failure(
+            "quota.on_failure",
+            raw.on_failure.as_deref(),
+            QuotaFailure::Closed,
+        )?,
+        clamp_output: raw.clamp_output.unwrap_or(false),
+    };
+    let mut tenants = Vec::new();
+    for (t, q) in raw.tenants {
+        if !crate::identity::valid_tenant(&t) {
+            return Err(err(
+                format!("quota.tenants.{t}"),
+                format!("is not a valid tenant id: {TENANT_ID}"),
+            ));
+        }
+        let mut ml = default.model_limits.clone();
+        for (m, v) in q.model_limits {
+            exact_model(&format!("quota.tenants.{t}.model_limits.{m}"), &m)?;
+            let v = limit(format!("quota.tenants.{t}.model_limits.{m}"), v)?;
+            ml.retain(|(x, _)| x != &m);
+            ml.push((m, v));
+        }
+        let tq = TenantQuota {
+            monthly_limit: match q.monthly_limit {
+                Some(v) => limit(format!("quota.tenants.{t}.monthly_limit"), v)?,
+                None => default.monthly_limit,
+            },
+            model_limits: ml,
+            on_failure: quota_failure(
+                &format!("quota.tenants.{t}.on_failure"),
+                q.on_failure.as_deref(),
+                default.on_failure,
+            )?,
+            clamp_output: q.clamp_output.unwrap_or(default.clamp_output),
+        };
+        tenants.push((t, tq));
+    }
+    let mut weights = Vec::new();
+    for (m, w) in raw.weights {
+        exact_model(&format!("quota.weights.{m}"), &m)?;
+        let wt = Weights {
+            input: w.input.unwrap_or(1.0),
+            output: w.output.unwrap_or(1.0),
+            cached_input: w.cached_input.unwrap_or(w.input.unwrap_or(1.0)),
+            reasoning: w.reasoning.unwrap_or(w.output.unwrap_or(1.0)),
+        };
+        if let Err(f) = wt.validate() {
+            return Err(err(
+                format!("quota.weights.{m}.{f}"),
+                "must be a number >= 0",
+            ));
+        }
+        weights.push((m, wt));
+    }
+    let month_offset_minutes = raw.month_offset_minutes.unwrap_or(0);
+    if month_offset_minutes.unsigned_abs() > crate::calendar::MAX_OFFSET_MIN.unsigned_abs() {
+        let max = crate::calendar::MAX_OFFSET_MIN;
+        return Err(err(
+            "quota.month_offset_minutes",
+            format!("must be between -{max} and {max}, got {month_offset_minutes}"),
+        ));
+    }
+    let shim_breaker = shim_breaker("quota.shim_breaker", raw.shim_breaker)?;
+    let settle_max_attempts = in_range(
+        "quota.settle_max_attempts",
+        raw.settle_max_attempts.unwrap_or(20),
+        1,
+        1000,
+    )?;
+    let clock_skew_s = raw.clock_skew_s.unwrap_or(0);
+    if clock_skew_s.unsigned_abs() > MAX_CLOCK_SKEW_S.unsigned_abs() {
+        return Err(err(
+            "quota.clock_skew_s",
+            format!("must be between -{MAX_CLOCK_SKEW_S} and {MAX_CLOCK_SKEW_S} (100 years), got {clock_skew_s}"),
+        ));
+    }
+    Ok(QuotaSettings {
+        cluster,
+        authority,
+        timeout_ms,
+        default,
+        tenants,
+        weights,
+        month_offset_minutes,
+        grace_seconds: in_range(
+            "quota.grace_seconds",
+            raw.grace_seconds.unwrap_or(7 * 86_400),
+            0,
+            TEN_YEARS_S,
+        )?,
+        idempotency_window_s: in_range(
+            "quota.idempotency_window_s",
+            raw.idempotency_window_s.unwrap_or(86_400),
+            0,
+            TEN_YEARS_S,
+        )?,
+        exhausted_recheck_s: at_least(
+            "quota.exhausted_recheck_s",
+            raw.exhausted_recheck_s.unwrap_or(60),
+            1,
+        )?,
+        exhausted_below: at_least(
+            "quota.exhausted_below",
+            raw.exhausted_below.unwrap_or(1000),
+            1,
+        )?,
+        inject_stream_usage: raw.inject_stream_usage.unwrap_or(true),
+        shim_breaker,
+        settle_retry_ms: in_range(
+            "quota.settle_retry_ms",
+            raw.settle_retry_ms.unwrap_or(500),
+            10,
+            60_000,
+        )?,
+        settle_max_attempts,
+        clock_skew_s,
+    })
+}

@@ -1,0 +1,125 @@
+//! The Redis keys of one tenant's monthly quota. Every key starts with `tg:q:{<tenant>}` (the
+//! [`crate::keys::QUOTA`] prefix and the tenant as Redis Cluster hash tag), so one request's keys, and a
+//! batch of one tenant's settlements, stay on one slot:
+//! ```text
+//! tg:q:{acme}:2026-11                  tenant used this month
+//! tg:q:{acme}:2026-11:m:gpt-4.1        tenant x model used this month
+//! tg:q:{acme}:limit                    optional operator override of the tenant limit (integer)
+//! tg:q:{acme}:limit:m:gpt-4.1          optional operator override of the tenant x model limit
+//! tg:q:{acme}:idem:<idempotency-key>   client idempotency: the first admitted request's decision,
+//!                                      bound to its body fingerprint (EX window; see RESERVE_SCRIPT)
+//! tg:q:{acme}:settled:<request-id>     settlement done (EX ttl)
+//! tg:q:{acme}:req:<request-id>         what the request reserved, or a reconciliation tombstone
+//! tg:q:{acme}:none                     placeholder key when no model is tracked (never read or written)
+//! ```
+//! Tenant, model, month and ids go through [`crate::keys::sanitize`].
+
+use crate::keys::sanitize;
+
+/// `tg:q:{<tenant>}` — the prefix (with hash tag) every key of one tenant shares.
+pub fn tenant_prefix(tenant: &str) -> String {
+    format!("{}{{{}}}", crate::keys::QUOTA, sanitize(tenant))
+}
+
+/// The Redis keys one request touches. Built once per request (at reservation time) and reused for the
+/// settlement, so a request reserved on the last second of a month settles into that same month.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaKeys {
+    /// `tg:q:{t}:<month>` — tenant used this month.
+    pub used_total: String,
+    /// `tg:q:{t}:<month>:m:<model>`, or the `tg:q:{t}:none` placeholder when no model is tracked.
+    pub used_model: String,
+    /// `tg:q:{t}:limit` — optional operator override of the tenant limit.
+    pub limit_override: String,
+    /// `tg:q:{t}:limit:m:<model>`, or the placeholder.
+    pub limit_model_override: String,
+    /// `tg:q:{t}:idem:<key>`, or the placeholder when the request has no idempotency key.
+    pub idem: String,
+    /// `tg:q:{t}:settled:<request-id>` — settlement done marker.
+    pub settled: String,
+    /// `tg:q:{t}:req:<request-id>` — what this request reserved (`<cost>`), or `C` once reconciled:
+    /// a reservation that reaches Redis after that does nothing.
+    pub request: String,
+    /// The sanitized request id (as stored in an idempotency record this request wrote).
+    pub request_id: String,
+    /// True when a model is tracked (the model keys are real).
+    pub has_model: bool,
+    /// True when the request carries an idempotency key (`idem` is real, not the placeholder).
+    pub has_idem: bool,
+}
+
+impl QuotaKeys {
+    /// Keys for `tenant` (and `model` when given) in month `month` (a [`month_label`]).
+    ///
+    /// [`month_label`]: crate::calendar::month_label
+    pub fn new(
+        tenant: &str,
+        model: Option<&str>,
+        month: &str,
+        idempotency_key: Option<&str>,
+        request_id: &str,
+    ) -> Self {
+        let p = tenant_prefix(tenant);
+        let month = sanitize(month);
+        let none = format!("{p}:none");
+        let (used_model, limit_model_override) = match model {
+            Some(m) => {
+                let m = sanitize(m);
+                (format!("{p}:{month}:m:{m}"), format!("{p}:limit:m:{m}"))
+            }
+            None => (none.clone(), none.clone()),
+        };
+        let rid = sanitize(request_id);
+        Self {
+            used_total: format!("{p}:{month}"),
+            used_model,
+            limit_override: format!("{p}:limit"),
+            limit_model_override,
+            idem: idempotency_key
+                .map(|k| format!("{p}:idem:{}", sanitize(k)))
+                .unwrap_or_else(|| none.clone()),
+            settled: format!("{p}:settled:{rid}"),
+            request: format!("{p}:req:{rid}"),
+            request_id: rid,
+            has_model: model.is_some(),
+            has_idem: idempotency_key.is_some(),
+        }
+    }
+}
+
+/// The hash-tag prefix of a settlement's keys (`tg:q:{tenant}`): settlements may be batched per prefix.
+pub fn tenant_tag(keys: &QuotaKeys) -> &str {
+    match keys.used_total.find("}:") {
+        Some(i) => keys.used_total.get(..=i).unwrap_or(&keys.used_total),
+        None => &keys.used_total,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_a_tenant_carries_the_same_hash_tag() {
+        let k = QuotaKeys::new("key:9f2c", Some("gpt-4.1"), "2026-11", Some("abc"), "r1");
+        assert_eq!(k.used_total, "tg:q:{key:9f2c}:2026-11");
+        assert_eq!(k.used_model, "tg:q:{key:9f2c}:2026-11:m:gpt-4.1");
+        assert_eq!(k.limit_override, "tg:q:{key:9f2c}:limit");
+        assert_eq!(k.limit_model_override, "tg:q:{key:9f2c}:limit:m:gpt-4.1");
+        assert_eq!(k.idem, "tg:q:{key:9f2c}:idem:abc");
+        assert_eq!(k.settled, "tg:q:{key:9f2c}:settled:r1");
+        let t = QuotaKeys::new("a}b{", None, "2026-11", None, "r");
+        for key in [
+            &t.used_total,
+            &t.used_model,
+            &t.limit_override,
+            &t.idem,
+            &t.settled,
+        ] {
+            assert!(key.starts_with("tg:q:{a%7Db%7B}:"), "{key}");
+            assert_eq!(key.matches('{').count(), 1);
+        }
+        assert_eq!(t.used_model, "tg:q:{a%7Db%7B}:none");
+        assert!(!t.has_model);
+    }
+}

@@ -1,0 +1,70 @@
+//! Monthly token quotas kept in Redis behind Webdis. Pure: no `proxy_wasm`, time comes in as a parameter.
+//!
+//! # Why
+//! Token buckets live in Envoy's shared data (one process); a monthly quota must hold across every Envoy,
+//! so it lives in Redis. One request costs one callout: a single Lua script checks and charges all keys
+//! atomically (all or nothing), and a second script settles the difference once the provider reports
+//! the real usage.
+//!
+//! # Parts
+//! * [`keys`]: the Redis keys of one request ([`QuotaKeys`]), all under the tenant's hash tag.
+//! * [`scripts`]: the Lua scripts (`src/quota/*.lua`), their SHA-1s and the Webdis bodies that call them
+//!   ([`reserve_request`], [`settle_request`], [`settle_batch_request`], [`reconcile_request`]).
+//! * [`replies`]: the parsed answers ([`parse_reserve_reply`], [`parse_settle_reply`],
+//!   [`parse_settle_batch_reply`]).
+//! * [`weights`]: per-model cost weights and the weighted cost ([`weighted`]).
+//! * [`marker`]: the quota-exhausted marker kept in shared data ([`ExhaustedMarker`]).
+//!
+//! Months come from [`crate::calendar`] (counters expire at a *fixed* instant, `EXPIREAT month_end +
+//! grace`, so repeated calls never push the expiry forward), the Webdis encoding and the failure classes
+//! ([`ShimError`]) from [`crate::webdis`], key sanitizing from [`crate::keys`]; all of them are
+//! re-exported here under their old `quota::` paths.
+//!
+//! # Example
+//! ```
+//! # use tokengate::quota::*;
+//! let now = 1_795_000_000; // 2026-11-18T…Z
+//! let args = ReserveArgs {
+//!     tenant: "acme".into(), model: Some("gpt-4.1".into()), month: month_label(now, 0),
+//!     idempotency_key: None, body_fingerprint: body_fingerprint(b"{}"), request_id: "req-1".into(),
+//!     prompt_cost: 120, output_cost: 1024, default_limit: 1_000_000, default_model_limit: 0,
+//!     expire_at_unix: month_end_unix(now, 0) + 7 * 86_400, idem_window_s: 0,
+//!     clamp_output: false, min_output_cost: 0,
+//! };
+//! let body = reserve_request(&args, ScriptCall::EvalSha);
+//! assert!(body.starts_with("EVALSHA/"));
+//! let reply = parse_reserve_reply(200, br#"{"EVALSHA":[1,1144,1000000,1144,-1,0,1024,0]}"#).unwrap();
+//! assert!(reply.allowed && reply.model_limit.is_none());
+//! ```
+
+pub mod keys;
+pub mod marker;
+pub mod replies;
+pub mod scripts;
+pub mod weights;
+
+pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};
+pub use marker::ExhaustedMarker;
+pub use replies::{
+    parse_reserve_reply, parse_settle_batch_reply, parse_settle_reply, Reason, ReserveReply,
+    SettleReply,
+};
+pub use scripts::{
+    body_fingerprint, reconcile_request, reserve_request, settle_batch_request, settle_request,
+    ReconcileArgs, ReserveArgs, SettleArgs, IDEMPOTENT_FREE_REPEATS, RECONCILE_SCRIPT,
+    RECONCILE_SHA1, RESERVE_SCRIPT, RESERVE_SHA1, SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1,
+    SETTLE_SCRIPT, SETTLE_SHA1,
+};
+pub use weights::{
+    clamped_output_tokens, min_clamped_output_cost, output_tokens_for_cost, weighted, Weights,
+};
+
+// Moved out of `quota` (shared with other modules); re-exported so the old `quota::` paths keep working.
+pub use crate::calendar::{
+    month_end_unix, month_label, month_of, seconds_to_reset, MAX_OFFSET_MIN, MAX_UNIX_S,
+};
+pub use crate::keys::{sanitize, sanitized, MAX_PART_LEN};
+pub use crate::webdis::{
+    command_body, parse_int_array, webdis_encode, ScriptCall, ShimError, MAX_LUA_INT, PROTOCOL_TAG,
+    WEBDIS_PATH,
+};

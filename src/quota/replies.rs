@@ -1,0 +1,346 @@
+//! Reading Webdis' answers to the quota scripts: the reservation decision ([`ReserveReply`], with the
+//! limit that binds it), a settlement's outcome ([`SettleReply`]) and a batch's per-entry results. The
+//! envelope and every failure class come from [`crate::webdis::parse_int_array`]; this adds the shape and
+//! consistency checks of each script's reply. Never panics: anything unexpected is
+//! [`ShimError::Garbage`].
+
+use crate::webdis::{parse_int_array, ShimError};
+
+/// Why a reservation was admitted or rejected (last reply element).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Admitted in full.
+    Admitted,
+    /// Rejected: the tenant's monthly limit.
+    TenantLimit,
+    /// Rejected: the tenant x model monthly limit.
+    ModelLimit,
+    /// Admitted with less output than asked ([`ReserveReply::granted_output`]); rewrite max tokens.
+    Clamped,
+}
+
+/// The parsed reservation decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReserveReply {
+    /// Admitted (and charged, unless `duplicate`).
+    pub allowed: bool,
+    /// Tenant used this month after this call (unchanged when rejected).
+    pub used_after: u64,
+    /// Effective tenant limit (override or default).
+    pub limit: u64,
+    /// Tenant x model used after this call (0 when no model is tracked).
+    pub model_used_after: u64,
+    /// Effective tenant x model limit; `None` = no model limit.
+    pub model_limit: Option<u64>,
+    /// A free repeat: the idempotency key had already been admitted for the same body (fingerprint) and
+    /// fewer than [`IDEMPOTENT_FREE_REPEATS`] repeats were served. This is the stored decision, nothing
+    /// was charged (and the host should not settle this request: the first one owns the reservation).
+    /// Only admitted decisions are remembered, so a retry after a rejection is evaluated afresh; a
+    /// different body, a repeat beyond the bound, or a retry after a fully refunded first request is
+    /// not a duplicate (it is reserved and settled like any request).
+    ///
+    /// [`IDEMPOTENT_FREE_REPEATS`]: super::IDEMPOTENT_FREE_REPEATS
+    pub duplicate: bool,
+    /// Output cost reserved (equals `output_cost` unless clamped; 0 when rejected).
+    pub granted_output: u64,
+    /// Why.
+    pub reason: Reason,
+}
+
+impl ReserveReply {
+    /// Weighted tokens left for the tenant this month (after this call), floor 0.
+    pub fn remaining(&self) -> u64 {
+        self.binding().1
+    }
+
+    /// The limit that binds this decision and what is left of it, `(limit, remaining)`: for a
+    /// rejection the limit it names ([`Reason::ModelLimit`] → the tenant × model limit), otherwise the
+    /// limit with less left (the tenant's on a tie). Headers and messages show this pair together.
+    pub fn binding(&self) -> (u64, u64) {
+        let tenant = (self.limit, self.limit.saturating_sub(self.used_after));
+        let Some(ml) = self.model_limit else {
+            return tenant;
+        };
+        let model = (ml, ml.saturating_sub(self.model_used_after));
+        match self.reason {
+            Reason::ModelLimit => model,
+            Reason::TenantLimit => tenant,
+            Reason::Admitted | Reason::Clamped if model.1 < tenant.1 => model,
+            Reason::Admitted | Reason::Clamped => tenant,
+        }
+    }
+}
+
+/// The parsed settlement answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettleReply {
+    /// False when this request id had already been settled (nothing changed).
+    pub applied: bool,
+    /// Tenant used this month after settlement.
+    pub used_after: u64,
+    /// Tenant x model used after settlement (0 when no model is tracked).
+    pub model_used_after: u64,
+}
+
+fn non_neg(n: i64, what: &str) -> Result<u64, ShimError> {
+    u64::try_from(n).map_err(|_| ShimError::Garbage(format!("negative {what}: {n}")))
+}
+
+fn flag(n: i64, what: &str) -> Result<bool, ShimError> {
+    match n {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(ShimError::Garbage(format!("{what} is not 0/1: {n}"))),
+    }
+}
+
+/// Parses Webdis' answer to [`reserve_request`]. Never panics; see [`ShimError`] for the classes.
+///
+/// [`reserve_request`]: super::reserve_request
+pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply, ShimError> {
+    let a = parse_int_array(http_status, body, 8)?;
+    let [allowed, used, limit, mused, mlimit, dup, granted, reason] = a.as_slice() else {
+        return Err(ShimError::Garbage("wrong length".into()));
+    };
+    let model_limit = match *mlimit {
+        -1 => None,
+        n => Some(non_neg(n, "model limit")?),
+    };
+    let reason = match reason {
+        0 => Reason::Admitted,
+        1 => Reason::TenantLimit,
+        2 => Reason::ModelLimit,
+        3 => Reason::Clamped,
+        r => return Err(ShimError::Garbage(format!("unknown reason {r}"))),
+    };
+    let reply = ReserveReply {
+        allowed: flag(*allowed, "allowed")?,
+        used_after: non_neg(*used, "used")?,
+        limit: non_neg(*limit, "limit")?,
+        model_used_after: non_neg(*mused, "model used")?,
+        model_limit,
+        duplicate: flag(*dup, "duplicate")?,
+        granted_output: non_neg(*granted, "granted output")?,
+        reason,
+    };
+    let consistent = matches!(
+        (reply.allowed, reply.reason),
+        (true, Reason::Admitted | Reason::Clamped)
+            | (false, Reason::TenantLimit | Reason::ModelLimit)
+    );
+    if !consistent {
+        return Err(ShimError::Garbage(format!(
+            "allowed={} with reason {:?}",
+            reply.allowed, reply.reason
+        )));
+    }
+    Ok(reply)
+}
+
+/// Parses Webdis' answer to [`settle_request`](super::settle_request). Never panics.
+pub fn parse_settle_reply(http_status: u32, body: &[u8]) -> Result<SettleReply, ShimError> {
+    let a = parse_int_array(http_status, body, 3)?;
+    let [applied, used, mused] = a.as_slice() else {
+        return Err(ShimError::Garbage("wrong length".into()));
+    };
+    Ok(SettleReply {
+        applied: flag(*applied, "applied")?,
+        used_after: non_neg(*used, "used")?,
+        model_used_after: non_neg(*mused, "model used")?,
+    })
+}
+
+/// Parses a batch settlement reply: one of 1 / 0 / −1 per entry, `n` entries.
+pub fn parse_settle_batch_reply(
+    http_status: u32,
+    body: &[u8],
+    n: usize,
+) -> Result<Vec<i64>, ShimError> {
+    let v = parse_int_array(http_status, body, n)?;
+    if v.iter().any(|x| !(-1..=1).contains(x)) {
+        return Err(ShimError::Garbage("batch entry out of range".into()));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admitted_reply_parses_with_every_field() {
+        let r = parse_reserve_reply(200, br#"{"EVAL":[1,150,1000,150,500,0,50,0]}"#).unwrap();
+        assert_eq!(
+            r,
+            ReserveReply {
+                allowed: true,
+                used_after: 150,
+                limit: 1000,
+                model_used_after: 150,
+                model_limit: Some(500),
+                duplicate: false,
+                granted_output: 50,
+                reason: Reason::Admitted
+            }
+        );
+        assert_eq!(r.remaining(), 350);
+    }
+
+    #[test]
+    fn evalsha_envelope_and_missing_model_limit_parse() {
+        let r = parse_reserve_reply(200, br#"{"EVALSHA":[0,990,1000,0,-1,0,0,1]}"#).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.model_limit, None);
+        assert_eq!(r.reason, Reason::TenantLimit);
+        assert_eq!(r.remaining(), 10);
+    }
+
+    #[test]
+    fn unavailable_covers_zero_5xx_and_empty_bodies() {
+        for (status, body) in [
+            (0, &b""[..]),
+            (503, b""),
+            (504, b"upstream request timeout"),
+            (200, b""),
+            (200, b" \n"),
+        ] {
+            assert_eq!(
+                parse_reserve_reply(status, body),
+                Err(ShimError::Unavailable),
+                "{status}"
+            );
+        }
+        assert_eq!(parse_settle_reply(503, b""), Err(ShimError::Unavailable));
+    }
+
+    #[test]
+    fn status_403_is_forbidden_and_other_statuses_are_garbage() {
+        assert_eq!(parse_reserve_reply(403, b"{}"), Err(ShimError::Forbidden));
+        assert!(matches!(
+            parse_reserve_reply(404, b"{}"),
+            Err(ShimError::Garbage(_))
+        ));
+    }
+
+    #[test]
+    fn redis_errors_and_noscript_are_told_apart() {
+        assert_eq!(
+            parse_reserve_reply(200, br#"{"EVAL":[false,"ERR tokengate: bad argument"]}"#),
+            Err(ShimError::RedisError("ERR tokengate: bad argument".into()))
+        );
+        assert_eq!(
+            parse_settle_reply(
+                200,
+                br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#
+            ),
+            Err(ShimError::NoScript)
+        );
+    }
+
+    #[test]
+    fn malformed_replies_are_garbage_never_a_panic() {
+        let cases: &[&[u8]] = &[
+            b"not json",
+            b"[1,2]",
+            br#"{"EVAL":null}"#,
+            br#"{"GET":[1,1,1,1,1,0,1,0]}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1,0],"x":1}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1]}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1,0,0]}"#,
+            br#"{"EVAL":[1,"1",1,1,1,0,1,0]}"#,
+            br#"{"EVAL":[1,1.5,1,1,1,0,1,0]}"#,
+            br#"{"EVAL":[1,1,-5,1,1,0,1,0]}"#,
+            br#"{"EVAL":[1,1,1,1,-2,0,1,0]}"#,
+            br#"{"EVAL":[2,1,1,1,1,0,1,0]}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1,9]}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1,1]}"#,
+            br#"{"EVAL":[0,1,1,1,1,0,1,0]}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1,18446744073709551615]}"#,
+            br#"{"EVAL":[false]}"#,
+            br#"{"EVAL":[true,"x"]}"#,
+            b"\xff\xfe",
+        ];
+        for c in cases {
+            let r = parse_reserve_reply(200, c);
+            assert!(
+                matches!(r, Err(ShimError::Garbage(_))),
+                "{:?} -> {r:?}",
+                String::from_utf8_lossy(c)
+            );
+        }
+        assert!(matches!(
+            parse_settle_reply(200, br#"{"EVAL":[1,-1,0]}"#),
+            Err(ShimError::Garbage(_))
+        ));
+        assert!(matches!(
+            parse_settle_reply(200, br#"{"EVAL":[3,1,0]}"#),
+            Err(ShimError::Garbage(_))
+        ));
+        assert!(matches!(
+            parse_settle_reply(200, br#"{"EVAL":[1,1]}"#),
+            Err(ShimError::Garbage(_))
+        ));
+    }
+
+    #[test]
+    fn settle_reply_parses_applied_and_already_settled() {
+        assert_eq!(
+            parse_settle_reply(200, br#"{"EVAL":[1,120,80]}"#),
+            Ok(SettleReply {
+                applied: true,
+                used_after: 120,
+                model_used_after: 80
+            })
+        );
+        assert!(
+            !parse_settle_reply(200, br#"{"EVAL":[0,120,0]}"#)
+                .unwrap()
+                .applied
+        );
+    }
+
+    fn reply(
+        allowed: bool,
+        used: u64,
+        mused: u64,
+        mlimit: Option<u64>,
+        reason: Reason,
+    ) -> ReserveReply {
+        ReserveReply {
+            allowed,
+            used_after: used,
+            limit: 100_000,
+            model_used_after: mused,
+            model_limit: mlimit,
+            duplicate: false,
+            granted_output: 0,
+            reason,
+        }
+    }
+
+    #[test]
+    fn the_binding_limit_and_its_remaining_are_reported_together() {
+        // Rejected by the model limit: the model's limit, not the tenant's.
+        let r = reply(false, 0, 0, Some(10), Reason::ModelLimit);
+        assert_eq!(r.binding(), (10, 10));
+        // Admitted: whichever has less left.
+        let r = reply(true, 100, 47, Some(50), Reason::Admitted);
+        assert_eq!(r.binding(), (50, 3));
+        assert_eq!(r.remaining(), 3);
+        let r = reply(true, 99_990, 47, Some(5_000), Reason::Clamped);
+        assert_eq!(r.binding(), (100_000, 10));
+        // Tie, no model limit, tenant rejection: the tenant's.
+        assert_eq!(
+            reply(true, 90_000, 0, Some(10_000), Reason::Admitted).binding(),
+            (100_000, 10_000)
+        );
+        assert_eq!(
+            reply(true, 7, 7, None, Reason::Admitted).binding(),
+            (100_000, 99_993)
+        );
+        assert_eq!(
+            reply(false, 100_000, 0, Some(10), Reason::TenantLimit).binding(),
+            (100_000, 0)
+        );
+    }
+}
