@@ -18,8 +18,7 @@ use crate::reply::{self, LocalReply};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
 use std::collections::HashSet;
 
-/// The FNV hasher, re-exported from [`crate::hash`] where it lives now (the old paths keep working).
-pub use crate::hash::{Fnv, FnvBuild};
+use crate::hash::FnvBuild;
 
 /// The per-VM cache of keys known to exist.
 pub type KeySet = HashSet<String, FnvBuild>;

@@ -215,9 +215,6 @@ impl SharedStore for MemStore {
     }
 }
 
-/// FNV-1a, re-exported from [`crate::hash`] where it lives now (the old path keeps working).
-pub use crate::hash::{fnv1a, FNV_OFFSET};
-
 /// A shared count (of created keys, for the `tg:n:*` bounds): `[1][count u64 LE]`, 9 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Count(pub u64);

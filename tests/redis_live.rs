@@ -15,6 +15,7 @@ use std::path::Path;
 use tokengate::bucket::{self, BucketParams, BucketState, Verdict};
 use tokengate::global::{argv, charge_request, parse_reply, Reply, SCRIPT, SHA1};
 use tokengate::quota::*;
+use tokengate::webdis::{command_body, ScriptCall, ShimError, MAX_LUA_INT};
 use wasm_test::{http, redis_cmd, RedisServer, RespValue, Webdis};
 
 /// True when `name` (or the path in `$var`) is an executable on `PATH`.

@@ -111,7 +111,7 @@ pub fn audit_record(
     let model = if model.is_empty() {
         std::borrow::Cow::Borrowed("-")
     } else {
-        crate::quota::sanitized(model)
+        crate::keys::sanitized(model)
     };
     let model = model.as_ref();
     let estimated = Dec::int(cost.unwrap_or(0));

@@ -12,6 +12,7 @@ use super::{Body, Cx, Effect, Level, Metric, Next, Purpose};
 use crate::accounting::Reserved;
 use crate::admission::{self, Decision};
 use crate::breaker;
+use crate::calendar;
 use crate::config::{GlobalFailure, InvalidBody, QuotaFailure, StoreFailure};
 use crate::estimate::{self, ApiKind};
 use crate::failover::{self, Choice};
@@ -20,6 +21,7 @@ use crate::quota::{self, ReserveArgs};
 use crate::reply::LocalReply;
 use crate::rewrite::{self, Edits};
 use crate::store::UpdateError;
+use crate::webdis::ScriptCall;
 
 /// The body field that carries the output limit for this API.
 pub(super) fn output_field(kind: ApiKind, body: &[u8]) -> &'static str {
@@ -454,11 +456,11 @@ impl Request {
             return Next::Continue;
         };
         let call = if eval {
-            crate::quota::ScriptCall::Eval
+            ScriptCall::Eval
         } else {
             shim::script_call(cx.worker.global_script_loaded)
         };
-        gc.used_eval = call == crate::quota::ScriptCall::Eval;
+        gc.used_eval = call == ScriptCall::Eval;
         gc.started = true;
         let body = global::charge_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, call);
         cx.fx.push(Effect::Dispatch(shim::callout(
@@ -551,7 +553,7 @@ impl Request {
         let args = ReserveArgs {
             tenant: plan.meta.tenant.clone(),
             model,
-            month: quota::month_label(now_s, q.month_offset_minutes),
+            month: calendar::month_label(now_s, q.month_offset_minutes),
             idempotency_key: plan.meta.idem_key.clone(),
             body_fingerprint: plan.fingerprint,
             request_id: plan.meta.request_id.clone(),
@@ -559,7 +561,7 @@ impl Request {
             output_cost: quota::weighted(0, plan.output, 0, 0, &w),
             default_limit: tq.monthly_limit,
             default_model_limit,
-            expire_at_unix: quota::month_end_unix(now_s, q.month_offset_minutes)
+            expire_at_unix: calendar::month_end_unix(now_s, q.month_offset_minutes)
                 .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
             idem_window_s: q.idempotency_window_s,
             clamp_output: tq.clamp_output,
@@ -576,7 +578,7 @@ impl Request {
             args,
             limit: tq.monthly_limit,
             remaining: None,
-            reset_s: quota::seconds_to_reset(now_s, q.month_offset_minutes),
+            reset_s: calendar::seconds_to_reset(now_s, q.month_offset_minutes),
             choices: plan.choices,
             duplicate: false,
             fail_open: false,
@@ -623,11 +625,11 @@ impl Request {
             return self.proceed(cx, plan, None);
         };
         let call = if eval {
-            crate::quota::ScriptCall::Eval
+            ScriptCall::Eval
         } else {
             shim::script_call(cx.worker.quota_script_loaded)
         };
-        qr.used_eval = call == crate::quota::ScriptCall::Eval;
+        qr.used_eval = call == ScriptCall::Eval;
         qr.started = true;
         let body = quota::reserve_request(&qr.args, call);
         cx.fx.push(Effect::Dispatch(shim::callout(

@@ -9,14 +9,14 @@ use super::state::{Audit, Charge, Plan, QuotaReq, Request, Stage, Step};
 use super::{CalloutReply, Cx, Effect, Metric, Purpose};
 use crate::admission::{self, Decision};
 use crate::bucket::Verdict;
+use crate::calendar;
 use crate::config::QuotaSettings;
 use crate::global;
-use crate::quota::{self, ExhaustedMarker, Reason, ShimError};
+use crate::keys::MARKER_COUNTER;
+use crate::quota::{self, ExhaustedMarker, Reason};
 use crate::rewrite::{self, Edits};
 use crate::store::Codec;
-
-/// Shared-data count of exhausted-tenant markers.
-pub const MARKER_COUNTER: &str = "tg:n:markers";
+use crate::webdis::ShimError;
 
 impl Request {
     /// A callout of this request answered (or the host refused it: [`CalloutReply::refused`]).
@@ -271,7 +271,7 @@ fn mark_exhausted(
     if !ok {
         return;
     }
-    let until = quota::month_end_unix(now_s, q.month_offset_minutes)
+    let until = calendar::month_end_unix(now_s, q.month_offset_minutes)
         .min(now_s.saturating_add(i64::try_from(q.exhausted_recheck_s).unwrap_or(60)));
     let marker = ExhaustedMarker {
         month_end_unix: until,

@@ -302,7 +302,7 @@ pub(super) fn transition(cx: &mut Cx, key: &str, t: Transition) {
     cx.fx.push(Effect::Gauge(
         format!(
             "tokengate_breaker_state.{}",
-            key.strip_prefix("tg:cb:").unwrap_or(key)
+            key.strip_prefix(crate::keys::BREAKER).unwrap_or(key)
         ),
         failover::gauge(t.to),
     ));

@@ -9,7 +9,7 @@ use crate::estimate::ApiKind;
 use crate::failover;
 use crate::global;
 use crate::identity;
-use crate::quota::{self, ExhaustedMarker};
+use crate::quota::ExhaustedMarker;
 use crate::reply::LocalReply;
 use std::borrow::Cow;
 
@@ -338,7 +338,7 @@ fn exhausted_cached(cx: &Cx, q: &crate::config::QuotaSettings, tenant: &str) -> 
     Some(answers::quota_exceeded(
         marker.limit,
         marker.remaining,
-        quota::seconds_to_reset(now_s, q.month_offset_minutes),
+        crate::calendar::seconds_to_reset(now_s, q.month_offset_minutes),
         "for this tenant",
     ))
 }

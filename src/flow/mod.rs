@@ -24,10 +24,10 @@
 //!    root's tick), `refund_unused`.
 //!
 //! Per-VM state (held requests, settlement and credit queues, key caches) is a [`Worker`]; the root's tick
-//! ([`Worker::on_tick`]) releases held requests and sends queued settlements and credits.
+//! ([`worker::on_tick`]) releases held requests and sends queued settlements and credits.
 //!
 //! Nothing here reads a clock or calls Envoy: time, headers, bodies, properties and shared data come
-//! through [`Host`] and [`Headers`]; tests drive every branch with [`fake::FakeEnvoy`], which follows
+//! through [`Host`] and [`Headers`]; tests drive every branch with `fake::FakeEnvoy`, which follows
 //! Envoy 1.40's rules.
 
 mod answers;
@@ -145,7 +145,7 @@ pub struct Callout {
     pub authority: String,
     /// Timeout.
     pub timeout_ms: u32,
-    /// The command (see [`crate::quota::webdis_encode`]).
+    /// The command (see [`crate::webdis::webdis_encode`]).
     pub body: String,
 }
 
@@ -231,7 +231,7 @@ pub enum Effect {
     /// Append bytes after the current response chunk (end of stream).
     AppendResponseBody(Vec<u8>),
     /// Dispatch a callout; a per-request one answers through [`Request::on_callout_reply`], a root one
-    /// through [`Worker::on_callout_reply`]. If the host refuses it, the adapter delivers
+    /// through [`worker::on_callout_reply`]. If the host refuses it, the adapter delivers
     /// [`CalloutReply::refused`] at once.
     Dispatch(Callout),
     /// Resume the paused request (after a callout answered, or a hold ended).

@@ -11,11 +11,13 @@
 //! * Nothing is sent while the shim's breaker is open.
 
 use super::{shim, CalloutReply, Cx, Effect, Level, Metric, Purpose};
-use crate::admission::{FnvBuild, KeySet};
+use crate::admission::KeySet;
 use crate::config::{GlobalSettings, QuotaSettings};
 use crate::global;
+use crate::hash::FnvBuild;
 use crate::identity::KeyCache;
-use crate::quota::{self, ReconcileArgs, SettleArgs, ShimError};
+use crate::quota::{self, ReconcileArgs, SettleArgs};
+use crate::webdis::ShimError;
 use std::collections::HashMap;
 
 /// Settlement callouts in flight at most per VM.

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 thread_local! {
-    static IDS: RefCell<HashMap<String, u32, crate::admission::FnvBuild>> =
+    static IDS: RefCell<HashMap<String, u32, crate::hash::FnvBuild>> =
         RefCell::new(HashMap::default());
 }
 

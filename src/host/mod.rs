@@ -1,7 +1,7 @@
 //! The host adapter: the only code that talks to Envoy (through [`abi`], and the SDK's context traits).
 //!
 //! It shows the pure flow ([`crate::flow`]) what Envoy shows — headers, bodies, properties, time, shared
-//! data — and applies the [`Effect`](crate::flow::Effect)s the flow returns. Per-VM state lives in a
+//! data — and applies the effects ([`crate::flow::Effect`]) the flow returns. Per-VM state lives in a
 //! thread-local [`Vm`]: each Envoy worker has its own VM, so it is never shared across threads;
 //! cross-worker state lives only in shared data.
 
@@ -26,7 +26,7 @@ pub struct Vm {
     /// The effect buffer (reused: its capacity survives requests).
     pub fx: Vec<Effect>,
     /// Root callouts in flight: host token → purpose.
-    pub root_callouts: HashMap<u32, Purpose, crate::admission::FnvBuild>,
+    pub root_callouts: HashMap<u32, Purpose, crate::hash::FnvBuild>,
 }
 
 thread_local! {

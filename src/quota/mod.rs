@@ -17,12 +17,13 @@
 //!
 //! Months come from [`crate::calendar`] (counters expire at a *fixed* instant, `EXPIREAT month_end +
 //! grace`, so repeated calls never push the expiry forward), the Webdis encoding and the failure classes
-//! ([`ShimError`]) from [`crate::webdis`], key sanitizing from [`crate::keys`]; all of them are
-//! re-exported here under their old `quota::` paths.
+//! ([`crate::webdis::ShimError`]) from [`crate::webdis`], key sanitizing from [`crate::keys`].
 //!
 //! # Example
 //! ```
 //! # use tokengate::quota::*;
+//! # use tokengate::calendar::{month_end_unix, month_label};
+//! # use tokengate::webdis::ScriptCall;
 //! let now = 1_795_000_000; // 2026-11-18T…Z
 //! let args = ReserveArgs {
 //!     tenant: "acme".into(), model: Some("gpt-4.1".into()), month: month_label(now, 0),
@@ -57,14 +58,4 @@ pub use scripts::{
 };
 pub use weights::{
     clamped_output_tokens, min_clamped_output_cost, output_tokens_for_cost, weighted, Weights,
-};
-
-// Moved out of `quota` (shared with other modules); re-exported so the old `quota::` paths keep working.
-pub use crate::calendar::{
-    month_end_unix, month_label, month_of, seconds_to_reset, MAX_OFFSET_MIN, MAX_UNIX_S,
-};
-pub use crate::keys::{sanitize, sanitized, MAX_PART_LEN};
-pub use crate::webdis::{
-    command_body, parse_int_array, webdis_encode, ScriptCall, ShimError, MAX_LUA_INT, PROTOCOL_TAG,
-    WEBDIS_PATH,
 };
