@@ -2,7 +2,9 @@
 wasm-test/tests/sdk.rs, and prints one JSON object with what the SDK returned or raised.
 
     python driver.py <scenario> --base-url http://127.0.0.1:PORT [--tenant T] [--max-tokens N]
-                     [--max-retries N] [--header k=v ...] [--model M]
+                     [--max-retries N] [--header k=v ...] [--model M] [--thinking-budget N]
+                     [--tool-properties a,b,c]
+    python driver.py batch     # stdin: a JSON list of argument lists; prints a JSON list of results
 
 Scenarios (admitted calls):
   openai-chat, openai-chat-stream, openai-chat-stream-usage, openai-completions,
@@ -35,11 +37,13 @@ def parse_args():
     p.add_argument("--max-retries", type=int, default=2)
     p.add_argument("--header", action="append", default=[])
     p.add_argument("--prompt", default="Say hello.")
+    p.add_argument("--thinking-budget", type=int, default=None)
+    p.add_argument("--tool-properties", default=None, help="comma-separated property names of a tool schema")
     return p.parse_args()
 
 
 def headers_of(args):
-    h = {"x-tenant-id": args.tenant}
+    h = {"x-tenant-id": args.tenant} if args.tenant else {}
     for kv in args.header:
         k, _, v = kv.partition("=")
         h[k] = v
@@ -96,6 +100,14 @@ def run(args):
         }
     if s in ("openai-chat-stream", "openai-chat-stream-usage"):
         extra = {"stream_options": {"include_usage": True}} if s.endswith("usage") else {}
+        if args.tool_properties:
+            props = {p: {"type": "string"} for p in args.tool_properties.split(",")}
+            extra["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": "save", "parameters": {"type": "object", "properties": props}},
+                }
+            ]
         text, usage, chunks, finish = "", None, 0, None
         stream = openai_client(args).chat.completions.create(
             model=model, messages=msgs, max_tokens=args.max_tokens, stream=True, **extra
@@ -148,8 +160,11 @@ def run(args):
             usage = usage_dict(final.usage)
         return {"text": text, "usage": usage, "events": events, "final_text": final.output_text}
     if s in ("anthropic-messages", "anthropic-error"):
+        extra = {}
+        if args.thinking_budget is not None:
+            extra["thinking"] = {"type": "enabled", "budget_tokens": args.thinking_budget}
         r = anthropic_client(args).messages.with_raw_response.create(
-            model=model, max_tokens=args.max_tokens, messages=msgs
+            model=model, max_tokens=args.max_tokens, messages=msgs, **extra
         )
         m = r.parse()
         return {
@@ -213,17 +228,35 @@ def describe(e, started):
     return out
 
 
-def main():
-    args = parse_args()
-    # The SDKs log "Retrying request to … in N seconds" at INFO on their own loggers.
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s: %(message)s")
+def one(args):
+    # Imported before the clock starts: `elapsed` is the call alone (with its retries).
+    if args.scenario.startswith("openai"):
+        import openai  # noqa: F401
+    elif args.scenario.startswith("anthropic"):
+        import anthropic  # noqa: F401
+    elif args.scenario.startswith("litellm"):
+        import litellm  # noqa: F401
     started = time.monotonic()
     try:
         out = {"ok": True, **run(args)}
         out["elapsed"] = time.monotonic() - started
     except Exception as e:  # noqa: BLE001 - every SDK exception is the result being tested
         out = describe(e, started)
-    print(json.dumps(out, default=str))
+    return out
+
+
+def main():
+    # The SDKs log "Retrying request to … in N seconds" at INFO on their own loggers.
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s: %(message)s")
+    if sys.argv[1:] == ["batch"]:
+        # A JSON list of argument lists on stdin, one call each (one interpreter start for many calls).
+        results = []
+        for argv in json.load(sys.stdin):
+            sys.argv = [sys.argv[0], *argv]
+            results.append(one(parse_args()))
+        print(json.dumps(results, default=str))
+        return
+    print(json.dumps(one(parse_args()), default=str))
 
 
 if __name__ == "__main__":
