@@ -312,7 +312,7 @@ fn every_class_raises_the_sdks_own_exception_and_retries_only_what_a_retry_can_f
         if class.retryable() {
             assert_eq!(attempts, 3, "two retries: {what}");
             assert!(
-                elapsed >= 2.0 * RETRY_S && elapsed < 1.0,
+                (2.0 * RETRY_S..1.0).contains(&elapsed),
                 "waited retry-after-ms, not the SDK's own backoff: {elapsed} s: {what}"
             );
         } else {
