@@ -3,6 +3,7 @@ wasm-test/tests/sdk.rs, and prints one JSON object with what the SDK returned or
 
     python driver.py <scenario> --base-url http://127.0.0.1:PORT [--tenant T] [--max-tokens N]
                      [--max-retries N] [--header k=v ...] [--model M] [--thinking-budget N]
+                     [--sleep-before S]
                      [--tool-properties a,b,c]
     python driver.py batch     # stdin: a JSON list of argument lists; prints a JSON list of results
 
@@ -37,6 +38,7 @@ def parse_args():
     p.add_argument("--max-retries", type=int, default=2)
     p.add_argument("--header", action="append", default=[])
     p.add_argument("--prompt", default="Say hello.")
+    p.add_argument("--sleep-before", type=float, default=0.0, help="seconds to wait before the call")
     p.add_argument("--thinking-budget", type=int, default=None)
     p.add_argument("--tool-properties", default=None, help="comma-separated property names of a tool schema")
     return p.parse_args()
@@ -236,6 +238,7 @@ def one(args):
         import anthropic  # noqa: F401
     elif args.scenario.startswith("litellm"):
         import litellm  # noqa: F401
+    time.sleep(args.sleep_before)
     started = time.monotonic()
     try:
         out = {"ok": True, **run(args)}
