@@ -4,7 +4,7 @@
 #   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
 #   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
-#   make bench      estimator micro-benchmark, then Envoy side by side: no filter / empty wasm / tokengate
+#   make bench      estimator and body-rewrite micro-benchmarks, then Envoy side by side: no filter / empty wasm / tokengate
 #                   (req/s, CPU, latency), then the same rows' instructions per request under callgrind
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
 #   make compose-test  envoy/docker-compose.yaml brought up with podman-compose on local stand-in images,
@@ -70,6 +70,7 @@ bench: build build-empty
 	@if [ -f benches/estimate.rs ]; then \
 		echo "cargo bench --bench estimate -p tokengate"; cargo bench --bench estimate -p tokengate; \
 	else echo "make bench: benches/estimate.rs not there yet, skipping the estimator micro-benchmark"; fi
+	@echo "cargo bench --bench rewrite -p tokengate"; cargo bench --bench rewrite -p tokengate
 	@cargo build -q --release -p wasm-test --bin bench
 	env -u BENCH_CALLGRIND $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" $(ROOT)/target/release/bench
 	@if [ "$(BENCH_CALLGRIND)" != 0 ]; then \

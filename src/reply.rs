@@ -1,17 +1,84 @@
-//! What clients get back: local-reply bodies (OpenAI-shaped JSON errors) and rate-limit headers.
+//! What clients get back: every answer the filter makes itself, and the rate-limit headers it adds to
+//! the provider's answers, in the shape of the API family the client speaks.
 //!
-//! A rejection by a bucket:
+//! # Per API family ([`render`], [`limit_headers`], [`merge_provider_headers`])
+//! A refusal is described once ([`Refusal`]: a [`Class`], a message, what the limits say) and rendered
+//! for the client's [`Family`], so that the official SDKs raise their own exception types with the
+//! attributes they document (`status_code`, `code`, `type`, `request_id`, and the Anthropic SDK's
+//! `error_code`).
+//!
+//! OpenAI paths (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses`): the body
+//! is OpenAI's `{"error":{"message","type","param","code"}}` exactly (param `null`); tokengate's own
+//! details go in a top-level `tokengate` object, which the SDKs ignore (they read `body["error"]`):
 //! ```text
 //! HTTP/1.1 429
 //! content-type: application/json
+//! x-request-id: 5d9f…
+//! x-tokengate-reason: tokens_per_second_exceeded
 //! retry-after: 2
+//! retry-after-ms: 1251
+//! x-should-retry: true
 //! x-ratelimit-limit-tokens: 2000          x-ratelimit-limit-requests: 600
 //! x-ratelimit-remaining-tokens: 120       x-ratelimit-remaining-requests: 14
-//! x-ratelimit-reset-tokens: 0.94          x-ratelimit-reset-requests: 4.6
-//! {"error":{"type":"rate_limit_error","code":"tokens_per_second_exceeded","message":"…","reset_in":1.25}}
+//! x-ratelimit-reset-tokens: 941ms         x-ratelimit-reset-requests: 4.6s
+//! {"error":{"message":"… Please try again in 1.251s.","type":"tokens","param":null,"code":"rate_limit_exceeded"},
+//!  "tokengate":{"reason":"tokens_per_second_exceeded","retry_after":1.251}}
 //! ```
-//! Seconds are written as decimals with at most 3 digits after the point (`0.25`, `3`); `retry-after` is
-//! whole seconds, rounded up, at least 1.
+//! Resets are OpenAI's durations, as Go's `time.Duration` prints them (OpenAI's `6m0s`; go-openai reads
+//! them with `time.ParseDuration`), rounded up to the millisecond: `0s`, `20ms`, `1s`, `1.5s`, `6m0s`,
+//! `1m30.5s`, `1h0m0s`.
+//!
+//! Anthropic `/v1/messages`: `{"type":"error","error":{"type","message","details":{"error_code"}},
+//! "request_id"}` with Anthropic's error types, `anthropic-ratelimit-{requests,tokens,input-tokens,
+//! output-tokens}-{limit,remaining,reset}` (reset as an RFC 3339 UTC time, rounded up to the second) and
+//! `request-id`. `details.error_code` carries tokengate's reason (the anthropic SDK's
+//! `APIStatusError.error_code`; SDKs without it ignore the field).
+//!
+//! # Classes, statuses and retries
+//! | [`Class`] | status | OpenAI `type` / `code` | Anthropic status `type` | retry |
+//! |---|---|---|---|---|
+//! | `TokensPerSecond` | 429 | `tokens` / `rate_limit_exceeded` | 429 `rate_limit_error` | yes |
+//! | `RequestsPerMinute` | 429 | `requests` / `rate_limit_exceeded` | 429 `rate_limit_error` | yes |
+//! | `ConcurrencyLimit` | 429 | `requests` / `rate_limit_exceeded` | 429 `rate_limit_error` | yes |
+//! | `QuotaExceeded` | 429 | `insufficient_quota` / `insufficient_quota` | 429 `rate_limit_error` | no |
+//! | `CostExceedsBurst` | 413 | `invalid_request_error` / `cost_exceeds_burst` | 413 `request_too_large` | no |
+//! | `BodyTooLarge` | 413 | `invalid_request_error` / `request_too_large` | 413 `request_too_large` | no |
+//! | `InvalidBody` | 400 | `invalid_request_error` / `invalid_body` | 400 `invalid_request_error` | no |
+//! | `OutputLimitTooLarge` | 400 | `invalid_request_error` / `output_limit_too_large` | 400 `invalid_request_error` | no |
+//! | `ThinkingBudgetDoesNotFit` | 400 | `invalid_request_error` / `thinking_budget_does_not_fit` | 400 `invalid_request_error` | no |
+//! | `MissingTenant` | 401 | `invalid_request_error` / `missing_tenant` | 401 `authentication_error` | no |
+//! | `ForbiddenTenant` | 403 | `invalid_request_error` / `forbidden_tenant` | 403 `permission_error` | no |
+//! | `CircuitOpen` | 503 | `server_error` / `circuit_open` | 529 `overloaded_error` | yes |
+//! | `QuotaUnavailable` | 503 | `server_error` / `quota_unavailable` | 503 `api_error` | yes |
+//! | `LimiterUnavailable` | 503 | `server_error` / `rate_limiter_unavailable` | 503 `api_error` | yes |
+//!
+//! What a retry can fix carries `retry-after` (whole seconds, rounded up, at least 1: LiteLLM reads it
+//! with `int()`), `retry-after-ms` (both SDKs read it first, so they wait the exact time) and
+//! `x-should-retry: true`. What a retry cannot fix carries `x-should-retry: false` (both SDKs obey it
+//! before looking at the status) and never a `retry-after`: a spent monthly quota must not park a client
+//! (the anthropic SDK sleeps on any `retry-after`) or a LiteLLM deployment (cooled down for the
+//! `retry-after` it reads) until the month's end. The quota's reset stays in the body
+//! (`tokengate.quota`) and in `x-tokengate-quota-reset` (seconds until the reset).
+//!
+//! Every answer the filter makes carries the request id (`x-request-id` on OpenAI paths, `request-id`
+//! and the body's `request_id` on Anthropic's) and `x-tokengate-reason`.
+//!
+//! # Provider headers
+//! On an answer from the provider, [`merge_provider_headers`] decides per resource (requests, tokens,
+//! input tokens, output tokens) whose trio (limit, remaining, reset) is reported: the one with the
+//! least remaining, always whole — never the provider's limit with tokengate's remaining.
+//!
+//! # Earlier helpers
+//! [`error`], [`error_with_reset`], [`rate_limited`] and [`each_ratelimit_header`] are the previous,
+//! OpenAI-shaped contract (decimal-second resets, `reset_in` inside `error`), kept until the request
+//! flow uses the functions above.
+
+mod family;
+
+pub use family::{
+    limit_headers, merge_provider_headers, render, Class, Family, HeaderEdits, Limits, QuotaView,
+    Refusal, Trio,
+};
 
 use crate::bucket::Snapshot;
 use serde_json::json;

@@ -1,32 +1,69 @@
-//! Request body rewrites: set the model, inject `stream_options.include_usage`, clamp the output limit.
-//! Pure: bytes in, bytes out (or `None` when nothing changes, so the host leaves the body alone).
+//! Request body rewrites: set the model, inject `stream_options.include_usage`, clamp the output limit
+//! (keeping an Anthropic thinking budget below it). Pure: bytes in, bytes out (or `None` when nothing
+//! changes, so the host leaves the body alone).
 //!
 //! # Why
 //! * Routing to a fallback model changes `model`.
 //! * OpenAI streams report usage only with `stream_options.include_usage = true`; the filter injects it
 //!   to settle quotas exactly, and [`crate::usage::SseScanner`] strips the extra chunk again.
-//! * A quota reservation admitted with less output than asked ([`crate::quota::Reason::Clamped`]) must
-//!   lower the request's output limit to what was reserved.
+//! * A reservation admitted with less output than asked ([`crate::quota::Reason::Clamped`], or a
+//!   `max_tokens` above the model's cap) must lower the request's output limit to what was reserved.
+//! * Anthropic refuses extended thinking unless `thinking.budget_tokens < max_tokens` (and the budget is
+//!   at least [`MIN_THINKING_BUDGET`]): a clamp lowers the budget with it, or says that none fits
+//!   ([`Thinking::DoesNotFit`]) so the flow can refuse the request itself.
 //!
-//! # Encoding note
-//! The body is parsed into a `serde_json::Value` and written back compactly. Without serde_json's
-//! `preserve_order` feature, objects come back with their keys sorted; whitespace is not kept. JSON
-//! objects are unordered, so providers see the same request. Unchanged bodies are never re-serialized.
+//! # Byte-preserving edits
+//! The body is not re-serialized. A strict scanner (`scan`, which refuses everything serde_json refuses)
+//! finds the byte span of each top-level member's value, and only the edited values' bytes are
+//! replaced; a missing member is inserted after the last member (`,"key":value`), or after the `{` of
+//! an empty object. Key order, whitespace, number spelling (`1e3`, `2.50`), escapes and everything else
+//! stay byte for byte what the client sent: tool and `response_format` JSON schemas keep their
+//! `properties` order (the order structured outputs come back in) and prompt-cache prefixes do not
+//! move. New values are written compactly (`"stream_options":{"include_usage":true}`).
+//!
+//! # Duplicate keys
+//! JSON readers disagree on duplicate keys; serde_json, Python's `json`, Go's `encoding/json` and
+//! JavaScript's `JSON.parse` keep the **last** occurrence, and so does every decision here (is `stream`
+//! true, what is the current `model` or `max_tokens`, is `thinking` enabled). The rule for writing:
+//! * a top-level value that is set (`model`, each output-limit field, or `stream_options` when it is
+//!   replaced whole) is written into **every** occurrence of its key, so that a reader that keeps the
+//!   first occurrence sees the new value too (the output limit must hold for every reader);
+//! * an edit inside an object (`stream_options.include_usage`, `thinking.budget_tokens`) is made in the
+//!   last occurrence of that object, to every occurrence of the inner key there.
+//!
+//! Parsing the result with serde_json gives what parsing the original gives, except for the edits.
 //!
 //! # Example
 //! ```
 //! # use tokengate::rewrite::*;
 //! let edits = Edits { inject_include_usage: true, clamp_max_output: Some(100), ..Edits::default() };
-//! let out = rewrite(br#"{"model":"m","stream":true,"max_tokens":4096}"#, &edits).unwrap().unwrap();
-//! assert_eq!(out, br#"{"max_tokens":100,"model":"m","stream":true,"stream_options":{"include_usage":true}}"#);
+//! let body = br#"{"model": "m", "stream": true, "max_tokens": 4096, "temperature": 1.0}"#;
+//! let out = rewrite(body, &edits).unwrap().unwrap();
+//! assert_eq!(
+//!     out,
+//!     br#"{"model": "m", "stream": true, "max_tokens": 100, "temperature": 1.0,"stream_options":{"include_usage":true}}"#
+//! );
+//!
+//! // Anthropic extended thinking: the budget is lowered below the clamped max_tokens.
+//! let edits = Edits { clamp_max_output: Some(2000), ..Edits::default() };
+//! let body = br#"{"max_tokens":8000,"thinking":{"type":"enabled","budget_tokens":4000}}"#;
+//! let r = rewrite_with_report(body, &edits).unwrap();
+//! assert_eq!(r.thinking, Thinking::Lowered { budget: 1999 });
+//! assert_eq!(r.body.unwrap(), br#"{"max_tokens":2000,"thinking":{"type":"enabled","budget_tokens":1999}}"#);
 //! ```
 
-use serde_json::{Map, Value};
+mod scan;
+
+use scan::{Document, Member, Object};
+use std::ops::Range;
 
 /// Every field name an API uses for the output limit (chat: `max_tokens` or `max_completion_tokens`,
 /// legacy completions: `max_tokens`, responses: `max_output_tokens`, Anthropic: `max_tokens`).
 pub const MAX_OUTPUT_FIELDS: [&str; 3] =
     ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// Anthropic's smallest `thinking.budget_tokens`.
+pub const MIN_THINKING_BUDGET: u64 = 1024;
 
 /// The changes to apply. [`Edits::default`] changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +74,9 @@ pub struct Edits {
     /// (other `stream_options` fields are kept). Only OpenAI chat/completions understand it.
     pub inject_include_usage: bool,
     /// Lower every present output-limit field ([`MAX_OUTPUT_FIELDS`]) above this value to it; when none
-    /// is present (or all are `null`), set `max_output_field` to it.
+    /// is present (or all are `null`), set `max_output_field` to it. When this changes the body and an
+    /// enabled `thinking` budget is not below the new limit, the budget is lowered too (see
+    /// [`Thinking`]).
     pub clamp_max_output: Option<u64>,
     /// Field to add when the body has no output limit: `max_tokens` (chat, completions, Anthropic) or
     /// `max_output_tokens` (responses).
@@ -55,6 +94,27 @@ impl Default for Edits {
     }
 }
 
+/// What a clamp did to an extended-thinking budget (`"thinking": {"type": "enabled", "budget_tokens":
+/// N}`, Anthropic's shape, also accepted by Anthropic's OpenAI-compatible endpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Thinking {
+    /// No clamp, no enabled thinking, or its budget was already below the new output limit.
+    #[default]
+    Untouched,
+    /// `budget_tokens` was lowered to this (the new output limit − 1).
+    Lowered {
+        /// The new budget.
+        budget: u64,
+    },
+    /// No budget of at least [`MIN_THINKING_BUDGET`] fits below the new output limit: Anthropic would
+    /// refuse the request. The budget is left as sent; the body must not be forwarded (the flow refuses
+    /// with `invalid_request_error`, [`crate::reply::Class::ThinkingBudgetDoesNotFit`]).
+    DoesNotFit {
+        /// The output limit after the clamp.
+        max_tokens: u64,
+    },
+}
+
 /// What [`rewrite_with_report`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rewritten {
@@ -66,96 +126,291 @@ pub struct Rewritten {
     pub injected_include_usage: bool,
     /// An output limit was lowered or added.
     pub output_clamped: bool,
+    /// What the clamp did to an extended-thinking budget.
+    pub thinking: Thinking,
 }
 
 /// Applies `edits` to a JSON request body. `Ok(None)`: nothing to change. `Err`: the body is not a JSON
-/// object (the message says why).
+/// object (the message says why; nothing is edited).
 pub fn rewrite(body: &[u8], edits: &Edits) -> Result<Option<Vec<u8>>, String> {
     rewrite_with_report(body, edits).map(|r| r.body)
 }
 
 /// Same as [`rewrite`], also telling which edits took effect.
 pub fn rewrite_with_report(body: &[u8], edits: &Edits) -> Result<Rewritten, String> {
-    let mut v: Value =
-        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| "body is not a JSON object".to_string())?;
-    let mut report = Rewritten {
-        model_changed: set_model(obj, edits.set_model.as_deref()),
-        injected_include_usage: edits.inject_include_usage && inject_include_usage(obj),
-        output_clamped: edits
-            .clamp_max_output
-            .is_some_and(|max| clamp(obj, max, &edits.max_output_field)),
-        body: None,
+    let (report, plan) = plan(body, edits)?;
+    Ok(Rewritten {
+        body: if plan.splices.is_empty() {
+            None
+        } else {
+            Some(plan.apply()?)
+        },
+        ..report
+    })
+}
+
+/// The report and the splices for `edits` (`report.body` is `None`).
+fn plan<'a>(body: &'a [u8], edits: &Edits) -> Result<(Rewritten, Plan<'a>), String> {
+    let obj = match scan::document(body) {
+        Ok(Document::Object(o)) => o,
+        Ok(Document::NotObject) => return Err("body is not a JSON object".to_string()),
+        Err(e) => return Err(format!("body is not JSON: {} at byte {}", e.what, e.at)),
     };
-    if report.model_changed || report.injected_include_usage || report.output_clamped {
-        report.body = Some(serde_json::to_vec(&v).map_err(|e| format!("cannot encode body: {e}"))?);
-    }
-    Ok(report)
-}
-
-fn set_model(obj: &mut Map<String, Value>, model: Option<&str>) -> bool {
-    let Some(model) = model else { return false };
-    if obj.get("model").and_then(Value::as_str) == Some(model) {
-        return false;
-    }
-    obj.insert("model".to_string(), Value::String(model.to_string()));
-    true
-}
-
-fn inject_include_usage(obj: &mut Map<String, Value>) -> bool {
-    if obj.get("stream") != Some(&Value::Bool(true)) {
-        return false;
-    }
-    match obj.get_mut("stream_options") {
-        None | Some(Value::Null) => {
-            let mut so = Map::new();
-            so.insert("include_usage".to_string(), Value::Bool(true));
-            obj.insert("stream_options".to_string(), Value::Object(so));
-            true
+    let mut plan = Plan {
+        body,
+        splices: Vec::new(),
+    };
+    let mut report = Rewritten::default();
+    if let Some(model) = &edits.set_model {
+        let current = plan
+            .last(&obj, "model")
+            .and_then(|m| scan::string_value(body, &m.value));
+        if current.as_deref() != Some(model.as_str()) {
+            plan.set(&obj, "model", json_string(model));
+            report.model_changed = true;
         }
-        Some(Value::Object(so)) => {
-            if so.get("include_usage") == Some(&Value::Bool(true)) {
-                return false;
+    }
+    if edits.inject_include_usage {
+        report.injected_include_usage = plan.inject_include_usage(&obj);
+    }
+    if let Some(max) = edits.clamp_max_output {
+        if let Some(limit) = plan.clamp(&obj, max, &edits.max_output_field) {
+            report.output_clamped = true;
+            report.thinking = plan.fit_thinking(&obj, limit);
+        }
+    }
+    Ok((report, plan))
+}
+
+/// A JSON string literal.
+fn json_string(s: &str) -> Vec<u8> {
+    serde_json::to_vec(s).unwrap_or_else(|_| b"\"\"".to_vec())
+}
+
+/// A value that is a plain non-negative integer fitting u64 (what `serde_json::Value::as_u64` gives
+/// `Some` for); `None` for anything else (`1e3`, `100.0`, `-1`, strings).
+fn plain_u64(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |n, &b| {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
+}
+
+/// Replace `range` of the body with `text` (an insertion when the range is empty).
+#[derive(Debug)]
+struct Splice {
+    range: Range<usize>,
+    text: Vec<u8>,
+}
+
+/// The splices to make in one body.
+struct Plan<'a> {
+    body: &'a [u8],
+    splices: Vec<Splice>,
+}
+
+impl<'a> Plan<'a> {
+    /// The occurrence of `key` in `obj` that serde_json reads (the last).
+    fn last<'o>(&self, obj: &'o Object, key: &str) -> Option<&'o Member> {
+        obj.members
+            .iter()
+            .rev()
+            .find(|m| scan::key_is(self.body, m, key))
+    }
+
+    /// The bytes of a value.
+    fn bytes(&self, m: &Member) -> &'a [u8] {
+        self.body.get(m.value.clone()).unwrap_or_default()
+    }
+
+    /// Sets `key` to `value` in every occurrence, or inserts it when there is none.
+    fn set(&mut self, obj: &Object, key: &str, value: Vec<u8>) {
+        let mut found = false;
+        for m in obj
+            .members
+            .iter()
+            .filter(|m| scan::key_is(self.body, m, key))
+        {
+            found = true;
+            self.splices.push(Splice {
+                range: m.value.clone(),
+                text: value.clone(),
+            });
+        }
+        if found {
+            return;
+        }
+        let (at, comma) = match obj.members.last() {
+            Some(m) => (m.value.end, true),
+            // An empty object: a comma only after a member inserted before this one.
+            None => {
+                let at = obj.open + 1;
+                (at, self.splices.iter().any(|s| s.range == (at..at)))
             }
-            so.insert("include_usage".to_string(), Value::Bool(true));
-            true
+        };
+        let mut text = Vec::with_capacity(key.len() + value.len() + 4);
+        if comma {
+            text.push(b',');
+        }
+        text.extend_from_slice(&json_string(key));
+        text.push(b':');
+        text.extend_from_slice(&value);
+        self.splices.push(Splice {
+            range: at..at,
+            text,
+        });
+    }
+
+    /// `stream_options.include_usage = true` for a stream; whether the body changes.
+    fn inject_include_usage(&mut self, obj: &Object) -> bool {
+        let stream = self.last(obj, "stream").map(|m| self.bytes(m));
+        if stream != Some(b"true") {
+            return false;
+        }
+        let Some(so) = self.last(obj, "stream_options") else {
+            self.set(obj, "stream_options", b"{\"include_usage\":true}".to_vec());
+            return true;
+        };
+        if self.bytes(so) == b"null" {
+            self.set(obj, "stream_options", b"{\"include_usage\":true}".to_vec());
+            return true;
         }
         // Not an object: the provider will reject the request anyway; leave it as the client sent it.
-        Some(_) => false,
+        let Some(inner) = scan::object_at(self.body, &so.value) else {
+            return false;
+        };
+        if self.last(&inner, "include_usage").map(|m| self.bytes(m)) == Some(b"true") {
+            return false;
+        }
+        self.set(&inner, "include_usage", b"true".to_vec());
+        true
     }
-}
 
-fn clamp(obj: &mut Map<String, Value>, max: u64, field_if_absent: &str) -> bool {
-    let mut present = false;
-    let mut changed = false;
-    for f in MAX_OUTPUT_FIELDS {
-        let Some(v) = obj.get_mut(f) else { continue };
-        if v.is_null() {
-            continue;
+    /// Lowers the output limits above `max` (or adds `field_if_absent`); the resulting limit (the
+    /// smallest present) when the body changes, else `None`.
+    fn clamp(&mut self, obj: &Object, max: u64, field_if_absent: &str) -> Option<u64> {
+        let mut present = false;
+        let mut changed = false;
+        let mut limit = u64::MAX;
+        let digits = max.to_string().into_bytes();
+        for f in MAX_OUTPUT_FIELDS {
+            let Some(m) = self.last(obj, f) else { continue };
+            let v = self.bytes(m);
+            if v == b"null" {
+                continue;
+            }
+            present = true;
+            // A non-integer or larger value is replaced: the reservation only covers `max`.
+            match plain_u64(v) {
+                Some(n) if n <= max => limit = limit.min(n),
+                _ => {
+                    self.set(obj, f, digits.clone());
+                    changed = true;
+                    limit = limit.min(max);
+                }
+            }
         }
-        present = true;
-        // A non-integer or larger value is replaced: the reservation only covers `max`.
-        let fits = v.as_u64().is_some_and(|n| n <= max);
-        if !fits {
-            *v = Value::from(max);
+        if !present {
+            self.set(obj, field_if_absent, digits);
             changed = true;
+            limit = max;
         }
+        changed.then_some(limit)
     }
-    if !present {
-        obj.insert(field_if_absent.to_string(), Value::from(max));
-        changed = true;
+
+    /// Keeps an enabled thinking budget below the output limit `limit`.
+    fn fit_thinking(&mut self, obj: &Object, limit: u64) -> Thinking {
+        let Some(t) = self.last(obj, "thinking") else {
+            return Thinking::Untouched;
+        };
+        let Some(inner) = scan::object_at(self.body, &t.value) else {
+            return Thinking::Untouched;
+        };
+        let enabled = self
+            .last(&inner, "type")
+            .and_then(|m| scan::string_value(self.body, &m.value));
+        if enabled.as_deref() != Some("enabled") {
+            return Thinking::Untouched;
+        }
+        let Some(b) = self.last(&inner, "budget_tokens") else {
+            return Thinking::Untouched;
+        };
+        let Some(budget) = serde_json::from_slice::<serde_json::Number>(self.bytes(b))
+            .ok()
+            .and_then(|n| n.as_f64())
+        else {
+            return Thinking::Untouched;
+        };
+        if budget < limit as f64 {
+            return Thinking::Untouched;
+        }
+        let fits = limit.saturating_sub(1);
+        if fits < MIN_THINKING_BUDGET {
+            return Thinking::DoesNotFit { max_tokens: limit };
+        }
+        self.set(&inner, "budget_tokens", fits.to_string().into_bytes());
+        Thinking::Lowered { budget: fits }
     }
-    changed
+
+    /// The body with every splice made.
+    fn apply(mut self) -> Result<Vec<u8>, String> {
+        // Stable: insertions at one offset keep the order they were planned in.
+        self.splices.sort_by_key(|s| s.range.start);
+        let extra: usize = self.splices.iter().map(|s| s.text.len()).sum();
+        let mut out = Vec::with_capacity(self.body.len() + extra);
+        let mut at = 0;
+        for s in &self.splices {
+            let kept = self
+                .body
+                .get(at..s.range.start)
+                .ok_or("overlapping body edits")?;
+            out.extend_from_slice(kept);
+            out.extend_from_slice(&s.text);
+            at = s.range.end;
+        }
+        out.extend_from_slice(self.body.get(at..).unwrap_or_default());
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, Value};
 
     fn json(b: &[u8]) -> Value {
         serde_json::from_slice(b).unwrap()
+    }
+
+    fn s(b: &[u8]) -> &str {
+        std::str::from_utf8(b).unwrap()
+    }
+
+    fn model(m: &str) -> Edits {
+        Edits {
+            set_model: Some(m.into()),
+            ..Edits::default()
+        }
+    }
+
+    fn clamp(max: u64) -> Edits {
+        Edits {
+            clamp_max_output: Some(max),
+            ..Edits::default()
+        }
+    }
+
+    fn usage() -> Edits {
+        Edits {
+            inject_include_usage: true,
+            ..Edits::default()
+        }
     }
 
     #[test]
@@ -166,57 +421,84 @@ mod tests {
 
     #[test]
     fn setting_the_same_model_is_no_change() {
-        let e = Edits {
-            set_model: Some("gpt-4.1".into()),
-            ..Edits::default()
-        };
-        assert_eq!(rewrite(br#"{"model":"gpt-4.1"}"#, &e), Ok(None));
-    }
-
-    #[test]
-    fn setting_another_model_keeps_every_other_field() {
-        let e = Edits {
-            set_model: Some("gpt-4.1-mini".into()),
-            ..Edits::default()
-        };
-        let out = rewrite(br#"{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}],"x":{"y":[1,2.5,null]}}"#, &e)
-            .unwrap()
-            .unwrap();
         assert_eq!(
-            json(&out),
-            json(br#"{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"x":{"y":[1,2.5,null]}}"#)
+            rewrite(br#"{"model":"gpt-4.1"}"#, &model("gpt-4.1")),
+            Ok(None)
+        );
+        // The same name spelled with an escape is the same model.
+        assert_eq!(
+            rewrite(br#"{"model":"gpt-4\u002e1"}"#, &model("gpt-4.1")),
+            Ok(None)
         );
     }
 
     #[test]
+    fn setting_another_model_changes_only_the_model_bytes() {
+        let body = br#"{ "model" :"gpt-4.1",
+  "messages":[{"role":"user","content":"hi \u00e9 \/"}],  "x":{"z":1,"y":[1,2.50,1E3,null]} }"#;
+        let out = rewrite(body, &model("gpt-4.1-mini")).unwrap().unwrap();
+        assert_eq!(
+            s(&out),
+            s(body).replace(r#""gpt-4.1""#, r#""gpt-4.1-mini""#)
+        );
+    }
+
+    #[test]
+    fn a_model_name_is_written_as_an_escaped_json_string() {
+        let out = rewrite(br#"{"model":"a"}"#, &model("b\"\\\n\u{e9}"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s(&out), "{\"model\":\"b\\\"\\\\\\n\u{e9}\"}");
+        assert_eq!(json(&out)["model"], "b\"\\\n\u{e9}");
+        // A missing model is added after the last member; to an empty object right after the brace.
+        let out = rewrite(br#"{"messages":[] }"#, &model("m"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s(&out), r#"{"messages":[],"model":"m" }"#);
+        let out = rewrite(b"{ }", &model("m")).unwrap().unwrap();
+        assert_eq!(s(&out), r#"{"model":"m" }"#);
+    }
+
+    #[test]
     fn include_usage_is_injected_only_for_streams() {
-        let e = Edits {
-            inject_include_usage: true,
-            ..Edits::default()
-        };
+        let e = usage();
         assert_eq!(rewrite(br#"{"model":"m"}"#, &e), Ok(None));
         assert_eq!(rewrite(br#"{"stream":false}"#, &e), Ok(None));
         assert_eq!(rewrite(br#"{"stream":"true"}"#, &e), Ok(None));
         let r = rewrite_with_report(br#"{"stream":true}"#, &e).unwrap();
         assert!(r.injected_include_usage);
         assert_eq!(
-            json(&r.body.unwrap()),
-            json(br#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+            s(&r.body.unwrap()),
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#
         );
     }
 
     #[test]
     fn include_usage_keeps_other_stream_options_and_is_not_reported_when_already_true() {
-        let e = Edits {
-            inject_include_usage: true,
-            ..Edits::default()
-        };
-        let r = rewrite_with_report(br#"{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":false}}"#, &e)
-            .unwrap();
+        let e = usage();
+        let r = rewrite_with_report(
+            br#"{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":false}}"#,
+            &e,
+        )
+        .unwrap();
         assert!(r.injected_include_usage);
         assert_eq!(
-            json(&r.body.unwrap()),
-            json(br#"{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true}}"#)
+            s(&r.body.unwrap()),
+            r#"{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true}}"#
+        );
+        let r = rewrite_with_report(
+            br#"{"stream":true,"stream_options":{"include_obfuscation":false}}"#,
+            &e,
+        )
+        .unwrap();
+        assert_eq!(
+            s(&r.body.unwrap()),
+            r#"{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true}}"#
+        );
+        let r = rewrite_with_report(br#"{"stream":true,"stream_options":{ }}"#, &e).unwrap();
+        assert_eq!(
+            s(&r.body.unwrap()),
+            r#"{"stream":true,"stream_options":{"include_usage":true }}"#
         );
         let r = rewrite_with_report(
             br#"{"stream":true,"stream_options":{"include_usage":true}}"#,
@@ -224,10 +506,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r, Rewritten::default());
-        assert!(
-            rewrite_with_report(br#"{"stream":true,"stream_options":null}"#, &e)
-                .unwrap()
-                .injected_include_usage
+        let r = rewrite_with_report(br#"{"stream":true,"stream_options":null}"#, &e).unwrap();
+        assert!(r.injected_include_usage);
+        assert_eq!(
+            s(&r.body.unwrap()),
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#
         );
         assert_eq!(
             rewrite(br#"{"stream":true,"stream_options":"x"}"#, &e),
@@ -237,22 +520,25 @@ mod tests {
 
     #[test]
     fn clamping_lowers_every_present_output_limit_above_the_grant() {
-        let e = Edits {
-            clamp_max_output: Some(500),
-            ..Edits::default()
-        };
+        let e = clamp(500);
         let out = rewrite(br#"{"max_tokens":4096,"max_completion_tokens":300}"#, &e)
             .unwrap()
             .unwrap();
-        assert_eq!(
-            json(&out),
-            json(br#"{"max_tokens":500,"max_completion_tokens":300}"#)
-        );
+        assert_eq!(s(&out), r#"{"max_tokens":500,"max_completion_tokens":300}"#);
         assert_eq!(rewrite(br#"{"max_output_tokens":500}"#, &e), Ok(None));
-        let out = rewrite(br#"{"max_output_tokens":1e9}"#, &e)
-            .unwrap()
-            .unwrap();
-        assert_eq!(json(&out), json(br#"{"max_output_tokens":500}"#));
+        for v in [
+            "1e9",
+            "1e2",
+            "100.0",
+            "-1",
+            "\"100\"",
+            "true",
+            "18446744073709551616",
+        ] {
+            let body = format!(r#"{{"max_output_tokens": {v} }}"#);
+            let out = rewrite(body.as_bytes(), &e).unwrap().unwrap();
+            assert_eq!(s(&out), r#"{"max_output_tokens": 500 }"#, "{v}");
+        }
     }
 
     #[test]
@@ -266,13 +552,13 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            json(&out),
-            json(br#"{"input":"hi","max_tokens":null,"max_output_tokens":64}"#)
+            s(&out),
+            r#"{"input":"hi","max_tokens":null,"max_output_tokens":64}"#
         );
     }
 
     #[test]
-    fn all_edits_combine_into_one_serialization() {
+    fn all_edits_combine_into_one_pass() {
         let e = Edits {
             set_model: Some("b".into()),
             inject_include_usage: true,
@@ -282,30 +568,563 @@ mod tests {
         let r = rewrite_with_report(br#"{"model":"a","stream":true}"#, &e).unwrap();
         assert!(r.model_changed && r.injected_include_usage && r.output_clamped);
         assert_eq!(
-            r.body.unwrap(),
-            br#"{"max_tokens":10,"model":"b","stream":true,"stream_options":{"include_usage":true}}"#
+            s(&r.body.unwrap()),
+            r#"{"model":"b","stream":true,"stream_options":{"include_usage":true},"max_tokens":10}"#
         );
     }
 
     #[test]
     fn non_object_bodies_are_errors_not_panics() {
-        let e = Edits {
-            set_model: Some("x".into()),
-            ..Edits::default()
-        };
-        for b in [&b"not json"[..], b"[1]", b"", b"\"s\"", b"{\"a\":"] {
+        let e = model("x");
+        for b in [
+            &b"not json"[..],
+            b"[1]",
+            b"",
+            b"\"s\"",
+            b"{\"a\":",
+            b"  ",
+            b"{}x",
+        ] {
             assert!(rewrite(b, &e).is_err(), "{}", String::from_utf8_lossy(b));
         }
+        assert_eq!(
+            rewrite(b"[1]", &e),
+            Err("body is not a JSON object".to_string())
+        );
+        assert_eq!(
+            rewrite(br#"{"a":1e400}"#, &e),
+            Err("body is not JSON: invalid number at byte 5".to_string())
+        );
     }
 
     #[test]
     fn unicode_and_escapes_survive_a_rewrite() {
-        let e = Edits {
-            set_model: Some("m2".into()),
-            ..Edits::default()
+        let body = "{\"model\":\"m\",\"messages\":[{\"content\":\"h\u{e9}llo \\\"q\\\" \\u2028 \u{1F600} \\ud83d\\ude00\"}]}";
+        let out = rewrite(body.as_bytes(), &model("m2")).unwrap().unwrap();
+        assert_eq!(s(&out), body.replace("\"m\"", "\"m2\""));
+    }
+
+    #[test]
+    fn duplicate_keys_are_read_last_and_written_everywhere() {
+        // serde_json reads the last `model` ("b"): setting "b" changes nothing.
+        assert_eq!(
+            rewrite(br#"{"model":"a","model":"b"}"#, &model("b")),
+            Ok(None)
+        );
+        // Setting another model writes every occurrence, so a first-wins reader agrees.
+        let out = rewrite(br#"{"model":"a","x":1,"model":"b"}"#, &model("c"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s(&out), r#"{"model":"c","x":1,"model":"c"}"#);
+        // The last output limit decides; a clamp writes every occurrence.
+        let out = rewrite(br#"{"max_tokens":99999,"max_tokens":10}"#, &clamp(500)).unwrap();
+        assert_eq!(out, None, "serde_json reads 10, within the grant");
+        let out = rewrite(br#"{"max_tokens":10,"max_tokens":99999}"#, &clamp(500))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s(&out), r#"{"max_tokens":500,"max_tokens":500}"#);
+        // An escaped key is the same key.
+        let out = rewrite(br#"{"max_\u0074okens":99999}"#, &clamp(500))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s(&out), r#"{"max_\u0074okens":500}"#);
+        // `stream` is read last; stream_options is edited in its last occurrence.
+        assert_eq!(
+            rewrite(br#"{"stream":true,"stream":false}"#, &usage()),
+            Ok(None)
+        );
+        let out = rewrite(
+            br#"{"stream":true,"stream_options":{"a":1},"stream_options":{"include_usage":false,"include_usage":false}}"#,
+            &usage(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s(&out),
+            r#"{"stream":true,"stream_options":{"a":1},"stream_options":{"include_usage":true,"include_usage":true}}"#
+        );
+    }
+
+    #[test]
+    fn a_clamp_lowers_an_enabled_thinking_budget_below_the_new_limit() {
+        let body = br#"{"model":"claude","max_tokens":16000,"thinking":{"type":"enabled","budget_tokens":10000},"messages":[]}"#;
+        let r = rewrite_with_report(body, &clamp(4000)).unwrap();
+        assert_eq!(r.thinking, Thinking::Lowered { budget: 3999 });
+        assert_eq!(
+            s(&r.body.unwrap()),
+            r#"{"model":"claude","max_tokens":4000,"thinking":{"type":"enabled","budget_tokens":3999},"messages":[]}"#
+        );
+        // A budget already below the new limit is kept.
+        let r = rewrite_with_report(body, &clamp(12000)).unwrap();
+        assert_eq!(r.thinking, Thinking::Untouched);
+        assert!(r.output_clamped);
+        // Exactly at the minimum.
+        let r = rewrite_with_report(body, &clamp(1025)).unwrap();
+        assert_eq!(r.thinking, Thinking::Lowered { budget: 1024 });
+        // No budget of 1024 fits below 1024: reported, the budget left as sent.
+        let r = rewrite_with_report(body, &clamp(1024)).unwrap();
+        assert_eq!(r.thinking, Thinking::DoesNotFit { max_tokens: 1024 });
+        assert!(s(&r.body.unwrap()).contains(r#""budget_tokens":10000"#));
+        // Disabled thinking, or no clamp of the body: nothing to do.
+        let off = br#"{"max_tokens":16000,"thinking":{"type":"disabled"}}"#;
+        assert_eq!(
+            rewrite_with_report(off, &clamp(100)).unwrap().thinking,
+            Thinking::Untouched
+        );
+        let small = br#"{"max_tokens":3000,"thinking":{"type":"enabled","budget_tokens":5000}}"#;
+        assert_eq!(rewrite(small, &clamp(4000)), Ok(None));
+        // The smallest remaining limit counts; a float budget is compared by value.
+        let two = br#"{"max_tokens":3000,"max_completion_tokens":9000,"thinking":{"budget_tokens":2500.0,"type":"enabled"}}"#;
+        let r = rewrite_with_report(two, &clamp(4000)).unwrap();
+        assert_eq!(
+            r.thinking,
+            Thinking::Untouched,
+            "3000 is the limit, 2500 < 3000"
+        );
+        let r = rewrite_with_report(two, &clamp(2000)).unwrap();
+        assert_eq!(r.thinking, Thinking::Lowered { budget: 1999 });
+    }
+
+    // ---- Property tests: a seeded generator, the serde_json implementation as the oracle. ----
+
+    /// xorshift64*: deterministic, no dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+            xs[self.below(xs.len())]
+        }
+        fn chance(&mut self, pct: usize) -> bool {
+            self.below(100) < pct
+        }
+    }
+
+    fn ws(r: &mut Rng) -> &'static str {
+        if r.chance(70) {
+            ""
+        } else {
+            r.pick(&[" ", "\n  ", "\t", " \r\n "])
+        }
+    }
+
+    fn scalar(r: &mut Rng) -> String {
+        r.pick(&[
+            "0",
+            "-0",
+            "17",
+            "2.50",
+            "1E3",
+            "1e-7",
+            "-12.5e+2",
+            "true",
+            "false",
+            "null",
+            "\"\"",
+            "\"plain\"",
+            "\"esc \\\" \\\\ \\/ \\n \\u00e9 \\ud83d\\ude00\"",
+            "\"h\u{e9}llo \u{1F600}\"",
+            "18446744073709551616",
+            "123456789012345678901234567890",
+        ])
+        .to_string()
+    }
+
+    fn value(r: &mut Rng, depth: u32) -> String {
+        if depth > 3 || r.chance(50) {
+            return scalar(r);
+        }
+        let n = r.below(4);
+        if r.chance(50) {
+            let items: Vec<String> = (0..n)
+                .map(|_| format!("{}{}{}", ws(r), value(r, depth + 1), ws(r)))
+                .collect();
+            format!("[{}{}]", items.join(","), ws(r))
+        } else {
+            let keys = ["a", "b", "type", "properties", "z", "a"];
+            let items: Vec<String> = (0..n)
+                .map(|_| {
+                    format!(
+                        "{}\"{}\"{}:{}{}{}",
+                        ws(r),
+                        r.pick(&keys),
+                        ws(r),
+                        ws(r),
+                        value(r, depth + 1),
+                        ws(r)
+                    )
+                })
+                .collect();
+            format!("{{{}{}}}", items.join(","), ws(r))
+        }
+    }
+
+    /// A top-level member (key as written, value).
+    fn member(r: &mut Rng) -> (String, String) {
+        let key = r.pick(&[
+            "model",
+            "mod\\u0065l",
+            "stream",
+            "stream_options",
+            "max_tokens",
+            "max_\\u0074okens",
+            "max_completion_tokens",
+            "max_output_tokens",
+            "thinking",
+            "messages",
+            "temperature",
+            "tools",
+            "x",
+        ]);
+        let v = match key {
+            "model" | "mod\\u0065l" => r
+                .pick(&["\"gpt-4.1\"", "\"m\"", "\"gpt-4\\u002e1\"", "null", "3"])
+                .to_string(),
+            "stream" => r
+                .pick(&["true", "true", "false", "\"true\"", "null"])
+                .to_string(),
+            "stream_options" => r
+                .pick(&[
+                    "null",
+                    "{}",
+                    "{ \"include_usage\" : false }",
+                    "{\"include_usage\":true}",
+                    "{\"include_obfuscation\":false}",
+                    "{\"include_usage\":true,\"include_usage\":false}",
+                    "\"x\"",
+                ])
+                .to_string(),
+            "max_tokens" | "max_\\u0074okens" | "max_completion_tokens" | "max_output_tokens" => r
+                .pick(&[
+                    "100",
+                    "5000",
+                    "0",
+                    "1e3",
+                    "2000.0",
+                    "-1",
+                    "null",
+                    "\"9\"",
+                    "18446744073709551615",
+                    "18446744073709551616",
+                    "1025",
+                ])
+                .to_string(),
+            "thinking" => {
+                let budget = r.pick(&["1024", "1500", "4000", "10000", "3000.0", "\"x\"", "null"]);
+                let kind = r.pick(&["\"enabled\"", "\"disabled\"", "\"enab\\u006ced\""]);
+                match r.below(4) {
+                    0 => format!("{{\"type\":{kind},\"budget_tokens\":{budget}}}"),
+                    1 => format!("{{ \"budget_tokens\" : {budget} , \"type\" : {kind} }}"),
+                    2 => format!("{{\"type\":{kind}}}"),
+                    _ => "null".to_string(),
+                }
+            }
+            _ => value(r, 1),
         };
-        let body = "{\"model\":\"m\",\"messages\":[{\"content\":\"h\u{e9}llo \\\"q\\\" \\u2028 \u{1F600}\"}]}";
-        let out = rewrite(body.as_bytes(), &e).unwrap().unwrap();
-        assert_eq!(json(&out)["messages"], json(body.as_bytes())["messages"]);
+        (key.to_string(), v)
+    }
+
+    fn body(r: &mut Rng) -> String {
+        let n = r.below(9);
+        let members: Vec<String> = (0..n)
+            .map(|_| {
+                let (k, v) = member(r);
+                format!("{}\"{k}\"{}:{}{v}{}", ws(r), ws(r), ws(r), ws(r))
+            })
+            .collect();
+        format!("{}{{{}{}}}{}", ws(r), members.join(","), ws(r), ws(r))
+    }
+
+    fn edits(r: &mut Rng) -> Edits {
+        Edits {
+            set_model: r.chance(40).then(|| {
+                r.pick(&["gpt-4.1", "m", "fallback \"x\" \u{e9}"])
+                    .to_string()
+            }),
+            inject_include_usage: r.chance(50),
+            clamp_max_output: r.chance(60).then(|| {
+                *[0u64, 100, 500, 1024, 1025, 2000, 4000, 20000]
+                    .get(r.below(8))
+                    .unwrap()
+            }),
+            max_output_field: r.pick(&["max_tokens", "max_output_tokens"]).to_string(),
+        }
+    }
+
+    /// The serde_json implementation this module replaced (plus the thinking rule): the oracle.
+    fn oracle(v: &mut Value, e: &Edits) -> Rewritten {
+        let obj = v.as_object_mut().unwrap();
+        let mut r = Rewritten::default();
+        if let Some(m) = &e.set_model {
+            if obj.get("model").and_then(Value::as_str) != Some(m) {
+                obj.insert("model".into(), Value::String(m.clone()));
+                r.model_changed = true;
+            }
+        }
+        if e.inject_include_usage && obj.get("stream") == Some(&Value::Bool(true)) {
+            match obj.get_mut("stream_options") {
+                None | Some(Value::Null) => {
+                    let mut so = Map::new();
+                    so.insert("include_usage".into(), Value::Bool(true));
+                    obj.insert("stream_options".into(), Value::Object(so));
+                    r.injected_include_usage = true;
+                }
+                Some(Value::Object(so)) => {
+                    if so.get("include_usage") != Some(&Value::Bool(true)) {
+                        so.insert("include_usage".into(), Value::Bool(true));
+                        r.injected_include_usage = true;
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(max) = e.clamp_max_output {
+            let mut present = false;
+            for f in MAX_OUTPUT_FIELDS {
+                let Some(v) = obj.get_mut(f) else { continue };
+                if v.is_null() {
+                    continue;
+                }
+                present = true;
+                if v.as_u64().is_none_or(|n| n > max) {
+                    *v = Value::from(max);
+                    r.output_clamped = true;
+                }
+            }
+            if !present {
+                obj.insert(e.max_output_field.clone(), Value::from(max));
+                r.output_clamped = true;
+            }
+            if r.output_clamped {
+                let limit = MAX_OUTPUT_FIELDS
+                    .iter()
+                    .chain([&e.max_output_field.as_str()])
+                    .filter_map(|f| obj.get(*f).and_then(Value::as_u64))
+                    .min()
+                    .unwrap();
+                if let Some(Value::Object(t)) = obj.get_mut("thinking") {
+                    let budget = t.get("budget_tokens").and_then(Value::as_f64);
+                    if t.get("type") == Some(&Value::from("enabled"))
+                        && budget.is_some_and(|b| b >= limit as f64)
+                    {
+                        if limit.saturating_sub(1) < MIN_THINKING_BUDGET {
+                            r.thinking = Thinking::DoesNotFit { max_tokens: limit };
+                        } else {
+                            t.insert("budget_tokens".into(), Value::from(limit - 1));
+                            r.thinking = Thinking::Lowered { budget: limit - 1 };
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// The key just before a value span (scanning back over `:` and whitespace), decoded.
+    fn key_before(body: &[u8], at: usize) -> String {
+        let mut i = at;
+        while matches!(body[i - 1], b' ' | b'\n' | b'\t' | b'\r' | b':') {
+            i -= 1;
+        }
+        let end = i - 1; // closing quote
+        let mut start = end - 1;
+        while !(body[start] == b'"' && body[start - 1] != b'\\') {
+            start -= 1;
+        }
+        serde_json::from_slice::<String>(&body[start..=end]).unwrap()
+    }
+
+    #[test]
+    fn random_bodies_and_edits_match_the_serde_json_oracle_and_keep_every_other_byte() {
+        let mut r = Rng(0x9E37_79B9_7F4A_7C15);
+        let edited = [
+            "model",
+            "stream_options",
+            "include_usage",
+            "max_tokens",
+            "max_completion_tokens",
+            "max_output_tokens",
+            "budget_tokens",
+        ];
+        let (mut changed, mut lowered, mut not_fit) = (0, 0, 0);
+        for case in 0..20_000 {
+            let b = body(&mut r);
+            let e = edits(&mut r);
+            let mut want = json(b.as_bytes());
+            let want_report = oracle(&mut want, &e);
+            let (report, plan) = plan(b.as_bytes(), &e).unwrap();
+            assert_eq!(report, want_report, "case {case}: {b} {e:?}");
+            // Every splice replaces the value of an edited key, or inserts at an object's edge.
+            for sp in &plan.splices {
+                if sp.range.is_empty() {
+                    let before = b.as_bytes()[..sp.range.start].trim_ascii_end();
+                    let after = b.as_bytes()[sp.range.start..].trim_ascii_start();
+                    assert!(
+                        before.ends_with(b"{") || after.starts_with(b"}"),
+                        "case {case}: insertion inside an object: {b}"
+                    );
+                } else {
+                    let k = key_before(b.as_bytes(), sp.range.start);
+                    assert!(edited.contains(&k.as_str()), "case {case}: edited {k}: {b}");
+                }
+            }
+            let out = rewrite_with_report(b.as_bytes(), &e).unwrap();
+            match &out.body {
+                None => assert!(plan.splices.is_empty()),
+                Some(out) => {
+                    changed += 1;
+                    let parsed: Value = serde_json::from_slice(out).unwrap_or_else(|err| {
+                        panic!("case {case}: {b} {e:?} -> {} : {err}", s(out))
+                    });
+                    assert_eq!(parsed, want, "case {case}: {b} {e:?} -> {}", s(out));
+                }
+            }
+            match report.thinking {
+                Thinking::Lowered { .. } => lowered += 1,
+                Thinking::DoesNotFit { .. } => not_fit += 1,
+                Thinking::Untouched => {}
+            }
+        }
+        // The generator reaches every branch.
+        assert!(
+            changed > 5_000 && lowered > 100 && not_fit > 100,
+            "{changed} {lowered} {not_fit}"
+        );
+    }
+
+    #[test]
+    fn the_scanner_accepts_exactly_what_serde_json_accepts() {
+        let mut r = Rng(0xD1B5_4A32_D192_ED03);
+        let noise: &[&[u8]] = &[
+            b"\"",
+            b"\\",
+            b",",
+            b":",
+            b"{",
+            b"}",
+            b"[",
+            b"]",
+            b"-",
+            b"0",
+            b"e",
+            b".",
+            b"+",
+            b"\x01",
+            b"\xff",
+            b"\xc3",
+            b"\xe2\x80",
+            b"\\u",
+            b"\\ud800",
+            b"\\udc00",
+            b"\\x",
+            b"t",
+            b"nul",
+            b" ",
+            b"\x0c",
+            b"1e400",
+            b"\xed\xa0\x80",
+        ];
+        let (mut ok, mut refused) = (0, 0);
+        for case in 0..40_000 {
+            let mut b = body(&mut r).into_bytes();
+            for _ in 0..1 + r.below(2) {
+                if b.is_empty() {
+                    break;
+                }
+                let at = r.below(b.len());
+                match r.below(3) {
+                    0 => {
+                        b.remove(at);
+                    }
+                    1 => {
+                        let n = noise[r.below(noise.len())];
+                        b.splice(at..at, n.iter().copied());
+                    }
+                    _ => {
+                        let n = noise[r.below(noise.len())];
+                        let end = (at + n.len()).min(b.len());
+                        b.splice(at..end, n.iter().copied());
+                    }
+                }
+            }
+            let serde = serde_json::from_slice::<Value>(&b);
+            let ours = scan::document(&b);
+            let ours_ok = matches!(ours, Ok(Document::Object(_)));
+            let serde_ok = matches!(serde, Ok(Value::Object(_)));
+            assert_eq!(
+                ours_ok,
+                serde_ok,
+                "case {case}: {:?}: serde {serde:?}",
+                String::from_utf8_lossy(&b)
+            );
+            if serde_ok {
+                ok += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(ok > 5_000 && refused > 20_000, "{ok} {refused}");
+    }
+
+    #[test]
+    fn the_scanner_refuses_the_edge_cases_serde_json_refuses() {
+        let cases: &[&[u8]] = &[
+            br#"{"a":"\ud800"}"#,
+            br#"{"a":"\udc00"}"#,
+            br#"{"a":"\ud800\u0041"}"#,
+            br#"{"a":1e400}"#,
+            br#"{"a":-1.5e99999999999}"#,
+            br#"{"a":01}"#,
+            br#"{"a":1.}"#,
+            br#"{"a":.5}"#,
+            br#"{"a":+1}"#,
+            br#"{"a":-}"#,
+            br#"{"a":"\x"}"#,
+            b"{\"a\":\"\x1f\"}",
+            b"{\"a\":\"\xff\"}",
+            b"{\"\xc3\":1}",
+            b"{\"a\":1}\x0c",
+            b"\xef\xbb\xbf{}",
+            br#"{"a":1,}"#,
+            br#"{"a" 1}"#,
+            br#"{a:1}"#,
+            br#"{"a":[1,]}"#,
+            br#"{"a":[1}"#,
+            br#"{"a":tru}"#,
+            br#"{"a":1}}"#,
+        ];
+        for c in cases {
+            assert!(serde_json::from_slice::<Value>(c).is_err());
+            assert!(scan::document(c).is_err(), "{}", String::from_utf8_lossy(c));
+        }
+        let long = format!("{{\"a\":1{}}}", "0".repeat(400));
+        assert!(scan::document(long.as_bytes()).is_err());
+        let accepted: &[&[u8]] = &[
+            br#"{"a":"\ud83d\ude00","b":1e-400,"c":-0,"d":0e999999999999,"e":"\u0000\/"}"#,
+            b"{\"a\":\"\x7f\"}",
+            br#" {"a":[[],{},[{}]] , "b" : 123456789012345678901234567890 } "#,
+        ];
+        for c in accepted {
+            assert!(serde_json::from_slice::<Value>(c).is_ok());
+            assert!(scan::document(c).is_ok(), "{}", String::from_utf8_lossy(c));
+        }
+        // serde_json's recursion limit: 127 nested levels pass, 128 do not.
+        for (depth, ok) in [(127usize, true), (128, false), (100_000, false)] {
+            let b = format!(
+                "{{\"a\":{}{}}}",
+                "[".repeat(depth - 1),
+                "]".repeat(depth - 1)
+            );
+            assert_eq!(serde_json::from_slice::<Value>(b.as_bytes()).is_ok(), ok);
+            assert_eq!(scan::document(b.as_bytes()).is_ok(), ok, "{depth}");
+        }
     }
 }

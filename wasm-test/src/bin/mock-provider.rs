@@ -34,7 +34,13 @@
 //! Like real providers, LLM answers are gzip-encoded (`content-encoding: gzip`) when the request's
 //! `accept-encoding` lists gzip (stored deflate blocks: a valid gzip stream, one block per SSE event).
 //!
-//! Every answer carries `x-mock-port: <port>`.
+//! Every answer carries `x-mock-port: <port>`, and like the real providers a request id:
+//! `request-id: mock-req-<n>` on `/messages` paths (Anthropic), `x-request-id: mock-req-<n>` elsewhere.
+//! Errors injected on `/messages` paths have Anthropic's shape (`{"type":"error","error":{…}}`).
+//!
+//! Provider rate-limit headers on demand (LLM answers, either family's names):
+//! - `x-mock-ratelimit-tokens: L,R`    the token trio: limit L, remaining R, reset in 6 s
+//! - `x-mock-ratelimit-requests: L,R`  the request trio, likewise
 //!
 //! Recording: `GET /_mock/requests` returns a JSON array of `{method, path, headers, body}` for every
 //! complete request (except `/_mock/*`) since start or the last `POST /_mock/reset`.
@@ -54,6 +60,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 struct Recorder {
     complete: Vec<Value>,
     incomplete: Vec<Value>,
+    /// Answers given (numbers the request ids).
+    served: u64,
 }
 
 type Shared = Arc<Mutex<Recorder>>;
@@ -277,6 +285,21 @@ fn read_request(reader: &mut BufReader<TcpStream>, out: &mut TcpStream) -> ReadO
 fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> bool {
     let bare_path = req.path.split('?').next().unwrap_or("");
     let mut extra: Vec<(String, String)> = vec![("x-mock-port".into(), port.to_string())];
+    let anthropic = bare_path.ends_with("/messages");
+    let id = {
+        let mut rec = lock(shared);
+        rec.served += 1;
+        format!("mock-req-{}", rec.served)
+    };
+    extra.push((
+        if anthropic {
+            "request-id"
+        } else {
+            "x-request-id"
+        }
+        .into(),
+        id,
+    ));
     if let Some(id) = req.header("x-mock-id") {
         extra.push(("x-mock-served-by".into(), id.to_string()));
     }
@@ -322,9 +345,18 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
                 400..=499 => ("invalid_request_error", "mock_error"),
                 _ => ("server_error", "mock_upstream_error"),
             };
-            let body = json!({"error": {
-                "message": format!("mock-provider injected status {status}"),
-                "type": etype, "param": null, "code": code}});
+            let message = format!("mock-provider injected status {status}");
+            let body = if anthropic {
+                let atype = match status {
+                    429 => "rate_limit_error",
+                    529 => "overloaded_error",
+                    400..=499 => "invalid_request_error",
+                    _ => "api_error",
+                };
+                json!({"type": "error", "error": {"type": atype, "message": message}})
+            } else {
+                json!({"error": {"message": message, "type": etype, "param": null, "code": code}})
+            };
             return write_response(
                 out,
                 status,
@@ -366,6 +398,7 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
         }
     };
     let usage = Usage::of(&parsed, kind, req);
+    provider_ratelimit_headers(req, anthropic, &mut extra);
     let model = parsed
         .get("model")
         .and_then(Value::as_str)
@@ -402,6 +435,50 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
         return false;
     }
     write_response(out, 200, "application/json", &extra, body.as_bytes())
+}
+
+/// The provider's own rate-limit trios asked for by `x-mock-ratelimit-{tokens,requests}: L,R`.
+fn provider_ratelimit_headers(req: &Request, anthropic: bool, extra: &mut Vec<(String, String)>) {
+    for res in ["tokens", "requests"] {
+        let Some((limit, remaining)) = req
+            .header(&format!("x-mock-ratelimit-{res}"))
+            .and_then(|v| v.split_once(','))
+        else {
+            continue;
+        };
+        let (limit, remaining) = (limit.trim().to_string(), remaining.trim().to_string());
+        if anthropic {
+            let reset = rfc3339(now_secs() + 6);
+            extra.push((format!("anthropic-ratelimit-{res}-limit"), limit));
+            extra.push((format!("anthropic-ratelimit-{res}-remaining"), remaining));
+            extra.push((format!("anthropic-ratelimit-{res}-reset"), reset));
+        } else {
+            extra.push((format!("x-ratelimit-limit-{res}"), limit));
+            extra.push((format!("x-ratelimit-remaining-{res}"), remaining));
+            extra.push((format!("x-ratelimit-reset-{res}"), "6s".to_string()));
+        }
+    }
+}
+
+/// Unix seconds as an RFC 3339 UTC time (H. Hinnant's civil-from-days).
+fn rfc3339(unix_s: u64) -> String {
+    let days = (unix_s / 86_400) as i64;
+    let secs = unix_s % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -621,7 +698,25 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
             ev.push(named(
                 "response.created",
                 json!({"type": "response.created", "sequence_number": next(),
+                       "response": in_progress.clone()}),
+            ));
+            ev.push(named(
+                "response.in_progress",
+                json!({"type": "response.in_progress", "sequence_number": next(),
                        "response": in_progress}),
+            ));
+            ev.push(named(
+                "response.output_item.added",
+                json!({"type": "response.output_item.added", "sequence_number": next(),
+                       "output_index": 0,
+                       "item": {"type": "message", "id": "msg_mock", "status": "in_progress",
+                                "role": "assistant", "content": []}}),
+            ));
+            ev.push(named(
+                "response.content_part.added",
+                json!({"type": "response.content_part.added", "sequence_number": next(),
+                       "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                       "part": {"type": "output_text", "text": "", "annotations": []}}),
             ));
             for p in &parts {
                 ev.push(named(
@@ -637,6 +732,20 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
                 json!({"type": "response.output_text.done", "sequence_number": next(),
                        "item_id": "msg_mock", "output_index": 0, "content_index": 0,
                        "text": text}),
+            ));
+            let part = json!({"type": "output_text", "text": text, "annotations": []});
+            ev.push(named(
+                "response.content_part.done",
+                json!({"type": "response.content_part.done", "sequence_number": next(),
+                       "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                       "part": part.clone()}),
+            ));
+            ev.push(named(
+                "response.output_item.done",
+                json!({"type": "response.output_item.done", "sequence_number": next(),
+                       "output_index": 0,
+                       "item": {"type": "message", "id": "msg_mock", "status": "completed",
+                                "role": "assistant", "content": [part]}}),
             ));
             ev.push(named(
                 "response.completed",
@@ -814,6 +923,7 @@ fn reason(status: u16) -> &'static str {
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
+        529 => "Overloaded",
         _ => "Status",
     }
 }

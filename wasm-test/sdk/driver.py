@@ -1,0 +1,266 @@
+"""Drives the official OpenAI and Anthropic Python SDKs (and LiteLLM) against a base URL for
+wasm-test/tests/sdk.rs, and prints one JSON object with what the SDK returned or raised.
+
+    python driver.py <scenario> --base-url http://127.0.0.1:PORT [--tenant T] [--max-tokens N]
+                     [--max-retries N] [--header k=v ...] [--model M] [--thinking-budget N]
+                     [--sleep-before S]
+                     [--tool-properties a,b,c]
+    python driver.py batch     # stdin: a JSON list of argument lists; prints a JSON list of results
+
+Scenarios (admitted calls):
+  openai-chat, openai-chat-stream, openai-chat-stream-usage, openai-completions,
+  openai-completions-stream, openai-embeddings, openai-responses, openai-responses-stream,
+  anthropic-messages, anthropic-messages-stream, litellm-chat
+Scenarios (refusals, report the SDK's exception):
+  openai-error (a chat call), anthropic-error (a messages call), litellm-router-error
+
+Output on success: {"ok": true, "text": ..., "usage": {...}, "elapsed": s, ...}
+Output on an SDK exception: {"ok": false, "exception": "RateLimitError", "classes": [...MRO names],
+  "status_code": 429, "code": ..., "type": ..., "param": ..., "request_id": ..., "error_code": ...,
+  "retries_taken": n, "elapsed": s}
+The SDK's own retry log lines ("Retrying request to ... in N seconds") go to stderr.
+"""
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario")
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--tenant", default="sdk")
+    p.add_argument("--model", default=None)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--max-retries", type=int, default=2)
+    p.add_argument("--header", action="append", default=[])
+    p.add_argument("--prompt", default="Say hello.")
+    p.add_argument("--sleep-before", type=float, default=0.0, help="seconds to wait before the call")
+    p.add_argument("--thinking-budget", type=int, default=None)
+    p.add_argument("--tool-properties", default=None, help="comma-separated property names of a tool schema")
+    return p.parse_args()
+
+
+def headers_of(args):
+    h = {"x-tenant-id": args.tenant} if args.tenant else {}
+    for kv in args.header:
+        k, _, v = kv.partition("=")
+        h[k] = v
+    return h
+
+
+def openai_client(args):
+    import openai
+
+    return openai.OpenAI(
+        base_url=args.base_url + "/v1",
+        api_key="sk-test",
+        max_retries=args.max_retries,
+        default_headers=headers_of(args),
+        timeout=30,
+    )
+
+
+def anthropic_client(args):
+    import anthropic
+
+    return anthropic.Anthropic(
+        base_url=args.base_url,
+        api_key="sk-ant-test",
+        max_retries=args.max_retries,
+        default_headers=headers_of(args),
+        timeout=30,
+    )
+
+
+def usage_dict(u):
+    if u is None:
+        return None
+    if hasattr(u, "model_dump"):
+        return u.model_dump(exclude_none=True)
+    return dict(u)
+
+
+def run(args):
+    s = args.scenario
+    msgs = [{"role": "user", "content": args.prompt}]
+    model = args.model or ("claude-test" if s.startswith("anthropic") else "gpt-test")
+    if s == "openai-chat" or s == "openai-error":
+        r = openai_client(args).chat.completions.with_raw_response.create(
+            model=model, messages=msgs, max_tokens=args.max_tokens
+        )
+        c = r.parse()
+        return {
+            "text": c.choices[0].message.content,
+            "finish_reason": c.choices[0].finish_reason,
+            "usage": usage_dict(c.usage),
+            "model": c.model,
+            "headers": dict(r.headers),
+        }
+    if s in ("openai-chat-stream", "openai-chat-stream-usage"):
+        extra = {"stream_options": {"include_usage": True}} if s.endswith("usage") else {}
+        if args.tool_properties:
+            props = {p: {"type": "string"} for p in args.tool_properties.split(",")}
+            extra["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": "save", "parameters": {"type": "object", "properties": props}},
+                }
+            ]
+        text, usage, chunks, finish = "", None, 0, None
+        stream = openai_client(args).chat.completions.create(
+            model=model, messages=msgs, max_tokens=args.max_tokens, stream=True, **extra
+        )
+        for chunk in stream:
+            chunks += 1
+            if chunk.usage is not None:
+                usage = usage_dict(chunk.usage)
+            for ch in chunk.choices:
+                text += ch.delta.content or ""
+                finish = ch.finish_reason or finish
+        return {"text": text, "usage": usage, "chunks": chunks, "finish_reason": finish}
+    if s == "openai-completions":
+        c = openai_client(args).completions.create(
+            model=model, prompt=args.prompt, max_tokens=args.max_tokens
+        )
+        return {"text": c.choices[0].text, "usage": usage_dict(c.usage)}
+    if s == "openai-completions-stream":
+        text, usage = "", None
+        for chunk in openai_client(args).completions.create(
+            model=model,
+            prompt=args.prompt,
+            max_tokens=args.max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            if chunk.usage is not None:
+                usage = usage_dict(chunk.usage)
+            for ch in chunk.choices:
+                text += ch.text or ""
+        return {"text": text, "usage": usage}
+    if s == "openai-embeddings":
+        e = openai_client(args).embeddings.create(model=model, input=args.prompt)
+        return {"dims": len(e.data[0].embedding), "usage": usage_dict(e.usage)}
+    if s == "openai-responses":
+        r = openai_client(args).responses.create(
+            model=model, input=args.prompt, max_output_tokens=args.max_tokens
+        )
+        return {"text": r.output_text, "usage": usage_dict(r.usage), "status": r.status}
+    if s == "openai-responses-stream":
+        text, usage, events = "", None, []
+        with openai_client(args).responses.stream(
+            model=model, input=args.prompt, max_output_tokens=args.max_tokens
+        ) as stream:
+            for ev in stream:
+                events.append(ev.type)
+                if ev.type == "response.output_text.delta":
+                    text += ev.delta
+            final = stream.get_final_response()
+            usage = usage_dict(final.usage)
+        return {"text": text, "usage": usage, "events": events, "final_text": final.output_text}
+    if s in ("anthropic-messages", "anthropic-error"):
+        extra = {}
+        if args.thinking_budget is not None:
+            extra["thinking"] = {"type": "enabled", "budget_tokens": args.thinking_budget}
+        r = anthropic_client(args).messages.with_raw_response.create(
+            model=model, max_tokens=args.max_tokens, messages=msgs, **extra
+        )
+        m = r.parse()
+        return {
+            "text": "".join(b.text for b in m.content if b.type == "text"),
+            "stop_reason": m.stop_reason,
+            "usage": usage_dict(m.usage),
+            "headers": dict(r.headers),
+        }
+    if s == "anthropic-messages-stream":
+        text, events = "", []
+        with anthropic_client(args).messages.stream(
+            model=model, max_tokens=args.max_tokens, messages=msgs
+        ) as stream:
+            for ev in stream:
+                events.append(ev.type)
+                if ev.type == "text":
+                    text += ev.text
+            final = stream.get_final_message()
+        return {
+            "text": text,
+            "final_text": "".join(b.text for b in final.content if b.type == "text"),
+            "usage": usage_dict(final.usage),
+            "stop_reason": final.stop_reason,
+            "events": events,
+        }
+    if s == "litellm-chat":
+        import litellm
+
+        r = litellm.completion(
+            model="openai/" + model,
+            api_base=args.base_url + "/v1",
+            api_key="sk-test",
+            messages=msgs,
+            max_tokens=args.max_tokens,
+            extra_headers=headers_of(args),
+            num_retries=0,
+        )
+        return {"text": r.choices[0].message.content, "usage": usage_dict(r.usage)}
+    raise SystemExit(f"unknown scenario {s}")
+
+
+def describe(e, started):
+    out = {
+        "ok": False,
+        "exception": type(e).__name__,
+        "classes": [c.__name__ for c in type(e).__mro__],
+        "message": str(e)[:500],
+        "elapsed": time.monotonic() - started,
+    }
+    for attr in ("status_code", "code", "type", "param", "request_id", "error_code"):
+        if hasattr(e, attr):
+            v = getattr(e, attr)
+            out[attr] = v if isinstance(v, (str, int, float, type(None))) else str(v)
+    resp = getattr(e, "response", None)
+    if resp is not None:
+        out["headers"] = dict(resp.headers)
+        try:
+            out["body"] = resp.json()
+        except Exception:  # noqa: BLE001 - a non-JSON body is reported as text
+            out["body"] = resp.text
+    return out
+
+
+def one(args):
+    # Imported before the clock starts: `elapsed` is the call alone (with its retries).
+    if args.scenario.startswith("openai"):
+        import openai  # noqa: F401
+    elif args.scenario.startswith("anthropic"):
+        import anthropic  # noqa: F401
+    elif args.scenario.startswith("litellm"):
+        import litellm  # noqa: F401
+    time.sleep(args.sleep_before)
+    started = time.monotonic()
+    try:
+        out = {"ok": True, **run(args)}
+        out["elapsed"] = time.monotonic() - started
+    except Exception as e:  # noqa: BLE001 - every SDK exception is the result being tested
+        out = describe(e, started)
+    return out
+
+
+def main():
+    # The SDKs log "Retrying request to … in N seconds" at INFO on their own loggers.
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s: %(message)s")
+    if sys.argv[1:] == ["batch"]:
+        # A JSON list of argument lists on stdin, one call each (one interpreter start for many calls).
+        results = []
+        for argv in json.load(sys.stdin):
+            sys.argv = [sys.argv[0], *argv]
+            results.append(one(parse_args()))
+        print(json.dumps(results, default=str))
+        return
+    print(json.dumps(one(parse_args()), default=str))
+
+
+if __name__ == "__main__":
+    main()
