@@ -14,7 +14,7 @@ use crate::bucket::{self, BucketState, Snapshot, Verdict};
 use crate::config::{Config, Rule};
 use crate::hash;
 use crate::keys;
-use crate::reply::{self, LocalReply};
+use crate::reply::{Class, Limits, Refusal};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
 use std::collections::HashSet;
 
@@ -162,57 +162,38 @@ pub enum Decision {
         /// Milliseconds to hold the request first (0 = none).
         wait_ms: u64,
     },
-    /// Not charged; answer with this reply.
-    Reject {
-        /// The local reply.
-        reply: LocalReply,
-        /// Why, for metrics.
-        reason: RejectReason,
-    },
+    /// Not charged; answer with this refusal (its class says why).
+    Reject(Refusal),
     /// The shared store failed (CAS exhausted or host error); the caller applies the failure mode.
     StoreFailed(UpdateError),
 }
 
-/// Why a request was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectReason {
-    /// Not enough tokens.
-    Tokens,
-    /// Requests/minute spent.
-    Requests,
-    /// Cost larger than the burst.
-    TooLarge,
-}
-
-fn limited(v: Verdict, snap: &Snapshot, rule: &Rule) -> Option<(LocalReply, RejectReason)> {
-    match v {
-        Verdict::LimitTokens { reset_in_s } => Some((
-            reply::rate_limited(
-                "tokens_per_second_exceeded",
-                &format!(
-                    "Rate limit reached for tokens (rule '{}'): limit {} tokens, refilling at {}/s. Retry after the reset.",
-                    rule.name, rule.params.burst, rule.params.tokens_per_second
-                ),
-                reset_in_s,
-                snap,
+fn limited(v: Verdict, snap: &Snapshot, rule: &Rule) -> Option<Refusal> {
+    let (class, reset_in_s, message) = match v {
+        Verdict::LimitTokens { reset_in_s } => (
+            Class::TokensPerSecond,
+            reset_in_s,
+            format!(
+                "Rate limit reached for tokens (rule '{}'): limit {} tokens, refilling at {}/s.",
+                rule.name, rule.params.burst, rule.params.tokens_per_second
             ),
-            RejectReason::Tokens,
-        )),
-        Verdict::LimitRequests { reset_in_s } => Some((
-            reply::rate_limited(
-                "requests_per_minute_exceeded",
-                &format!(
-                    "Rate limit reached for requests (rule '{}'): limit {} requests per minute. Retry after the reset.",
-                    rule.name,
-                    rule.params.requests_per_minute.unwrap_or(0.0)
-                ),
-                reset_in_s,
-                snap,
+        ),
+        Verdict::LimitRequests { reset_in_s } => (
+            Class::RequestsPerMinute,
+            reset_in_s,
+            format!(
+                "Rate limit reached for requests (rule '{}'): limit {} requests per minute.",
+                rule.name,
+                rule.params.requests_per_minute.unwrap_or(0.0)
             ),
-            RejectReason::Requests,
-        )),
-        _ => None,
-    }
+        ),
+        _ => return None,
+    };
+    let mut r = Refusal::new(class, message);
+    r.retry_after_s = Some(reset_in_s);
+    r.limits = Some(Limits::from(snap));
+    r.limit_name = Some(rule.name.clone());
+    Some(r)
 }
 
 /// Headers-phase check: the reply to send now if the bucket is already too short for any request.
@@ -225,7 +206,7 @@ pub fn precheck(
     key: &str,
     now_ns: u64,
     seen: &mut Option<store::Seen>,
-) -> Result<Option<(LocalReply, RejectReason)>, bool> {
+) -> Result<Option<Refusal>, bool> {
     let read = store.get(key).map_err(|_| false)?;
     let Some((bytes, cas)) = read else {
         return Ok(None);
@@ -244,12 +225,7 @@ pub fn precheck(
 /// The 429 if a request of `cost` tokens could not be admitted (even after a `max_wait_ms` hold) by a
 /// bucket whose balance is at most `state` (e.g. a global bucket's balance as Redis last reported it);
 /// nothing is charged. A cost above the burst is left to the charge (413).
-pub fn refusal_for(
-    state: &BucketState,
-    rule: &Rule,
-    cost: u64,
-    now_ns: u64,
-) -> Option<(LocalReply, RejectReason)> {
+pub fn refusal_for(state: &BucketState, rule: &Rule, cost: u64, now_ns: u64) -> Option<Refusal> {
     let (v, snap, _) = bucket::charge(state, &rule.params, cost, now_ns, rule.max_wait_ms);
     limited(v, &snap, rule)
 }
@@ -288,20 +264,19 @@ pub fn decision(v: Verdict, snap: Snapshot, rule: &Rule, cost: u64) -> Decision 
             cost,
             wait_ms,
         },
-        Verdict::TooLarge => Decision::Reject {
-            reply: reply::error(
-                413,
-                "invalid_request_error",
-                "cost_exceeds_burst",
-                &format!(
+        Verdict::TooLarge => {
+            let mut r = Refusal::new(
+                Class::CostExceedsBurst,
+                format!(
                     "This request's estimated cost of {cost} tokens exceeds the burst of {} tokens of rule '{}'; it can never be admitted. Lower max_tokens or shorten the prompt.",
                     rule.params.burst, rule.name
                 ),
-            ),
-            reason: RejectReason::TooLarge,
-        },
+            );
+            r.limit_name = Some(rule.name.clone());
+            Decision::Reject(r)
+        }
         other => match limited(other, &snap, rule) {
-            Some((reply, reason)) => Decision::Reject { reply, reason },
+            Some(r) => Decision::Reject(r),
             None => Decision::StoreFailed(UpdateError::Host),
         },
     }
@@ -414,12 +389,14 @@ mod tests {
         assert!(matches!(d, Decision::Admit { cost: 80, .. }));
         let (d, _) = charge(&s, &c, rule, "k", 80, 0, None);
         match d {
-            Decision::Reject { reply, reason } => {
-                assert_eq!(reason, RejectReason::Tokens);
-                assert_eq!(reply.status, 429);
-                let v: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
-                assert_eq!(v["error"]["code"], "tokens_per_second_exceeded");
-                assert_eq!(v["error"]["reset_in"], 6.0);
+            Decision::Reject(r) => {
+                assert_eq!(r.class, Class::TokensPerSecond);
+                assert_eq!(r.retry_after_s, Some(6.0));
+                assert_eq!(r.limit_name.as_deref(), Some(rule.name.as_str()));
+                assert_eq!(
+                    r.limits.and_then(|l| l.tokens).map(|t| t.remaining),
+                    Some(20)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -433,7 +410,7 @@ mod tests {
         assert_eq!(precheck(&s, rule, "k", 0, &mut None), Ok(None));
         let _ = charge(&s, &c, rule, "k", 100, 0, None);
         let r = precheck(&s, rule, "k", 0, &mut None).unwrap().unwrap();
-        assert_eq!(r.1, RejectReason::Tokens);
+        assert_eq!(r.class, Class::TokensPerSecond);
         assert_eq!(precheck(&s, rule, "k", 200_000_000, &mut None), Ok(None));
         s.set("bad", b"xx", 0).unwrap();
         assert_eq!(precheck(&s, rule, "bad", 0, &mut None), Err(true));
@@ -462,13 +439,7 @@ mod tests {
         let reads = s.reads();
         let (d, st) = charge(&s, &c, rule, "k", 20, 0, seen);
         assert!(
-            matches!(
-                d,
-                Decision::Reject {
-                    reason: RejectReason::Tokens,
-                    ..
-                }
-            ),
+            matches!(&d, Decision::Reject(r) if r.class == Class::TokensPerSecond),
             "{d:?}"
         );
         assert_eq!(s.reads(), reads + 1);
@@ -485,13 +456,7 @@ mod tests {
         let s = MemStore::new();
         let rule = &c.rules[0];
         let (d, _) = charge(&s, &c, rule, "k", 101, 0, None);
-        assert!(matches!(
-            d,
-            Decision::Reject {
-                reason: RejectReason::TooLarge,
-                ..
-            }
-        ));
+        assert!(matches!(&d, Decision::Reject(r) if r.class == Class::CostExceedsBurst));
         let (d, _) = charge(&s, &c, rule, "k", 100, 0, None);
         assert!(matches!(d, Decision::Admit { .. }));
     }

@@ -1,99 +1,101 @@
-//! The answers the flow makes itself, and the audit record. Every reply text lives here.
+//! The answers the flow makes itself (as [`Refusal`]s, rendered per API family by
+//! [`crate::reply::render`]), and the audit record. Every reply text lives here or in
+//! [`crate::admission`] (bucket refusals).
 
 use super::state::QuotaReq;
-use crate::reply::{self, Dec, LocalReply};
+use crate::reply::{Class, Dec, QuotaView, Refusal};
 
 /// 401: no tenant.
-pub fn missing_tenant() -> LocalReply {
-    reply::error(
-        401,
-        "authentication_error",
-        "missing_tenant",
-        "No tenant could be determined for this request: send the tenant header or an API key.",
+pub fn missing_tenant() -> Refusal {
+    Refusal::new(
+        Class::MissingTenant,
+        "No tenant could be determined for this request: send an API key (or the credentials your gateway requires).",
+    )
+}
+
+/// 403: a tenant the client may not name.
+pub fn forbidden_tenant(header: &str) -> Refusal {
+    Refusal::new(
+        Class::ForbiddenTenant,
+        format!("The tenant named in '{header}' is reserved for tenants derived from API keys and cannot be chosen by a client."),
     )
 }
 
 /// 413: the body is over `max_body_bytes`.
-pub fn too_large(max_body_bytes: usize) -> LocalReply {
-    reply::error(
-        413,
-        "invalid_request_error",
-        "request_too_large",
-        &format!("The request body exceeds the limit of {max_body_bytes} bytes."),
+pub fn too_large(max_body_bytes: usize) -> Refusal {
+    Refusal::new(
+        Class::BodyTooLarge,
+        format!("The request body exceeds the limit of {max_body_bytes} bytes."),
     )
 }
 
 /// 400: the body is not a request to this API.
-pub fn invalid_body(api: &str, why: &str) -> LocalReply {
-    reply::error(
-        400,
-        "invalid_request_error",
-        "invalid_body",
-        &format!("The request body could not be read as a request to the {api} API: {why}"),
+pub fn invalid_body(api: &str, why: &str) -> Refusal {
+    Refusal::new(
+        Class::InvalidBody,
+        format!("The request body could not be read as a request to the {api} API: {why}"),
     )
 }
 
-/// 503: a breaker is open and no fallback is usable.
-pub fn circuit_open(what: &str, name: &str, reset_in_ms: u64) -> LocalReply {
-    let reset_s = reset_in_ms as f64 / 1000.0;
-    let mut r = reply::error_with_reset(
-        503,
-        "upstream_unavailable",
-        "circuit_open",
-        &format!("The {what} '{name}' is failing and its circuit breaker is not letting requests through (open, or half-open with every probe in flight); retry after the reset."),
-        reset_s,
+/// 400: lowering the output limit leaves no room for Anthropic's minimum thinking budget.
+pub fn thinking_does_not_fit(max_tokens: u64) -> Refusal {
+    Refusal::new(
+        Class::ThinkingBudgetDoesNotFit,
+        format!("max_tokens must stay above thinking.budget_tokens (at least {}), but only {max_tokens} output tokens can be granted; lower the thinking budget or max_tokens.", crate::rewrite::MIN_THINKING_BUDGET),
+    )
+}
+
+/// 503 (529 for Anthropic): a breaker is open and no fallback is usable.
+pub fn circuit_open(what: &str, name: &str, reset_in_ms: u64) -> Refusal {
+    let mut r = Refusal::new(
+        Class::CircuitOpen,
+        format!("The {what} '{name}' is failing and its circuit breaker is not letting requests through (open, or half-open with every probe in flight)."),
     );
-    r.headers.push((
-        "retry-after".to_string(),
-        reply::retry_after(reset_s).to_string(),
-    ));
+    r.retry_after_s = Some(reset_in_ms as f64 / 1000.0);
     r
 }
 
 /// 503: a bucket cannot record the request (`on_store_error: deny`, global `on_failure: closed`).
-pub fn limiter_unavailable() -> LocalReply {
-    reply::error(
-        503,
-        "server_error",
-        "rate_limiter_unavailable",
-        "The rate limiter could not record this request; retry shortly.",
+pub fn limiter_unavailable() -> Refusal {
+    Refusal::new(
+        Class::LimiterUnavailable,
+        "The rate limiter could not record this request.",
     )
 }
 
 /// 503: the quota shim failed (`on_failure: closed`).
-pub fn quota_unavailable() -> LocalReply {
-    reply::error(
-        503,
-        "server_error",
-        "quota_unavailable",
-        "The quota service is unavailable; retry shortly.",
-    )
+pub fn quota_unavailable() -> Refusal {
+    Refusal::new(Class::QuotaUnavailable, "The quota service is unavailable.")
 }
 
-/// 429: a monthly quota is used up.
-pub fn quota_exceeded(limit: u64, remaining: u64, reset_s: u64, what: &str) -> LocalReply {
-    let mut r = reply::error_with_reset(
-        429,
-        "insufficient_quota",
-        "monthly_quota_exceeded",
-        &format!("The monthly token quota {what} is used up ({limit} tokens); it resets at the start of next month."),
-        reset_s as f64,
+/// 429: a monthly quota is used up. Not retryable: the month's reset is in the body and in
+/// `x-tokengate-quota-reset`, never in `retry-after`.
+pub fn quota_exceeded(
+    limit: u64,
+    remaining: u64,
+    reset_s: u64,
+    now_unix_s: i64,
+    what: &str,
+) -> Refusal {
+    let mut r = Refusal::new(
+        Class::QuotaExceeded,
+        format!("The monthly token quota {what} is used up ({limit} tokens); it resets at the start of next month."),
     );
-    r.headers
-        .push(("retry-after".to_string(), reset_s.max(1).to_string()));
-    r.headers.extend(quota_headers(limit, remaining, reset_s));
+    r.quota = Some(QuotaView {
+        limit,
+        remaining,
+        reset_unix_s: now_unix_s.saturating_add(i64::try_from(reset_s).unwrap_or(i64::MAX)),
+        reset_in_s: reset_s,
+    });
     r
 }
 
 /// `x-tokengate-quota-*` headers.
-pub fn quota_headers(limit: u64, remaining: u64, reset_s: u64) -> [(String, String); 3] {
+pub fn quota_headers(limit: u64, remaining: u64, reset_s: u64) -> [(&'static str, u64); 3] {
     [
-        ("x-tokengate-quota-limit".to_string(), limit.to_string()),
-        (
-            "x-tokengate-quota-remaining".to_string(),
-            remaining.to_string(),
-        ),
-        ("x-tokengate-quota-reset".to_string(), reset_s.to_string()),
+        ("x-tokengate-quota-limit", limit),
+        ("x-tokengate-quota-remaining", remaining),
+        ("x-tokengate-quota-reset", reset_s),
     ]
 }
 

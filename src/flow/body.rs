@@ -18,7 +18,7 @@ use crate::estimate::{self, ApiKind};
 use crate::failover::{self, Choice};
 use crate::global;
 use crate::quota::{self, ReserveArgs};
-use crate::reply::LocalReply;
+use crate::reply::Refusal;
 use crate::rewrite::{self, Edits};
 use crate::store::UpdateError;
 use crate::webdis::ScriptCall;
@@ -234,12 +234,12 @@ impl Request {
                 // Charged in Redis once the breakers admitted the request (unless Redis refused this
                 // bucket moments ago and it cannot have refilled since).
                 let key = global::key(rule, &plan.meta.tenant, &plan.model);
-                if let Some((reply, reason)) =
+                if let Some(refusal) =
                     super::headers::global_refused_from_cache(cx, rule, &key, cost)
                 {
                     cx.inc(Metric::GlobalRejectedCached);
                     let (meta, model) = (plan.meta.clone(), plan.model.clone());
-                    return self.reject(cx, &meta, &model, Some(cost), reply, reason);
+                    return self.reject(cx, &meta, &model, Some(cost), refusal);
                 }
                 global_charge = Some((idx, key));
             } else if let Err(next) = self.charge_local(cx, &mut plan, idx, now) {
@@ -318,9 +318,9 @@ impl Request {
                 plan.wait_ms = wait_ms;
                 Ok(())
             }
-            Decision::Reject { reply, reason } => {
+            Decision::Reject(refusal) => {
                 let (meta, model) = (plan.meta.clone(), plan.model.clone());
-                Err(self.reject(cx, &meta, &model, Some(plan.cost), reply, reason))
+                Err(self.reject(cx, &meta, &model, Some(plan.cost), refusal))
             }
             Decision::StoreFailed(e) => {
                 cx.inc(match e {
@@ -703,7 +703,7 @@ impl Request {
         cx: &mut Cx,
         plan: &mut Plan,
         decision: &'static str,
-        reply: LocalReply,
+        refusal: Refusal,
         details: &'static str,
     ) -> Next {
         refund(cx, &mut plan.charges);
@@ -713,7 +713,7 @@ impl Request {
             cost: Some(plan.cost),
             decision,
         };
-        self.answer(cx, audit, None, reply, details)
+        self.answer(cx, audit, None, refusal, details)
     }
 
     /// Lets the request go on (or holds it until its shaping release time).

@@ -14,7 +14,7 @@ use crate::config::QuotaSettings;
 use crate::global;
 use crate::keys::MARKER_COUNTER;
 use crate::quota::{self, ExhaustedMarker, Reason};
-use crate::rewrite::{self, Edits};
+use crate::rewrite::{self, Edits, Thinking};
 use crate::store::Codec;
 use crate::webdis::ShimError;
 
@@ -112,11 +112,11 @@ impl Request {
                         plan.wait_ms = wait_ms;
                         self.after_buckets(cx, plan);
                     }
-                    Decision::Reject { reply, reason } => {
+                    Decision::Reject(refusal) => {
                         // Nothing was charged; give back the breaker probe permits.
                         refund(cx, &mut plan.charges);
                         let (meta, model) = (plan.meta.clone(), plan.model.clone());
-                        self.reject(cx, &meta, &model, Some(plan.cost), reply, reason);
+                        self.reject(cx, &meta, &model, Some(plan.cost), refusal);
                     }
                     Decision::StoreFailed(_) => {
                         plan.step = Step::Global(super::state::GlobalCharge {
@@ -198,7 +198,29 @@ impl Request {
                             &qr.reserved.weights,
                             qr.choices,
                         );
-                        clamp_body(cx, &mut plan, tokens);
+                        if let Err(max) = clamp_body(cx, &mut plan, tokens) {
+                            // No thinking budget fits below what is left: Anthropic would refuse
+                            // the request; refuse it here and give the reservation back.
+                            refund(cx, &mut plan.charges);
+                            let mut qr = qr;
+                            if !qr.duplicate {
+                                super::end::refund_reservation(cx, &mut qr);
+                            }
+                            let audit = Audit {
+                                tenant: plan.meta.tenant.clone(),
+                                model: plan.model.clone(),
+                                cost: Some(plan.cost),
+                                decision: "thinking_does_not_fit",
+                            };
+                            self.answer(
+                                cx,
+                                audit,
+                                None,
+                                answers::thinking_does_not_fit(max),
+                                "tokengate_thinking_does_not_fit",
+                            );
+                            return;
+                        }
                     }
                     self.proceed(cx, plan, Some(qr));
                 } else {
@@ -223,7 +245,7 @@ impl Request {
                         cx,
                         audit,
                         None,
-                        answers::quota_exceeded(limit, remaining, qr.reset_s, &what),
+                        answers::quota_exceeded(limit, remaining, qr.reset_s, unix_s(cx, q), &what),
                         "tokengate_quota_exceeded",
                     );
                 }
@@ -232,21 +254,28 @@ impl Request {
     }
 }
 
-/// Lowers the output limit of the body to what the quota granted.
-fn clamp_body(cx: &mut Cx, plan: &mut Plan, tokens: u64) {
+/// Lowers the output limit of the body to what the quota granted (and an Anthropic thinking budget
+/// below it). `Err(max_tokens)`: no thinking budget of the minimum size fits below it.
+fn clamp_body(cx: &mut Cx, plan: &mut Plan, tokens: u64) -> Result<(), u64> {
     let Some(kind) = plan.meta.kind else {
-        return;
+        return Ok(());
     };
     let edits = Edits {
         clamp_max_output: Some(tokens),
         max_output_field: output_field(kind, &plan.body).to_string(),
         ..Edits::default()
     };
-    if let Ok(Some(new_body)) = rewrite::rewrite(&plan.body, &edits) {
-        cx.inc(Metric::QuotaClamped);
-        plan.body.clone_from(&new_body);
-        cx.fx.push(Effect::ReplaceRequestBody(new_body));
+    if let Ok(r) = rewrite::rewrite_with_report(&plan.body, &edits) {
+        if let Thinking::DoesNotFit { max_tokens } = r.thinking {
+            return Err(max_tokens);
+        }
+        if let Some(new_body) = r.body {
+            cx.inc(Metric::QuotaClamped);
+            plan.body.clone_from(&new_body);
+            cx.fx.push(Effect::ReplaceRequestBody(new_body));
+        }
     }
+    Ok(())
 }
 
 /// Remembers in shared data that this tenant is out of quota (bounded keys; see README).

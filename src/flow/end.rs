@@ -50,6 +50,24 @@ impl Request {
     }
 }
 
+/// Gives a whole reservation back (the request was refused after it was reserved).
+pub(super) fn refund_reservation(cx: &mut Cx, qr: &mut QuotaReq) {
+    qr.settled = true;
+    let st = accounting::settle(&qr.reserved, Ending::NotServed);
+    qr.actual = Some(st.actual);
+    qr.source = Some(st.source);
+    worker::enqueue_settlement(
+        cx,
+        Job::Settle(SettleArgs {
+            keys: qr.keys.clone(),
+            delta: st.delta,
+            expire_at_unix: qr.expire_at,
+            marker_ttl_s: SETTLED_MARKER_TTL_S,
+            release_idempotency: qr.keys.has_idem,
+        }),
+    );
+}
+
 /// Queues a reconciliation: charge what the request really cost, whatever the lost reservation did.
 fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
     qr.settled = true;

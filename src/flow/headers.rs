@@ -4,13 +4,13 @@
 use super::answers;
 use super::state::{Audit, Meta, Replied, Request, Stage};
 use super::{Cx, Effect, Headers, Metric, Next};
-use crate::admission::{self, RejectReason};
+use crate::admission;
 use crate::estimate::ApiKind;
 use crate::failover;
 use crate::global;
 use crate::identity;
 use crate::quota::ExhaustedMarker;
-use crate::reply::LocalReply;
+use crate::reply::{Class, Family, Refusal};
 use std::borrow::Cow;
 
 /// The API an LLM call is for, from its method and path; `None` for anything else (passed untouched).
@@ -57,6 +57,11 @@ impl Request {
             self.stage = Stage::Passthrough;
             return Next::Continue;
         };
+        self.family = Family::of(kind);
+        self.reply_id = match h.get("x-request-id").filter(|v| !v.is_empty()) {
+            Some(id) => id.get(..128).unwrap_or(id).to_string(),
+            None => format!("tg-{}-{}", self.id, cx.now()),
+        };
         let mut meta = Meta {
             kind: Some(kind),
             ..Meta::default()
@@ -71,6 +76,24 @@ impl Request {
         }
 
         let header_tenant = cfg.tenant_header.as_deref().and_then(|n| h.get(n));
+        if let (Some(name), Some(t)) = (cfg.tenant_header.as_deref(), header_tenant) {
+            // Tenants derived from API keys are `key:<hash>`: nobody may name one in a header (a
+            // forged `key:` tenant would charge someone else's key).
+            if t.trim()
+                .get(..4)
+                .is_some_and(|p| p.eq_ignore_ascii_case("key:"))
+            {
+                cx.inc(Metric::RequestsRejectedNoTenant);
+                return self.refuse(
+                    cx,
+                    &meta,
+                    "",
+                    "forbidden_tenant",
+                    answers::forbidden_tenant(name),
+                    "tokengate_forbidden_tenant",
+                );
+            }
+        }
         let key = identity::api_key(h.get("authorization"), h.get("x-api-key"));
         let worker = &mut *cx.worker;
         match identity::resolve_with(
@@ -204,17 +227,15 @@ impl Request {
             if rule.global && cfg.global.is_some() {
                 // A global rule's bucket is in Redis: only its refusal cache is read here.
                 let key = global::key(rule, &meta.tenant, &model);
-                if let Some((reply, reason)) = global_refused_from_cache(cx, rule, &key, 1) {
+                if let Some(refusal) = global_refused_from_cache(cx, rule, &key, 1) {
                     cx.inc(Metric::GlobalRejectedCached);
-                    return self.reject(cx, &meta, &model, None, reply, reason);
+                    return self.reject(cx, &meta, &model, None, refusal);
                 }
             } else {
                 let key = admission::plain_key(rule, &meta.tenant, &model);
                 let mut seen = None;
                 match admission::precheck(cx.store(), rule, &key, cx.now(), &mut seen) {
-                    Ok(Some((reply, reason))) => {
-                        return self.reject(cx, &meta, &model, None, reply, reason)
-                    }
+                    Ok(Some(refusal)) => return self.reject(cx, &meta, &model, None, refusal),
                     Ok(None) => meta.prechecked = seen.map(|seen| (key, seen)),
                     // The body phase reads again and repairs; nothing is decided here.
                     Err(true) => cx.inc(Metric::StateCorrupt),
@@ -236,7 +257,7 @@ impl Request {
         meta: &Meta,
         model: &str,
         decision: &'static str,
-        reply: LocalReply,
+        refusal: Refusal,
         details: &'static str,
     ) -> Next {
         let audit = Audit {
@@ -245,7 +266,7 @@ impl Request {
             cost: None,
             decision,
         };
-        self.answer(cx, audit, None, reply, details)
+        self.answer(cx, audit, None, refusal, details)
     }
 
     /// Writes the audit record and the reply; the stage becomes [`Stage::Replied`].
@@ -254,7 +275,7 @@ impl Request {
         cx: &mut Cx,
         audit: Audit,
         reconcile: Option<super::state::QuotaReq>,
-        reply: LocalReply,
+        mut refusal: Refusal,
         details: &'static str,
     ) -> Next {
         cx.fx.push(Effect::Audit(answers::audit_record(
@@ -264,6 +285,12 @@ impl Request {
             audit.decision,
             None,
         )));
+        if refusal.estimated.is_none() {
+            // Body-phase refusals say what the request would have cost (what the client waits for).
+            refusal.estimated = audit.cost;
+        }
+        let reply =
+            crate::reply::render(self.family, &refusal, &self.reply_id, cx.now() / 1_000_000);
         cx.fx.push(Effect::Reply { reply, details });
         self.stage = Stage::Replied(Box::new(Replied { audit, reconcile }));
         Next::Pause
@@ -277,32 +304,24 @@ impl Request {
         meta: &Meta,
         model: &str,
         cost: Option<u64>,
-        mut reply: LocalReply,
-        reason: RejectReason,
+        refusal: Refusal,
     ) -> Next {
-        let (metric, decision) = match reason {
-            RejectReason::Tokens => (Metric::RequestsLimitedTokens, "limited_tokens"),
-            RejectReason::Requests => (Metric::RequestsLimitedRequests, "limited_requests"),
-            RejectReason::TooLarge => (
+        let (metric, decision) = match refusal.class {
+            Class::TokensPerSecond => (Metric::RequestsLimitedTokens, "limited_tokens"),
+            Class::RequestsPerMinute => (Metric::RequestsLimitedRequests, "limited_requests"),
+            _ => (
                 Metric::RequestsRejectedCostExceedsBurst,
                 "cost_exceeds_burst",
             ),
         };
         cx.inc(metric);
-        if let Some(cost) = cost {
-            // Body-phase refusals say what the request would have cost (what the client waits for).
-            reply.headers.push((
-                "x-tokengate-estimated-tokens".to_string(),
-                crate::reply::Dec::int(cost).as_str().to_string(),
-            ));
-        }
         let audit = Audit {
             tenant: meta.tenant.clone(),
             model: model.to_string(),
             cost,
             decision,
         };
-        self.answer(cx, audit, None, reply, "tokengate_rejected")
+        self.answer(cx, audit, None, refusal, "tokengate_rejected")
     }
 }
 
@@ -313,7 +332,7 @@ pub(super) fn global_refused_from_cache(
     rule: &crate::config::Rule,
     key: &str,
     cost: u64,
-) -> Option<(LocalReply, RejectReason)> {
+) -> Option<Refusal> {
     let (bytes, _) = cx.store().get(&global::seen_slot(key)).ok()??;
     let state = global::Seen::for_key(&bytes, key)?;
     admission::refusal_for(&state, rule, cost, cx.now())
@@ -327,7 +346,7 @@ pub(super) fn unix_s(cx: &Cx, q: &crate::config::QuotaSettings) -> i64 {
 }
 
 /// The 429 of a tenant known to be exhausted (shared-data marker), without a callout.
-fn exhausted_cached(cx: &Cx, q: &crate::config::QuotaSettings, tenant: &str) -> Option<LocalReply> {
+fn exhausted_cached(cx: &Cx, q: &crate::config::QuotaSettings, tenant: &str) -> Option<Refusal> {
     let now_s = unix_s(cx, q);
     let key = ExhaustedMarker::key(tenant);
     let (marker, _) = crate::store::peek::<ExhaustedMarker>(cx.store(), &key).ok()?;
@@ -339,6 +358,7 @@ fn exhausted_cached(cx: &Cx, q: &crate::config::QuotaSettings, tenant: &str) -> 
         marker.limit,
         marker.remaining,
         crate::calendar::seconds_to_reset(now_s, q.month_offset_minutes),
+        now_s,
         "for this tenant",
     ))
 }

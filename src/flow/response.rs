@@ -93,7 +93,7 @@ impl Request {
             if let Some(remaining) = qr.remaining {
                 for (k, v) in answers::quota_headers(qr.limit, remaining, qr.reset_s) {
                     cx.fx
-                        .push(Effect::SetResponseHeader(Cow::Owned(k), Value::Text(v)));
+                        .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Int(v)));
                 }
             }
         }
@@ -111,7 +111,17 @@ impl Request {
             ));
         }
         if let Some(snap) = &f.snapshot {
-            ratelimit_headers(cx, snap);
+            // Whole trios per resource: the provider's when it has less left, else ours (see
+            // `reply::merge_provider_headers`).
+            let ours = crate::reply::Limits::from(snap);
+            let now_ms = cx.now() / 1_000_000;
+            let fx = &mut *cx.fx;
+            crate::reply::merge_with(self.family, &|n| h.get(n), &ours, now_ms, |k, v| {
+                fx.push(Effect::SetResponseHeader(
+                    Cow::Borrowed(k),
+                    Value::Text(v.to_string()),
+                ));
+            });
         }
         cx.fx.push(Effect::SetResponseHeader(
             Cow::Borrowed("x-tokengate-estimated-tokens"),
@@ -158,30 +168,6 @@ impl Request {
             self.finish(cx, true);
         }
         Next::Continue
-    }
-}
-
-/// `x-ratelimit-*` of a bucket snapshot (the same values as [`crate::reply::each_ratelimit_header`]).
-fn ratelimit_headers(cx: &mut Cx, snap: &crate::bucket::Snapshot) {
-    let mut set = |k: &'static str, v: Value| {
-        cx.fx.push(Effect::SetResponseHeader(Cow::Borrowed(k), v));
-    };
-    set(
-        "x-ratelimit-limit-tokens",
-        Value::Int(snap.limit_tokens.floor() as u64),
-    );
-    set(
-        "x-ratelimit-remaining-tokens",
-        Value::Int(snap.remaining_tokens),
-    );
-    set("x-ratelimit-reset-tokens", Value::Secs(snap.reset_tokens_s));
-    if let Some((limit, remaining, reset)) = snap.requests {
-        set(
-            "x-ratelimit-limit-requests",
-            Value::Int(limit.floor() as u64),
-        );
-        set("x-ratelimit-remaining-requests", Value::Int(remaining));
-        set("x-ratelimit-reset-requests", Value::Secs(reset));
     }
 }
 

@@ -19,6 +19,10 @@ use crate::store::Seen;
 pub struct Request {
     /// Envoy's context id.
     pub(super) id: u32,
+    /// Which API family's shapes the answers take.
+    pub(super) family: crate::reply::Family,
+    /// The request id echoed in the filter's own answers (`x-request-id`, or one made up).
+    pub(super) reply_id: String,
     pub(super) stage: Stage,
 }
 
@@ -27,6 +31,8 @@ impl Request {
     pub fn new(id: u32) -> Self {
         Request {
             id,
+            family: crate::reply::Family::OpenAi,
+            reply_id: String::new(),
             stage: Stage::New,
         }
     }

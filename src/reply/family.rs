@@ -512,6 +512,40 @@ pub fn merge_provider_headers(
     edits
 }
 
+/// [`merge_provider_headers`] without allocating: the provider's headers are looked up with `get`, and
+/// every header that must be set is passed to `f` (name, value) — for every admitted answer.
+pub fn merge_with<'h>(
+    family: Family,
+    get: &dyn Fn(&str) -> Option<&'h str>,
+    ours: &Limits,
+    now_unix_ms: u64,
+    mut f: impl FnMut(&'static str, &str),
+) {
+    for (res, trio) in resources(ours) {
+        let (Some(t), Some(names @ [limit, remaining, reset])) = (trio, names(family, res)) else {
+            continue;
+        };
+        let theirs = match (get(limit), get(remaining), get(reset)) {
+            (Some(l), Some(r), Some(_)) => l
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .and(r.trim().parse::<u64>().ok()),
+            _ => None,
+        };
+        if theirs.is_some_and(|their_remaining| their_remaining <= t.remaining) {
+            continue;
+        }
+        let mut i = 0;
+        trio_headers(family, res, t, now_unix_ms, &mut |_, v| {
+            if let Some(name) = names.get(i) {
+                f(name, v);
+            }
+            i += 1;
+        });
+    }
+}
+
 /// Seconds as whole milliseconds, rounded up; 0 for non-positive or non-finite input.
 fn ceil_ms(s: f64) -> u64 {
     if !s.is_finite() || s <= 0.0 {

@@ -41,8 +41,14 @@ fn an_empty_token_bucket_answers_429_tokens_per_second_exceeded_with_the_estimat
     clean(&c);
     assert_eq!(c.status(), Some(429));
     let j = c.reply_json();
-    assert_eq!(j["error"]["code"], "tokens_per_second_exceeded");
-    assert_eq!(j["error"]["type"], "rate_limit_error");
+    assert_eq!(j["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(j["error"]["type"], "tokens");
+    assert_eq!(j["error"]["param"], Value::Null);
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("tokens_per_second_exceeded")
+    );
+    assert_eq!(c.reply_header("x-should-retry"), Some("true"));
     assert!(c.reply_header("retry-after").is_some());
     assert_eq!(c.reply_header("x-ratelimit-limit-tokens"), Some("100"));
     assert!(estimated(&c) > 60);
@@ -61,9 +67,10 @@ fn a_spent_request_bucket_answers_429_requests_per_minute_exceeded() {
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5));
     assert_eq!(c.status(), Some(429));
     assert_eq!(
-        c.reply_json()["error"]["code"],
-        "requests_per_minute_exceeded"
+        c.reply_header("x-tokengate-reason"),
+        Some("requests_per_minute_exceeded")
     );
+    assert_eq!(c.reply_json()["error"]["type"], "requests");
     assert_eq!(c.reply_header("x-ratelimit-remaining-requests"), Some("0"));
     assert_eq!(e.metric(Metric::RequestsLimitedRequests), 1);
 }
@@ -89,9 +96,10 @@ fn a_bucket_known_from_the_headers_refuses_before_the_upstream_is_contacted() {
     clean(&c);
     assert_eq!(c.status(), Some(429));
     assert_eq!(
-        c.reply_json()["error"]["code"],
-        "requests_per_minute_exceeded"
+        c.reply_header("x-tokengate-reason"),
+        Some("requests_per_minute_exceeded")
     );
+    assert_eq!(c.reply_json()["error"]["type"], "requests");
     assert!(!c.upstream_started, "refused in the headers phase");
     // No estimate is known in the headers phase.
     assert_eq!(c.reply_header("x-tokengate-estimated-tokens"), None);
@@ -231,4 +239,137 @@ fn every_answer_in_the_headers_phase_leaves_no_request_hanging() {
         &[("x-tenant-id", "a")],
         &chat("m", "hi", 5),
     ));
+}
+
+#[test]
+fn anthropic_clients_get_anthropic_shapes_and_headers() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 100.0)]}));
+    let body = json!({"model": "claude", "max_tokens": 60, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    assert!(e.send("/v1/messages", &[TENANT], &body).forwarded);
+    let c = e.send("/v1/messages", &[TENANT, ("x-request-id", "req-7")], &body);
+    clean(&c);
+    assert_eq!(c.status(), Some(429));
+    let j = c.reply_json();
+    assert_eq!(j["type"], "error");
+    assert_eq!(j["error"]["type"], "rate_limit_error");
+    assert_eq!(j["request_id"], "req-7");
+    assert_eq!(c.reply_header("request-id"), Some("req-7"));
+    assert!(c
+        .reply_header("anthropic-ratelimit-tokens-remaining")
+        .is_some());
+    let reset = c.reply_header("anthropic-ratelimit-tokens-reset").unwrap();
+    assert!(
+        reset.starts_with("2026-11-") && reset.ends_with('Z'),
+        "RFC 3339: {reset}"
+    );
+    assert!(c.reply_header("x-ratelimit-limit-tokens").is_none());
+    // Admitted answers carry Anthropic's headers too.
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 1000.0)]}));
+    let mut c = e.send("/v1/messages", &[TENANT], &body);
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &["{}"],
+    );
+    assert_eq!(c.header("anthropic-ratelimit-tokens-limit"), Some("1000"));
+}
+
+#[test]
+fn openai_resets_are_durations_and_every_answer_carries_the_request_id() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 100.0)]}));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
+    e.respond(&mut c, 200, &[], &["{}"]);
+    let reset = c.header("x-ratelimit-reset-tokens").unwrap();
+    assert!(
+        reset.ends_with('s') && !reset.contains('.')
+            || reset.contains("m")
+            || reset.ends_with("ms"),
+        "{reset}"
+    );
+    let c = e.send(
+        "/v1/chat/completions",
+        &[TENANT, ("x-request-id", "abc")],
+        &chat("m", "hi", 60),
+    );
+    assert_eq!(c.reply_header("x-request-id"), Some("abc"));
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
+    assert!(c
+        .reply_header("x-request-id")
+        .is_some_and(|v| v.starts_with("tg-")));
+}
+
+#[test]
+fn the_providers_trio_is_kept_whole_when_it_has_less_left_and_replaced_whole_otherwise() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 1000.0)]}));
+    let provider = [
+        ("x-ratelimit-limit-tokens", "90000"),
+        ("x-ratelimit-remaining-tokens", "3"),
+        ("x-ratelimit-reset-tokens", "6m0s"),
+        ("x-ratelimit-limit-requests", "500"),
+        ("x-ratelimit-remaining-requests", "499"),
+        ("x-ratelimit-reset-requests", "120ms"),
+    ];
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    e.respond(&mut c, 429, &provider, &["{}"]);
+    assert_eq!(c.header("x-ratelimit-remaining-tokens"), Some("3"));
+    assert_eq!(c.header("x-ratelimit-limit-tokens"), Some("90000"));
+    assert_eq!(c.header("x-ratelimit-reset-tokens"), Some("6m0s"));
+    // No request bucket here: the provider's request trio passes untouched.
+    assert_eq!(c.header("x-ratelimit-remaining-requests"), Some("499"));
+    let provider = [
+        ("x-ratelimit-limit-tokens", "90000"),
+        ("x-ratelimit-remaining-tokens", "89000"),
+        ("x-ratelimit-reset-tokens", "1s"),
+    ];
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    e.respond(&mut c, 200, &provider, &["{}"]);
+    assert_eq!(c.header("x-ratelimit-limit-tokens"), Some("1000"));
+    assert_ne!(c.header("x-ratelimit-reset-tokens"), Some("1s"));
+}
+
+#[test]
+fn a_client_cannot_name_a_tenant_in_the_key_namespace() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let forged = crate::identity::tenant_from_key("sk-bob");
+    for t in [forged.as_str(), "KEY:0123456789abcdef", " key:x"] {
+        let c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", t), ("authorization", "Bearer sk-alice")],
+            &chat("m", "hi", 5),
+        );
+        clean(&c);
+        assert_eq!(c.status(), Some(403), "{t}");
+        assert_eq!(
+            c.reply_header("x-tokengate-reason"),
+            Some("forbidden_tenant")
+        );
+        assert!(!c.upstream_started);
+    }
+}
+
+#[test]
+fn what_a_retry_cannot_fix_says_so_and_never_carries_retry_after() {
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "max_body_bytes": 1000, "rules": [rule(10.0, 100.0)]}),
+    );
+    for c in [
+        e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 500)),
+        e.send("/v1/chat/completions", &[TENANT], "nope"),
+        e.send(
+            "/v1/chat/completions",
+            &[TENANT],
+            &chat("m", &"x".repeat(2000), 5),
+        ),
+        e.send("/v1/chat/completions", &[], &chat("m", "hi", 5)),
+    ] {
+        clean(&c);
+        assert_eq!(
+            c.reply_header("x-should-retry"),
+            Some("false"),
+            "{:?}",
+            c.reply
+        );
+        assert_eq!(c.reply_header("retry-after"), None);
+    }
 }

@@ -199,7 +199,16 @@ fn a_spent_quota_answers_429_and_is_then_refused_from_shared_data_without_a_call
     assert_eq!(c.status(), Some(429));
     let j = c.reply_json();
     assert_eq!(j["error"]["type"], "insufficient_quota");
+    assert_eq!(j["error"]["code"], "insufficient_quota");
     assert_eq!(c.reply_header("x-tokengate-quota-remaining"), Some("0"));
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("monthly_quota_exceeded")
+    );
+    // A month-long wait is not a retry: the SDKs would sleep on it.
+    assert_eq!(c.reply_header("retry-after"), None);
+    assert_eq!(c.reply_header("x-should-retry"), Some("false"));
+    assert!(j["tokengate"]["quota"]["reset_in"].as_u64().unwrap() > 86_400);
     assert_eq!(e.metric(Metric::QuotaRejected), 1);
     // The next request is refused in the headers phase, no callout.
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
@@ -242,4 +251,32 @@ fn settlements_of_one_tenant_go_in_one_batch_and_a_failed_batch_is_retried() {
     e.reply_root(0, 200, &eval(&[1, 1, 1]));
     assert_eq!(e.metric(Metric::QuotaSettled), 3);
     assert!(e.metric(Metric::QuotaRefundedTokens) > 0);
+}
+
+#[test]
+fn a_clamp_that_leaves_no_room_for_the_thinking_budget_is_refused_and_the_reservation_given_back() {
+    let e = envoy(quota_cfg(json!({"clamp_output": true})));
+    let body = json!({"model": "claude", "max_tokens": 8000,
+        "thinking": {"type": "enabled", "budget_tokens": 4000},
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let mut c = e.send("/v1/messages", &[TENANT], &body);
+    e.reply(&mut c, 200, &eval(&[1, 99990, 100000, 0, -1, 0, 500, 3]));
+    clean(&c);
+    assert_eq!(c.status(), Some(400));
+    assert_eq!(c.reply_json()["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("thinking_budget_does_not_fit")
+    );
+    let deltas = settled_deltas(&e);
+    assert_eq!(deltas.len(), 1);
+    assert!(deltas[0] < 0, "the reservation is refunded: {deltas:?}");
+    // A clamp that leaves room lowers the budget below max_tokens.
+    let mut c = e.send("/v1/messages", &[TENANT], &body);
+    e.reply(&mut c, 200, &eval(&[1, 99990, 100000, 0, -1, 0, 3000, 3]));
+    assert!(c.forwarded);
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["max_tokens"], 3000);
+    assert!(sent["thinking"]["budget_tokens"].as_u64().unwrap() < 3000);
 }
