@@ -115,7 +115,7 @@ fn post_to(port: u16, body: &str) -> (u32, Vec<u8>) {
     post_with(&mut http::Client::new(port), body)
 }
 
-/// Monthly quota scripts (reserve, settle, settle batch, reconcile).
+/// Monthly quota scripts (reserve v3, settle v3).
 mod quota {
     use super::*;
 
@@ -124,29 +124,51 @@ mod quota {
         parse_reserve_reply(s, &b)
     }
 
-    fn settle(st: &Stack, s: &SettleArgs) -> Result<SettleReply, ShimError> {
-        let (code, b) = st.post(&settle_request(s, ScriptCall::Eval));
-        parse_settle_reply(code, &b)
+    fn settle(st: &Stack, batch: &[&SettleArgs]) -> Result<Vec<i64>, ShimError> {
+        let (code, b) = st.post(&settle_request(batch, ScriptCall::Eval));
+        parse_settle_reply(code, &b, batch.len())
     }
 
-    /// The reservation most tests start from: 100 + 50 tokens of a 1000 limit, no idempotency key.
+    /// The reservation most tests start from: 100 + 50 tokens of a 1000 limit.
     fn base() -> ReserveArgs {
         ReserveArgs {
             tenant: "acme".into(),
             model: Some("gpt-4.1".into()),
             month: "2026-11".into(),
-            idempotency_key: None,
-            body_fingerprint: 0xfeed,
             request_id: "req-1".into(),
             prompt_cost: 100,
             output_cost: 50,
             default_limit: 1000,
             default_model_limit: 0,
             expire_at_unix: 1_796_688_000,
-            idem_window_s: 0,
+            deadline_s: 600,
             clamp_output: false,
             min_output_cost: 0,
         }
+    }
+
+    fn with_id(id: &str) -> ReserveArgs {
+        ReserveArgs {
+            request_id: id.into(),
+            ..base()
+        }
+    }
+
+    fn entry(a: &ReserveArgs, mode: SettleMode, actual: u64) -> SettleArgs {
+        SettleArgs {
+            keys: a.keys(),
+            mode,
+            actual,
+            expire_at_unix: a.expire_at_unix,
+        }
+    }
+
+    fn used(st: &Stack, a: &ReserveArgs) -> (String, String) {
+        let k = a.keys();
+        (
+            st.cli(&["GET", &k.used_total]),
+            st.cli(&["GET", &k.used_model]),
+        )
     }
 
     #[test]
@@ -154,151 +176,27 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         assert_eq!(st.cli(&["SCRIPT", "LOAD", RESERVE_SCRIPT]), RESERVE_SHA1);
         assert_eq!(st.cli(&["SCRIPT", "LOAD", SETTLE_SCRIPT]), SETTLE_SHA1);
-        assert_eq!(
-            st.cli(&["SCRIPT", "LOAD", RECONCILE_SCRIPT]),
-            RECONCILE_SHA1
-        );
-        assert_eq!(
-            st.cli(&["SCRIPT", "LOAD", SETTLE_BATCH_SCRIPT]),
-            SETTLE_BATCH_SHA1
-        );
-    }
-
-    #[test]
-    fn a_settlement_batch_applies_each_entry_once_through_webdis() {
-        let Some(st) = Stack::start() else { return };
-        let mut jobs = Vec::new();
-        for (i, delta) in [(1, -20i64), (2, 5), (3, -500)] {
-            let mut a = base();
-            a.request_id = format!("b-{i}");
-            reserve(&st, &a).unwrap();
-            jobs.push(SettleArgs {
-                keys: a.keys(),
-                delta,
-                expire_at_unix: 1_796_688_000,
-                marker_ttl_s: 60,
-                release_idempotency: false,
-            });
-        }
-        let k = jobs[0].keys.clone();
-        assert_eq!(st.cli(&["GET", &k.used_total]), "450");
-        let refs: Vec<&SettleArgs> = jobs.iter().collect();
-        let (status, body) = st.post(&settle_batch_request(&refs, ScriptCall::Eval));
-        assert_eq!(
-            parse_settle_batch_reply(status, &body, 3).unwrap(),
-            [1, 1, 1]
-        );
-        // 450 - 20 + 5 - 500 stops at 0
-        assert_eq!(st.cli(&["GET", &k.used_total]), "0");
-        let (status, body) = st.post(&settle_batch_request(&refs, ScriptCall::EvalSha));
-        assert_eq!(
-            parse_settle_batch_reply(status, &body, 3).unwrap(),
-            [0, 0, 0]
-        );
-        assert_eq!(tenant_tag(&k), "tg:q:{acme}");
-    }
-
-    #[test]
-    fn reconcile_charges_actual_minus_a_landed_reservation_and_blocks_a_late_one() {
-        let Some(st) = Stack::start() else { return };
-        // (a) the reservation landed before the reconciliation: net charge = actual
-        let a = base();
-        reserve(&st, &a).unwrap();
-        let k = a.keys();
-        assert_eq!(st.cli(&["GET", &k.used_total]), "150");
-        let rec = ReconcileArgs {
-            keys: k.clone(),
-            actual: 40,
-            expire_at_unix: 1_796_688_000,
-            marker_ttl_s: 60,
-        };
-        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
-        assert!(parse_settle_reply(status, &body).unwrap().applied);
-        assert_eq!(st.cli(&["GET", &k.used_total]), "40");
-        // a repeat changes nothing
-        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
-        assert!(!parse_settle_reply(status, &body).unwrap().applied);
-        assert_eq!(st.cli(&["GET", &k.used_total]), "40");
-        // (b) reconciled first (actual 0: not served), the reservation arrives late: no charge
-        let mut b = base();
-        b.request_id = "req-2".into();
-        let kb = b.keys();
-        let rec_b = ReconcileArgs {
-            keys: kb.clone(),
-            actual: 0,
-            expire_at_unix: 1_796_688_000,
-            marker_ttl_s: 60,
-        };
-        let (status, body) = st.post(&reconcile_request(&rec_b, ScriptCall::Eval));
-        assert!(parse_settle_reply(status, &body).unwrap().applied);
-        let late = reserve(&st, &b).unwrap_err();
-        assert!(
-            matches!(&late, ShimError::RedisError(e) if e.contains("reconciled")),
-            "{late:?}"
-        );
-        assert_eq!(st.cli(&["GET", &kb.used_total]), "40");
-    }
-
-    #[test]
-    fn reserve_script_runs_directly_through_redis_cli_eval() {
-        let Some(st) = Stack::start() else { return };
-        let k = base().keys();
-        let keys = [
-            &k.used_total,
-            &k.used_model,
-            &k.limit_override,
-            &k.limit_model_override,
-            &k.idem,
-            &k.request,
-        ];
-        let mut cmd: Vec<&str> = vec!["EVAL", RESERVE_SCRIPT, "6"];
-        cmd.extend(keys.iter().map(|s| s.as_str()));
-        cmd.extend([
-            "100",
-            "50",
-            "1000",
-            "0",
-            "1796688000",
-            "0",
-            "req-1",
-            "0",
-            "0",
-            "1",
-            "feed",
-            "3",
-            "tg1",
-        ]);
-        assert_eq!(
-            st.cli(&cmd).lines().collect::<Vec<_>>(),
-            ["1", "150", "1000", "150", "-1", "0", "50", "0"]
-        );
-        assert_eq!(st.cli(&["GET", &k.used_total]), "150");
-        assert_eq!(st.cli(&["GET", &k.used_model]), "150");
-        assert_eq!(st.cli(&["EXPIRETIME", &k.used_total]), "1796688000");
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "0");
     }
 
     #[test]
     fn reservation_through_webdis_charges_both_counters_and_expires_them_at_a_fixed_instant() {
         let Some(st) = Stack::start() else { return };
         let a = base();
+        let r = reserve(&st, &a).unwrap();
+        assert!(r.allowed);
+        assert_eq!((r.used_after, r.limit, r.granted_output), (150, 1000, 50));
+        assert_eq!(used(&st, &a), ("150".into(), "150".into()));
         let k = a.keys();
-        let r1 = reserve(&st, &a).unwrap();
-        assert_eq!(
-            (
-                r1.allowed,
-                r1.used_after,
-                r1.model_used_after,
-                r1.granted_output
-            ),
-            (true, 150, 150, 50)
-        );
-        assert_eq!(r1.model_limit, None);
-        let r2 = reserve(&st, &a).unwrap();
-        assert_eq!(r2.used_after, 300);
-        // EXPIREAT, not EXPIRE: the expiry stays the month end + grace no matter how many calls.
         assert_eq!(st.cli(&["EXPIRETIME", &k.used_total]), "1796688000");
         assert_eq!(st.cli(&["EXPIRETIME", &k.used_model]), "1796688000");
+        // The reservation is recorded with its deadline.
+        assert_eq!(
+            st.cli(&["HGET", &k.open, "req-1"]),
+            format!("150 100 {} {}", k.used_total, k.used_model)
+        );
+        let deadline: i64 = st.cli(&["ZSCORE", &k.due, "req-1"]).parse().unwrap();
+        let now: i64 = st.cli(&["TIME"]).lines().next().unwrap().parse().unwrap();
+        assert!((deadline - now - 600).abs() <= 2, "{deadline} vs {now}");
     }
 
     #[test]
@@ -306,17 +204,13 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         let mut a = base();
         a.prompt_cost = 900;
-        a.output_cost = 100;
-        assert!(reserve(&st, &a).unwrap().allowed); // exactly the limit
-        a.prompt_cost = 1;
-        a.output_cost = 0;
-        let r = reserve(&st, &a).unwrap();
-        assert_eq!(
-            (r.allowed, r.used_after, r.limit, r.reason),
-            (false, 1000, 1000, Reason::TenantLimit)
-        );
-        assert_eq!(r.remaining(), 0);
-        assert_eq!(st.cli(&["GET", &a.keys().used_total]), "1000");
+        assert!(reserve(&st, &a).unwrap().allowed);
+        let r = reserve(&st, &with_id("req-2")).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.reason, Reason::TenantLimit);
+        assert_eq!(r.used_after, 950);
+        assert_eq!(used(&st, &a).0, "950");
+        assert_eq!(st.cli(&["HEXISTS", &a.keys().open, "req-2"]), "0");
     }
 
     #[test]
@@ -324,32 +218,25 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         let mut a = base();
         a.default_model_limit = 200;
-        assert_eq!(reserve(&st, &a).unwrap().model_limit, Some(200));
-        let r = reserve(&st, &a).unwrap();
-        assert_eq!(
-            (r.allowed, r.reason, r.used_after, r.model_used_after),
-            (false, Reason::ModelLimit, 150, 150)
-        );
-        // Another model of the same tenant is not affected by that model's counter.
-        a.model = Some("gpt-4.1-mini".into());
         assert!(reserve(&st, &a).unwrap().allowed);
+        let mut b = with_id("r2");
+        b.default_model_limit = 200;
+        let r = reserve(&st, &b).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.reason, Reason::ModelLimit);
+        assert_eq!(r.binding(), (200, 50));
     }
 
     #[test]
     fn operator_overrides_replace_the_default_limits() {
         let Some(st) = Stack::start() else { return };
         let a = base();
-        let k = a.keys();
-        st.cli(&["SET", &k.limit_override, "100"]);
+        st.cli(&["SET", &a.keys().limit_override, "100"]);
         let r = reserve(&st, &a).unwrap();
-        assert_eq!((r.allowed, r.limit), (false, 100));
-        st.cli(&["SET", &k.limit_override, "5000"]);
-        st.cli(&["SET", &k.limit_model_override, "0"]);
-        let r = reserve(&st, &a).unwrap();
-        assert_eq!(
-            (r.allowed, r.limit, r.model_limit, r.reason),
-            (false, 5000, Some(0), Reason::ModelLimit)
-        );
+        assert!(!r.allowed);
+        assert_eq!(r.limit, 100);
+        st.cli(&["SET", &a.keys().limit_override, "5000"]);
+        assert_eq!(reserve(&st, &a).unwrap().limit, 5000);
     }
 
     #[test]
@@ -357,234 +244,7 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         let a = base();
         st.cli(&["SET", &a.keys().limit_override, "lots"]);
-        match reserve(&st, &a) {
-            Err(ShimError::RedisError(m)) => assert!(m.contains("not a count"), "{m}"),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_repeated_idempotency_key_returns_the_first_decision_and_charges_once() {
-        let Some(st) = Stack::start() else { return };
-        let mut a = base();
-        a.idempotency_key = Some("client-key/1.json".into());
-        a.idem_window_s = 600;
-        let first = reserve(&st, &a).unwrap();
-        assert!(!first.duplicate);
-        a.request_id = "req-2".into();
-        let again = reserve(&st, &a).unwrap();
-        assert_eq!(
-            again,
-            ReserveReply {
-                duplicate: true,
-                ..first
-            }
-        );
-        assert_eq!(st.cli(&["GET", &a.keys().used_total]), "150");
-        let ttl: i64 = st.cli(&["TTL", &a.keys().idem]).parse().unwrap();
-        assert!((590..=600).contains(&ttl), "{ttl}");
-        assert!(st
-            .cli(&["GET", &a.keys().idem])
-            .starts_with("2 000000000000feed 1 req-1 "));
-        // A later repeat reports the usage as it is now (another request charged 150 meanwhile).
-        let mut other = base();
-        other.request_id = "req-x".into();
-        reserve(&st, &other).unwrap();
-        a.request_id = "req-3".into();
-        let third = reserve(&st, &a).unwrap();
-        assert!(third.duplicate);
-        assert_eq!(third.used_after, 300);
-        assert_eq!(third.limit, first.limit);
-    }
-
-    fn idem_args(key: &str, rid: &str, fingerprint: u64) -> ReserveArgs {
-        let mut a = base();
-        a.idempotency_key = Some(key.into());
-        a.idem_window_s = 600;
-        a.request_id = rid.into();
-        a.body_fingerprint = fingerprint;
-        a
-    }
-
-    fn full_refund(a: &ReserveArgs, reserved: u64) -> SettleArgs {
-        SettleArgs {
-            keys: a.keys(),
-            delta: -(reserved as i64),
-            expire_at_unix: a.expire_at_unix,
-            marker_ttl_s: 60,
-            release_idempotency: true,
-        }
-    }
-
-    #[test]
-    fn a_repeated_key_with_a_different_body_is_charged_and_leaves_the_record_alone() {
-        let Some(st) = Stack::start() else { return };
-        let first = idem_args("K", "req-1", 0xaaaa);
-        assert!(!reserve(&st, &first).unwrap().duplicate);
-        let record = st.cli(&["GET", &first.keys().idem]);
-        let mut other = idem_args("K", "req-2", 0xbbbb);
-        other.output_cost = 500;
-        let r = reserve(&st, &other).unwrap();
-        assert!(r.allowed && !r.duplicate, "{r:?}");
-        assert_eq!(r.used_after, 150 + 600);
-        assert_eq!(st.cli(&["GET", &first.keys().idem]), record, "untouched");
-        // Over the limit it is refused like any request, not admitted as a duplicate.
-        let mut big = idem_args("K", "req-3", 0xcccc);
-        big.output_cost = 5_000;
-        let r = reserve(&st, &big).unwrap();
-        assert_eq!((r.allowed, r.reason), (false, Reason::TenantLimit));
-        // The first body is still a (free) duplicate.
-        let again = reserve(&st, &idem_args("K", "req-4", 0xaaaa)).unwrap();
-        assert!(again.duplicate);
-        assert_eq!(st.cli(&["GET", &first.keys().used_total]), "750");
-    }
-
-    #[test]
-    fn free_repeats_of_one_key_are_bounded_then_charged() {
-        let Some(st) = Stack::start() else { return };
-        let a = idem_args("K", "req-0", 0xaaaa);
-        let first = reserve(&st, &a).unwrap();
-        assert!(!first.duplicate);
-        let ttl0: i64 = st.cli(&["PTTL", &a.keys().idem]).parse().unwrap();
-        for i in 1..=IDEMPOTENT_FREE_REPEATS {
-            let r = reserve(&st, &idem_args("K", &format!("req-{i}"), 0xaaaa)).unwrap();
-            assert_eq!(
-                r,
-                ReserveReply {
-                    duplicate: true,
-                    ..first
-                },
-                "repeat {i}"
-            );
-        }
-        assert_eq!(st.cli(&["GET", &a.keys().used_total]), "150");
-        let rec = st.cli(&["GET", &a.keys().idem]);
-        assert_eq!(
-            rec,
-            format!("2 000000000000aaaa {IDEMPOTENT_FREE_REPEATS} req-0 1,150,1000,150,-1,0,50,0")
-        );
-        // Counting repeats never pushes the window forward.
-        let ttl: i64 = st.cli(&["PTTL", &a.keys().idem]).parse().unwrap();
-        assert!(ttl <= ttl0 && ttl > ttl0 - 5_000, "{ttl0} -> {ttl}");
-        // Beyond the bound: charged like any request, the record stays as it is.
-        for i in 1..=2u64 {
-            let r = reserve(&st, &idem_args("K", &format!("req-x{i}"), 0xaaaa)).unwrap();
-            assert!(r.allowed && !r.duplicate);
-            assert_eq!(r.used_after, 150 + 150 * i);
-        }
-        assert_eq!(st.cli(&["GET", &a.keys().idem]), rec);
-    }
-
-    #[test]
-    fn free_repeats_of_a_request_that_is_then_refunded_are_charged() {
-        let Some(st) = Stack::start() else { return };
-        // Two free repeats are served while the first request runs; then it fails (full refund).
-        let a = idem_args("R", "req-1", 0xaaaa);
-        let k = a.keys();
-        reserve(&st, &a).unwrap();
-        for rid in ["req-2", "req-3"] {
-            let dup = reserve(&st, &idem_args("R", rid, 0xaaaa)).unwrap();
-            assert!(dup.duplicate);
-        }
-        assert_eq!(st.cli(&["GET", &k.used_total]), "150");
-        assert!(settle(&st, &full_refund(&a, 150)).unwrap().applied);
-        // The two repeats were served: each is charged the first one's reservation.
-        assert_eq!(st.cli(&["GET", &k.used_total]), "300");
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "0");
-        // The same through the batch script and through a reconciliation.
-        let b = idem_args("S", "s-1", 0xaaaa);
-        reserve(&st, &b).unwrap();
-        reserve(&st, &idem_args("S", "s-2", 0xaaaa)).unwrap();
-        let (status, body) = st.post(&settle_batch_request(
-            &[&full_refund(&b, 150)],
-            ScriptCall::Eval,
-        ));
-        assert_eq!(parse_settle_batch_reply(status, &body, 1).unwrap(), [1]);
-        assert_eq!(st.cli(&["GET", &b.keys().used_total]), "450");
-        let c = idem_args("T", "t-1", 0xaaaa);
-        reserve(&st, &c).unwrap();
-        reserve(&st, &idem_args("T", "t-2", 0xaaaa)).unwrap();
-        let rec = ReconcileArgs {
-            keys: c.keys(),
-            actual: 0,
-            expire_at_unix: c.expire_at_unix,
-            marker_ttl_s: 60,
-        };
-        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
-        assert!(parse_settle_reply(status, &body).unwrap().applied);
-        assert_eq!(st.cli(&["GET", &c.keys().used_total]), "600");
-    }
-
-    #[test]
-    fn a_fully_refunded_first_request_releases_its_key_so_the_retry_is_charged() {
-        let Some(st) = Stack::start() else { return };
-        let a = idem_args("K", "req-1", 0xaaaa);
-        let k = a.keys();
-        reserve(&st, &a).unwrap();
-        // Another request with that key but another body is refunded in full: not its record.
-        let other = idem_args("K", "req-2", 0xbbbb);
-        reserve(&st, &other).unwrap();
-        assert!(settle(&st, &full_refund(&other, 150)).unwrap().applied);
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "1");
-        // A partial refund (the request was served) keeps it.
-        let mut partial = full_refund(&a, 40);
-        partial.release_idempotency = false;
-        let mut p2 = partial.clone();
-        p2.keys = idem_args("K", "req-9", 0xaaaa).keys();
-        settle(&st, &p2).unwrap();
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "1");
-        // The owner's full refund deletes it; the retry (same body) is reserved and charged.
-        assert!(settle(&st, &full_refund(&a, 150)).unwrap().applied);
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "0");
-        assert_eq!(st.cli(&["GET", &k.used_total]), "0"); // 150 + 150 - 150 - 40 - 150, floor 0
-        let retry = reserve(&st, &idem_args("K", "req-3", 0xaaaa)).unwrap();
-        assert!(retry.allowed && !retry.duplicate);
-        assert_eq!(retry.used_after, 150);
-        assert!(st
-            .cli(&["GET", &k.idem])
-            .starts_with("2 000000000000aaaa 0 req-3 "));
-        // The same through the batch script, and through a reconciliation that charged nothing.
-        let (status, body) = st.post(&settle_batch_request(
-            &[&full_refund(&idem_args("K", "req-3", 0xaaaa), 150)],
-            ScriptCall::Eval,
-        ));
-        assert_eq!(parse_settle_batch_reply(status, &body, 1).unwrap(), [1]);
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "0");
-        let b = idem_args("K", "req-4", 0xaaaa);
-        reserve(&st, &b).unwrap();
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "1");
-        let rec = ReconcileArgs {
-            keys: b.keys(),
-            actual: 0,
-            expire_at_unix: b.expire_at_unix,
-            marker_ttl_s: 60,
-        };
-        let (status, body) = st.post(&reconcile_request(&rec, ScriptCall::Eval));
-        assert!(parse_settle_reply(status, &body).unwrap().applied);
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "0");
-        assert_eq!(st.cli(&["GET", &k.used_total]), "0");
-    }
-
-    #[test]
-    fn an_idempotency_record_in_another_format_never_makes_a_duplicate() {
-        let Some(st) = Stack::start() else { return };
-        let a = idem_args("K", "req-1", 0xaaaa);
-        let k = a.keys();
-        // What version 1 of the script stored (no fingerprint, no bound).
-        st.cli(&["SET", &k.idem, "1,5,1000,5,-1,0,0,0 old-req", "EX", "600"]);
-        let r = reserve(&st, &a).unwrap();
-        assert!(r.allowed && !r.duplicate);
-        assert_eq!(st.cli(&["GET", &k.idem]), "1,5,1000,5,-1,0,0,0 old-req");
-        // A full refund by the request does not touch a record it did not write.
-        settle(&st, &full_refund(&a, 150)).unwrap();
-        assert_eq!(st.cli(&["EXISTS", &k.idem]), "1");
-        // A fingerprint that could break the record format is refused.
-        let body = reserve_request(&a, ScriptCall::Eval).replace("/000000000000aaaa/", "/a%20b/");
-        let (s, b) = st.post(&body);
-        assert_eq!(
-            parse_reserve_reply(s, &b),
-            Err(ShimError::RedisError("ERR tokengate: bad argument".into()))
-        );
+        assert!(matches!(reserve(&st, &a), Err(ShimError::RedisError(_))));
     }
 
     #[test]
@@ -592,24 +252,15 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         let mut a = base();
         a.prompt_cost = 800;
-        a.output_cost = 0;
-        reserve(&st, &a).unwrap();
-        a.prompt_cost = 100;
-        a.output_cost = 500;
-        a.clamp_output = true;
-        a.min_output_cost = 10;
-        let r = reserve(&st, &a).unwrap();
-        assert_eq!(
-            (r.allowed, r.granted_output, r.used_after, r.reason),
-            (true, 100, 1000, Reason::Clamped)
-        );
-        // Nothing left for output now: even a fitting prompt... is rejected (0 < min_output_cost).
-        a.prompt_cost = 0;
-        let r = reserve(&st, &a).unwrap();
-        assert_eq!(
-            (r.allowed, r.granted_output, r.reason),
-            (false, 0, Reason::TenantLimit)
-        );
+        assert!(reserve(&st, &a).unwrap().allowed);
+        let mut b = with_id("r2");
+        b.clamp_output = true;
+        b.output_cost = 500;
+        b.min_output_cost = 10;
+        let r = reserve(&st, &b).unwrap();
+        assert!(r.allowed);
+        assert_eq!((r.reason, r.granted_output), (Reason::Clamped, 50));
+        assert_eq!(used(&st, &a).0, "1000");
     }
 
     #[test]
@@ -617,57 +268,32 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         let mut a = base();
         a.prompt_cost = 1001;
-        a.output_cost = 10;
         a.clamp_output = true;
         assert!(!reserve(&st, &a).unwrap().allowed);
-        a.prompt_cost = 995;
-        a.min_output_cost = 6;
-        assert!(!reserve(&st, &a).unwrap().allowed, "5 left < min 6");
-        a.min_output_cost = 5;
-        assert_eq!(reserve(&st, &a).unwrap().granted_output, 5);
     }
 
     #[test]
-    fn settlement_applies_once_per_request_id_and_never_goes_below_zero() {
+    fn settlement_replaces_the_reservation_once_and_leaves_nothing_behind() {
         let Some(st) = Stack::start() else { return };
         let a = base();
-        reserve(&st, &a).unwrap(); // 150
-        let mut s = SettleArgs {
-            keys: a.keys(),
-            delta: -40,
-            expire_at_unix: a.expire_at_unix,
-            marker_ttl_s: 3600,
-            release_idempotency: false,
-        };
-        assert_eq!(
-            settle(&st, &s).unwrap(),
-            SettleReply {
-                applied: true,
-                used_after: 110,
-                model_used_after: 110
-            }
-        );
-        assert_eq!(
-            settle(&st, &s).unwrap(),
-            SettleReply {
-                applied: false,
-                used_after: 110,
-                model_used_after: 110
-            }
-        );
-        s.keys = QuotaKeys::new("acme", Some("gpt-4.1"), "2026-11", None, "req-9");
-        s.delta = -10_000;
-        assert_eq!(
-            settle(&st, &s).unwrap(),
-            SettleReply {
-                applied: true,
-                used_after: 0,
-                model_used_after: 0
-            }
-        );
-        assert_eq!(st.cli(&["EXPIRETIME", &s.keys.used_total]), "1796688000");
-        let ttl: i64 = st.cli(&["TTL", &s.keys.settled]).parse().unwrap();
-        assert!((3590..=3600).contains(&ttl));
+        reserve(&st, &a).unwrap();
+        let s = entry(&a, SettleMode::Settle, 120);
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![1]);
+        assert_eq!(used(&st, &a), ("120".into(), "120".into()));
+        // A resend does nothing.
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![0]);
+        assert_eq!(used(&st, &a).0, "120");
+        // Nothing of the request stays in Redis.
+        let k = a.keys();
+        assert_eq!(st.cli(&["HLEN", &k.open]), "0");
+        assert_eq!(st.cli(&["ZCARD", &k.due]), "0");
+        assert_eq!(st.cli(&["HLEN", &k.done]), "0");
+        // Counters never go below 0.
+        reserve(&st, &with_id("r2")).unwrap();
+        st.cli(&["SET", &k.used_total, "10"]);
+        let z = entry(&with_id("r2"), SettleMode::Settle, 0);
+        assert_eq!(settle(&st, &[&z]).unwrap(), vec![1]);
+        assert_eq!(used(&st, &a).0, "0");
     }
 
     #[test]
@@ -675,23 +301,104 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         let mut a = base();
         a.model = None;
-        assert_eq!(reserve(&st, &a).unwrap().model_used_after, 0);
-        let s = SettleArgs {
-            keys: a.keys(),
-            delta: 25,
-            expire_at_unix: a.expire_at_unix,
-            marker_ttl_s: 60,
-            release_idempotency: false,
-        };
+        reserve(&st, &a).unwrap();
         assert_eq!(
-            settle(&st, &s).unwrap(),
-            SettleReply {
-                applied: true,
-                used_after: 175,
-                model_used_after: 0
-            }
+            settle(&st, &[&entry(&a, SettleMode::Settle, 10)]).unwrap(),
+            vec![1]
         );
+        assert_eq!(st.cli(&["GET", &a.keys().used_total]), "10");
         assert_eq!(st.cli(&["EXISTS", &a.keys().used_model]), "0");
+    }
+
+    #[test]
+    fn a_batch_settles_several_requests_of_one_tenant_in_one_call() {
+        let Some(st) = Stack::start() else { return };
+        let ids: Vec<ReserveArgs> = (0..5).map(|i| with_id(&format!("b{i}"))).collect();
+        for a in &ids {
+            reserve(&st, a).unwrap();
+        }
+        assert_eq!(used(&st, &ids[0]).0, "750");
+        let entries: Vec<SettleArgs> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, a)| entry(a, SettleMode::Settle, 10 * i as u64))
+            .collect();
+        let refs: Vec<&SettleArgs> = entries.iter().collect();
+        assert_eq!(settle(&st, &refs).unwrap(), vec![1; 5]);
+        assert_eq!(used(&st, &ids[0]).0, "100"); // 0 + 10 + 20 + 30 + 40
+        assert_eq!(settle(&st, &refs).unwrap(), vec![0; 5]);
+    }
+
+    #[test]
+    fn a_reservation_never_settled_is_charged_its_prompt_after_its_deadline() {
+        let Some(st) = Stack::start() else { return };
+        let mut a = base();
+        a.deadline_s = 1;
+        reserve(&st, &a).unwrap();
+        assert_eq!(used(&st, &a).0, "150");
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        // Any later call of the tenant resolves it: 150 reserved → 100 (the prompt) charged.
+        let mut b = with_id("r2");
+        b.prompt_cost = 1;
+        b.output_cost = 1;
+        reserve(&st, &b).unwrap();
+        assert_eq!(used(&st, &a), ("102".into(), "102".into()));
+        let k = a.keys();
+        assert_eq!(st.cli(&["HEXISTS", &k.open, "req-1"]), "0");
+        assert!(st.cli(&["HGET", &k.done, "req-1"]).starts_with("S 100 "));
+        // A settlement that still arrives applies the difference to its usage, once.
+        let s = entry(&a, SettleMode::Settle, 130);
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![1]);
+        assert_eq!(used(&st, &a).0, "132");
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![0]);
+        assert_eq!(used(&st, &a).0, "132");
+    }
+
+    #[test]
+    fn a_charge_without_a_reservation_applies_once_and_blocks_a_late_reservation() {
+        let Some(st) = Stack::start() else { return };
+        let a = base();
+        // Admitted while the shim was down (or its reservation timed out): charged its usage.
+        let c = entry(&a, SettleMode::Charge, 40);
+        assert_eq!(settle(&st, &[&c]).unwrap(), vec![1]);
+        assert_eq!(used(&st, &a), ("40".into(), "40".into()));
+        assert_eq!(
+            settle(&st, &[&c]).unwrap(),
+            vec![0],
+            "a resend does nothing"
+        );
+        // The reservation that was in flight reaches Redis late: it does nothing.
+        assert!(matches!(reserve(&st, &a), Err(ShimError::RedisError(_))));
+        assert_eq!(used(&st, &a).0, "40");
+    }
+
+    #[test]
+    fn a_charge_of_a_reservation_that_did_land_replaces_it() {
+        let Some(st) = Stack::start() else { return };
+        let a = base();
+        reserve(&st, &a).unwrap();
+        let c = entry(&a, SettleMode::Charge, 0);
+        assert_eq!(settle(&st, &[&c]).unwrap(), vec![1]);
+        assert_eq!(used(&st, &a).0, "0");
+        assert_eq!(settle(&st, &[&c]).unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn redis_holds_a_few_keys_per_tenant_not_per_request() {
+        let Some(st) = Stack::start() else { return };
+        for i in 0..200 {
+            let a = with_id(&format!("m{i}"));
+            let mut a = a;
+            a.default_limit = 1_000_000;
+            reserve(&st, &a).unwrap();
+            settle(&st, &[&entry(&a, SettleMode::Settle, 7)]).unwrap();
+        }
+        let keys = st.cli(&["DBSIZE"]);
+        assert!(
+            keys.parse::<u64>().unwrap() <= 6,
+            "keys after 200 settled requests: {keys}"
+        );
+        assert_eq!(st.cli(&["GET", &base().keys().used_total]), "1400");
     }
 
     #[test]
@@ -703,14 +410,8 @@ mod quota {
         a.output_cost = 123_456_789;
         let r = reserve(&st, &a).unwrap();
         assert_eq!(r.used_after, 4_000_000_123_456_789);
-        let s = SettleArgs {
-            keys: a.keys(),
-            delta: -3,
-            expire_at_unix: a.expire_at_unix,
-            marker_ttl_s: 60,
-            release_idempotency: false,
-        };
-        assert_eq!(settle(&st, &s).unwrap().used_after, 4_000_000_123_456_786);
+        let s = entry(&a, SettleMode::Settle, 4_000_000_123_456_786);
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![1]);
         assert_eq!(st.cli(&["GET", &a.keys().used_total]), "4000000123456786");
     }
 
@@ -721,19 +422,13 @@ mod quota {
         a.tenant = "a/b+c d{x}%.json".into();
         a.model = Some("ft:gpt-4o:org/x.raw".into());
         a.request_id = "id.json".into();
-        a.idempotency_key = Some("k+/ .raw".into());
-        a.idem_window_s = 60;
         assert!(reserve(&st, &a).unwrap().allowed);
         let k = a.keys();
         assert_eq!(k.used_total, "tg:q:{a%2Fb%2Bc%20d%7Bx%7D%25.json}:2026-11");
         assert_eq!(st.cli(&["GET", &k.used_total]), "150");
         assert_eq!(st.cli(&["GET", &k.used_model]), "150");
-        assert_eq!(
-            st.cli(&["GET", &k.idem]),
-            "2 000000000000feed 0 id.json 1,150,1000,150,-1,0,50,0"
-        );
+        assert_eq!(st.cli(&["HEXISTS", &k.open, "id.json"]), "1");
         // Same Redis Cluster slot: Cluster hashes only what lies between the first `{` and the next `}`.
-        // (`CLUSTER KEYSLOT` cannot tell: this Redis runs without cluster support and answers an error.)
         let tag = |key: &str| {
             let open = key
                 .find('{')
@@ -746,13 +441,18 @@ mod quota {
         assert_eq!(tag(&k.used_total), "a%2Fb%2Bc%20d%7Bx%7D%25.json");
         for key in [
             &k.used_model,
-            &k.idem,
-            &k.settled,
-            &k.request,
+            &k.open,
+            &k.due,
+            &k.done,
+            &k.gone,
             &k.limit_override,
         ] {
             assert_eq!(tag(key), tag(&k.used_total), "{key}");
         }
+        assert_eq!(
+            settle(&st, &[&entry(&a, SettleMode::Settle, 1)]).unwrap(),
+            vec![1]
+        );
     }
 
     #[test]
@@ -762,19 +462,11 @@ mod quota {
         st.cli(&["SCRIPT", "FLUSH"]);
         let (s, b) = st.post(&reserve_request(&a, ScriptCall::EvalSha));
         assert_eq!(parse_reserve_reply(s, &b), Err(ShimError::NoScript));
-        let (s, b) = st.post(&settle_request(
-            &SettleArgs {
-                keys: a.keys(),
-                delta: 1,
-                expire_at_unix: 1,
-                marker_ttl_s: 1,
-                release_idempotency: false,
-            },
-            ScriptCall::EvalSha,
-        ));
-        assert_eq!(parse_settle_reply(s, &b), Err(ShimError::NoScript));
+        let e = entry(&a, SettleMode::Settle, 1);
+        let (s, b) = st.post(&settle_request(&[&e], ScriptCall::EvalSha));
+        assert_eq!(parse_settle_reply(s, &b, 1), Err(ShimError::NoScript));
         assert!(reserve(&st, &a).unwrap().allowed); // EVAL
-        let (s, b) = st.post(&reserve_request(&a, ScriptCall::EvalSha));
+        let (s, b) = st.post(&reserve_request(&with_id("r2"), ScriptCall::EvalSha));
         assert_eq!(parse_reserve_reply(s, &b).unwrap().used_after, 300);
     }
 
@@ -802,7 +494,7 @@ mod quota {
     #[test]
     fn a_mismatched_protocol_tag_is_refused_by_the_script() {
         let Some(st) = Stack::start() else { return };
-        let body = reserve_request(&base(), ScriptCall::Eval).replace("/tg1", "/tg0");
+        let body = reserve_request(&base(), ScriptCall::Eval).replace("/tg3", "/tg0");
         let (s, b) = st.post(&body);
         assert_eq!(
             parse_reserve_reply(s, &b),
@@ -816,7 +508,7 @@ mod quota {
     fn print_one_real_exchange() {
         let Some(st) = Stack::start() else { return };
         let body = reserve_request(&base(), ScriptCall::EvalSha);
-        let _ = reserve(&st, &base());
+        let _ = reserve(&st, &with_id("warm"));
         let (s, b) = st.post(&body);
         eprintln!(
             "REQUEST POST / body ({} bytes):\n{body}\nRESPONSE {s}: {}",

@@ -441,8 +441,12 @@ mod tests {
                 "quota.grace_seconds: must be between 0 and 315360000, got 315360001",
             ),
             (
-                quota(r#","idempotency_window_s":315360001"#),
-                "quota.idempotency_window_s: must be between 0 and 315360000, got 315360001",
+                quota(r#","idempotency_window_s":600"#),
+                "quota.idempotency_window_s: is no longer supported: a repeated Idempotency-Key is charged like any request (the provider serves every repeat), so there is no window to set; remove the field (reservations are resolved by quota.reservation_timeout_s)",
+            ),
+            (
+                quota(r#","reservation_timeout_s":0"#),
+                "quota.reservation_timeout_s: must be between 1 and 604800, got 0",
             ),
             (
                 quota(r#","clock_skew_s":-3153600001"#),

@@ -1,5 +1,5 @@
 //! `quota`: monthly per-tenant limits kept in Redis behind the Webdis shim, with per-tenant and per-model
-//! overrides, cost weights and the settlement and idempotency settings:
+//! overrides, cost weights and the settlement settings:
 //! `"quota": {"cluster": "webdis", "monthly_limit": 1000000, "model_limits": {"gpt-4.1": 500000},
 //! "tenants": {"acme": {"monthly_limit": 5000000}}, "weights": {"gpt-4.1": {"output": 4}}}`.
 
@@ -52,8 +52,8 @@ pub struct QuotaSettings {
     pub month_offset_minutes: i32,
     /// Counters expire this long after the month's end.
     pub grace_seconds: u64,
-    /// `Idempotency-Key` window (0 = off).
-    pub idempotency_window_s: u64,
+    /// A reservation never settled (its Envoy stopped) is charged its prompt after this long.
+    pub reservation_timeout_s: u64,
     /// How long a tenant known exhausted is refused without asking Redis.
     pub exhausted_recheck_s: u64,
     /// A refused tenant with fewer weighted tokens left than this counts as exhausted.
@@ -107,6 +107,7 @@ pub(super) struct RawQuota {
     month_offset_minutes: Option<i32>,
     grace_seconds: Option<u64>,
     idempotency_window_s: Option<u64>,
+    reservation_timeout_s: Option<u64>,
     exhausted_recheck_s: Option<u64>,
     exhausted_below: Option<u64>,
     inject_stream_usage: Option<bool>,
@@ -135,7 +136,7 @@ struct RawWeights {
     reasoning: Option<f64>,
 }
 
-/// Bound of `quota.grace_seconds` and `quota.idempotency_window_s`: 10 years (Redis expiry times).
+/// Bound of `quota.grace_seconds`: 10 years (Redis expiry times).
 const TEN_YEARS_S: u64 = 3650 * 86_400;
 /// Bound of `quota.clock_skew_s` either way: 100 years.
 const MAX_CLOCK_SKEW_S: i64 = 100 * 365 * 86_400;
@@ -256,6 +257,12 @@ pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         1,
         1000,
     )?;
+    if raw.idempotency_window_s.is_some_and(|w| w != 0) {
+        return Err(err(
+            "quota.idempotency_window_s",
+            "is no longer supported: a repeated Idempotency-Key is charged like any request (the provider serves every repeat), so there is no window to set; remove the field (reservations are resolved by quota.reservation_timeout_s)",
+        ));
+    }
     let clock_skew_s = raw.clock_skew_s.unwrap_or(0);
     if clock_skew_s.unsigned_abs() > MAX_CLOCK_SKEW_S.unsigned_abs() {
         return Err(err(
@@ -277,11 +284,11 @@ pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
             0,
             TEN_YEARS_S,
         )?,
-        idempotency_window_s: in_range(
-            "quota.idempotency_window_s",
-            raw.idempotency_window_s.unwrap_or(86_400),
-            0,
-            TEN_YEARS_S,
+        reservation_timeout_s: in_range(
+            "quota.reservation_timeout_s",
+            raw.reservation_timeout_s.unwrap_or(3600),
+            1,
+            7 * 86_400,
         )?,
         exhausted_recheck_s: at_least(
             "quota.exhausted_recheck_s",

@@ -110,11 +110,6 @@ impl Request {
             (None, InvalidBody::Reject) => (0, 0, 0),
         };
         let choices = est.as_ref().map_or(1, |e| e.output_choices);
-        let fingerprint = if cfg.quota.is_some() && meta.idem_key.is_some() {
-            quota::body_fingerprint(body)
-        } else {
-            0
-        };
         let mut model = est
             .as_ref()
             .and_then(|e| e.model.clone())
@@ -214,7 +209,6 @@ impl Request {
             prompt,
             output,
             choices,
-            fingerprint,
             body: kept,
             injected_usage,
             charges: Charges::default(),
@@ -554,8 +548,6 @@ impl Request {
             tenant: plan.meta.tenant.clone(),
             model,
             month: calendar::month_label(now_s, q.month_offset_minutes),
-            idempotency_key: plan.meta.idem_key.clone(),
-            body_fingerprint: plan.fingerprint,
             request_id: plan.meta.request_id.clone(),
             prompt_cost: quota::weighted(plan.prompt, 0, 0, 0, &w),
             output_cost: quota::weighted(0, plan.output, 0, 0, &w),
@@ -563,7 +555,7 @@ impl Request {
             default_model_limit,
             expire_at_unix: calendar::month_end_unix(now_s, q.month_offset_minutes)
                 .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
-            idem_window_s: q.idempotency_window_s,
+            deadline_s: q.reservation_timeout_s,
             clamp_output: tq.clamp_output,
             min_output_cost: quota::min_clamped_output_cost(&w, plan.choices),
         };
@@ -580,7 +572,6 @@ impl Request {
             remaining: None,
             reset_s: calendar::seconds_to_reset(now_s, q.month_offset_minutes),
             choices: plan.choices,
-            duplicate: false,
             fail_open: false,
             answered: false,
             settled: false,

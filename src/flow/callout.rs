@@ -180,17 +180,11 @@ impl Request {
                 qr.limit = limit;
                 qr.remaining = Some(remaining);
                 if r.allowed {
-                    qr.duplicate = r.duplicate;
-                    if r.duplicate {
-                        cx.inc(Metric::QuotaDuplicates);
-                    } else {
-                        cx.inc(Metric::QuotaReserved);
-                        cx.add(
-                            Metric::QuotaReservedTokens,
-                            qr.reserved.prompt_cost.saturating_add(r.granted_output),
-                        );
-                    }
-                    // A duplicate (same body) gets the first request's clamp, never more output.
+                    cx.inc(Metric::QuotaReserved);
+                    cx.add(
+                        Metric::QuotaReservedTokens,
+                        qr.reserved.prompt_cost.saturating_add(r.granted_output),
+                    );
                     if r.reason == Reason::Clamped {
                         qr.reserved.output_cost = r.granted_output;
                         let tokens = quota::clamped_output_tokens(
@@ -203,9 +197,7 @@ impl Request {
                             // the request; refuse it here and give the reservation back.
                             refund(cx, &mut plan.charges);
                             let mut qr = qr;
-                            if !qr.duplicate {
-                                super::end::refund_reservation(cx, &mut qr);
-                            }
+                            super::end::refund_reservation(cx, &mut qr);
                             let audit = Audit {
                                 tenant: plan.meta.tenant.clone(),
                                 model: plan.model.clone(),

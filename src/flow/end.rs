@@ -9,11 +9,8 @@ use crate::accounting::{self, Ending};
 use crate::admission;
 use crate::breaker::{self, Transition};
 use crate::failover;
-use crate::quota::{ReconcileArgs, SettleArgs};
+use crate::quota::{SettleArgs, SettleMode};
 use crate::usage::{self, SseScanner};
-
-/// How long Redis remembers a request was settled (a retry after that could apply twice).
-pub const SETTLED_MARKER_TTL_S: u64 = 2 * 86_400;
 
 impl Request {
     /// Envoy's `on_log`: the request is over (completed, failed or aborted by the client).
@@ -52,42 +49,44 @@ impl Request {
 
 /// Gives a whole reservation back (the request was refused after it was reserved).
 pub(super) fn refund_reservation(cx: &mut Cx, qr: &mut QuotaReq) {
+    queue(cx, qr, SettleMode::Settle, Ending::NotServed);
+}
+
+/// Settles `qr` for how its response ended: a reservation is replaced by the actual cost
+/// ([`SettleMode::Settle`]); a request with no known reservation (admitted while the shim was down, or
+/// whose reservation callout's outcome is unknown) is charged it ([`SettleMode::Charge`], reconciled in
+/// Redis against whatever reached it).
+fn queue(cx: &mut Cx, qr: &mut QuotaReq, mode: SettleMode, ending: Ending) {
     qr.settled = true;
-    let st = accounting::settle(&qr.reserved, Ending::NotServed);
+    let st = accounting::settle(&qr.reserved, ending);
     qr.actual = Some(st.actual);
     qr.source = Some(st.source);
+    let reserved = match mode {
+        SettleMode::Settle => qr.reserved.total(),
+        SettleMode::Charge => 0,
+    };
     worker::enqueue_settlement(
         cx,
-        Job::Settle(SettleArgs {
-            keys: qr.keys.clone(),
-            delta: st.delta,
-            expire_at_unix: qr.expire_at,
-            marker_ttl_s: SETTLED_MARKER_TTL_S,
-            release_idempotency: qr.keys.has_idem,
-        }),
+        Job {
+            args: SettleArgs {
+                keys: qr.keys.clone(),
+                mode,
+                actual: st.actual,
+                expire_at_unix: qr.expire_at,
+            },
+            reserved,
+        },
     );
 }
 
 /// Queues a reconciliation: charge what the request really cost, whatever the lost reservation did.
 fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
-    qr.settled = true;
-    let st = accounting::settle(&qr.reserved, ending);
-    qr.actual = Some(st.actual);
-    qr.source = Some(st.source);
-    worker::enqueue_settlement(
-        cx,
-        Job::Reconcile(ReconcileArgs {
-            keys: qr.keys.clone(),
-            actual: st.actual,
-            expire_at_unix: qr.expire_at,
-            marker_ttl_s: SETTLED_MARKER_TTL_S,
-        }),
-    );
+    queue(cx, qr, SettleMode::Charge, ending);
 }
 
 /// Settles the reservation once the response ended (or the stream went away).
 fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
-    if f.quota.as_ref().is_none_or(|q| q.settled || q.duplicate) {
+    if f.quota.as_ref().is_none_or(|q| q.settled) {
         return;
     }
     let status = f.resp.status;
@@ -122,32 +121,13 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
     let Some(qr) = f.quota.as_mut() else {
         return;
     };
-    if qr.uncertain {
+    if qr.uncertain || qr.fail_open {
+        // No reservation is known: charge what it cost (sent when the shim answers again).
         reconcile(cx, qr, ending);
+    } else if qr.answered {
+        queue(cx, qr, SettleMode::Settle, ending);
     } else {
-        if !qr.answered || qr.fail_open {
-            return;
-        }
-        qr.settled = true;
-        let st = accounting::settle(&qr.reserved, ending);
-        qr.actual = Some(st.actual);
-        qr.source = Some(st.source);
-        // Nothing charged in the end: the idempotency record (if this request wrote it) goes too.
-        let release = st.actual == 0 && qr.keys.has_idem;
-        if st.delta != 0 || release {
-            worker::enqueue_settlement(
-                cx,
-                Job::Settle(SettleArgs {
-                    keys: qr.keys.clone(),
-                    delta: st.delta,
-                    expire_at_unix: qr.expire_at,
-                    marker_ttl_s: SETTLED_MARKER_TTL_S,
-                    release_idempotency: release,
-                }),
-            );
-        } else {
-            cx.inc(Metric::QuotaSettled);
-        }
+        return;
     }
     cx.fx.push(Effect::Audit(answers::audit_record(
         &f.meta.tenant,

@@ -157,11 +157,6 @@ impl Request {
             // is made unique with the context id and the time.
             let rid = h.get("x-request-id").unwrap_or_default();
             meta.request_id = format!("{}-{}-{}", rid.get(..64).unwrap_or(rid), self.id, cx.now());
-            meta.idem_key = h
-                .get("idempotency-key")
-                .or_else(|| h.get("x-idempotency-key"))
-                .filter(|k| !k.trim().is_empty())
-                .map(str::to_string);
             // The body may be rewritten (include_usage, max_tokens clamp).
             drop_length = true;
         }

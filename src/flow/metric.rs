@@ -51,7 +51,6 @@ metrics! {
     QuotaReservedTokens => "quota_reserved_tokens",
     QuotaRejected => "quota_rejected",
     QuotaRejectedCached => "quota_rejected_cached",
-    QuotaDuplicates => "quota_duplicates",
     QuotaClamped => "quota_clamped",
     QuotaSettled => "quota_settled",
     QuotaSettleDuplicates => "quota_settle_duplicates",

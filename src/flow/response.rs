@@ -36,7 +36,7 @@ impl Forwarded {
     fn settling(&self) -> bool {
         self.quota
             .as_ref()
-            .is_some_and(|q| !q.duplicate && ((q.answered && !q.fail_open) || q.uncertain))
+            .is_some_and(|q| q.answered || q.uncertain)
     }
 }
 

@@ -130,8 +130,6 @@ pub(super) struct Meta {
     pub model_hint: Option<String>,
     /// Names the quota settlement (`<client x-request-id>-<context>-<ns>`).
     pub request_id: String,
-    /// Client `Idempotency-Key`.
-    pub idem_key: Option<String>,
     /// Upstream cluster chosen (after any fallback) and when its breaker was read CLOSED.
     pub cluster: Option<String>,
     pub cluster_closed_at: Option<u64>,
@@ -172,8 +170,6 @@ pub(super) struct Plan {
     pub output: u64,
     /// Choices the reserved output covers (a quota clamp divides by it).
     pub choices: u64,
-    /// `quota::body_fingerprint` of the client's body (binds an idempotency key to the request).
-    pub fingerprint: u64,
     /// The body as sent upstream (kept while a quota reservation may clamp it).
     pub body: Vec<u8>,
     /// `stream_options.include_usage` was added: strip the extra chunk.
@@ -220,7 +216,6 @@ pub(super) struct QuotaReq {
     pub remaining: Option<u64>,
     pub reset_s: u64,
     pub choices: u64,
-    pub duplicate: bool,
     pub fail_open: bool,
     pub answered: bool,
     pub settled: bool,

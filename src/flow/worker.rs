@@ -16,7 +16,7 @@ use crate::config::{GlobalSettings, QuotaSettings};
 use crate::global;
 use crate::hash::FnvBuild;
 use crate::identity::KeyCache;
-use crate::quota::{self, ReconcileArgs, SettleArgs};
+use crate::quota::{self, SettleArgs, SettleMode};
 use crate::webdis::ShimError;
 use std::collections::HashMap;
 
@@ -35,19 +35,20 @@ pub const KNOWN_KEYS_CACHE: usize = 50_000;
 
 /// What a settlement job sends.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Job {
-    /// `actual − reserved` for a known reservation.
-    Settle(SettleArgs),
-    /// `actual` against whatever an uncertain reservation did (see `quota::RECONCILE_SCRIPT`).
-    Reconcile(ReconcileArgs),
+pub struct Job {
+    /// The settlement (or charge).
+    pub args: SettleArgs,
+    /// What the reservation held (0 for a charge), for the refund / extra-charge counters.
+    pub reserved: u64,
 }
 
 impl Job {
-    fn marker(&self) -> &str {
-        match self {
-            Job::Settle(a) => &a.keys.settled,
-            Job::Reconcile(a) => &a.keys.settled,
-        }
+    fn marker(&self) -> String {
+        format!(
+            "{} of {}",
+            self.args.keys.request_id,
+            quota::tenant_tag(&self.args.keys)
+        )
     }
 }
 
@@ -194,25 +195,20 @@ fn tick_settlements(cx: &mut Cx, q: &QuotaSettings) {
     if cx.worker.settle_queue.is_empty() || shim::is_open(cx, &q.cluster, &q.shim_breaker) {
         return;
     }
-    // (tenant tag for settlements, None for a reconciliation; jobs)
+    // Settlements of one tenant go together (their keys share the tenant's hash tag).
     let w = &mut *cx.worker;
     let mut room = MAX_INFLIGHT_SETTLEMENTS.saturating_sub(w.settle_inflight.len());
-    let mut batches: Vec<(Option<String>, Vec<SettleJob>)> = Vec::new();
+    let mut batches: Vec<(String, Vec<SettleJob>)> = Vec::new();
     let mut keep = Vec::new();
     for job in std::mem::take(&mut w.settle_queue) {
         if job.due_ns > now {
             keep.push(job);
             continue;
         }
-        let tag = match &job.job {
-            Job::Settle(a) => Some(quota::tenant_tag(&a.keys).to_string()),
-            Job::Reconcile(_) => None,
-        };
-        let slot = tag.as_ref().and_then(|t| {
-            batches
-                .iter()
-                .position(|(bt, b)| bt.as_ref() == Some(t) && b.len() < MAX_BATCH)
-        });
+        let tag = quota::tenant_tag(&job.job.args.keys).to_string();
+        let slot = batches
+            .iter()
+            .position(|(bt, b)| *bt == tag && b.len() < MAX_BATCH);
         match slot.and_then(|i| batches.get_mut(i)) {
             Some((_, batch)) => batch.push(job),
             None if room > 0 => {
@@ -225,19 +221,8 @@ fn tick_settlements(cx: &mut Cx, q: &QuotaSettings) {
     w.settle_queue = keep;
     let call = shim::script_call(w.quota_script_loaded);
     for (_, batch) in batches {
-        let body = match batch.first().map(|j| &j.job) {
-            Some(Job::Reconcile(a)) => quota::reconcile_request(a, call),
-            _ => {
-                let args: Vec<&SettleArgs> = batch
-                    .iter()
-                    .filter_map(|j| match &j.job {
-                        Job::Settle(a) => Some(a),
-                        Job::Reconcile(_) => None,
-                    })
-                    .collect();
-                quota::settle_batch_request(&args, call)
-            }
-        };
+        let args: Vec<&SettleArgs> = batch.iter().map(|j| &j.job.args).collect();
+        let body = quota::settle_request(&args, call);
         let id = cx.worker.id();
         cx.worker.settle_inflight.insert(id, batch);
         cx.fx.push(Effect::Dispatch(shim::callout(
@@ -302,12 +287,7 @@ fn settle_reply(cx: &mut Cx, q: &QuotaSettings, id: u64, reply: CalloutReply) {
             ShimError::Unavailable,
             shim::describe_refusal(&q.cluster, s),
         )),
-        None => match batch.first().map(|j| &j.job) {
-            Some(Job::Reconcile(_)) => quota::parse_settle_reply(reply.status, &reply.body)
-                .map(|r| vec![i64::from(r.applied)]),
-            _ => quota::parse_settle_batch_reply(reply.status, &reply.body, batch.len()),
-        }
-        .map_err(|e| {
+        None => quota::parse_settle_reply(reply.status, &reply.body, batch.len()).map_err(|e| {
             let why = format!("{e} (cluster '{}')", q.cluster);
             (e, why)
         }),
@@ -377,12 +357,13 @@ fn retry(cx: &mut Cx, q: &QuotaSettings, mut job: SettleJob, why: &str) {
 
 fn applied(cx: &mut Cx, job: &SettleJob) {
     cx.inc(Metric::QuotaSettled);
-    match &job.job {
-        Job::Settle(a) if a.delta < 0 => {
-            cx.add(Metric::QuotaRefundedTokens, a.delta.unsigned_abs())
+    let j = &job.job;
+    match j.args.mode {
+        SettleMode::Settle if j.args.actual < j.reserved => {
+            cx.add(Metric::QuotaRefundedTokens, j.reserved - j.args.actual)
         }
-        Job::Settle(a) => cx.add(Metric::QuotaExtraChargedTokens, a.delta.unsigned_abs()),
-        Job::Reconcile(_) => cx.inc(Metric::QuotaReconciled),
+        SettleMode::Settle => cx.add(Metric::QuotaExtraChargedTokens, j.args.actual - j.reserved),
+        SettleMode::Charge => cx.inc(Metric::QuotaReconciled),
     }
 }
 

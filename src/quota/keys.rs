@@ -2,16 +2,21 @@
 //! [`crate::keys::QUOTA`] prefix and the tenant as Redis Cluster hash tag), so one request's keys, and a
 //! batch of one tenant's settlements, stay on one slot:
 //! ```text
-//! tg:q:{acme}:2026-11                  tenant used this month
+//! tg:q:{acme}:2026-11                  tenant used this month (reservations in flight included)
 //! tg:q:{acme}:2026-11:m:gpt-4.1        tenant x model used this month
 //! tg:q:{acme}:limit                    optional operator override of the tenant limit (integer)
 //! tg:q:{acme}:limit:m:gpt-4.1          optional operator override of the tenant x model limit
-//! tg:q:{acme}:idem:<idempotency-key>   client idempotency: the first admitted request's decision,
-//!                                      bound to its body fingerprint (EX window; see RESERVE_SCRIPT)
-//! tg:q:{acme}:settled:<request-id>     settlement done (EX ttl)
-//! tg:q:{acme}:req:<request-id>         what the request reserved, or a reconciliation tombstone
+//! tg:q:{acme}:open                     hash: reservations in flight, request id -> "<amount> <min> <keys>"
+//! tg:q:{acme}:due                      sorted set: request id by deadline (unix s)
+//! tg:q:{acme}:done                     hash: tombstones (resolved at the deadline, or charged without
+//!                                      a reservation), request id -> "S <min> <keys>" | "C"
+//! tg:q:{acme}:gone                     sorted set: tombstone id by expiry (unix s)
 //! tg:q:{acme}:none                     placeholder key when no model is tracked (never read or written)
 //! ```
+//! So Redis holds, per tenant, a handful of keys plus one entry per request *in flight* (and a
+//! tombstone per request resolved by the deadline rule or charged without a reservation, for
+//! `tombstone_s`): memory is O(tenants + requests in flight), not O(requests).
+//!
 //! Tenant, model, month and ids go through [`crate::keys::sanitize`].
 
 use crate::keys::sanitize;
@@ -33,32 +38,25 @@ pub struct QuotaKeys {
     pub limit_override: String,
     /// `tg:q:{t}:limit:m:<model>`, or the placeholder.
     pub limit_model_override: String,
-    /// `tg:q:{t}:idem:<key>`, or the placeholder when the request has no idempotency key.
-    pub idem: String,
-    /// `tg:q:{t}:settled:<request-id>` — settlement done marker.
-    pub settled: String,
-    /// `tg:q:{t}:req:<request-id>` — what this request reserved (`<cost>`), or `C` once reconciled:
-    /// a reservation that reaches Redis after that does nothing.
-    pub request: String,
-    /// The sanitized request id (as stored in an idempotency record this request wrote).
+    /// `tg:q:{t}:open` — reservations in flight.
+    pub open: String,
+    /// `tg:q:{t}:due` — their deadlines.
+    pub due: String,
+    /// `tg:q:{t}:done` — tombstones.
+    pub done: String,
+    /// `tg:q:{t}:gone` — tombstone expiries.
+    pub gone: String,
+    /// The sanitized request id (the field of this request's entries).
     pub request_id: String,
     /// True when a model is tracked (the model keys are real).
     pub has_model: bool,
-    /// True when the request carries an idempotency key (`idem` is real, not the placeholder).
-    pub has_idem: bool,
 }
 
 impl QuotaKeys {
     /// Keys for `tenant` (and `model` when given) in month `month` (a [`month_label`]).
     ///
     /// [`month_label`]: crate::calendar::month_label
-    pub fn new(
-        tenant: &str,
-        model: Option<&str>,
-        month: &str,
-        idempotency_key: Option<&str>,
-        request_id: &str,
-    ) -> Self {
+    pub fn new(tenant: &str, model: Option<&str>, month: &str, request_id: &str) -> Self {
         let p = tenant_prefix(tenant);
         let month = sanitize(month);
         let none = format!("{p}:none");
@@ -67,22 +65,19 @@ impl QuotaKeys {
                 let m = sanitize(m);
                 (format!("{p}:{month}:m:{m}"), format!("{p}:limit:m:{m}"))
             }
-            None => (none.clone(), none.clone()),
+            None => (none.clone(), none),
         };
-        let rid = sanitize(request_id);
         Self {
             used_total: format!("{p}:{month}"),
             used_model,
             limit_override: format!("{p}:limit"),
             limit_model_override,
-            idem: idempotency_key
-                .map(|k| format!("{p}:idem:{}", sanitize(k)))
-                .unwrap_or_else(|| none.clone()),
-            settled: format!("{p}:settled:{rid}"),
-            request: format!("{p}:req:{rid}"),
-            request_id: rid,
+            open: format!("{p}:open"),
+            due: format!("{p}:due"),
+            done: format!("{p}:done"),
+            gone: format!("{p}:gone"),
+            request_id: sanitize(request_id),
             has_model: model.is_some(),
-            has_idem: idempotency_key.is_some(),
         }
     }
 }
@@ -101,20 +96,22 @@ mod tests {
 
     #[test]
     fn every_key_of_a_tenant_carries_the_same_hash_tag() {
-        let k = QuotaKeys::new("key:9f2c", Some("gpt-4.1"), "2026-11", Some("abc"), "r1");
+        let k = QuotaKeys::new("key:9f2c", Some("gpt-4.1"), "2026-11", "r1");
         assert_eq!(k.used_total, "tg:q:{key:9f2c}:2026-11");
         assert_eq!(k.used_model, "tg:q:{key:9f2c}:2026-11:m:gpt-4.1");
         assert_eq!(k.limit_override, "tg:q:{key:9f2c}:limit");
         assert_eq!(k.limit_model_override, "tg:q:{key:9f2c}:limit:m:gpt-4.1");
-        assert_eq!(k.idem, "tg:q:{key:9f2c}:idem:abc");
-        assert_eq!(k.settled, "tg:q:{key:9f2c}:settled:r1");
-        let t = QuotaKeys::new("a}b{", None, "2026-11", None, "r");
+        assert_eq!(k.open, "tg:q:{key:9f2c}:open");
+        assert_eq!(k.request_id, "r1");
+        let t = QuotaKeys::new("a}b{", None, "2026-11", "r");
         for key in [
             &t.used_total,
             &t.used_model,
             &t.limit_override,
-            &t.idem,
-            &t.settled,
+            &t.open,
+            &t.due,
+            &t.done,
+            &t.gone,
         ] {
             assert!(key.starts_with("tg:q:{a%7Db%7B}:"), "{key}");
             assert_eq!(key.matches('{').count(), 1);

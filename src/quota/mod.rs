@@ -3,15 +3,16 @@
 //! # Why
 //! Token buckets live in Envoy's shared data (one process); a monthly quota must hold across every Envoy,
 //! so it lives in Redis. One request costs one callout: a single Lua script checks and charges all keys
-//! atomically (all or nothing), and a second script settles the difference once the provider reports
-//! the real usage.
+//! atomically (all or nothing) and records the reservation with a deadline; a second script, off the
+//! request path and batched per tenant, replaces the reservation by the real usage once the provider
+//! reports it (or charges a request that has no known reservation). A reservation never settled (Envoy
+//! stopped) is resolved by the next call that sees it past its deadline: charged its prompt.
 //!
 //! # Parts
 //! * [`keys`]: the Redis keys of one request ([`QuotaKeys`]), all under the tenant's hash tag.
 //! * [`scripts`]: the Lua scripts (`src/quota/*.lua`), their SHA-1s and the Webdis bodies that call them
-//!   ([`reserve_request`], [`settle_request`], [`settle_batch_request`], [`reconcile_request`]).
-//! * [`replies`]: the parsed answers ([`parse_reserve_reply`], [`parse_settle_reply`],
-//!   [`parse_settle_batch_reply`]).
+//!   ([`reserve_request`], [`settle_request`]).
+//! * [`replies`]: the parsed answers ([`parse_reserve_reply`], [`parse_settle_reply`]).
 //! * [`weights`]: per-model cost weights and the weighted cost ([`weighted`]).
 //! * [`marker`]: the quota-exhausted marker kept in shared data ([`ExhaustedMarker`]).
 //!
@@ -27,10 +28,9 @@
 //! let now = 1_795_000_000; // 2026-11-18T…Z
 //! let args = ReserveArgs {
 //!     tenant: "acme".into(), model: Some("gpt-4.1".into()), month: month_label(now, 0),
-//!     idempotency_key: None, body_fingerprint: body_fingerprint(b"{}"), request_id: "req-1".into(),
-//!     prompt_cost: 120, output_cost: 1024, default_limit: 1_000_000, default_model_limit: 0,
-//!     expire_at_unix: month_end_unix(now, 0) + 7 * 86_400, idem_window_s: 0,
-//!     clamp_output: false, min_output_cost: 0,
+//!     request_id: "req-1".into(), prompt_cost: 120, output_cost: 1024, default_limit: 1_000_000,
+//!     default_model_limit: 0, expire_at_unix: month_end_unix(now, 0) + 7 * 86_400,
+//!     deadline_s: 3600, clamp_output: false, min_output_cost: 0,
 //! };
 //! let body = reserve_request(&args, ScriptCall::EvalSha);
 //! assert!(body.starts_with("EVALSHA/"));
@@ -46,15 +46,10 @@ pub mod weights;
 
 pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};
 pub use marker::ExhaustedMarker;
-pub use replies::{
-    parse_reserve_reply, parse_settle_batch_reply, parse_settle_reply, Reason, ReserveReply,
-    SettleReply,
-};
+pub use replies::{parse_reserve_reply, parse_settle_reply, Reason, ReserveReply};
 pub use scripts::{
-    body_fingerprint, reconcile_request, reserve_request, settle_batch_request, settle_request,
-    ReconcileArgs, ReserveArgs, SettleArgs, IDEMPOTENT_FREE_REPEATS, RECONCILE_SCRIPT,
-    RECONCILE_SHA1, RESERVE_SCRIPT, RESERVE_SHA1, SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1,
-    SETTLE_SCRIPT, SETTLE_SHA1,
+    reserve_request, settle_request, ReserveArgs, SettleArgs, SettleMode, QUOTA_PROTOCOL_TAG,
+    RESERVE_SCRIPT, RESERVE_SHA1, SETTLE_SCRIPT, SETTLE_SHA1, TOMBSTONE_S,
 };
 pub use weights::{
     clamped_output_tokens, min_clamped_output_cost, output_tokens_for_cost, weighted, Weights,

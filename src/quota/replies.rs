@@ -1,5 +1,5 @@
 //! Reading Webdis' answers to the quota scripts: the reservation decision ([`ReserveReply`], with the
-//! limit that binds it), a settlement's outcome ([`SettleReply`]) and a batch's per-entry results. The
+//! limit that binds it) and a settlement batch's per-entry results. The
 //! envelope and every failure class come from [`crate::webdis::parse_int_array`]; this adds the shape and
 //! consistency checks of each script's reply. Never panics: anything unexpected is
 //! [`ShimError::Garbage`].
@@ -22,7 +22,7 @@ pub enum Reason {
 /// The parsed reservation decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReserveReply {
-    /// Admitted (and charged, unless `duplicate`).
+    /// Admitted (and charged).
     pub allowed: bool,
     /// Tenant used this month after this call (unchanged when rejected).
     pub used_after: u64,
@@ -32,15 +32,6 @@ pub struct ReserveReply {
     pub model_used_after: u64,
     /// Effective tenant x model limit; `None` = no model limit.
     pub model_limit: Option<u64>,
-    /// A free repeat: the idempotency key had already been admitted for the same body (fingerprint) and
-    /// fewer than [`IDEMPOTENT_FREE_REPEATS`] repeats were served. This is the stored decision, nothing
-    /// was charged (and the host should not settle this request: the first one owns the reservation).
-    /// Only admitted decisions are remembered, so a retry after a rejection is evaluated afresh; a
-    /// different body, a repeat beyond the bound, or a retry after a fully refunded first request is
-    /// not a duplicate (it is reserved and settled like any request).
-    ///
-    /// [`IDEMPOTENT_FREE_REPEATS`]: super::IDEMPOTENT_FREE_REPEATS
-    pub duplicate: bool,
     /// Output cost reserved (equals `output_cost` unless clamped; 0 when rejected).
     pub granted_output: u64,
     /// Why.
@@ -71,17 +62,6 @@ impl ReserveReply {
     }
 }
 
-/// The parsed settlement answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SettleReply {
-    /// False when this request id had already been settled (nothing changed).
-    pub applied: bool,
-    /// Tenant used this month after settlement.
-    pub used_after: u64,
-    /// Tenant x model used after settlement (0 when no model is tracked).
-    pub model_used_after: u64,
-}
-
 fn non_neg(n: i64, what: &str) -> Result<u64, ShimError> {
     u64::try_from(n).map_err(|_| ShimError::Garbage(format!("negative {what}: {n}")))
 }
@@ -99,9 +79,13 @@ fn flag(n: i64, what: &str) -> Result<bool, ShimError> {
 /// [`reserve_request`]: super::reserve_request
 pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply, ShimError> {
     let a = parse_int_array(http_status, body, 8)?;
-    let [allowed, used, limit, mused, mlimit, dup, granted, reason] = a.as_slice() else {
+    let [allowed, used, limit, mused, mlimit, zero, granted, reason] = a.as_slice() else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
+    if *zero != 0 {
+        // The v2 scripts' "duplicate" flag; v3 has no free repeats.
+        return Err(ShimError::Garbage(format!("element 6 is not 0: {zero}")));
+    }
     let model_limit = match *mlimit {
         -1 => None,
         n => Some(non_neg(n, "model limit")?),
@@ -119,7 +103,6 @@ pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply
         limit: non_neg(*limit, "limit")?,
         model_used_after: non_neg(*mused, "model used")?,
         model_limit,
-        duplicate: flag(*dup, "duplicate")?,
         granted_output: non_neg(*granted, "granted output")?,
         reason,
     };
@@ -137,25 +120,8 @@ pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply
     Ok(reply)
 }
 
-/// Parses Webdis' answer to [`settle_request`](super::settle_request). Never panics.
-pub fn parse_settle_reply(http_status: u32, body: &[u8]) -> Result<SettleReply, ShimError> {
-    let a = parse_int_array(http_status, body, 3)?;
-    let [applied, used, mused] = a.as_slice() else {
-        return Err(ShimError::Garbage("wrong length".into()));
-    };
-    Ok(SettleReply {
-        applied: flag(*applied, "applied")?,
-        used_after: non_neg(*used, "used")?,
-        model_used_after: non_neg(*mused, "model used")?,
-    })
-}
-
-/// Parses a batch settlement reply: one of 1 / 0 / −1 per entry, `n` entries.
-pub fn parse_settle_batch_reply(
-    http_status: u32,
-    body: &[u8],
-    n: usize,
-) -> Result<Vec<i64>, ShimError> {
+/// Parses a settlement batch's reply: one of 1 / 0 / −1 per entry, `n` entries.
+pub fn parse_settle_reply(http_status: u32, body: &[u8], n: usize) -> Result<Vec<i64>, ShimError> {
     let v = parse_int_array(http_status, body, n)?;
     if v.iter().any(|x| !(-1..=1).contains(x)) {
         return Err(ShimError::Garbage("batch entry out of range".into()));
@@ -178,7 +144,6 @@ mod tests {
                 limit: 1000,
                 model_used_after: 150,
                 model_limit: Some(500),
-                duplicate: false,
                 granted_output: 50,
                 reason: Reason::Admitted
             }
@@ -210,7 +175,7 @@ mod tests {
                 "{status}"
             );
         }
-        assert_eq!(parse_settle_reply(503, b""), Err(ShimError::Unavailable));
+        assert_eq!(parse_settle_reply(503, b"", 1), Err(ShimError::Unavailable));
     }
 
     #[test]
@@ -231,7 +196,8 @@ mod tests {
         assert_eq!(
             parse_settle_reply(
                 200,
-                br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#
+                br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#,
+                1
             ),
             Err(ShimError::NoScript)
         );
@@ -269,33 +235,24 @@ mod tests {
             );
         }
         assert!(matches!(
-            parse_settle_reply(200, br#"{"EVAL":[1,-1,0]}"#),
+            parse_settle_reply(200, br#"{"EVAL":[1,-2,0]}"#, 3),
             Err(ShimError::Garbage(_))
         ));
         assert!(matches!(
-            parse_settle_reply(200, br#"{"EVAL":[3,1,0]}"#),
+            parse_settle_reply(200, br#"{"EVAL":[1,1]}"#, 3),
             Err(ShimError::Garbage(_))
         ));
         assert!(matches!(
-            parse_settle_reply(200, br#"{"EVAL":[1,1]}"#),
+            parse_reserve_reply(200, br#"{"EVAL":[1,1,1,1,1,1,1,0]}"#),
             Err(ShimError::Garbage(_))
         ));
     }
 
     #[test]
-    fn settle_reply_parses_applied_and_already_settled() {
+    fn settle_reply_gives_one_result_per_entry() {
         assert_eq!(
-            parse_settle_reply(200, br#"{"EVAL":[1,120,80]}"#),
-            Ok(SettleReply {
-                applied: true,
-                used_after: 120,
-                model_used_after: 80
-            })
-        );
-        assert!(
-            !parse_settle_reply(200, br#"{"EVAL":[0,120,0]}"#)
-                .unwrap()
-                .applied
+            parse_settle_reply(200, br#"{"EVAL":[1,0,-1]}"#, 3),
+            Ok(vec![1, 0, -1])
         );
     }
 
@@ -312,7 +269,6 @@ mod tests {
             limit: 100_000,
             model_used_after: mused,
             model_limit: mlimit,
-            duplicate: false,
             granted_output: 0,
             reason,
         }

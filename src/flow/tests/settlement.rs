@@ -28,8 +28,9 @@ fn admitted(e: &FakeEnvoy, body: &str) -> Call {
     c
 }
 
-/// The settlements queued by the worker, as (delta, release) pairs, after a tick.
-fn settled_deltas(e: &FakeEnvoy) -> Vec<i64> {
+/// The settlements the worker sends after a tick, as (mode, actual) pairs: `s` settles a reservation,
+/// `c` charges a request with no known reservation.
+fn settled(e: &FakeEnvoy) -> Vec<(String, u64)> {
     e.tick(0);
     let calls = e.root_callouts.borrow().clone();
     calls
@@ -37,14 +38,18 @@ fn settled_deltas(e: &FakeEnvoy) -> Vec<i64> {
         .flat_map(|c| {
             let seg = segments(&c.body);
             let nkeys: usize = seg[2].parse().unwrap();
-            let args = &seg[3 + nkeys..];
-            // Batch: 5 args per settlement, then the protocol tag.
+            // ARGV: tombstone_s, tag, then mode, id, actual, expire_at, has_model per entry.
+            let args = &seg[3 + nkeys + 2..];
             args.chunks(5)
                 .filter(|a| a.len() == 5)
-                .map(|a| a[0].parse::<i64>().unwrap())
+                .map(|a| (a[0].clone(), a[2].parse::<u64>().unwrap()))
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+fn s(actual: u64) -> (String, u64) {
+    ("s".to_string(), actual)
 }
 
 #[test]
@@ -63,7 +68,8 @@ fn a_complete_answer_with_usage_is_charged_its_usage_token_for_token() {
     assert_eq!(c.header("x-tokengate-quota-limit"), Some("100000"));
     assert_eq!(c.audit_field("actual").as_deref(), Some("27"));
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("provider"));
-    assert_eq!(settled_deltas(&e), vec![27 - reserved as i64]);
+    assert!(reserved > 27);
+    assert_eq!(settled(&e), vec![s(27)]);
 }
 
 #[test]
@@ -78,15 +84,16 @@ fn a_complete_answer_without_usage_is_charged_the_reservation() {
     );
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
     assert_eq!(c.audit_field("actual"), c.audit_field("reserved"));
-    assert!(settled_deltas(&e).is_empty(), "nothing to correct");
-    assert_eq!(e.metric(Metric::QuotaSettled), 1);
+    // The reservation is settled at its own amount (its record in Redis must go).
+    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    assert_eq!(settled(&e), vec![s(reserved)]);
 }
 
 #[test]
 fn an_answer_the_provider_did_not_serve_is_refunded_in_full() {
     let e = envoy(quota_cfg(json!({})));
     let mut c = admitted(&e, &chat("m", "hello", 100));
-    let reserved = estimated(&c) as i64;
+    let reserved = estimated(&c);
     e.respond(
         &mut c,
         500,
@@ -95,7 +102,8 @@ fn an_answer_the_provider_did_not_serve_is_refunded_in_full() {
     );
     assert_eq!(c.audit_field("actual").as_deref(), Some("0"));
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("none"));
-    assert_eq!(settled_deltas(&e), vec![-reserved]);
+    assert!(reserved > 0);
+    assert_eq!(settled(&e), vec![s(0)]);
 }
 
 #[test]
@@ -130,7 +138,8 @@ fn a_client_gone_before_any_response_is_charged_the_prompt() {
     let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
     let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
     assert!(actual > 0 && actual < 50, "the prompt only, got {actual}");
-    assert_eq!(settled_deltas(&e), vec![actual as i64 - reserved as i64]);
+    assert!(actual < reserved);
+    assert_eq!(settled(&e), vec![s(actual)]);
 }
 
 #[test]
@@ -169,25 +178,41 @@ fn include_usage_is_injected_for_streams_and_its_chunk_removed_from_what_the_cli
 }
 
 #[test]
-fn an_idempotent_repeat_is_admitted_free_and_not_settled() {
+fn a_repeated_idempotency_key_is_reserved_and_charged_like_any_request() {
+    // The provider serves every repeat, so a repeat is never free: no bound to game with new keys.
     let e = envoy(quota_cfg(json!({})));
-    let mut c = e.send(
-        "/v1/chat/completions",
-        &[TENANT, ("idempotency-key", "k1")],
-        &chat("m", "hi", 10),
-    );
-    let seg = segments(&c.pending.clone().unwrap().body);
-    assert!(seg.iter().any(|s| s == "tg:q:{acme}:idem:k1"), "{seg:?}");
-    e.reply(&mut c, 200, &eval(&[1, 500, 100000, 0, -1, 1, 0, 0]));
+    for _ in 0..3 {
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[TENANT, ("idempotency-key", "k1")],
+            &chat("m", "hi", 10),
+        );
+        assert!(c.pending.is_some(), "every repeat is reserved");
+        e.reply(&mut c, 200, &reserved(500, 100000));
+        e.respond(
+            &mut c,
+            200,
+            &[("content-type", "application/json")],
+            &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20}}"#],
+        );
+    }
+    assert_eq!(settled(&e), vec![s(27), s(27), s(27)]);
+}
+
+#[test]
+fn a_request_admitted_while_the_shim_was_down_is_charged_its_usage_when_it_answers_again() {
+    let e = envoy(quota_cfg(json!({"on_failure": "open"})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 100));
+    e.dead_shim(&mut c);
     assert!(c.forwarded);
     e.respond(
         &mut c,
         200,
         &[("content-type", "application/json")],
-        &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20}}"#],
+        &[r#"{"usage":{"prompt_tokens":9,"completion_tokens":31}}"#],
     );
-    assert_eq!(e.metric(Metric::QuotaDuplicates), 1);
-    assert!(settled_deltas(&e).is_empty());
+    assert_eq!(c.audit_field("actual").as_deref(), Some("40"));
+    assert_eq!(settled(&e), vec![("c".to_string(), 40)]);
 }
 
 #[test]
@@ -269,9 +294,7 @@ fn a_clamp_that_leaves_no_room_for_the_thinking_budget_is_refused_and_the_reserv
         c.reply_header("x-tokengate-reason"),
         Some("thinking_budget_does_not_fit")
     );
-    let deltas = settled_deltas(&e);
-    assert_eq!(deltas.len(), 1);
-    assert!(deltas[0] < 0, "the reservation is refunded: {deltas:?}");
+    assert_eq!(settled(&e), vec![s(0)], "the reservation is refunded");
     // A clamp that leaves room lowers the budget below max_tokens.
     let mut c = e.send("/v1/messages", &[TENANT], &body);
     e.reply(&mut c, 200, &eval(&[1, 99990, 100000, 0, -1, 0, 3000, 3]));
