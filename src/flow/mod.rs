@@ -40,6 +40,7 @@ mod headers;
 pub mod logs;
 pub mod metric;
 mod response;
+mod settle;
 mod shim;
 mod state;
 pub mod worker;

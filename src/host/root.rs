@@ -153,6 +153,10 @@ impl RootContext for Root {
                     Level::Info,
                     &format!("configured: {} bucket rules", cfg.rules.len()),
                 );
+                if cfg.quota.is_some() {
+                    // Before traffic: a key Envoy creates ignores CAS (see crate::journal).
+                    let _ = crate::journal::init(&super::store::HostStore);
+                }
                 self.cfg = Some(Rc::new(cfg));
                 true
             }

@@ -82,6 +82,31 @@ impl QuotaKeys {
     }
 }
 
+impl QuotaKeys {
+    /// The keys a settlement needs, rebuilt from its tenant prefix (`tg:q:{t}`), its counter keys and
+    /// request id (as a journal entry keeps them); the limit keys are not needed and left empty.
+    pub fn for_settlement(
+        prefix: &str,
+        used_total: String,
+        used_model: String,
+        request_id: String,
+        has_model: bool,
+    ) -> Self {
+        Self {
+            used_total,
+            used_model,
+            limit_override: String::new(),
+            limit_model_override: String::new(),
+            open: format!("{prefix}:open"),
+            due: format!("{prefix}:due"),
+            done: format!("{prefix}:done"),
+            gone: format!("{prefix}:gone"),
+            request_id,
+            has_model,
+        }
+    }
+}
+
 /// The hash-tag prefix of a settlement's keys (`tg:q:{tenant}`): settlements may be batched per prefix.
 pub fn tenant_tag(keys: &QuotaKeys) -> &str {
     match keys.used_total.find("}:") {

@@ -269,7 +269,11 @@ fn settlements_of_one_tenant_go_in_one_batch_and_a_failed_batch_is_retried() {
     e.tick(0);
     assert_eq!(e.root_callouts.borrow().len(), 1, "one batch");
     e.reply_root(0, 503, "");
-    assert_eq!(e.metric(Metric::QuotaSettleRetries), 3);
+    assert_eq!(
+        e.metric(Metric::QuotaSettleRetries),
+        1,
+        "the batch is sent again later"
+    );
     e.advance_ms(2000);
     e.tick(0);
     assert_eq!(e.root_callouts.borrow().len(), 1);
@@ -302,4 +306,83 @@ fn a_clamp_that_leaves_no_room_for_the_thinking_budget_is_refused_and_the_reserv
     let sent: Value = serde_json::from_slice(&c.body).unwrap();
     assert_eq!(sent["max_tokens"], 3000);
     assert!(sent["thinking"]["budget_tokens"].as_u64().unwrap() < 3000);
+}
+
+#[test]
+fn settlements_wait_in_shared_data_and_any_worker_sends_them() {
+    let e = FakeEnvoy::new(&quota_cfg(json!({})).to_string(), 2);
+    let mut c = e.send_on(0, "/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    e.reply(&mut c, 200, &reserved(10, 100000));
+    e.respond(&mut c, 500, &[], &["{}"]);
+    // Worker 1 takes the claim first: it sends worker 0's settlement.
+    e.tick(1);
+    assert_eq!(e.root_callouts.borrow().len(), 1);
+    e.tick(0);
+    assert_eq!(
+        e.root_callouts.borrow().len(),
+        1,
+        "worker 0 does not hold the claim"
+    );
+    e.reply_root(1, 200, &eval(&[1]));
+    assert_eq!(e.metric(Metric::QuotaSettled), 1);
+    assert_eq!(
+        crate::journal::bounds(&e.store),
+        (1, 1),
+        "the head moved past it"
+    );
+}
+
+#[test]
+fn a_lapsed_claim_passes_to_another_worker_which_sends_the_same_entries_again() {
+    let e = FakeEnvoy::new(&quota_cfg(json!({})).to_string(), 2);
+    let mut c = e.send_on(0, "/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    e.reply(&mut c, 200, &reserved(10, 100000));
+    e.respond(&mut c, 500, &[], &["{}"]);
+    e.tick(0);
+    assert_eq!(e.root_callouts.borrow().len(), 1);
+    // Worker 0 goes away with its batch in flight; after the claim lapses worker 1 sends it again.
+    e.root_callouts.borrow_mut().clear();
+    e.advance_ms(2_001);
+    e.tick(1);
+    assert_eq!(e.root_callouts.borrow().len(), 1);
+    e.reply_root(1, 200, &eval(&[1]));
+    assert_eq!(crate::journal::bounds(&e.store), (1, 1));
+}
+
+#[test]
+fn charges_of_an_outage_wait_for_the_shim_and_are_sent_when_it_answers() {
+    let e = envoy(quota_cfg(json!({"on_failure": "open"})));
+    for _ in 0..5 {
+        let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+        if c.pending.is_some() {
+            e.dead_shim(&mut c);
+        }
+        e.respond(
+            &mut c,
+            200,
+            &[("content-type", "application/json")],
+            &[r#"{"usage":{"prompt_tokens":2,"completion_tokens":3}}"#],
+        );
+    }
+    assert_eq!(e.metric(Metric::QuotaFailOpen), 5);
+    // The shim's breaker is open: nothing is sent, everything waits in the journal.
+    e.tick(0);
+    assert!(e.root_callouts.borrow().is_empty());
+    assert_eq!(crate::journal::bounds(&e.store), (0, 5));
+    // Once the breaker lets a probe through, the five charges go in one batch.
+    e.advance_ms(5_001);
+    e.tick(0);
+    let calls = e.root_callouts.borrow().clone();
+    assert_eq!(calls.len(), 1);
+    let charged: Vec<(String, u64)> = {
+        let seg = segments(&calls[0].body);
+        let nkeys: usize = seg[2].parse().unwrap();
+        seg[3 + nkeys + 2..]
+            .chunks(5)
+            .map(|a| (a[0].clone(), a[2].parse().unwrap()))
+            .collect()
+    };
+    assert_eq!(charged, vec![("c".to_string(), 5); 5]);
+    e.reply_root(0, 200, &eval(&[1, 1, 1, 1, 1]));
+    assert_eq!(crate::journal::bounds(&e.store), (5, 5));
 }
