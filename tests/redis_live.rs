@@ -401,6 +401,108 @@ mod quota {
         assert_eq!(st.cli(&["GET", &base().keys().used_total]), "1400");
     }
 
+    /// A Webdis command body (`EVALSHA/<sha>/<n>/<keys…>/<args…>`, percent-encoded segments) as the
+    /// argument list of the same Redis command.
+    fn redis_args(body: &str) -> Vec<Vec<u8>> {
+        body.split('/')
+            .map(|seg| {
+                let b = seg.as_bytes();
+                let mut out = Vec::with_capacity(b.len());
+                let mut i = 0;
+                while i < b.len() {
+                    if b[i] == b'%' && i + 2 < b.len() + 1 {
+                        out.push(u8::from_str_radix(&seg[i + 1..i + 3], 16).unwrap());
+                        i += 3;
+                    } else {
+                        out.push(b[i]);
+                        i += 1;
+                    }
+                }
+                out
+            })
+            .collect()
+    }
+
+    fn used_memory(st: &Stack) -> i64 {
+        st.cli(&["INFO", "memory"])
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    }
+
+    /// Issue 11: Redis memory is O(tenants + requests in flight), not O(requests): 100,000 requests of
+    /// 1,000 tenants (reserved, then settled), measured with `INFO memory`.
+    #[test]
+    fn redis_memory_grows_with_tenants_not_with_requests() {
+        let Some(st) = Stack::start() else { return };
+        st.cli(&["SCRIPT", "LOAD", RESERVE_SCRIPT]);
+        st.cli(&["SCRIPT", "LOAD", SETTLE_SCRIPT]);
+        let mut conn = wasm_test::RedisConn::connect(st.redis_port).unwrap();
+        let base_mem = used_memory(&st);
+        let tenants = 1000;
+        let mut mem_after = Vec::new();
+        let mut n = 0u64;
+        for round in 0..100 {
+            // 1,000 requests: one per tenant, reserved then settled (in batches per tenant).
+            let args: Vec<ReserveArgs> = (0..tenants)
+                .map(|t| ReserveArgs {
+                    tenant: format!("tenant-{t}"),
+                    request_id: format!("r{round}-{t}-{n}"),
+                    default_limit: 1_000_000_000,
+                    ..base()
+                })
+                .collect();
+            n += tenants as u64;
+            let reserves: Vec<Vec<Vec<u8>>> = args
+                .iter()
+                .map(|a| redis_args(&reserve_request(a, ScriptCall::EvalSha)))
+                .collect();
+            for r in conn.pipeline(&reserves).unwrap() {
+                assert!(!matches!(r, wasm_test::RespValue::Error(_)), "{r:?}");
+            }
+            let entries: Vec<SettleArgs> = args
+                .iter()
+                .map(|a| entry(a, SettleMode::Settle, 120))
+                .collect();
+            let settles: Vec<Vec<Vec<u8>>> = entries
+                .iter()
+                .map(|e| redis_args(&settle_request(&[e], ScriptCall::EvalSha)))
+                .collect();
+            for r in conn.pipeline(&settles).unwrap() {
+                assert!(!matches!(r, wasm_test::RespValue::Error(_)), "{r:?}");
+            }
+            if round == 9 || round == 99 {
+                mem_after.push((n, used_memory(&st) - base_mem));
+            }
+        }
+        let keys: u64 = st.cli(&["DBSIZE"]).parse().unwrap();
+        let (n10, m10) = mem_after[0];
+        let (n100, m100) = mem_after[1];
+        eprintln!(
+            "Redis after {n10} requests: {m10} bytes; after {n100}: {m100} bytes ({} bytes per tenant, {keys} keys for {tenants} tenants)",
+            m100 / tenants as i64
+        );
+        assert_eq!(
+            keys,
+            2 * tenants as u64,
+            "two counters per tenant, nothing per request"
+        );
+        assert!(
+            m100 < m10 + 64 * 1024,
+            "memory grew with requests: {m10} after {n10}, {m100} after {n100}"
+        );
+        assert!(
+            m100 / (tenants as i64) < 600,
+            "{m100} bytes for {tenants} tenants"
+        );
+        // 100 settled requests per tenant.
+        assert_eq!(
+            st.cli(&["GET", &base().keys().used_total.replace("acme", "tenant-7")]),
+            "12000"
+        );
+    }
+
     #[test]
     fn counts_near_two_to_the_fifty_three_stay_exact() {
         let Some(st) = Stack::start() else { return };

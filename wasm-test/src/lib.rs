@@ -1032,6 +1032,43 @@ pub fn redis_cmd(port: u16, args: &[&str]) -> Result<RespValue, String> {
     read_resp(&mut r)
 }
 
+/// One kept-open Redis connection that sends commands in pipelined batches (for load in tests).
+pub struct RedisConn {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl RedisConn {
+    /// Connects to the Redis on `port`.
+    pub fn connect(port: u16) -> Result<RedisConn, String> {
+        let stream =
+            TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        let w = stream.try_clone().map_err(|e| e.to_string())?;
+        Ok(RedisConn {
+            w,
+            r: BufReader::new(stream),
+        })
+    }
+
+    /// Sends every command (each a list of arguments) at once, then reads one reply per command.
+    pub fn pipeline(&mut self, cmds: &[Vec<Vec<u8>>]) -> Result<Vec<RespValue>, String> {
+        let mut req = Vec::new();
+        for args in cmds {
+            req.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for a in args {
+                req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                req.extend_from_slice(a);
+                req.extend_from_slice(b"\r\n");
+            }
+        }
+        self.w.write_all(&req).map_err(|e| format!("write: {e}"))?;
+        cmds.iter().map(|_| read_resp(&mut self.r)).collect()
+    }
+}
+
 fn read_resp(r: &mut BufReader<TcpStream>) -> Result<RespValue, String> {
     let mut line = String::new();
     r.read_line(&mut line).map_err(|e| format!("read: {e}"))?;
