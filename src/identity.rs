@@ -31,32 +31,60 @@ pub fn valid_tenant(t: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'-'))
 }
 
-/// The tenant id for an API key.
-pub fn tenant_from_key(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
+/// SHA-256 of an API key (what `api_keys` lists, hex-encoded: `printf %s "$KEY" | sha256sum`).
+pub fn key_digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// The tenant id of a key's digest when keys are not listed: `key:<first 16 hex digits>`.
+pub fn tenant_of_digest(d: &[u8; 32]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(20);
     out.push_str("key:");
-    for b in digest.iter().take(8) {
-        out.push_str(&format!("{b:02x}"));
+    for b in d.iter().take(8) {
+        out.push(char::from(*HEX.get(usize::from(b >> 4)).unwrap_or(&b'0')));
+        out.push(char::from(*HEX.get(usize::from(b & 15)).unwrap_or(&b'0')));
     }
     out
 }
 
-/// Tenant ids of API keys seen recently by this worker, so SHA-256 (its cost: `docs/benchmarks.md`) runs
-/// once per key rather than once per request. Entries are found by two independent 64-bit hashes of
-/// the key plus its length; the key itself is not kept. At most [`KeyCache::MAX`] entries (cleared
-/// when full).
+/// The tenant id for an API key when keys are not listed ([`tenant_of_digest`] of [`key_digest`]).
+pub fn tenant_from_key(key: &str) -> String {
+    tenant_of_digest(&key_digest(key))
+}
+
+/// The API keys an operator listed (`api_keys` in the configuration): SHA-256 digest → tenant.
+pub type ApiKeys = std::collections::HashMap<[u8; 32], String, crate::hash::FnvBuild>;
+
+/// Parses a key digest as the configuration gives it: 64 hex digits, optionally after `sha256:`.
+pub fn parse_digest(s: &str) -> Option<[u8; 32]> {
+    let hex = s.strip_prefix("sha256:").unwrap_or(s).as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        let pair = hex.get(2 * i..2 * i + 2)?;
+        let pair = std::str::from_utf8(pair).ok()?;
+        *o = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The digests (and tenant ids, when keys are not listed) of API keys seen recently by this worker, so
+/// SHA-256 (its cost: `docs/benchmarks.md`) runs once per key rather than once per request. Entries are
+/// found by two independent 64-bit hashes of the key plus its length; the key itself is not kept. At
+/// most [`KeyCache::MAX`] entries (cleared when full).
 #[derive(Default)]
 pub struct KeyCache {
-    map: std::collections::HashMap<(u64, u64, usize), String, crate::hash::FnvBuild>,
+    map: std::collections::HashMap<(u64, u64, usize), ([u8; 32], String), crate::hash::FnvBuild>,
 }
 
 impl KeyCache {
     /// Most cached keys.
     pub const MAX: usize = 4096;
 
-    /// The tenant id of `key` ([`tenant_from_key`]), cached.
-    pub fn tenant(&mut self, key: &str) -> String {
+    fn entry(&mut self, key: &str) -> &([u8; 32], String) {
         let a = crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes());
         let b = key
             .as_bytes()
@@ -65,15 +93,24 @@ impl KeyCache {
                 (h.rotate_left(5) ^ u64::from(c)).wrapping_mul(0xff51_afd7_ed55_8ccd)
             });
         let id = (a, b, key.len());
-        if let Some(t) = self.map.get(&id) {
-            return t.clone();
-        }
-        let t = tenant_from_key(key);
-        if self.map.len() >= Self::MAX {
+        if !self.map.contains_key(&id) && self.map.len() >= Self::MAX {
             self.map.clear();
         }
-        self.map.insert(id, t.clone());
-        t
+        self.map.entry(id).or_insert_with(|| {
+            let d = key_digest(key);
+            let t = tenant_of_digest(&d);
+            (d, t)
+        })
+    }
+
+    /// The tenant id of `key` when keys are not listed ([`tenant_from_key`]), cached.
+    pub fn tenant(&mut self, key: &str) -> String {
+        self.entry(key).1.clone()
+    }
+
+    /// The SHA-256 digest of `key`, cached.
+    pub fn digest(&mut self, key: &str) -> [u8; 32] {
+        self.entry(key).0
     }
 }
 
@@ -90,39 +127,54 @@ pub fn api_key<'a>(authorization: Option<&'a str>, x_api_key: Option<&'a str>) -
     bearer.or_else(|| x_api_key.map(str::trim).filter(|k| !k.is_empty()))
 }
 
-/// Resolves the tenant: header (if valid) → hashed API key (if enabled) → default.
+/// Who a request is, by the rules of [`resolve`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// This tenant.
+    Tenant(String, TenantSource),
+    /// An API key that `api_keys` does not list.
+    UnknownKey,
+    /// Nothing names a tenant (and there is no default).
+    Nobody,
+}
+
+/// Where a tenant can come from, as configured.
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    /// `api_key_tenants`: keys name tenants.
+    pub api_key_tenants: bool,
+    /// `api_keys`: only these keys, each naming its tenant (`None`: any key, as `key:<hash>`).
+    pub api_keys: Option<&'a ApiKeys>,
+    /// `default_tenant`.
+    pub default_tenant: Option<&'a str>,
+}
+
+/// Resolves the tenant: the trusted header (if valid) → the API key (listed in `api_keys` when that is
+/// configured, else hashed) → the default.
 pub fn resolve(
     header_value: Option<&str>,
     key: Option<&str>,
-    api_key_tenants: bool,
-    default_tenant: Option<&str>,
-) -> Option<(String, TenantSource)> {
-    resolve_with(
-        header_value,
-        key,
-        api_key_tenants,
-        default_tenant,
-        tenant_from_key,
-    )
-}
-
-/// [`resolve`] with the key-to-tenant function given (a [`KeyCache`] in the filter).
-pub fn resolve_with(
-    header_value: Option<&str>,
-    key: Option<&str>,
-    api_key_tenants: bool,
-    default_tenant: Option<&str>,
-    key_tenant: impl FnOnce(&str) -> String,
-) -> Option<(String, TenantSource)> {
+    src: Sources,
+    cache: &mut KeyCache,
+) -> Resolved {
     if let Some(h) = header_value.map(str::trim).filter(|h| valid_tenant(h)) {
-        return Some((h.to_string(), TenantSource::Header));
+        return Resolved::Tenant(h.to_string(), TenantSource::Header);
     }
-    if api_key_tenants {
+    if src.api_key_tenants {
         if let Some(k) = key {
-            return Some((key_tenant(k), TenantSource::ApiKey));
+            return match src.api_keys {
+                Some(known) => match known.get(&cache.digest(k)) {
+                    Some(t) => Resolved::Tenant(t.clone(), TenantSource::ApiKey),
+                    None => Resolved::UnknownKey,
+                },
+                None => Resolved::Tenant(cache.tenant(k), TenantSource::ApiKey),
+            };
         }
     }
-    default_tenant.map(|d| (d.to_string(), TenantSource::Default))
+    match src.default_tenant {
+        Some(d) => Resolved::Tenant(d.to_string(), TenantSource::Default),
+        None => Resolved::Nobody,
+    }
 }
 
 #[cfg(test)]
@@ -141,15 +193,44 @@ mod tests {
         assert_ne!(c.tenant("sk-a"), c.tenant("sk-b"));
     }
 
+    fn src(api_key_tenants: bool, default_tenant: Option<&str>) -> Sources<'_> {
+        Sources {
+            api_key_tenants,
+            api_keys: None,
+            default_tenant,
+        }
+    }
+
+    fn tenant(r: Resolved) -> Option<(String, TenantSource)> {
+        match r {
+            Resolved::Tenant(t, s) => Some((t, s)),
+            _ => None,
+        }
+    }
+
     #[test]
     fn header_tenant_wins_over_api_key() {
-        let r = resolve(Some("team-a"), Some("sk-1"), true, None).unwrap();
-        assert_eq!(r, ("team-a".to_string(), TenantSource::Header));
+        let r = resolve(
+            Some("team-a"),
+            Some("sk-1"),
+            src(true, None),
+            &mut KeyCache::default(),
+        );
+        assert_eq!(
+            tenant(r),
+            Some(("team-a".to_string(), TenantSource::Header))
+        );
     }
 
     #[test]
     fn api_keys_become_hashed_tenants_without_the_raw_key() {
-        let (t, src) = resolve(None, Some("sk-secret-123"), true, None).unwrap();
+        let r = resolve(
+            None,
+            Some("sk-secret-123"),
+            src(true, None),
+            &mut KeyCache::default(),
+        );
+        let (t, src) = tenant(r).unwrap();
         assert_eq!(src, TenantSource::ApiKey);
         assert!(t.starts_with("key:"));
         assert_eq!(t.len(), 20);
@@ -170,15 +251,56 @@ mod tests {
     #[test]
     fn invalid_header_tenant_falls_through_to_default() {
         let long = "a".repeat(200);
+        let mut c = KeyCache::default();
         assert_eq!(
-            resolve(Some(&long), None, true, Some("anon")).unwrap().1,
+            tenant(resolve(Some(&long), None, src(true, Some("anon")), &mut c))
+                .unwrap()
+                .1,
             TenantSource::Default
         );
-        assert_eq!(resolve(Some("bad tenant"), None, true, None), None);
+        assert_eq!(
+            resolve(Some("bad tenant"), None, src(true, None), &mut c),
+            Resolved::Nobody
+        );
     }
 
     #[test]
     fn api_key_tenants_can_be_disabled() {
-        assert_eq!(resolve(None, Some("sk"), false, None), None);
+        assert_eq!(
+            resolve(None, Some("sk"), src(false, None), &mut KeyCache::default()),
+            Resolved::Nobody
+        );
+    }
+
+    #[test]
+    fn listed_keys_name_their_tenant_and_any_other_key_is_unknown() {
+        let mut known = ApiKeys::default();
+        known.insert(key_digest("sk-alice"), "alice".to_string());
+        let s = Sources {
+            api_key_tenants: true,
+            api_keys: Some(&known),
+            default_tenant: Some("anon"),
+        };
+        let mut c = KeyCache::default();
+        assert_eq!(
+            resolve(None, Some("sk-alice"), s, &mut c),
+            Resolved::Tenant("alice".into(), TenantSource::ApiKey)
+        );
+        // A made-up key is not a new tenant (nor the default).
+        assert_eq!(
+            resolve(None, Some("sk-random-1"), s, &mut c),
+            Resolved::UnknownKey
+        );
+    }
+
+    #[test]
+    fn digests_parse_from_hex_with_or_without_the_prefix() {
+        let d = key_digest("abc");
+        let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(parse_digest(&hex), Some(d));
+        assert_eq!(parse_digest(&format!("sha256:{hex}")), Some(d));
+        assert_eq!(parse_digest(&hex[1..]), None);
+        assert_eq!(parse_digest(&format!("{}zz", &hex[2..])), None);
+        assert_eq!(tenant_from_key("abc"), format!("key:{}", &hex[..16]));
     }
 }

@@ -89,6 +89,8 @@ pub struct Config {
     pub tenant_header: Option<String>,
     /// Derive the tenant from a hashed API key when the header is absent.
     pub api_key_tenants: bool,
+    /// The only API keys accepted (SHA-256 → tenant); `None`: any key names its own `key:` tenant.
+    pub api_keys: Option<crate::identity::ApiKeys>,
     /// Tenant used when none is found (`None` → 401).
     pub default_tenant: Option<String>,
     /// Header giving the model (used in the headers phase and when the body has none).
@@ -163,6 +165,7 @@ impl Config {
 struct RawConfig {
     tenant_header: Option<String>,
     api_key_tenants: Option<bool>,
+    api_keys: Option<UniqueMap<Vec<String>>>,
     default_tenant: Option<String>,
     model_header: Option<String>,
     max_body_bytes: Option<u64>,
@@ -194,6 +197,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let RawConfig {
         tenant_header,
         api_key_tenants,
+        api_keys,
         default_tenant,
         model_header,
         max_body_bytes,
@@ -209,6 +213,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         global_buckets,
     } = raw;
     let sources = top::sources(tenant_header, model_header, api_key_tenants, default_tenant)?;
+    let api_keys = api_keys
+        .map(|k| top::api_keys(k, sources.api_key_tenants))
+        .transpose()?;
     let max_body_bytes = top::max_body_bytes(max_body_bytes)?;
     let invalid_body = top::invalid_body(invalid_body)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
@@ -229,6 +236,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         on_store_error: store.on_store_error,
         tenant_header: sources.tenant_header,
         api_key_tenants: sources.api_key_tenants,
+        api_keys,
         default_tenant: sources.default_tenant,
         model_header: sources.model_header,
         max_body_bytes,
@@ -443,6 +451,18 @@ mod tests {
             (
                 quota(r#","idempotency_window_s":600"#),
                 "quota.idempotency_window_s: is no longer supported: a repeated Idempotency-Key is charged like any request (the provider serves every repeat), so there is no window to set; remove the field (reservations are resolved by quota.reservation_timeout_s)",
+            ),
+            (
+                r#"{"api_keys": {"a": ["nope"]}, "rules": [{"tokens_per_second": 1, "burst": 1}]}"#.to_string(),
+                "api_keys.a[0]: must be the SHA-256 of the key as 64 hex digits (printf %s \"$KEY\" | sha256sum), optionally after 'sha256:'; never the key itself",
+            ),
+            (
+                r#"{"api_keys": {"key:x": ["sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"]}, "rules": [{"tokens_per_second": 1, "burst": 1}]}"#.to_string(),
+                "api_keys.key:x: tenant ids starting with 'key:' are reserved for unlisted keys",
+            ),
+            (
+                r#"{"api_keys": {"a": ["2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"], "b": ["2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"]}, "rules": [{"tokens_per_second": 1, "burst": 1}]}"#.to_string(),
+                "api_keys.b[0]: the same key is also listed for tenant 'a'",
             ),
             (
                 quota(r#","reservation_timeout_s":0"#),

@@ -84,6 +84,64 @@ pub(super) fn sources(
     })
 }
 
+/// `api_keys`: `{"<tenant>": ["<SHA-256 of a key, 64 hex digits, optionally after sha256:>", …]}` — the
+/// only keys accepted, each naming its tenant. Raw keys are never put in the configuration.
+pub(super) fn api_keys(
+    raw: super::shape::UniqueMap<Vec<String>>,
+    api_key_tenants: bool,
+) -> Result<crate::identity::ApiKeys, ConfigError> {
+    if !api_key_tenants {
+        return Err(err(
+            "api_keys",
+            "needs api_key_tenants: true (keys name the tenants)",
+        ));
+    }
+    let mut out = crate::identity::ApiKeys::default();
+    for (tenant, digests) in raw {
+        let field = format!("api_keys.{tenant}");
+        if !crate::identity::valid_tenant(&tenant) {
+            return Err(err(
+                field,
+                format!("'{tenant}' is not a valid tenant id: {TENANT_ID}"),
+            ));
+        }
+        if tenant
+            .get(..4)
+            .is_some_and(|p| p.eq_ignore_ascii_case("key:"))
+        {
+            return Err(err(
+                field,
+                "tenant ids starting with 'key:' are reserved for unlisted keys",
+            ));
+        }
+        if digests.is_empty() {
+            return Err(err(field, "lists no key digest"));
+        }
+        for (i, d) in digests.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            let Some(digest) = crate::identity::parse_digest(d.trim()) else {
+                return Err(err(
+                    f,
+                    "must be the SHA-256 of the key as 64 hex digits (printf %s \"$KEY\" | sha256sum), optionally after 'sha256:'; never the key itself",
+                ));
+            };
+            if let Some(other) = out.insert(digest, tenant.clone()) {
+                return Err(err(
+                    f,
+                    format!("the same key is also listed for tenant '{other}'"),
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(err(
+            "api_keys",
+            "lists no tenant (omit it to accept any key)",
+        ));
+    }
+    Ok(out)
+}
+
 /// `max_body_bytes`: 1 byte to [`MAX_BODY_BYTES_LIMIT`], default [`DEFAULT_MAX_BODY_BYTES`].
 pub(super) fn max_body_bytes(v: Option<u64>) -> Result<usize, ConfigError> {
     let max_body = v.unwrap_or(DEFAULT_MAX_BODY_BYTES);

@@ -13,6 +13,14 @@ pub fn missing_tenant() -> Refusal {
     )
 }
 
+/// 401: an API key that `api_keys` does not list.
+pub fn unknown_api_key() -> Refusal {
+    Refusal::new(
+        Class::MissingTenant,
+        "The API key is not known to this gateway.",
+    )
+}
+
 /// 403: a tenant the client may not name.
 pub fn forbidden_tenant(header: &str) -> Refusal {
     Refusal::new(

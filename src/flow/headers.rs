@@ -95,16 +95,25 @@ impl Request {
             }
         }
         let key = identity::api_key(h.get("authorization"), h.get("x-api-key"));
-        let worker = &mut *cx.worker;
-        match identity::resolve_with(
-            header_tenant,
-            key,
-            cfg.api_key_tenants,
-            cfg.default_tenant.as_deref(),
-            |k| worker.key_tenants.tenant(k),
-        ) {
-            Some((t, _)) => meta.tenant = t,
-            None => {
+        let sources = identity::Sources {
+            api_key_tenants: cfg.api_key_tenants,
+            api_keys: cfg.api_keys.as_ref(),
+            default_tenant: cfg.default_tenant.as_deref(),
+        };
+        match identity::resolve(header_tenant, key, sources, &mut cx.worker.key_tenants) {
+            identity::Resolved::Tenant(t, _) => meta.tenant = t,
+            identity::Resolved::UnknownKey => {
+                cx.inc(Metric::RequestsRejectedNoTenant);
+                return self.refuse(
+                    cx,
+                    &meta,
+                    "",
+                    "unknown_api_key",
+                    answers::unknown_api_key(),
+                    "tokengate_unknown_api_key",
+                );
+            }
+            identity::Resolved::Nobody => {
                 cx.inc(Metric::RequestsRejectedNoTenant);
                 return self.refuse(
                     cx,

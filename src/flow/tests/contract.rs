@@ -373,3 +373,33 @@ fn what_a_retry_cannot_fix_says_so_and_never_carries_retry_after() {
         assert_eq!(c.reply_header("retry-after"), None);
     }
 }
+
+#[test]
+fn with_api_keys_listed_only_those_keys_are_tenants_and_made_up_keys_get_401() {
+    let alice: String = crate::identity::key_digest("sk-alice")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let e = envoy(json!({"api_keys": {"alice": [alice]}, "rules": [rule(10.0, 1e6)]}));
+    let c = e.send(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer sk-alice")],
+        &chat("m", "hi", 5),
+    );
+    assert!(c.forwarded);
+    assert_eq!(c.audit_field("tenant").as_deref(), Some("alice"));
+    for k in ["sk-random-1", "sk-random-2", "sk-alice2"] {
+        let c = e.send(
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {k}"))],
+            &chat("m", "hi", 5),
+        );
+        clean(&c);
+        assert_eq!(c.status(), Some(401), "{k}");
+        assert!(!c.upstream_started);
+        assert_eq!(
+            c.audit_field("decision").as_deref(),
+            Some("unknown_api_key")
+        );
+    }
+}
