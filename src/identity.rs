@@ -77,8 +77,11 @@ pub fn parse_digest(s: &str) -> Option<[u8; 32]> {
 /// most [`KeyCache::MAX`] entries (cleared when full).
 #[derive(Default)]
 pub struct KeyCache {
-    map: std::collections::HashMap<(u64, u64, usize), ([u8; 32], String), crate::hash::FnvBuild>,
+    map: std::collections::HashMap<KeyId, ([u8; 32], String), crate::hash::FnvBuild>,
 }
+
+/// How [`KeyCache`] finds a key without keeping it: two 64-bit hashes and the length.
+type KeyId = (u64, u64, usize);
 
 impl KeyCache {
     /// Most cached keys.
