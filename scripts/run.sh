@@ -233,10 +233,11 @@ EOF
 if [ "$UPSTREAM_MODE" = 0 ]; then
     cat <<EOF
 
-Circuit breaker (5 failures within 60 s open a breaker for 30 s; x-mock-status: 500 makes the mock fail).
-The 5 failures open the breakers of model claude-sonnet-4.5 (no model fallback) and of cluster provider:
-  for i in 1 2 3 4 5; do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -H 'x-mock-status: 500' -d '$flaky'; done
-then claude-sonnet-4.5 gets 503 circuit_open from tokengate itself (retry-after, reset_in; not sent upstream):
+Circuit breaker (opens for 30 s when at least half of at least 20 requests in 30 s failed; x-mock-status: 500
+makes the mock fail). These 20 failures open the breakers of model claude-sonnet-4.5 (no model fallback) and of
+cluster provider:
+  for i in \$(seq 20); do curl -s -o /dev/null -w '%{http_code}\n' $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -H 'x-mock-status: 500' -d '$flaky'; done
+then claude-sonnet-4.5 gets 503 circuit_open from tokengate itself (retry-after; not sent upstream):
   curl -si $URL -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-a' -d '$flaky'
 while cluster provider is open, other models are served by the fallback cluster (provider_fallback, the mock on
 127.0.0.1:8082: response headers x-tokengate-fallback: provider -> provider_fallback and x-mock-port: 8082):

@@ -107,7 +107,13 @@ struct RawClusterFallback {
 pub(super) fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
     let d = BreakerConfig::default();
     let cfg = BreakerConfig {
-        failure_threshold: raw.failure_threshold.unwrap_or(d.failure_threshold),
+        // With a failure rate and no count given, only the rate opens the breaker (a busy upstream
+        // with a few failures in many requests stays closed); a count given opens it too.
+        failure_threshold: match (raw.failure_threshold, raw.failure_rate_percent) {
+            (Some(n), _) => n,
+            (None, Some(_)) => u32::MAX,
+            (None, None) => d.failure_threshold,
+        },
         window_ms: raw.window_ms.unwrap_or(d.window_ms),
         failure_rate_percent: raw.failure_rate_percent,
         min_requests: raw.min_requests.unwrap_or(d.min_requests),
