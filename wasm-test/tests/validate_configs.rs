@@ -511,8 +511,11 @@ fn sample_config_enables_the_breaker_and_the_monthly_quota() {
         "envoy.yaml must enable the circuit breaker (`breaker` section)"
     );
     assert_eq!(breaker["keys"], serde_json::json!(["cluster", "model"]));
-    assert_eq!(breaker["failure_threshold"], 5);
-    assert_eq!(breaker["window_ms"], 60_000);
+    // Fails soft: a failure rate over a minimum of requests, no bare failure count.
+    assert_eq!(breaker["failure_rate_percent"], 50);
+    assert_eq!(breaker["min_requests"], 20);
+    assert!(breaker.get("failure_threshold").is_none());
+    assert_eq!(breaker["window_ms"], 30_000);
     assert_eq!(breaker["recovery_ms"], 30_000);
     assert_eq!(breaker["half_open_max_calls"], 3);
     assert_eq!(
