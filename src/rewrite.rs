@@ -81,6 +81,9 @@ pub struct Edits {
     /// Field to add when the body has no output limit: `max_tokens` (chat, completions, Anthropic) or
     /// `max_output_tokens` (responses).
     pub max_output_field: String,
+    /// With `clamp_max_output`: only lower the limits present, never add one (the cap of a model is
+    /// enforced on what the client asked; a body without a limit is left to the provider's default).
+    pub clamp_present_only: bool,
 }
 
 impl Default for Edits {
@@ -90,6 +93,7 @@ impl Default for Edits {
             inject_include_usage: false,
             clamp_max_output: None,
             max_output_field: "max_tokens".to_string(),
+            clamp_present_only: false,
         }
     }
 }
@@ -174,7 +178,8 @@ fn plan<'a>(body: &'a [u8], edits: &Edits) -> Result<(Rewritten, Plan<'a>), Stri
         report.injected_include_usage = plan.inject_include_usage(&obj);
     }
     if let Some(max) = edits.clamp_max_output {
-        if let Some(limit) = plan.clamp(&obj, max, &edits.max_output_field) {
+        let add = (!edits.clamp_present_only).then_some(edits.max_output_field.as_str());
+        if let Some(limit) = plan.clamp(&obj, max, add) {
             report.output_clamped = true;
             report.thinking = plan.fit_thinking(&obj, limit);
         }
@@ -294,7 +299,7 @@ impl<'a> Plan<'a> {
 
     /// Lowers the output limits above `max` (or adds `field_if_absent`); the resulting limit (the
     /// smallest present) when the body changes, else `None`.
-    fn clamp(&mut self, obj: &Object, max: u64, field_if_absent: &str) -> Option<u64> {
+    fn clamp(&mut self, obj: &Object, max: u64, field_if_absent: Option<&str>) -> Option<u64> {
         let mut present = false;
         let mut changed = false;
         let mut limit = u64::MAX;
@@ -316,8 +321,8 @@ impl<'a> Plan<'a> {
                 }
             }
         }
-        if !present {
-            self.set(obj, field_if_absent, digits);
+        if let (false, Some(field)) = (present, field_if_absent) {
+            self.set(obj, field, digits);
             changed = true;
             limit = max;
         }
@@ -558,12 +563,30 @@ mod tests {
     }
 
     #[test]
+    fn a_present_only_clamp_lowers_what_is_there_and_adds_nothing() {
+        let e = Edits {
+            clamp_max_output: Some(100),
+            clamp_present_only: true,
+            ..Edits::default()
+        };
+        assert_eq!(rewrite(br#"{"model":"a"}"#, &e), Ok(None));
+        assert_eq!(rewrite(br#"{"max_tokens":50}"#, &e), Ok(None));
+        assert_eq!(
+            s(&rewrite(br#"{"max_tokens": 18446744073709551615 }"#, &e)
+                .unwrap()
+                .unwrap()),
+            r#"{"max_tokens": 100 }"#
+        );
+    }
+
+    #[test]
     fn all_edits_combine_into_one_pass() {
         let e = Edits {
             set_model: Some("b".into()),
             inject_include_usage: true,
             clamp_max_output: Some(10),
             max_output_field: "max_tokens".into(),
+            clamp_present_only: false,
         };
         let r = rewrite_with_report(br#"{"model":"a","stream":true}"#, &e).unwrap();
         assert!(r.model_changed && r.injected_include_usage && r.output_clamped);
@@ -856,6 +879,7 @@ mod tests {
                     .unwrap()
             }),
             max_output_field: r.pick(&["max_tokens", "max_output_tokens"]).to_string(),
+            clamp_present_only: r.chance(30),
         }
     }
 
@@ -899,7 +923,7 @@ mod tests {
                     r.output_clamped = true;
                 }
             }
-            if !present {
+            if !present && !e.clamp_present_only {
                 obj.insert(e.max_output_field.clone(), Value::from(max));
                 r.output_clamped = true;
             }

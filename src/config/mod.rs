@@ -39,7 +39,8 @@ pub use models::DEFAULT_OUTPUT;
 pub use quota::{QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
 pub use top::{
-    InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER, MAX_BODY_BYTES_LIMIT,
+    AboveCap, InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER,
+    MAX_BODY_BYTES_LIMIT,
 };
 
 use crate::estimate::OutputLimits;
@@ -99,6 +100,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Policy for bodies that are not valid JSON.
     pub invalid_body: InvalidBody,
+    /// What to do with an output limit above the model's `max_tokens_cap`.
+    pub output_above_cap: AboveCap,
     /// Output reservation for models without an entry in `models`.
     pub default_output: OutputLimits,
     /// Per-model output reservation.
@@ -170,6 +173,7 @@ struct RawConfig {
     model_header: Option<String>,
     max_body_bytes: Option<u64>,
     invalid_body: Option<top::RawInvalidBody>,
+    output_above_cap: Option<String>,
     default_output: Option<models::RawOutput>,
     #[serde(default)]
     models: UniqueMap<models::RawOutput>,
@@ -202,6 +206,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         model_header,
         max_body_bytes,
         invalid_body,
+        output_above_cap,
         default_output,
         models,
         rules,
@@ -218,6 +223,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         .transpose()?;
     let max_body_bytes = top::max_body_bytes(max_body_bytes)?;
     let invalid_body = top::invalid_body(invalid_body)?;
+    let output_above_cap = top::above_cap(output_above_cap)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
     let rules = rules::rules(rules)?;
     top::charge_fits_a_rule(invalid_body, &rules)?;
@@ -241,6 +247,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         model_header: sources.model_header,
         max_body_bytes,
         invalid_body,
+        output_above_cap,
         default_output,
         models,
         rules,

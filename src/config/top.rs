@@ -25,6 +25,28 @@ pub enum StoreFailure {
     Deny,
 }
 
+/// What to do with a body asking for more output than the model's `max_tokens_cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AboveCap {
+    /// Lower the limit in the body to the cap (default): the provider never generates more than was
+    /// reserved.
+    Lower,
+    /// Answer 400 `output_limit_too_large`.
+    Refuse,
+}
+
+/// `output_above_cap`: `"lower"` (default) or `"refuse"`.
+pub(super) fn above_cap(v: Option<String>) -> Result<AboveCap, ConfigError> {
+    match v.as_deref() {
+        None | Some("lower") => Ok(AboveCap::Lower),
+        Some("refuse") => Ok(AboveCap::Refuse),
+        Some(other) => Err(err(
+            "output_above_cap",
+            format!("must be \"lower\" or \"refuse\", got \"{other}\""),
+        )),
+    }
+}
+
 /// Default header giving the model in the headers phase.
 pub const DEFAULT_MODEL_HEADER: &str = "x-tokengate-model";
 /// Default largest body: 8 MiB.

@@ -53,6 +53,15 @@ pub fn thinking_does_not_fit(max_tokens: u64) -> Refusal {
     )
 }
 
+/// 400: the output limit is above the model's cap (`output_above_cap: refuse`), or cannot be lowered
+/// to it in place.
+pub fn output_limit_too_large(cap: u64, how: &str) -> Refusal {
+    Refusal::new(
+        Class::OutputLimitTooLarge,
+        format!("The output limit (max_tokens / max_completion_tokens / max_output_tokens) must be {how} {cap} for this model."),
+    )
+}
+
 /// 503 (529 for Anthropic): a breaker is open and no fallback is usable.
 pub fn circuit_open(what: &str, name: &str, reset_in_ms: u64) -> Refusal {
     let mut r = Refusal::new(

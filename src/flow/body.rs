@@ -155,6 +155,16 @@ impl Request {
             edits.inject_include_usage = q.inject_stream_usage && e.stream && !e.include_usage;
             edits.max_output_field = output_field(kind, body).to_string();
         }
+        if let Some(e) = est.as_ref().filter(|e| e.kind != ApiKind::Embeddings) {
+            // The reservation covers at most the model's cap per choice: a body asking for more is
+            // lowered to it, so that the provider never generates more than was reserved.
+            let cap = cfg.output_limits(e.model.as_deref().or(hint)).cap_tokens;
+            if e.output_tokens >= cap.saturating_mul(e.output_choices.max(1)) {
+                edits.clamp_max_output = Some(cap);
+                edits.clamp_present_only = true;
+                edits.max_output_field = output_field(kind, body).to_string();
+            }
+        }
         // Kept for a max_tokens clamp after the reservation.
         let mut kept = if cfg.quota.is_some() {
             body.to_vec()
@@ -162,10 +172,45 @@ impl Request {
             Vec::new()
         };
         let mut injected_usage = false;
-        if edits.set_model.is_some() || edits.inject_include_usage {
+        if edits.set_model.is_some()
+            || edits.inject_include_usage
+            || edits.clamp_max_output.is_some()
+        {
             match rewrite::rewrite_with_report(body, &edits) {
                 Ok(r) => {
-                    if let Some(new_body) = r.body {
+                    if r.output_clamped {
+                        if let Some(refusal) = above_cap(cfg, &r, edits.clamp_max_output) {
+                            cx.inc(Metric::RequestsRejectedInvalidBody);
+                            return self.refuse(
+                                cx,
+                                &meta,
+                                &model,
+                                "output_above_cap",
+                                refusal,
+                                "tokengate_output_above_cap",
+                            );
+                        }
+                        cx.inc(Metric::RequestsOutputCapped);
+                    }
+                    if let Some(mut new_body) = r.body {
+                        if let Some(n) = meta.fixed_length {
+                            // The upstream was promised `n` bytes (content-length kept): JSON allows
+                            // trailing whitespace, so a shorter body is padded to exactly that.
+                            if new_body.len() > n {
+                                return self.refuse(
+                                    cx,
+                                    &meta,
+                                    &model,
+                                    "output_above_cap",
+                                    answers::output_limit_too_large(
+                                        edits.clamp_max_output.unwrap_or(0),
+                                        "a plain integer of at most",
+                                    ),
+                                    "tokengate_output_above_cap",
+                                );
+                            }
+                            new_body.resize(n, b' ');
+                        }
                         if cfg.quota.is_some() {
                             kept.clone_from(&new_body);
                         }
@@ -788,6 +833,21 @@ fn forwarded(
         decision,
         resp: Default::default(),
     }
+}
+
+/// The refusal of a body whose output limit is above the cap (`output_above_cap: refuse`), or whose
+/// thinking budget cannot fit below the cap; `None` to lower it.
+fn above_cap(
+    cfg: &crate::config::Config,
+    r: &rewrite::Rewritten,
+    cap: Option<u64>,
+) -> Option<Refusal> {
+    let cap = cap.unwrap_or(0);
+    if let rewrite::Thinking::DoesNotFit { max_tokens } = r.thinking {
+        return Some(answers::thinking_does_not_fit(max_tokens));
+    }
+    (cfg.output_above_cap == crate::config::AboveCap::Refuse)
+        .then(|| answers::output_limit_too_large(cap, "at most"))
 }
 
 /// Gives the bucket charges and any breaker probe permits back (the request was not sent after all).

@@ -219,6 +219,11 @@ impl Request {
             // Envoy does not fix content-length after a body rewrite: let it send the body chunked.
             cx.fx
                 .push(Effect::RemoveRequestHeader(Cow::Borrowed("content-length")));
+        } else {
+            // Kept: a later rewrite (an output limit above the model's cap) must keep this length.
+            meta.fixed_length = h
+                .get("content-length")
+                .and_then(|v| v.trim().parse::<usize>().ok());
         }
 
         // Headers-phase refusal when the bucket is known without the body.

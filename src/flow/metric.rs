@@ -33,6 +33,7 @@ metrics! {
     RequestsRejectedNoTenant => "requests_rejected_no_tenant",
     RequestsPassthrough => "requests_passthrough",
     RequestsInvalidBodyCharged => "requests_invalid_body_charged",
+    RequestsOutputCapped => "requests_output_capped",
     TokensEstimated => "tokens_estimated",
     TokensCredited => "tokens_credited",
     TokensDebited => "tokens_debited",

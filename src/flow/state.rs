@@ -135,6 +135,8 @@ pub(super) struct Meta {
     pub cluster_closed_at: Option<u64>,
     /// `x-tokengate-fallback` hops.
     pub fallbacks: Vec<String>,
+    /// The `content-length` the upstream was promised (kept): a rewritten body must have this length.
+    pub fixed_length: Option<usize>,
     /// The bucket read in the headers phase (key, value, CAS token): the body-phase charge of that same
     /// key starts from it (its CAS catches any write in between).
     pub prechecked: Option<(String, Seen)>,

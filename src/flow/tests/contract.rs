@@ -403,3 +403,75 @@ fn with_api_keys_listed_only_those_keys_are_tenants_and_made_up_keys_get_401() {
         );
     }
 }
+
+#[test]
+fn an_output_limit_above_the_cap_is_lowered_in_the_body_keeping_its_length() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id",
+        "models": {"m": {"default_max_tokens": 100, "max_tokens_cap": 4096}},
+        "rules": [rule(10.0, 1e9)]}));
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":18446744073709551615}"#;
+    let c = e.send("/v1/chat/completions", &[TENANT], body);
+    clean(&c);
+    assert!(c.forwarded);
+    assert_eq!(
+        c.body.len(),
+        body.len(),
+        "content-length kept: the body keeps its length"
+    );
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["max_tokens"], 4096);
+    assert!(c.headers.iter().any(|(k, _)| k == "content-length"));
+    assert_eq!(e.metric(Metric::RequestsOutputCapped), 1);
+    // Below the cap: untouched.
+    let body = chat("m", "hi", 4000);
+    let c = e.send("/v1/chat/completions", &[TENANT], &body);
+    assert_eq!(c.body, body.as_bytes());
+}
+
+#[test]
+fn an_output_limit_above_the_cap_is_refused_when_configured() {
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "output_above_cap": "refuse",
+        "models": {"m": {"default_max_tokens": 100, "max_tokens_cap": 4096}},
+        "rules": [rule(10.0, 1e9)]}),
+    );
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5000));
+    clean(&c);
+    assert_eq!(c.status(), Some(400));
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("output_limit_too_large")
+    );
+    assert!(c.reply_json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("at most 4096"));
+}
+
+#[test]
+fn an_anthropic_thinking_budget_is_kept_below_a_lowered_max_tokens() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id",
+        "models": {"claude": {"default_max_tokens": 1000, "max_tokens_cap": 8000}},
+        "rules": [rule(10.0, 1e9)]}));
+    let body = json!({"model": "claude", "max_tokens": 64000,
+        "thinking": {"type": "enabled", "budget_tokens": 32000},
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let c = e.send("/v1/messages", &[TENANT], &body);
+    clean(&c);
+    assert!(c.forwarded);
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["max_tokens"], 8000);
+    assert_eq!(sent["thinking"]["budget_tokens"], 7999);
+    // A cap below Anthropic's minimum budget cannot fit any thinking: refused before the provider.
+    let e = envoy(json!({"tenant_header": "x-tenant-id",
+        "models": {"claude": {"default_max_tokens": 500, "max_tokens_cap": 1000}},
+        "rules": [rule(10.0, 1e9)]}));
+    let c = e.send("/v1/messages", &[TENANT], &body);
+    assert_eq!(c.status(), Some(400));
+    assert_eq!(c.reply_json()["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("thinking_budget_does_not_fit")
+    );
+}
