@@ -199,10 +199,15 @@ fn body_rewrites_never_panic() {
         inject_include_usage: true,
         clamp_max_output: Some(5),
         max_output_field: "max_tokens".into(),
+        clamp_present_only: false,
+    };
+    let present_only = Edits {
+        clamp_present_only: true,
+        ..edits.clone()
     };
     for i in 0..20_000 {
         let body = mutate(&mut rng, REQUESTS[i % REQUESTS.len()].as_bytes());
-        let _ = rewrite::rewrite(&body, &edits);
+        let _ = rewrite::rewrite(&body, if i % 2 == 0 { &edits } else { &present_only });
     }
 }
 
