@@ -82,6 +82,7 @@ fn main() {
         inject_include_usage: true,
         clamp_max_output: Some(1000),
         max_output_field: "max_tokens".into(),
+        clamp_present_only: false,
     };
     let prose = "The quick brown fox jumps over the lazy dog. \"Quoted\" words and\nnew lines. ";
     let cjk = "東京は日本の首都であり、世界最大の都市圏の一つです。人口は約一千四百万人です。";
