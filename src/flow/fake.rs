@@ -154,6 +154,8 @@ pub struct FakeEnvoy {
     pub root_callouts: RefCell<Vec<Callout>>,
     /// Context ids the root's tick resumed.
     pub resumed: RefCell<Vec<u32>>,
+    /// How a shim answers the start-up `PING` (default: 200 `{"PING":[true,"PONG"]}`).
+    pub probe_answer: RefCell<(u32, String)>,
     next_id: Cell<u32>,
 }
 
@@ -190,6 +192,7 @@ impl FakeEnvoy {
             clusters,
             root_callouts: RefCell::new(Vec::new()),
             resumed: RefCell::new(Vec::new()),
+            probe_answer: RefCell::new((200, r#"{"PING":[true,"PONG"]}"#.to_string())),
             next_id: Cell::new(1),
         }
     }
@@ -570,7 +573,15 @@ impl FakeEnvoy {
             match e {
                 Effect::ResumeContext(id) => self.resumed.borrow_mut().push(id),
                 Effect::Dispatch(c) => {
-                    if self.clusters.contains(&c.cluster) {
+                    if c.purpose == Purpose::Probe && self.clusters.contains(&c.cluster) {
+                        // The start-up check of a shim: answered at once, as a healthy Webdis does.
+                        let (status, body) = self.probe_answer.borrow().clone();
+                        queue.extend(self.root_reply_fx(
+                            w,
+                            c.purpose,
+                            CalloutReply::answer(status, body.into_bytes()),
+                        ));
+                    } else if self.clusters.contains(&c.cluster) {
                         self.root_callouts.borrow_mut().push(c);
                     } else {
                         queue.extend(self.root_reply_fx(w, c.purpose, CalloutReply::refused(2)));

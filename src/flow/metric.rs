@@ -73,6 +73,7 @@ metrics! {
     GlobalTokensDebited => "global_tokens_debited",
     GlobalCreditsDropped => "global_credits_dropped",
     LogsSuppressed => "logs_suppressed",
+    ShimClusterUnreachable => "shim_cluster_unreachable",
     ResponsesBeforeDecision => "responses_before_decision",
 }
 

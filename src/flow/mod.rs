@@ -133,6 +133,8 @@ pub enum Purpose {
     Settle(u64),
     /// A global bucket credit, by [`Worker`] credit id.
     Credit(u64),
+    /// The check of a shim cluster when the VM starts (Webdis `PING`).
+    Probe,
 }
 
 /// One HTTP callout to a Webdis shim (`POST /` with a form-encoded command body).

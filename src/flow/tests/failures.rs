@@ -230,3 +230,38 @@ fn an_upstream_that_answers_before_the_decision_is_accounted_and_never_answered_
     assert_eq!(&seg[3 + nkeys + 2], "c", "{seg:?}");
     assert_eq!(&seg[3 + nkeys + 4], "0", "{seg:?}");
 }
+
+#[test]
+fn the_shim_clusters_are_checked_once_at_start_and_a_wrong_name_is_logged() {
+    let e = envoy(quota_cfg("closed"));
+    e.tick(0);
+    assert!(e.logged("webdis shim at cluster 'webdis' answers PING"));
+    assert_eq!(e.metric(Metric::ShimClusterUnreachable), 0);
+    // A second VM of the same process does not check it again.
+    let e = FakeEnvoy::new(&quota_cfg("closed").to_string(), 2);
+    e.tick(0);
+    e.tick(1);
+    let pings = e
+        .logs
+        .borrow()
+        .iter()
+        .filter(|(_, l)| l.contains("answers PING"))
+        .count();
+    assert_eq!(pings, 1);
+    // An unknown cluster (the host refuses the callout) and a shim that does not answer.
+    let mut cfg = quota_cfg("closed");
+    cfg["quota"]["cluster"] = json!("webdis-typo");
+    let mut e = FakeEnvoy::new(&cfg.to_string(), 1);
+    e.clusters.retain(|c| c == "provider");
+    e.tick(0);
+    assert!(e.logged("cluster 'webdis-typo'"), "{:?}", e.logs.borrow());
+    assert_eq!(e.metric(Metric::ShimClusterUnreachable), 1);
+    let e = envoy(quota_cfg("closed"));
+    *e.probe_answer.borrow_mut() = (503, String::new());
+    e.tick(0);
+    assert!(
+        e.logged("did not answer PING (HTTP 503"),
+        "{:?}",
+        e.logs.borrow()
+    );
+}
