@@ -11,6 +11,8 @@
 //! tg:q:{acme}:done                     hash: tombstones (resolved at the deadline, or charged without
 //!                                      a reservation), request id -> "S <min> <keys>" | "C"
 //! tg:q:{acme}:gone                     sorted set: tombstone id by expiry (unix s)
+//! tg:q:{acme}:leases                   hash: leases of Envoys, "L|<envoy>|<model>|<month>" ->
+//!                                      "<held> <reported total> <version> <counter keys>"
 //! tg:q:{acme}:none                     placeholder key when no model is tracked (never read or written)
 //! ```
 //! So Redis holds, per tenant, a handful of keys plus one entry per request *in flight* (and a
@@ -46,6 +48,8 @@ pub struct QuotaKeys {
     pub done: String,
     /// `tg:q:{t}:gone` — tombstone expiries.
     pub gone: String,
+    /// `tg:q:{t}:leases` — leases held by Envoys.
+    pub leases: String,
     /// The sanitized request id (the field of this request's entries).
     pub request_id: String,
     /// True when a model is tracked (the model keys are real).
@@ -76,6 +80,7 @@ impl QuotaKeys {
             due: format!("{p}:due"),
             done: format!("{p}:done"),
             gone: format!("{p}:gone"),
+            leases: format!("{p}:leases"),
             request_id: sanitize(request_id),
             has_model: model.is_some(),
         }
@@ -101,6 +106,7 @@ impl QuotaKeys {
             due: format!("{prefix}:due"),
             done: format!("{prefix}:done"),
             gone: format!("{prefix}:gone"),
+            leases: format!("{prefix}:leases"),
             request_id,
             has_model,
         }

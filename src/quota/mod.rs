@@ -39,12 +39,16 @@
 //! ```
 
 pub mod keys;
+pub mod lease;
 pub mod marker;
 pub mod replies;
 pub mod scripts;
 pub mod weights;
 
 pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};
+pub use lease::{
+    lease_id, lease_request, parse_lease_reply, LeaseArgs, LeaseReply, LEASE_SCRIPT, LEASE_SHA1,
+};
 pub use marker::ExhaustedMarker;
 pub use replies::{parse_reserve_reply, parse_settle_reply, Reason, ReserveReply};
 pub use scripts::{

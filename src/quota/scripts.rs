@@ -21,7 +21,7 @@ pub const TOMBSTONE_S: u64 = 3600;
 
 /// The reservation script (all or nothing).
 ///
-/// KEYS: `used_total, used_model, limit_override, limit_model_override, open, due, done, gone`.
+/// KEYS: `used_total, used_model, limit_override, limit_model_override, open, due, done, gone, leases`.
 /// ARGV: `prompt_cost, output_cost, default_limit, default_model_limit (0 = none), expire_at_unix,
 /// request_id, deadline_s, clamp (1/0), min_output_cost, has_model (1/0), tombstone_s, "tg3"`.
 /// Reply: `[allowed, used_after, limit, model_used_after, model_limit (-1 = none), 0, granted_output,
@@ -33,15 +33,19 @@ pub const TOMBSTONE_S: u64 = 3600;
 /// its prompt cost, the rest of its amount given back, and a tombstone `"S <prompt>"` lets a settlement
 /// that still arrives apply the difference once. A request id already reserved or tombstoned is refused
 /// with an error (a reservation that arrives after its request was reconciled does nothing).
-pub const RESERVE_SCRIPT: &str = include_str!("reserve.lua");
+pub const RESERVE_SCRIPT: &str = concat!(
+    include_str!("reserve_head.lua"),
+    include_str!("common.lua"),
+    include_str!("reserve.lua")
+);
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "ad66ddf91b635fccb416530b02df923cdf628c4c";
+pub const RESERVE_SHA1: &str = "7d601eca56eb963e5ab155f09193bb12d2b0e326";
 
 /// The settlement script: a batch of ONE tenant's settlements and charges (their keys share the tenant's
 /// hash tag, so the batch stays on one Redis Cluster slot).
 ///
-/// KEYS: `open, due, done, gone`, then `used_total, used_model` per entry. ARGV: `tombstone_s, "tg3"`,
+/// KEYS: `open, due, done, gone, leases`, then `used_total, used_model` per entry. ARGV: `tombstone_s, "tg3"`,
 /// then per entry `mode ("s" settle | "c" charge), request_id, actual, expire_at_unix, has_model (1/0)`.
 /// Reply: one integer per entry: 1 applied, 0 nothing to do (already applied), −1 a counter in Redis
 /// is not a number or the entry is malformed.
@@ -52,10 +56,14 @@ pub const RESERVE_SHA1: &str = "ad66ddf91b635fccb416530b02df923cdf628c4c";
 /// the shim was down, or one whose reservation's outcome is unknown — adds `actual` and leaves a
 /// tombstone `C`, so a resend, or a reservation that reaches Redis late, does nothing. Counters never go
 /// below 0. Every call also resolves reservations past their deadline, as [`RESERVE_SCRIPT`] does.
-pub const SETTLE_SCRIPT: &str = include_str!("settle.lua");
+pub const SETTLE_SCRIPT: &str = concat!(
+    include_str!("settle_head.lua"),
+    include_str!("common.lua"),
+    include_str!("settle.lua")
+);
 
 /// SHA-1 of [`SETTLE_SCRIPT`] (checked against a real Redis in the tests).
-pub const SETTLE_SHA1: &str = "2290b6563b576814c93a97208b714f9adec3c919";
+pub const SETTLE_SHA1: &str = "24b2c2f0be9101c34430c278a3575a8d06850fa3";
 
 /// Everything one reservation needs. Costs are weighted tokens (see [`weighted`](super::weighted)).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +124,7 @@ pub fn reserve_request(args: &ReserveArgs, call: ScriptCall) -> String {
         k.due.as_str(),
         k.done.as_str(),
         k.gone.as_str(),
+        k.leases.as_str(),
     ];
     let argv = [
         lua_int(args.prompt_cost),
@@ -232,10 +241,11 @@ mod tests {
         assert_eq!(
             body,
             format!(
-                "EVALSHA/{RESERVE_SHA1}/8/tg%3Aq%3A%7Bacme%7D%3A2026-11/\
+                "EVALSHA/{RESERVE_SHA1}/9/tg%3Aq%3A%7Bacme%7D%3A2026-11/\
                  tg%3Aq%3A%7Bacme%7D%3A2026-11%3Am%3Agpt-4%2E1/tg%3Aq%3A%7Bacme%7D%3Alimit/\
                  tg%3Aq%3A%7Bacme%7D%3Alimit%3Am%3Agpt-4%2E1/tg%3Aq%3A%7Bacme%7D%3Aopen/\
                  tg%3Aq%3A%7Bacme%7D%3Adue/tg%3Aq%3A%7Bacme%7D%3Adone/tg%3Aq%3A%7Bacme%7D%3Agone/\
+                 tg%3Aq%3A%7Bacme%7D%3Aleases/\
                  100/50/1000/0/1796688000/req-1/600/0/0/1/3600/tg3"
             )
         );
@@ -253,7 +263,7 @@ mod tests {
             assert!(!body.contains('+') && !body.contains(' ') && !body.contains('.'));
             assert!(body.ends_with("/tg3"));
             let segments = body.split('/').count();
-            assert_eq!(segments, 2 + 1 + 8 + 12);
+            assert_eq!(segments, 2 + 1 + 9 + 12);
         }
         assert!(webdis_encode(RESERVE_SCRIPT)
             .bytes()

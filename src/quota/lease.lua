@@ -1,0 +1,66 @@
+sweep(now, open, leases, due, done, gone, tomb, ltomb)
+local lim, used = num(KEYS[3], dl), num(ku, 0)
+if not lim or not used then return redis.error_reply('ERR tokengate: not a count at ' .. ku .. ' or ' .. KEYS[3]) end
+local mlim, mused = -1, 0
+if hasm then
+  if dml > 0 then mlim = dml end
+  mlim = num(KEYS[4], mlim)
+  mused = num(km, 0)
+  if not mlim or not mused then return redis.error_reply('ERR tokengate: not a count at ' .. km .. ' or ' .. KEYS[4]) end
+end
+-- This Envoy's lease: what it holds (o), the total usage it reported (r), a version.
+local o, r, ver = 0, 0, 0
+local rec = redis.call('HGET', leases, id)
+if rec then
+  local a, b, c = string.match(rec, '^(%d+) (%d+) (%d+) ')
+  o, r, ver = tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+else
+  local tb = redis.call('HGET', done, id)
+  if tb and string.sub(tb, 1, 2) == 'R ' then r = tonumber(string.sub(tb, 3)) or 0 end
+end
+local function move(d)
+  if d == 0 then return end
+  used = used + d
+  if used < 0 then used = 0 end
+  redis.call('SET', ku, string.format('%d', used))
+  redis.call('EXPIREAT', ku, ARGV[7])
+  if hasm then
+    mused = mused + d
+    if mused < 0 then mused = 0 end
+    redis.call('SET', km, string.format('%d', mused))
+    redis.call('EXPIREAT', km, ARGV[7])
+  end
+end
+-- The usage reported since the last call is taken from the lease; beyond it, it is added.
+if total > r then
+  local c = total - r
+  if c <= o then o = o - c else move(c - o); o = 0 end
+  r = total
+end
+if target >= 0 and target < o then
+  move(target - o)
+  o = target
+elseif want > o then
+  local avail = lim - used
+  if mlim >= 0 and mlim - mused < avail then avail = mlim - mused end
+  local g = want - o
+  if g > avail then g = avail end
+  if g > cap then g = cap end
+  if g > 0 then
+    move(g)
+    o = o + g
+  end
+end
+ver = ver + 1
+if o > 0 or target ~= 0 then
+  redis.call('HSET', leases, id, string.format('%d %d %d %s %s', o, r, ver, ku, hasm and km or '-'))
+  redis.call('ZADD', due, now + ttl, id)
+  redis.call('HDEL', done, id)
+else
+  redis.call('HDEL', leases, id)
+  redis.call('ZREM', due, id)
+  redis.call('HSET', done, id, 'R ' .. r)
+  redis.call('ZADD', gone, now + ltomb, id)
+end
+for _, k in ipairs({leases, due, done, gone}) do keep(k, ttl + ltomb + 86400) end
+return {o, used, lim, mused, mlim, ver, r}

@@ -1,0 +1,218 @@
+//! Quota leases: one Envoy holds a block of a tenant's (× model's) monthly quota, spends it from shared
+//! data without a callout per request, and reports what it used in later calls ([`LEASE_SCRIPT`]).
+//!
+//! Redis counts a lease in the tenant's counters the moment it is granted, exactly like a reservation:
+//! `used` = settled usage + reservations in flight + leases held, so a limit is never overshot by leases
+//! (only by usage above what was reserved, as with reservations). A lease is identified by
+//! `L|<envoy>|<model>|<month>` and kept in `tg:q:{t}:leases` as `"<held> <reported total> <version> <keys>"`:
+//! * a call reports the Envoy's *total* usage under this lease so far; Redis takes the part not reported
+//!   yet out of what the lease holds (beyond it, adds it to the counters), so a resent call never counts
+//!   twice;
+//! * `want` grows the lease to at least that (as far as the limits allow, at most `max_grant` more);
+//!   `target ≥ 0` shrinks it to that (what is given back leaves the counters);
+//! * a lease not renewed within `ttl_s` is resolved by the next call of the tenant that sees it: what it
+//!   holds goes back to the counters (usage its Envoy never reported is forgiven: at most one lease per
+//!   Envoy per tenant × model), and its reported total is remembered as a tombstone for a day, so the
+//!   Envoy's later report counts only what it had not reported.
+
+use super::keys::QuotaKeys;
+use super::scripts::{QUOTA_PROTOCOL_TAG, TOMBSTONE_S};
+use crate::calendar::MAX_UNIX_S;
+use crate::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimError, MAX_LUA_INT};
+
+/// The lease script.
+///
+/// KEYS: `used_total, used_model, limit_override, limit_model_override, leases, due, done, gone, open`.
+/// ARGV: `lease_id, reported_total, want, target (-1 = none), default_limit, default_model_limit,
+/// expire_at_unix, ttl_s, has_model (1/0), tombstone_s, max_grant, lease_tombstone_s, "tg3"`.
+/// Reply: `[held, used, limit, model_used, model_limit (-1 none), version, reported_total]`.
+pub const LEASE_SCRIPT: &str = concat!(
+    include_str!("lease_head.lua"),
+    include_str!("common.lua"),
+    include_str!("lease.lua")
+);
+
+/// SHA-1 of [`LEASE_SCRIPT`].
+pub const LEASE_SHA1: &str = "2b6407e8856fef566464ab77275cffde6431865c";
+
+/// How long a lease's reported total is remembered after the lease is gone.
+pub const LEASE_TOMBSTONE_S: u64 = 24 * TOMBSTONE_S;
+
+/// One lease call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseArgs {
+    /// The tenant's (× model's) counter keys this month.
+    pub keys: QuotaKeys,
+    /// `L|<envoy>|<model>|<month>`.
+    pub lease_id: String,
+    /// Total usage this Envoy spent from this lease so far.
+    pub reported_total: u64,
+    /// Grow the lease to at least this much.
+    pub want: u64,
+    /// Shrink it to this (`None`: keep what it holds beyond `want`).
+    pub target: Option<u64>,
+    /// Tenant limit when no override exists.
+    pub default_limit: u64,
+    /// Tenant × model limit when no override exists (0 = none).
+    pub default_model_limit: u64,
+    /// The counters' fixed expiry.
+    pub expire_at_unix: i64,
+    /// A lease not renewed within this long is resolved.
+    pub ttl_s: u64,
+    /// Grow by at most this much in one call.
+    pub max_grant: u64,
+}
+
+/// The lease id of an Envoy for a tenant's model in a month.
+pub fn lease_id(envoy: u64, model: Option<&str>, month: &str) -> String {
+    format!(
+        "L|{envoy:x}|{}|{}",
+        crate::keys::sanitize(model.unwrap_or("-")),
+        crate::keys::sanitize(month)
+    )
+}
+
+/// The Webdis body that runs the lease script.
+pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
+    let k = &a.keys;
+    let keys = [
+        k.used_total.as_str(),
+        k.used_model.as_str(),
+        k.limit_override.as_str(),
+        k.limit_model_override.as_str(),
+        k.leases.as_str(),
+        k.due.as_str(),
+        k.done.as_str(),
+        k.gone.as_str(),
+        k.open.as_str(),
+    ];
+    let argv = [
+        a.lease_id.clone(),
+        lua_int(a.reported_total),
+        lua_int(a.want),
+        a.target.map_or_else(|| "-1".to_string(), lua_int),
+        lua_int(a.default_limit),
+        lua_int(a.default_model_limit),
+        a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
+        lua_int(a.ttl_s.max(1)),
+        if k.has_model { "1" } else { "0" }.to_string(),
+        lua_int(TOMBSTONE_S),
+        lua_int(a.max_grant.min(MAX_LUA_INT)),
+        lua_int(LEASE_TOMBSTONE_S),
+        QUOTA_PROTOCOL_TAG.to_string(),
+    ];
+    command_body(call, LEASE_SCRIPT, LEASE_SHA1, &keys, &argv)
+}
+
+/// What a lease call left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseReply {
+    /// What the lease holds now.
+    pub held: u64,
+    /// The tenant counter (leases included).
+    pub used: u64,
+    /// The tenant limit in force.
+    pub limit: u64,
+    /// The tenant × model counter.
+    pub model_used: u64,
+    /// The tenant × model limit (`None`: none).
+    pub model_limit: Option<u64>,
+    /// Incremented by every call: a reply with a lower version than one already applied is stale.
+    pub version: u64,
+    /// The reported total Redis now holds for the lease.
+    pub reported_total: u64,
+}
+
+impl LeaseReply {
+    /// What is left of the binding limit (tenant, or tenant × model when lower).
+    pub fn remaining(&self) -> u64 {
+        let t = self.limit.saturating_sub(self.used);
+        match self.model_limit {
+            Some(m) => t.min(m.saturating_sub(self.model_used)),
+            None => t,
+        }
+    }
+
+    /// The binding limit (tenant's, or the tenant × model limit when it has less left).
+    pub fn binding_limit(&self) -> u64 {
+        match self.model_limit {
+            Some(m) if m.saturating_sub(self.model_used) < self.limit.saturating_sub(self.used) => {
+                m
+            }
+            _ => self.limit,
+        }
+    }
+}
+
+/// Parses the lease script's answer. Never panics.
+pub fn parse_lease_reply(http_status: u32, body: &[u8]) -> Result<LeaseReply, ShimError> {
+    let a = parse_int_array(http_status, body, 7)?;
+    let [held, used, limit, mused, mlimit, version, reported] = a.as_slice() else {
+        return Err(ShimError::Garbage("wrong length".into()));
+    };
+    let non_neg = |n: i64, what: &str| {
+        u64::try_from(n).map_err(|_| ShimError::Garbage(format!("negative {what}: {n}")))
+    };
+    Ok(LeaseReply {
+        held: non_neg(*held, "held")?,
+        used: non_neg(*used, "used")?,
+        limit: non_neg(*limit, "limit")?,
+        model_used: non_neg(*mused, "model used")?,
+        model_limit: match *mlimit {
+            -1 => None,
+            n => Some(non_neg(n, "model limit")?),
+        },
+        version: non_neg(*version, "version")?,
+        reported_total: non_neg(*reported, "reported")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webdis::sha1_hex;
+
+    #[test]
+    fn the_sha1_constant_is_the_sha1_of_the_script_text() {
+        assert_eq!(sha1_hex(LEASE_SCRIPT.as_bytes()), LEASE_SHA1);
+    }
+
+    #[test]
+    fn a_lease_call_lays_out_its_keys_and_arguments_in_script_order() {
+        let keys = QuotaKeys::new("acme", Some("m"), "2026-11", "-");
+        let a = LeaseArgs {
+            lease_id: lease_id(0xab, Some("m"), "2026-11"),
+            keys,
+            reported_total: 5,
+            want: 100,
+            target: None,
+            default_limit: 1000,
+            default_model_limit: 0,
+            expire_at_unix: 9,
+            ttl_s: 60,
+            max_grant: 50,
+        };
+        assert_eq!(a.lease_id, "L|ab|m|2026-11");
+        let body = lease_request(&a, ScriptCall::EvalSha);
+        assert!(
+            body.starts_with(&format!("EVALSHA/{LEASE_SHA1}/9/")),
+            "{body}"
+        );
+        assert!(
+            body.ends_with("/L%7Cab%7Cm%7C2026-11/5/100/-1/1000/0/9/60/1/3600/50/86400/tg3"),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn a_lease_reply_parses_and_says_what_is_left() {
+        let r = parse_lease_reply(200, br#"{"EVAL":[40,900,1000,300,350,3,77]}"#).unwrap();
+        assert_eq!((r.held, r.version, r.reported_total), (40, 3, 77));
+        assert_eq!(r.remaining(), 50);
+        assert_eq!(r.binding_limit(), 350);
+        assert!(matches!(
+            parse_lease_reply(200, br#"{"EVAL":[-1,0,0,0,-1,0,0]}"#),
+            Err(ShimError::Garbage(_))
+        ));
+    }
+}
