@@ -33,10 +33,22 @@ fn malformed_json_gets_400() {
         &[("content-type", "application/json")],
         br#"{"model": "gpt-test", "messages": ["#,
     );
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     // Valid JSON that is not an object is not a request either.
     let r = post_raw(&envoy, &[("content-type", "application/json")], b"[1,2,3]");
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     settle();
     assert!(
         mock.requests().is_empty(),
@@ -55,10 +67,22 @@ fn non_json_body_gets_400() {
         &[("content-type", "text/plain")],
         b"hello, please summarise this",
     );
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     // An empty body on an LLM path is not a request.
     let r = post_raw(&envoy, &[("content-type", "application/json")], b"");
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     settle();
     assert!(mock.requests().is_empty());
     tg::assert_no_panic(&envoy);
@@ -78,7 +102,13 @@ fn huge_body_gets_413() {
         &[("content-type", "application/json")],
         big.as_bytes(),
     );
-    assert_error(&r, 413, "invalid_request_error", "request_too_large");
+    assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "request_too_large",
+        "request_too_large",
+    );
     // Same without content-length (chunked request body).
     let r = post_raw(
         &envoy,
@@ -88,7 +118,13 @@ fn huge_body_gets_413() {
         ],
         big.as_bytes(),
     );
-    assert_error(&r, 413, "invalid_request_error", "request_too_large");
+    assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "request_too_large",
+        "request_too_large",
+    );
     // A body under the limit still passes.
     admitted(&post_raw(
         &envoy,
@@ -147,7 +183,13 @@ fn missing_tenant_gets_401_and_default_tenant_is_used_when_configured() {
         &chat("gpt-test", 10),
     )
     .unwrap();
-    assert_error(&r, 401, "authentication_error", "missing_tenant");
+    assert_error(
+        &r,
+        401,
+        "invalid_request_error",
+        "missing_tenant",
+        "missing_tenant",
+    );
     settle();
     assert!(mock.requests().is_empty());
     admitted(&tg::post_chat(&envoy, "known", &chat("gpt-test", 10)));
@@ -258,7 +300,13 @@ fn other_spellings_of_an_llm_path_are_metered_too() {
         )
         .unwrap();
         assert_eq!(r.status, 413, "{path}: {}", r.text());
-        assert_error(&r, 413, "invalid_request_error", "cost_exceeds_burst");
+        assert_error(
+            &r,
+            413,
+            "invalid_request_error",
+            "cost_exceeds_burst",
+            "cost_exceeds_burst",
+        );
     }
     settle();
     assert!(mock.requests().is_empty(), "nothing reached the provider");
@@ -433,8 +481,16 @@ fn a_body_phase_429_says_what_the_request_would_have_cost() {
     let a = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
     admitted(&a);
     let b = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
-    assert_error(&b, 429, "rate_limit_error", "tokens_per_second_exceeded");
+    let ours = assert_error(
+        &b,
+        429,
+        "tokens",
+        "rate_limit_exceeded",
+        "tokens_per_second_exceeded",
+    );
     let est = header_u64(&b, "x-tokengate-estimated-tokens");
     assert!((900..1000).contains(&est), "{est}");
+    assert_eq!(ours["estimated_tokens"], est, "the body says it too");
+    assert_eq!(ours["limit"], "all", "the binding rule is named");
     tg::assert_no_panic(&envoy);
 }
