@@ -1813,9 +1813,82 @@ pub mod tg {
         estimated(r)
     }
 
-    /// Asserts an OpenAI-shaped JSON error `{"error":{"type","code","message"}}` with that status
-    /// and returns the `error` object.
-    pub fn assert_error(r: &http::Response, status: u16, etype: &str, code: &str) -> Value {
+    /// Whether the response contract (docs/response-contract.md) says a retry can fix a refusal of
+    /// tokengate's `reason`: such answers carry `retry-after`, `retry-after-ms` and
+    /// `x-should-retry: true`; every other one `x-should-retry: false` and no `retry-after`.
+    pub fn retryable(reason: &str) -> bool {
+        matches!(
+            reason,
+            "tokens_per_second_exceeded"
+                | "requests_per_minute_exceeded"
+                | "concurrency_limit_exceeded"
+                | "circuit_open"
+                | "quota_unavailable"
+                | "rate_limiter_unavailable"
+        )
+    }
+
+    /// Asserts the retry headers of one of the filter's answers (either family), given its body's
+    /// `tokengate` object: retryable (`retry-after` = max(1, ceil(`tokengate.retry_after`)),
+    /// `retry-after-ms` = that in whole ms, `x-should-retry: true`) exactly when [`retryable`] says
+    /// so; else `x-should-retry: false` and none of `retry-after`, `retry-after-ms`,
+    /// `tokengate.retry_after`.
+    pub fn assert_retry_semantics(r: &http::Response, ours: &Value, reason: &str) {
+        let body = r.text();
+        if retryable(reason) {
+            assert_eq!(r.header("x-should-retry"), Some("true"), "{reason}: {body}");
+            let secs = ours["retry_after"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("tokengate.retry_after must be a number: {body}"));
+            assert!(secs > 0.0, "tokengate.retry_after {secs} > 0");
+            let ms = (secs * 1000.0).round();
+            assert!(
+                (secs * 1000.0 - ms).abs() < 1e-6,
+                "tokengate.retry_after {secs} has millisecond precision"
+            );
+            assert_eq!(
+                header_u64(r, "retry-after"),
+                (secs.ceil() as u64).max(1),
+                "retry-after vs tokengate.retry_after {secs}"
+            );
+            assert_eq!(
+                header_u64(r, "retry-after-ms"),
+                (ms as u64).max(1),
+                "retry-after-ms vs tokengate.retry_after {secs}"
+            );
+        } else {
+            assert_eq!(
+                r.header("x-should-retry"),
+                Some("false"),
+                "{reason}: {:?} {body}",
+                r.headers
+            );
+            for h in ["retry-after", "retry-after-ms"] {
+                assert!(
+                    r.header(h).is_none(),
+                    "{reason}: no {h} on what a retry cannot fix: {:?}",
+                    r.headers
+                );
+            }
+            assert!(
+                ours.get("retry_after").is_none(),
+                "{reason}: no tokengate.retry_after: {body}"
+            );
+        }
+    }
+
+    /// Asserts one of the filter's own answers on an OpenAI path: that status, a JSON body whose
+    /// `error` is exactly `{"message","type","param":null,"code"}` with that type and code,
+    /// `x-request-id`, tokengate's `reason` in `x-tokengate-reason` and `tokengate.reason`, and the
+    /// retry headers of the reason's class ([`assert_retry_semantics`]). Returns the body's
+    /// `tokengate` object (`retry_after`, `limit`, `estimated_tokens`, `quota`).
+    pub fn assert_error(
+        r: &http::Response,
+        status: u16,
+        etype: &str,
+        code: &str,
+        reason: &str,
+    ) -> Value {
         assert_eq!(
             r.status,
             status,
@@ -1830,34 +1903,189 @@ pub mod tg {
             "answered by the filter, not the provider"
         );
         let v = r.json();
-        let e = v["error"].clone();
+        let e = &v["error"];
+        let mut keys: Vec<&str> = e
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["code", "message", "param", "type"],
+            "error is exactly OpenAI's four fields: {v}"
+        );
         assert_eq!(e["type"], etype, "error.type in {v}");
         assert_eq!(e["code"], code, "error.code in {v}");
+        assert_eq!(e["param"], Value::Null, "error.param in {v}");
         assert!(
             e["message"].as_str().is_some_and(|m| !m.is_empty()),
             "error.message in {v}"
         );
-        e
+        assert!(
+            r.header("x-request-id").is_some_and(|id| !id.is_empty()),
+            "x-request-id on every answer: {:?}",
+            r.headers
+        );
+        assert!(
+            r.header("request-id").is_none(),
+            "no Anthropic names on OpenAI paths: {:?}",
+            r.headers
+        );
+        let ours = v["tokengate"].clone();
+        assert_eq!(ours["reason"], reason, "tokengate.reason in {v}");
+        assert_eq!(
+            r.header("x-tokengate-reason"),
+            Some(reason),
+            "{:?}",
+            r.headers
+        );
+        assert_retry_semantics(r, &ours, reason);
+        ours
     }
 
-    /// Asserts a 429 of the response contract and returns `reset_in`: JSON error with number
-    /// `reset_in` > 0, `retry-after` = max(1, ceil(reset_in)), the token headers with `limit` = burst.
-    pub fn assert_rate_limited(r: &http::Response, code: &str, burst: u64) -> f64 {
-        let e = assert_error(r, 429, "rate_limit_error", code);
-        let reset_in = e["reset_in"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("error.reset_in must be a number: {e}"));
-        assert!(reset_in > 0.0, "reset_in {reset_in} > 0");
-        let retry_after = header_u64(r, "retry-after");
+    /// Asserts one of the filter's own answers on Anthropic's `/v1/messages`: that status,
+    /// `{"type":"error","error":{"type","message","details":{"error_code"}},"request_id"}` with that
+    /// error type and tokengate's `reason` as `error_code`, `request-id` equal to the body's
+    /// `request_id`, `x-tokengate-reason`, and the retry headers of the class. Returns the body's
+    /// `tokengate` object.
+    pub fn assert_anthropic_error(
+        r: &http::Response,
+        status: u16,
+        etype: &str,
+        reason: &str,
+    ) -> Value {
         assert_eq!(
-            retry_after,
-            (reset_in.ceil() as u64).max(1),
-            "retry-after vs reset_in {reset_in}"
+            r.status,
+            status,
+            "status; headers {:?} body {}",
+            r.headers,
+            r.text()
         );
+        let ct = r.header("content-type").unwrap_or("");
+        assert!(ct.starts_with("application/json"), "content-type {ct:?}");
+        assert!(
+            r.header("x-mock-port").is_none(),
+            "answered by the filter, not the provider"
+        );
+        let v = r.json();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], etype, "error.type in {v}");
+        assert_eq!(v["error"]["details"]["error_code"], reason, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "error.message in {v}"
+        );
+        let id = r.header("request-id").unwrap_or("");
+        assert!(!id.is_empty(), "request-id: {:?}", r.headers);
+        assert_eq!(v["request_id"], id, "body request_id = request-id header");
+        let ours = v["tokengate"].clone();
+        assert_eq!(ours["reason"], reason, "tokengate.reason in {v}");
+        assert_eq!(
+            r.header("x-tokengate-reason"),
+            Some(reason),
+            "{:?}",
+            r.headers
+        );
+        assert_retry_semantics(r, &ours, reason);
+        ours
+    }
+
+    /// Asserts a bucket's 429 on an OpenAI path (`reason` `tokens_per_second_exceeded`: type
+    /// `tokens`; `requests_per_minute_exceeded`: type `requests`; code `rate_limit_exceeded`) with
+    /// the retry headers, `x-ratelimit-limit-tokens` = `burst`, `x-ratelimit-remaining-tokens` and a
+    /// duration in `x-ratelimit-reset-tokens`. Returns `tokengate.retry_after` (> 0, seconds).
+    pub fn assert_rate_limited(r: &http::Response, reason: &str, burst: u64) -> f64 {
+        let etype = match reason {
+            "tokens_per_second_exceeded" => "tokens",
+            "requests_per_minute_exceeded" => "requests",
+            other => panic!("not a bucket reason: {other}"),
+        };
+        let ours = assert_error(r, 429, etype, "rate_limit_exceeded", reason);
+        let retry_after = ours["retry_after"].as_f64().unwrap_or(0.0);
         assert_eq!(header_u64(r, "x-ratelimit-limit-tokens"), burst);
         header_u64(r, "x-ratelimit-remaining-tokens");
-        assert!(header_f64(r, "x-ratelimit-reset-tokens") >= 0.0);
-        reset_in
+        assert!(header_duration(r, "x-ratelimit-reset-tokens") >= 0.0);
+        retry_after
+    }
+
+    /// Milliseconds as Go's `time.Duration` prints them (what OpenAI's `x-ratelimit-reset-*` carry):
+    /// `0s`, `20ms`, `1s`, `1.5s`, `6m0s`, `1m30.5s`, `1h0m0s`.
+    pub fn go_duration(ms: u64) -> String {
+        if ms < 1000 {
+            return if ms == 0 {
+                "0s".into()
+            } else {
+                format!("{ms}ms")
+            };
+        }
+        let (h, m, s, frac) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+        let mut out = String::new();
+        if h > 0 {
+            out += &format!("{h}h");
+        }
+        if h > 0 || m > 0 {
+            out += &format!("{m}m");
+        }
+        out += &s.to_string();
+        if frac > 0 {
+            out += format!(".{frac:03}").trim_end_matches('0');
+        }
+        out + "s"
+    }
+
+    /// Seconds of a duration written as [`go_duration`] writes it (millisecond precision); `None`
+    /// for anything else (`9.347`, `1.5`, `90s`, `1m`, …).
+    pub fn parse_go_duration(s: &str) -> Option<f64> {
+        let mut ms = 0f64;
+        let mut rest = s;
+        while !rest.is_empty() {
+            let n = rest
+                .find(|c: char| !c.is_ascii_digit() && c != '.')
+                .filter(|&n| n > 0)?;
+            let num: f64 = rest.get(..n)?.parse().ok()?;
+            rest = rest.get(n..)?;
+            let (unit, len) = if rest.starts_with("ms") {
+                (1.0, 2)
+            } else {
+                match rest.chars().next()? {
+                    'h' => (3_600_000.0, 1),
+                    'm' => (60_000.0, 1),
+                    's' => (1000.0, 1),
+                    _ => return None,
+                }
+            };
+            ms += num * unit;
+            rest = rest.get(len..)?;
+        }
+        let whole = ms.round();
+        ((ms - whole).abs() < 1e-6 && go_duration(whole as u64) == s).then_some(whole / 1000.0)
+    }
+
+    /// A header that must be present and a [`go_duration`], in seconds.
+    pub fn header_duration(r: &http::Response, name: &str) -> f64 {
+        let v = r.header(name).unwrap_or_else(|| {
+            panic!(
+                "missing header {name}; status {} headers {:?}",
+                r.status, r.headers
+            )
+        });
+        parse_go_duration(v.trim())
+            .unwrap_or_else(|| panic!("header {name}: {v:?} is not a Go duration (`1.5s`, `20ms`)"))
+    }
+
+    /// An RFC 3339 UTC time as the Anthropic headers carry it (`2026-01-01T00:00:00Z`).
+    pub fn is_rfc3339(s: &str) -> bool {
+        let b = s.as_bytes();
+        b.len() == 20
+            && b.iter().enumerate().all(|(i, c)| match i {
+                4 | 7 => *c == b'-',
+                10 => *c == b'T',
+                13 | 16 => *c == b':',
+                19 => *c == b'Z',
+                _ => c.is_ascii_digit(),
+            })
     }
 
     /// Asserts the response carries no `x-ratelimit-*` and no `x-tokengate-*` header.

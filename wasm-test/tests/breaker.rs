@@ -79,26 +79,21 @@ fn breaker_log(envoy: &Envoy) -> String {
         .join("\n")
 }
 
-/// Asserts the 503 of an open breaker (JSON error, `reset_in` > 0, `retry-after` = max(1,
-/// ceil(reset_in))) and returns `reset_in` in seconds.
+/// Asserts the 503 of an open breaker (OpenAI's `server_error` with code `circuit_open`, retryable:
+/// `retry-after` = max(1, ceil(`tokengate.retry_after`)), `retry-after-ms`, `x-should-retry: true`)
+/// and returns `tokengate.retry_after`: the seconds until the breaker lets a request through.
 fn assert_circuit_open(r: &http::Response) -> f64 {
-    let e = assert_error(r, 503, "upstream_unavailable", "circuit_open");
-    let reset_in = e["reset_in"]
+    let ours = assert_error(r, 503, "server_error", "circuit_open", "circuit_open");
+    let retry_after = ours["retry_after"]
         .as_f64()
-        .unwrap_or_else(|| panic!("error.reset_in must be a number: {e}"));
-    assert!(reset_in > 0.0, "reset_in {reset_in} > 0");
-    let retry_after = header_u64(r, "retry-after");
-    assert!(retry_after >= 1, "retry-after {retry_after} >= 1");
-    assert_eq!(
-        retry_after,
-        (reset_in.ceil() as u64).max(1),
-        "retry-after vs reset_in {reset_in}"
-    );
-    reset_in
+        .unwrap_or_else(|| panic!("tokengate.retry_after must be a number: {ours}"));
+    assert!(retry_after > 0.0, "retry_after {retry_after} > 0");
+    assert!(header_u64(r, "retry-after") >= 1);
+    retry_after
 }
 
 /// Sends `make()` every `every` until a request is answered by the provider (at most `timeout`).
-/// Returns the time from `since` to that admission, the admitted response, and the `reset_in`
+/// Returns the time from `since` to that admission, the admitted response, and the `retry_after`
 /// values of the 503s seen before it.
 fn poll_until_admitted(
     envoy: &Envoy,
@@ -197,12 +192,12 @@ fn breaker_opens_after_the_failure_threshold() {
     mock.reset();
     // A healthy request now gets the breaker's 503, not the provider.
     let r = post(&envoy, &[], &chat(MODEL, 10));
-    let reset_in = assert_circuit_open(&r);
+    let retry_after = assert_circuit_open(&r);
     assert!(
-        reset_in <= 30.0 && reset_in > 25.0,
-        "reset_in {reset_in} ≈ recovery 30 s"
+        retry_after <= 30.0 && retry_after > 25.0,
+        "retry_after {retry_after} ≈ recovery 30 s"
     );
-    assert_eq!(header_u64(&r, "retry-after"), reset_in.ceil() as u64);
+    assert_eq!(header_u64(&r, "retry-after"), retry_after.ceil() as u64);
     let msg = r.json()["error"]["message"]
         .as_str()
         .unwrap_or_default()
@@ -336,10 +331,10 @@ fn half_open_admits_exactly_n_probes_under_concurrent_load() {
         rejected.len()
     );
     for (r, _) in &rejected {
-        let reset_in = assert_circuit_open(r);
+        let retry_after = assert_circuit_open(r);
         assert!(
-            reset_in <= 5.0,
-            "half-open rejection resets when the permits expire: {reset_in}"
+            retry_after <= 5.0,
+            "half-open rejection resets when the permits expire: {retry_after}"
         );
     }
     for (r, _) in &admitted {
@@ -412,7 +407,7 @@ fn probe_success_closes_the_breaker() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(
         !resets.is_empty() && resets[0] <= 1.0,
-        "first rejection's reset_in {:?}",
+        "first rejection's retry_after {:?}",
         resets.first()
     );
     assert!(
@@ -454,10 +449,10 @@ fn probe_success_closes_the_breaker() {
     // And the backoff was reset: the next open lasts recovery_ms again, not 2×.
     upstream_fails(&envoy, MODEL, 1, 500, &[]);
     expect_opened(&envoy, 2);
-    let reset_in = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
+    let retry_after = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
     assert!(
-        reset_in <= 1.0,
-        "recovery back to recovery_ms after a close: reset_in {reset_in}"
+        retry_after <= 1.0,
+        "recovery back to recovery_ms after a close: retry_after {retry_after}"
     );
     tg::assert_no_panic(&envoy);
 }
@@ -495,10 +490,10 @@ fn probe_failure_reopens_it_with_a_longer_recovery() {
         breaker_log(&envoy)
     );
     // Re-opened for recovery_ms × 2.
-    let reset_in = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
+    let retry_after = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
     assert!(
-        reset_in > 1.5 && reset_in <= 2.0,
-        "second recovery is 2 s: reset_in {reset_in}"
+        retry_after > 1.5 && retry_after <= 2.0,
+        "second recovery is 2 s: retry_after {retry_after}"
     );
 
     // Now healthy: the next probe succeeds.
@@ -550,10 +545,10 @@ fn upstream_429_with_retry_after_keeps_it_open_that_long() {
     }
     let opened_at = Instant::now();
     expect_opened(&envoy, 1);
-    let reset_in = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
+    let retry_after = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
     assert!(
-        reset_in > 2.5 && reset_in <= 3.0,
-        "open for the upstream's Retry-After, not recovery_ms: {reset_in}"
+        retry_after > 2.5 && retry_after <= 3.0,
+        "open for the upstream's Retry-After, not recovery_ms: {retry_after}"
     );
     assert_eq!(
         header_u64(&post(&envoy, &[], &chat(MODEL, 10)), "retry-after"),
@@ -562,10 +557,10 @@ fn upstream_429_with_retry_after_keeps_it_open_that_long() {
 
     // Well past recovery_ms (500 ms) it is still open.
     thread::sleep(Duration::from_millis(1500).saturating_sub(opened_at.elapsed()));
-    let reset_in = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
+    let retry_after = assert_circuit_open(&post(&envoy, &[], &chat(MODEL, 10)));
     assert!(
-        reset_in > 1.0 && reset_in <= 1.5,
-        "reset_in at 1.5 s: {reset_in}"
+        retry_after > 1.0 && retry_after <= 1.5,
+        "retry_after at 1.5 s: {retry_after}"
     );
     let (after, r, _) = poll_until_admitted(
         &envoy,
@@ -612,10 +607,10 @@ fn a_probe_answered_429_with_retry_after_reopens_for_that_long() {
     );
     expect_opened(&envoy, 2);
     let r = post(&envoy, &[], &chat(MODEL, 10));
-    let reset_in = assert_circuit_open(&r);
+    let retry_after = assert_circuit_open(&r);
     assert!(
-        reset_in > 2.5 && reset_in <= 3.0,
-        "re-opened for the probe's Retry-After: reset_in {reset_in}"
+        retry_after > 2.5 && retry_after <= 3.0,
+        "re-opened for the probe's Retry-After: retry_after {retry_after}"
     );
     assert_eq!(header_u64(&r, "retry-after"), 3);
     tg::assert_no_panic(&envoy);
@@ -930,8 +925,8 @@ fn a_fallback_target_with_an_open_breaker_is_not_used() {
     primary.reset();
     fallback.reset();
     let r = post(&envoy, &[], &chat(MODEL, 10));
-    let reset_in = assert_circuit_open(&r);
-    assert!(reset_in > 25.0 && reset_in <= 30.0, "{reset_in}");
+    let retry_after = assert_circuit_open(&r);
+    assert!(retry_after > 25.0 && retry_after <= 30.0, "{retry_after}");
     assert!(r.header("x-tokengate-fallback").is_none());
     settle();
     assert!(primary.requests().is_empty() && primary.incomplete_requests().is_empty());
@@ -1048,8 +1043,8 @@ fn connect_failure_counts() {
         "connect failures opened the breaker; next 503 in {:?}",
         t0.elapsed()
     );
-    let reset_in = assert_circuit_open(&r);
-    assert!(reset_in > 25.0 && reset_in <= 30.0, "{reset_in}");
+    let retry_after = assert_circuit_open(&r);
+    assert!(retry_after > 25.0 && retry_after <= 30.0, "{retry_after}");
     assert!(envoy
         .log()
         .contains("breaker tg:cb:cluster=provider: closed -> open (failure_threshold)"));

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 use wasm_test::tg::{
-    self, admitted, assert_rate_limited, chat, header_f64, header_u64, rule, rule_with,
+    self, admitted, assert_rate_limited, chat, header_duration, header_u64, rule, rule_with,
 };
 use wasm_test::{http, mock_provider, EnvoyOpts};
 
@@ -30,7 +30,7 @@ fn it_admits_a_request_within_budget_and_reports_ratelimit_headers() {
         10_000 - cost,
         "remaining = burst - cost"
     );
-    let reset = header_f64(&r, "x-ratelimit-reset-tokens");
+    let reset = header_duration(&r, "x-ratelimit-reset-tokens");
     let expect = cost as f64 / 100.0;
     assert!(
         (reset - expect).abs() <= 0.05,
@@ -71,7 +71,7 @@ fn it_rejects_with_429_when_the_token_bucket_is_empty() {
     // At 1 token/s the bucket gained at most the seconds elapsed since the first charge (+1 for
     // the fraction carried).
     let refill_max = since_first.elapsed().as_secs() + 1;
-    let reset_in = assert_rate_limited(&r, "tokens_per_second_exceeded", burst);
+    let retry_after = assert_rate_limited(&r, "tokens_per_second_exceeded", burst);
     let remaining = header_u64(&r, "x-ratelimit-remaining-tokens");
     assert!(
         (left..=left + refill_max).contains(&remaining),
@@ -80,10 +80,10 @@ fn it_rejects_with_429_when_the_token_bucket_is_empty() {
     // Needs cost - remaining more tokens at 1 token/s.
     let needed = (cost - remaining) as f64;
     assert!(
-        (reset_in - needed).abs() <= 1.0,
-        "reset_in {reset_in} ≈ {needed} s"
+        (retry_after - needed).abs() <= 1.0,
+        "retry_after {retry_after} ≈ {needed} s"
     );
-    let full_in = header_f64(&r, "x-ratelimit-reset-tokens");
+    let full_in = header_duration(&r, "x-ratelimit-reset-tokens");
     assert!(
         (full_in - (burst - remaining) as f64).abs() <= 2.0,
         "reset-tokens {full_in} = time until full"
@@ -158,13 +158,13 @@ fn it_rejects_when_requests_per_minute_is_spent() {
             header_u64(&r, "x-ratelimit-remaining-requests"),
             expect_left
         );
-        assert!(header_f64(&r, "x-ratelimit-reset-requests") > 0.0);
+        assert!(header_duration(&r, "x-ratelimit-reset-requests") > 0.0);
     }
     let r = tg::post_chat(&envoy, "t", &chat("gpt-test", 10));
-    let reset_in = assert_rate_limited(&r, "requests_per_minute_exceeded", burst);
+    let retry_after = assert_rate_limited(&r, "requests_per_minute_exceeded", burst);
     assert!(
-        reset_in <= 60.0,
-        "a request slot frees within a minute: {reset_in}"
+        retry_after <= 60.0,
+        "a request slot frees within a minute: {retry_after}"
     );
     assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 2);
     assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
@@ -185,12 +185,12 @@ fn it_refills_after_waiting() {
     );
     admitted(&tg::post_chat(&envoy, "t", &chat("gpt-test", 600)));
     let r = tg::post_chat(&envoy, "t", &chat("gpt-test", 600));
-    let reset_in = assert_rate_limited(&r, "tokens_per_second_exceeded", burst);
+    let retry_after = assert_rate_limited(&r, "tokens_per_second_exceeded", burst);
     assert!(
-        reset_in < 3.0,
-        "≈ (cost - remaining) / 200 tok/s: {reset_in}"
+        retry_after < 3.0,
+        "≈ (cost - remaining) / 200 tok/s: {retry_after}"
     );
-    thread::sleep(Duration::from_secs_f64(reset_in + 0.3));
+    thread::sleep(Duration::from_secs_f64(retry_after + 0.3));
     let r = tg::post_chat(&envoy, "t", &chat("gpt-test", 600));
     let cost = admitted(&r);
     assert!(header_u64(&r, "x-ratelimit-remaining-tokens") < burst - cost + 100);
@@ -362,8 +362,11 @@ fn shaping_holds_the_request_instead_of_rejecting() {
 
     // Now the bucket is about empty: 900 + prompt tokens need ≈ 1.8 s > max_wait_ms → 429.
     let r = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
-    let reset_in = assert_rate_limited(&r, "tokens_per_second_exceeded", burst);
-    assert!(reset_in > 1.0, "reset_in {reset_in} beyond max_wait");
+    let retry_after = assert_rate_limited(&r, "tokens_per_second_exceeded", burst);
+    assert!(
+        retry_after > 1.0,
+        "retry_after {retry_after} beyond max_wait"
+    );
     assert!(envoy.wait_stat("tokengate_requests_shaped", 1, Duration::from_secs(2)) >= 1);
     tg::assert_no_panic(&envoy);
 }

@@ -2,6 +2,7 @@
 //! invalid bodies, tenants, passthrough, configuration refusal and metrics.
 
 use serde_json::json;
+use sha2::Digest;
 use std::thread;
 use std::time::Duration;
 use wasm_test::tg::{self, admitted, assert_error, assert_untouched, chat, header_u64, rule};
@@ -33,10 +34,22 @@ fn malformed_json_gets_400() {
         &[("content-type", "application/json")],
         br#"{"model": "gpt-test", "messages": ["#,
     );
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     // Valid JSON that is not an object is not a request either.
     let r = post_raw(&envoy, &[("content-type", "application/json")], b"[1,2,3]");
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     settle();
     assert!(
         mock.requests().is_empty(),
@@ -55,10 +68,22 @@ fn non_json_body_gets_400() {
         &[("content-type", "text/plain")],
         b"hello, please summarise this",
     );
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     // An empty body on an LLM path is not a request.
     let r = post_raw(&envoy, &[("content-type", "application/json")], b"");
-    assert_error(&r, 400, "invalid_request_error", "invalid_body");
+    assert_error(
+        &r,
+        400,
+        "invalid_request_error",
+        "invalid_body",
+        "invalid_body",
+    );
     settle();
     assert!(mock.requests().is_empty());
     tg::assert_no_panic(&envoy);
@@ -78,7 +103,13 @@ fn huge_body_gets_413() {
         &[("content-type", "application/json")],
         big.as_bytes(),
     );
-    assert_error(&r, 413, "invalid_request_error", "request_too_large");
+    assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "request_too_large",
+        "request_too_large",
+    );
     // Same without content-length (chunked request body).
     let r = post_raw(
         &envoy,
@@ -88,7 +119,13 @@ fn huge_body_gets_413() {
         ],
         big.as_bytes(),
     );
-    assert_error(&r, 413, "invalid_request_error", "request_too_large");
+    assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "request_too_large",
+        "request_too_large",
+    );
     // A body under the limit still passes.
     admitted(&post_raw(
         &envoy,
@@ -147,7 +184,13 @@ fn missing_tenant_gets_401_and_default_tenant_is_used_when_configured() {
         &chat("gpt-test", 10),
     )
     .unwrap();
-    assert_error(&r, 401, "authentication_error", "missing_tenant");
+    assert_error(
+        &r,
+        401,
+        "invalid_request_error",
+        "missing_tenant",
+        "missing_tenant",
+    );
     settle();
     assert!(mock.requests().is_empty());
     admitted(&tg::post_chat(&envoy, "known", &chat("gpt-test", 10)));
@@ -258,7 +301,13 @@ fn other_spellings_of_an_llm_path_are_metered_too() {
         )
         .unwrap();
         assert_eq!(r.status, 413, "{path}: {}", r.text());
-        assert_error(&r, 413, "invalid_request_error", "cost_exceeds_burst");
+        assert_error(
+            &r,
+            413,
+            "invalid_request_error",
+            "cost_exceeds_burst",
+            "cost_exceeds_burst",
+        );
     }
     settle();
     assert!(mock.requests().is_empty(), "nothing reached the provider");
@@ -433,8 +482,125 @@ fn a_body_phase_429_says_what_the_request_would_have_cost() {
     let a = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
     admitted(&a);
     let b = tg::post_chat(&envoy, "t", &chat("gpt-test", 900));
-    assert_error(&b, 429, "rate_limit_error", "tokens_per_second_exceeded");
+    let ours = assert_error(
+        &b,
+        429,
+        "tokens",
+        "rate_limit_exceeded",
+        "tokens_per_second_exceeded",
+    );
     let est = header_u64(&b, "x-tokengate-estimated-tokens");
     assert!((900..1000).contains(&est), "{est}");
+    assert_eq!(ours["estimated_tokens"], est, "the body says it too");
+    assert_eq!(ours["limit"], "all", "the binding rule is named");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_client_cannot_name_a_key_tenant_in_the_tenant_header() {
+    // Tenants from API keys are `key:<16 hex of SHA-256(key)>`. With a tenant header that nothing
+    // strips (the test config), a client could name another key's tenant and spend its bucket:
+    // refused with 403 forbidden_tenant, which no retry fixes.
+    let mock = mock_provider!();
+    let burst = 10_000;
+    let mut cfg = tg::config(json!([rule("all", "*", "*", 1.0, burst)]));
+    cfg["api_key_tenants"] = json!(true);
+    let envoy = tg::start(&mock, cfg);
+    let digest = sha2::Sha256::digest(b"sk-bob");
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let bob = format!("key:{}", &hex[..16]);
+    for (auth, tenant) in [
+        ("Bearer sk-mallory", bob.clone()),
+        ("Bearer sk-mallory", bob.to_uppercase()),
+        ("", bob.clone()),
+    ] {
+        let mut h = vec![
+            ("x-tenant-id", tenant.as_str()),
+            ("content-type", "application/json"),
+        ];
+        if !auth.is_empty() {
+            h.push(("authorization", auth));
+        }
+        let r = http::post(envoy.port, tg::CHAT, &h, &chat("gpt-test", 1000)).unwrap();
+        assert_error(
+            &r,
+            403,
+            "invalid_request_error",
+            "forbidden_tenant",
+            "forbidden_tenant",
+        );
+    }
+    settle();
+    assert!(mock.requests().is_empty(), "nothing reached the provider");
+    // Bob's bucket is untouched: his own first request finds it full.
+    let r = http::post(
+        envoy.port,
+        tg::CHAT,
+        &[
+            ("authorization", "Bearer sk-bob"),
+            ("content-type", "application/json"),
+        ],
+        &chat("gpt-test", 1000),
+    )
+    .unwrap();
+    let cost = admitted(&r);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), burst - cost);
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn anthropic_clients_get_anthropics_error_shape_and_headers() {
+    let mock = mock_provider!();
+    let burst = 1000;
+    let envoy = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 1.0, burst)])),
+    );
+    let messages = |tenant: Option<&str>, body: &[u8]| {
+        let mut h = vec![("content-type", "application/json")];
+        if let Some(t) = tenant {
+            h.push(("x-tenant-id", t));
+        }
+        http::post(envoy.port, "/v1/messages", &h, body).unwrap()
+    };
+    let body = |max_tokens: u64| {
+        json!({"model": "claude-test", "max_tokens": max_tokens,
+               "messages": [{"role": "user", "content": "Write one short sentence about rivers."}]})
+        .to_string()
+        .into_bytes()
+    };
+    let first = messages(Some("a"), &body(600));
+    admitted(&first);
+    let r = messages(Some("a"), &body(600));
+    let ours =
+        tg::assert_anthropic_error(&r, 429, "rate_limit_error", "tokens_per_second_exceeded");
+    assert!(ours["retry_after"].as_f64().unwrap_or(0.0) > 1.0, "{ours}");
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-tokens-limit"), burst);
+    header_u64(&r, "anthropic-ratelimit-tokens-remaining");
+    let reset = r.header("anthropic-ratelimit-tokens-reset").unwrap_or("");
+    assert!(tg::is_rfc3339(reset), "{reset:?}");
+    assert!(
+        r.headers_with_prefix("x-ratelimit-").is_empty() && r.header("x-request-id").is_none(),
+        "no OpenAI names on Anthropic's path: {:?}",
+        r.headers
+    );
+    tg::assert_anthropic_error(
+        &messages(Some("a"), b"{not json"),
+        400,
+        "invalid_request_error",
+        "invalid_body",
+    );
+    tg::assert_anthropic_error(
+        &messages(None, &body(10)),
+        401,
+        "authentication_error",
+        "missing_tenant",
+    );
+    settle();
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "only the first reached the provider"
+    );
     tg::assert_no_panic(&envoy);
 }

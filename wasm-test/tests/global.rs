@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 use wasm_test::http;
-use wasm_test::tg::{self, assert_error, header_u64, rule};
+use wasm_test::tg::{self, assert_error, assert_rate_limited, header_u64, rule};
 use wasm_test::{mock_provider, Envoy, EnvoyOpts, MockProvider, RedisServer, RespValue, Webdis};
 
 const MODEL: &str = "gpt-test";
@@ -133,24 +133,18 @@ fn a_global_rule_answers_with_the_same_contract_and_keeps_its_bucket_in_redis() 
     // Spent (1000 − 2 × cost left): 429 with the documented body and headers.
     assert_eq!(post(&envoy, "acme", 400, &[]).status, 200);
     let r = post(&envoy, "acme", 400, &[]);
-    let err = assert_error(&r, 429, "rate_limit_error", "tokens_per_second_exceeded");
-    let reset_in = err["reset_in"].as_f64().expect("reset_in");
+    // (`retry-after` = ceil(`tokengate.retry_after`), `x-ratelimit-limit-tokens` = the burst.)
+    let retry_after = assert_rate_limited(&r, "tokens_per_second_exceeded", 1000);
     // At 1 token/s the missing (3 × cost − 1000) tokens take that many seconds.
     let want = (3 * cost - 1000) as f64;
-    assert!((reset_in - want).abs() < 2.0, "{reset_in} vs {want}");
-    assert_eq!(header_u64(&r, "retry-after"), reset_in.ceil() as u64);
-    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    assert!((retry_after - want).abs() < 2.0, "{retry_after} vs {want}");
     assert!(header_u64(&r, "x-ratelimit-remaining-tokens") < cost);
     assert_eq!(envoy.stat("tokengate_global_charged"), 4);
     // Asked again at once: refused from the refusal cache (the balance Redis reported cannot have
     // refilled to this cost yet), with the same answer and no callout.
     let r = post(&envoy, "acme", 400, &[]);
-    let again = assert_error(&r, 429, "rate_limit_error", "tokens_per_second_exceeded");
-    let reset_again = again["reset_in"].as_f64().expect("reset_in");
-    assert!(
-        reset_again <= reset_in && reset_again > reset_in - 5.0,
-        "{reset_again}"
-    );
+    let again = assert_rate_limited(&r, "tokens_per_second_exceeded", 1000);
+    assert!(again <= retry_after && again > retry_after - 5.0, "{again}");
     assert_eq!(envoy.stat("tokengate_global_rejected_cached"), 1);
     assert_eq!(envoy.stat("tokengate_global_charged"), 4, "no callout");
     // A request small enough for what is left still goes to Redis, and passes.
@@ -159,7 +153,13 @@ fn a_global_rule_answers_with_the_same_contract_and_keeps_its_bucket_in_redis() 
     assert_eq!(envoy.stat("tokengate_global_charged"), 5);
     // A cost above the burst can never pass.
     let r = post(&envoy, "acme", 5000, &[]);
-    assert_error(&r, 413, "invalid_request_error", "cost_exceeds_burst");
+    assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "cost_exceeds_burst",
+        "cost_exceeds_burst",
+    );
     assert_eq!(
         st.mock.count("/chat/completions"),
         4,
@@ -193,14 +193,13 @@ fn requests_per_minute_and_shaping_work_on_a_global_bucket() {
     assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 2);
     assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
     let r = post(&envoy, "acme", 10, &[]);
-    let err = assert_error(&r, 429, "rate_limit_error", "requests_per_minute_exceeded");
-    let reset_in = err["reset_in"].as_f64().unwrap_or(0.0);
-    assert!(reset_in > 20.0 && reset_in <= 30.0, "{err}");
+    let retry_after = assert_rate_limited(&r, "requests_per_minute_exceeded", 100_000);
+    assert!(retry_after > 20.0 && retry_after <= 30.0, "{retry_after}");
     // With the model in a header the bucket is known in the headers phase: refused there from the
     // refusal cache (no request left for ~30 s), without a callout.
     let charged = envoy.stat("tokengate_global_charged");
     let r = post(&envoy, "acme", 10, &[("x-tokengate-model", MODEL)]);
-    assert_error(&r, 429, "rate_limit_error", "requests_per_minute_exceeded");
+    assert_rate_limited(&r, "requests_per_minute_exceeded", 100_000);
     assert_eq!(envoy.stat("tokengate_global_rejected_cached"), 1);
     assert_eq!(envoy.stat("tokengate_global_charged"), charged);
     // Shaping: the second request (cost > what is left) is held until Redis' bucket has refilled.
@@ -363,7 +362,13 @@ fn unused_and_refused_tokens_are_credited_back_to_the_global_bucket() {
     let after_first = tokens_in_redis(&st.redis, &key("gq", "q"))
         .unwrap_or_else(|| panic!("bucket of q; keys {:?}", keys(&st.redis)));
     let r = post(&envoy, "q", 500, &[]);
-    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_error(
+        &r,
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+        "monthly_quota_exceeded",
+    );
     let t = wait_tokens(&st.redis, &key("gq", "q"), after_first);
     assert!(
         (t - after_first).abs() <= 1.0,
@@ -391,7 +396,13 @@ fn a_dead_shim_follows_on_failure() {
     // closed: 503 rate_limiter_unavailable, nothing reaches the provider.
     let before = st.mock.count("/chat/completions");
     let r = post(&closed, "acme", 300, &[]);
-    assert_error(&r, 503, "server_error", "rate_limiter_unavailable");
+    assert_error(
+        &r,
+        503,
+        "server_error",
+        "rate_limiter_unavailable",
+        "rate_limiter_unavailable",
+    );
     assert_eq!(st.mock.count("/chat/completions"), before);
     assert!(closed.stat("tokengate_global_fail_closed") >= 1);
     // open: admitted without any bucket.

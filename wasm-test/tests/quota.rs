@@ -70,6 +70,45 @@ fn month_end(t: i64) -> i64 {
     days_from_civil(ny, nm, 1) * 86_400
 }
 
+/// `2026-12-01T00:00:00Z`: the start (UTC) of the month after the one containing `t`, in RFC 3339.
+fn month_end_rfc3339(t: i64) -> String {
+    let (y, m, d) = civil_from_days(month_end(t).div_euclid(86_400));
+    format!("{y:04}-{m:02}-{d:02}T00:00:00Z")
+}
+
+/// Asserts the OpenAI 429 of a spent monthly quota: type and code `insufficient_quota`, tokengate's
+/// reason `monthly_quota_exceeded`, answered as what a retry cannot fix (`x-should-retry: false`, no
+/// `retry-after`: the month's end is no retry hint). Its `tokengate.quota` says what the
+/// `x-tokengate-quota-*` headers say and resets at the start of next month. Returns the `tokengate`
+/// object.
+fn assert_quota_exceeded(r: &http::Response) -> Value {
+    let ours = assert_error(
+        r,
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+        "monthly_quota_exceeded",
+    );
+    let q = &ours["quota"];
+    assert_eq!(
+        q["limit"],
+        header_u64(r, "x-tokengate-quota-limit"),
+        "{ours}"
+    );
+    assert_eq!(
+        q["remaining"],
+        header_u64(r, "x-tokengate-quota-remaining"),
+        "{ours}"
+    );
+    assert_eq!(
+        q["reset_in"],
+        header_u64(r, "x-tokengate-quota-reset"),
+        "{ours}"
+    );
+    assert_eq!(q["reset_at"], month_end_rfc3339(now_unix()), "{ours}");
+    ours
+}
+
 fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -387,19 +426,17 @@ fn exhaustion_exactly_at_the_limit() {
     );
 
     let r = rejection.expect("a 429 before 20 requests");
-    let err = assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
-    let reset_in = err["reset_in"]
+    let ours = assert_quota_exceeded(&r);
+    let reset_in = ours["quota"]["reset_in"]
         .as_f64()
-        .unwrap_or_else(|| panic!("reset_in must be a number: {err}"));
+        .unwrap_or_else(|| panic!("tokengate.quota.reset_in must be a number: {ours}"));
     let want = (month_end(now_unix()) - now_unix()) as f64;
     assert!(
         (reset_in - want).abs() <= 5.0,
-        "reset_in {reset_in} vs seconds to month end {want}"
+        "quota.reset_in {reset_in} vs seconds to month end {want}"
     );
-    assert_eq!(
-        header_u64(&r, "retry-after"),
-        (reset_in.ceil() as u64).max(1)
-    );
+    // No retry-after: a client must not sleep until the month's end (issue 12).
+    assert!(r.header("retry-after").is_none(), "{:?}", r.headers);
     assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), LIMIT);
     assert_eq!(
         header_u64(&r, "x-tokengate-quota-remaining") as i64,
@@ -423,14 +460,14 @@ fn exhaustion_exactly_at_the_limit() {
     let t0 = Instant::now();
     let r2 = post(&envoy, tenant, &[], &body);
     let cached_ms = t0.elapsed().as_secs_f64() * 1e3;
-    assert_error(&r2, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_quota_exceeded(&r2);
     assert_eq!(header_u64(&r2, "x-tokengate-quota-limit"), LIMIT);
     // The cached refusal reports what Redis said was left when the tenant was marked exhausted.
     assert_eq!(
         header_u64(&r2, "x-tokengate-quota-remaining"),
         header_u64(&r, "x-tokengate-quota-remaining")
     );
-    assert!(r2.header("retry-after").is_some());
+    assert!(r2.header("retry-after").is_none(), "{:?}", r2.headers);
     assert_eq!(
         envoy.stat("tokengate_quota_rejected_cached"),
         cached_before + 1,
@@ -979,7 +1016,7 @@ fn an_idempotency_key_is_bound_to_its_body_and_its_free_repeats_are_bounded() {
     let first = mock_cost(&small);
     assert_eq!(wait_key(s.redis(), &key2, first), first);
     let r = post(&envoy, t2, &h, &large);
-    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_quota_exceeded(&r);
     println!(
         "key K: small body {} + 2 x large {} + 1 repeat beyond {FREE_REPEATS} free = {want}; \
          limited tenant: large body with the same key -> {}",
@@ -1047,7 +1084,7 @@ fn clamp() {
 
     // Without clamp_output the same request cannot fit.
     let r = post(&envoy, "strict", &[], &body);
-    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_quota_exceeded(&r);
 
     let r = post(&envoy, "clampy", &[], &body);
     ok(&r);
@@ -1147,10 +1184,14 @@ fn the_binding_model_limit_is_reported_in_headers_and_message() {
         .cmd(&["SET", &model_limit_key, "10"])
         .expect("SET");
     let r = post(&envoy, tenant, &[], &body);
-    let e = assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    let ours = assert_quota_exceeded(&r);
     assert_eq!(header_u64(&r, "x-tokengate-quota-limit"), 10);
     assert_eq!(header_u64(&r, "x-tokengate-quota-remaining"), 10);
-    let msg = e["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(ours["quota"]["limit"], 10, "{ours}");
+    let msg = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(
         msg.contains(&format!("for model '{MODEL}'")) && msg.contains("(10 tokens)"),
         "{msg}"
@@ -1204,7 +1245,13 @@ fn expect_policy(envoy: &Envoy, tenant: &str, open: bool, what: &str) -> Duratio
             "{what}: served by the provider"
         );
     } else {
-        assert_error(&r, 503, "server_error", "quota_unavailable");
+        assert_error(
+            &r,
+            503,
+            "server_error",
+            "quota_unavailable",
+            "quota_unavailable",
+        );
     }
     took
 }
@@ -1368,7 +1415,13 @@ fn slow_webdis_times_out() {
             &[],
             &chat_body(10, false, None),
         );
-        assert_error(&r, 503, "server_error", "quota_unavailable");
+        assert_error(
+            &r,
+            503,
+            "server_error",
+            "quota_unavailable",
+            "quota_unavailable",
+        );
         lat.push(took);
         println!(
             "closed #{i}: 503 in {:.1} ms, callouts so far {}",
@@ -1626,12 +1679,9 @@ fn two_envoys_share_one_redis_under_concurrent_load() {
                             usage += reported_usage(&r);
                         }
                         Ok(r) if r.status == 429 => {
-                            assert_eq!(
-                                r.json()["error"]["code"],
-                                "monthly_quota_exceeded",
-                                "{}",
-                                r.text()
-                            );
+                            let v = r.json();
+                            assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+                            assert_eq!(v["tokengate"]["reason"], "monthly_quota_exceeded", "{v}");
                             rejected += 1;
                         }
                         Ok(r) => other.push(format!("{} {}", r.status, r.text())),
@@ -1726,7 +1776,7 @@ fn operator_override_in_redis() {
         Ok(RespValue::Simple("OK".into()))
     );
     let r = post(&envoy, tenant, &[], &body);
-    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_quota_exceeded(&r);
     assert_eq!(
         header_u64(&r, "x-tokengate-quota-limit"),
         50,
@@ -1735,7 +1785,7 @@ fn operator_override_in_redis() {
     assert_eq!(header_u64(&r, "x-tokengate-quota-remaining") as i64, 50 - a);
     // Refused again from the cached marker (within exhausted_recheck_s).
     let cached = post(&envoy, tenant, &[], &body);
-    assert_error(&cached, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_quota_exceeded(&cached);
     let cached_by_marker = envoy.stat("tokengate_quota_rejected_cached");
 
     // Raised again: after exhausted_recheck_s the tenant is admitted, no restart.
@@ -1913,7 +1963,13 @@ fn late_reservation_after_timeout_is_not_charged() {
     let key = used_key(tenant, &month_label(now_unix()));
     let calls_before = script_calls(s.redis());
     let (r, took) = post_t(&envoy, tg::CHAT, tenant, &[], &chat_body(20, false, None));
-    assert_error(&r, 503, "server_error", "quota_unavailable");
+    assert_error(
+        &r,
+        503,
+        "server_error",
+        "quota_unavailable",
+        "quota_unavailable",
+    );
     println!("answered 503 in {:.1} ms", took.as_secs_f64() * 1e3);
     assert!(
         took < Duration::from_millis(300),
@@ -1966,7 +2022,7 @@ fn a_quota_refusal_gives_the_breaker_probe_permit_back() {
 
     // Recovery elapsed: the poor tenant's request takes the one probe permit, then the quota refuses it.
     let r = post(&envoy, "poor", &[], &body);
-    assert_error(&r, 429, "insufficient_quota", "monthly_quota_exceeded");
+    assert_quota_exceeded(&r);
     assert_eq!(envoy.stat("tokengate_breaker_probes"), 1);
     let sent = s.mock.requests().len();
 

@@ -8,10 +8,12 @@
 //! * Refusals raise the SDK's own exception type; what a retry can fix is retried (attempts counted at
 //!   Envoy: `http.ingress.downstream_rq_total`), what it cannot returns at once.
 //!
-//! Tests marked `#[ignore = "needs flow integration: …"]` assert the per-family contract of
-//! `tokengate::reply::render` (see src/reply.rs) through Envoy; they pass once the request flow answers
-//! with it. `tests/sdk_replies.rs` (package tokengate) already checks those answers against the same
-//! SDKs without Envoy.
+//! * Every refusal carries its family's contract (docs/response-contract.md) as the SDK reports it:
+//!   OpenAI `type`/`code`/`param`, Anthropic `type`/`error_code`, the request id, the retry headers;
+//!   admitted answers report whole rate-limit trios in the family's format.
+//!
+//! `tests/sdk_replies.rs` (package tokengate) checks every rendered class against the same SDKs
+//! without Envoy.
 
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -573,31 +575,8 @@ fn an_unreachable_quota_service_is_retried_and_then_raised() {
     tg::assert_no_panic(&envoy);
 }
 
-#[test]
-fn a_spent_quota_raises_rate_limit_error() {
-    let q = Quota::start();
-    let mock = mock_provider!();
-    let cfg =
-        with_quota(json!({"monthly_limit": 1_000_000, "tenants": {"poor": {"monthly_limit": 1}}}));
-    let envoy = envoy_with_shim(&mock, cfg, q.webdis.port);
-    // The openai SDK never waits longer than 120 s for a retry-after: it returns at once.
-    let (got, n) = attempts(&envoy, "openai-error", &["--tenant", "poor"]);
-    assert_raised(&got, "RateLimitError", 429);
-    assert_eq!(n, 1, "{got}");
-    // (The anthropic SDK sleeps on any retry-after: without retries here; see the ignored test below.)
-    let (got, n) = attempts(
-        &envoy,
-        "anthropic-error",
-        &["--tenant", "poor", "--max-retries", "0"],
-    );
-    assert_raised(&got, "RateLimitError", 429);
-    assert_eq!(n, 1, "{got}");
-    assert!(mock.requests().is_empty());
-    tg::assert_no_panic(&envoy);
-}
-
 // ---------------------------------------------------------------------------------------------
-// The per-family contract through Envoy (src/reply.rs): pass once the flow answers with it
+// The per-family contract through Envoy (docs/response-contract.md, src/reply/family.rs)
 // ---------------------------------------------------------------------------------------------
 
 /// Asserts the OpenAI attributes of a refusal: `code`, `type`, `param` null, a request id, and the
@@ -627,48 +606,33 @@ fn assert_anthropic(got: &Value, status: u64, etype: &str, reason: &str, retry: 
     assert_retry_headers(got, reason, retry);
 }
 
-/// What Go's `time.ParseDuration` reads and `Duration.String` writes at millisecond precision:
-/// `20ms`, or `[<h>h][<m>m]<s>[.<frac>]s`.
+/// A reset as OpenAI writes it: Go's `time.Duration` at millisecond precision (`20ms`, `1.5s`).
 fn is_go_duration(s: &str) -> bool {
-    if let Some(ms) = s.strip_suffix("ms") {
-        return !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit());
-    }
-    let Some(rest) = s.strip_suffix('s') else {
-        return false;
-    };
-    let rest = rest.rsplit(['h', 'm']).next().unwrap_or("");
-    let (whole, frac) = rest.split_once('.').unwrap_or((rest, "0"));
-    !whole.is_empty()
-        && whole.bytes().all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
-        && s.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.' || c == 's')
-            .bytes()
-            .all(|b| b.is_ascii_digit() || b == b'h' || b == b'm')
-}
-
-/// `2026-01-01T00:00:00Z`.
-fn is_rfc3339(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 20
-        && b.iter().enumerate().all(|(i, c)| match i {
-            4 | 7 => *c == b'-',
-            10 => *c == b'T',
-            13 | 16 => *c == b':',
-            19 => *c == b'Z',
-            _ => c.is_ascii_digit(),
-        })
+    tg::parse_go_duration(s).is_some()
 }
 
 #[test]
 fn the_contract_checkers_accept_exactly_the_formats() {
-    for ok in ["0s", "20ms", "1s", "1.5s", "6m0s", "1m30.5s", "1h0m0s"] {
-        assert!(is_go_duration(ok), "{ok}");
+    for (ok, secs) in [
+        ("0s", 0.0),
+        ("20ms", 0.02),
+        ("1s", 1.0),
+        ("1.5s", 1.5),
+        ("6m0s", 360.0),
+        ("1m30.5s", 90.5),
+        ("1h0m0s", 3600.0),
+        ("13m45.999s", 825.999),
+    ] {
+        assert_eq!(tg::parse_go_duration(ok), Some(secs), "{ok}");
+        assert_eq!(tg::go_duration((secs * 1000.0_f64).round() as u64), ok);
     }
-    for bad in ["", "9.347", "0.001", "1.5", "ms", "1x2s", "-1s"] {
+    for bad in [
+        "", "9.347", "0.001", "1.5", "ms", "1x2s", "-1s", "90s", "1m", "1000ms", "1.50s", "0.5s",
+    ] {
         assert!(!is_go_duration(bad), "{bad}");
     }
-    assert!(is_rfc3339("2026-01-01T00:00:06Z"));
-    assert!(!is_rfc3339("2026-01-01 00:00:06Z") && !is_rfc3339("1767225606"));
+    assert!(tg::is_rfc3339("2026-01-01T00:00:06Z"));
+    assert!(!tg::is_rfc3339("2026-01-01 00:00:06Z") && !tg::is_rfc3339("1767225606"));
 }
 
 fn assert_retry_headers(got: &Value, reason: &str, retry: bool) {
@@ -687,7 +651,6 @@ fn assert_retry_headers(got: &Value, reason: &str, retry: bool) {
 }
 
 #[test]
-#[ignore = "needs flow integration: reply::render for bucket, burst, body-size and tenant refusals"]
 fn refusals_carry_each_familys_error_contract() {
     let mock = mock_provider!();
     let mut cfg = small_bucket();
@@ -758,14 +721,13 @@ fn refusals_carry_each_familys_error_contract() {
     );
     let h = &results[3]["headers"];
     assert!(
-        is_rfc3339(h["anthropic-ratelimit-tokens-reset"].as_str().unwrap_or("")),
+        tg::is_rfc3339(h["anthropic-ratelimit-tokens-reset"].as_str().unwrap_or("")),
         "{h}"
     );
     tg::assert_no_panic(&envoy);
 }
 
 #[test]
-#[ignore = "needs flow integration: reply::render for the breaker and the quota service"]
 fn retryable_server_side_refusals_carry_each_familys_contract() {
     let mock = mock_provider!();
     for (scenario, refused) in [
@@ -814,7 +776,6 @@ fn retryable_server_side_refusals_carry_each_familys_contract() {
 }
 
 #[test]
-#[ignore = "needs flow integration: reply::render for the quota (insufficient_quota, x-should-retry: false, no retry-after)"]
 fn a_spent_quota_returns_at_once_with_default_retries_in_every_client() {
     let q = Quota::start();
     let mock = mock_provider!();
@@ -839,8 +800,16 @@ fn a_spent_quota_returns_at_once_with_default_retries_in_every_client() {
         } else {
             assert_anthropic(&got, 429, "rate_limit_error", m, false);
         }
-        let h = &got["headers"];
-        assert!(h.get("x-tokengate-quota-reset").is_some(), "{got}");
+        // The month's reset stays in the body and in x-tokengate-quota-reset, never in retry-after.
+        let reset: u64 = got["headers"]["x-tokengate-quota-reset"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("x-tokengate-quota-reset: {got}"));
+        assert!(reset > 0, "{got}");
+        assert_eq!(
+            got["body"]["tokengate"]["quota"]["reset_in"], reset,
+            "{got}"
+        );
     }
     // LiteLLM cools a deployment down for the retry-after it reads (utils.py
     // _get_retry_after_from_exception_header): none here, so only for its default cooldown.
@@ -848,11 +817,11 @@ fn a_spent_quota_returns_at_once_with_default_retries_in_every_client() {
     assert_eq!(got["ok"], false, "{got}");
     assert_eq!(got["exception"], "RateLimitError", "{got}");
     assert_eq!(n, 1, "{got}");
+    assert!(mock.requests().is_empty(), "nothing reached the provider");
     tg::assert_no_panic(&envoy);
 }
 
 #[test]
-#[ignore = "needs flow integration: Rewritten::thinking DoesNotFit refused with Class::ThinkingBudgetDoesNotFit"]
 fn a_thinking_budget_that_cannot_fit_is_refused_before_the_provider() {
     let q = Quota::start();
     let mock = mock_provider!();
@@ -882,7 +851,6 @@ fn a_thinking_budget_that_cannot_fit_is_refused_before_the_provider() {
 }
 
 #[test]
-#[ignore = "needs flow integration: reply::limit_headers / merge_provider_headers on admitted answers"]
 fn admitted_answers_report_whole_trios_in_each_familys_format() {
     let mock = mock_provider!();
     // Our bucket: 1,000,000 burst. The provider reports 5 tokens left (binding: its trio whole) and
@@ -917,7 +885,7 @@ fn admitted_answers_report_whole_trios_in_each_familys_format() {
     assert_eq!(h["anthropic-ratelimit-tokens-remaining"], "5", "{h}");
     assert_eq!(h["anthropic-ratelimit-requests-limit"], "100", "{h}");
     assert!(
-        is_rfc3339(
+        tg::is_rfc3339(
             h["anthropic-ratelimit-requests-reset"]
                 .as_str()
                 .unwrap_or("")
@@ -927,6 +895,140 @@ fn admitted_answers_report_whole_trios_in_each_familys_format() {
     assert!(
         h.get("x-ratelimit-limit-tokens").is_none(),
         "no OpenAI names on Anthropic: {h}"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_client_naming_a_key_tenant_gets_permission_denied_from_both_sdks() {
+    // `key:<hash>` tenants are derived from API keys: a client that names one in the tenant header
+    // would be charged to someone else's key. 403 forbidden_tenant, which no retry fixes.
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, roomy());
+    for (scenario, tenant) in [
+        ("openai-error", "key:0123456789abcdef"),
+        ("openai-error", "KEY:0123456789abcdef"),
+        ("anthropic-error", "key:0123456789abcdef"),
+    ] {
+        let (got, n) = attempts(&envoy, scenario, &["--tenant", tenant]);
+        assert_raised(&got, "PermissionDeniedError", 403);
+        assert_eq!(n, 1, "{scenario} {tenant}: not retried: {got}");
+        let r = "forbidden_tenant";
+        if scenario == "openai-error" {
+            assert_openai(&got, 403, "invalid_request_error", r, r, false);
+        } else {
+            assert_anthropic(&got, 403, "permission_error", r, false);
+        }
+    }
+    // A tenant that merely contains `key:` further on is an ordinary tenant.
+    assert_ok(&drive1(
+        envoy.port,
+        "openai-chat",
+        &["--tenant", "team-key:a"],
+    ));
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "only the ordinary tenant reached the provider"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+/// A header the SDK reported on an admitted answer.
+fn header<'a>(got: &'a Value, name: &str) -> &'a str {
+    got["headers"][name]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name} missing: {got}"))
+}
+
+#[test]
+fn admitted_answers_report_our_whole_trio_where_ours_binds_and_the_providers_where_it_does() {
+    // The mirror image of the test above, per resource: our token bucket has less left than the
+    // provider reports (ours replaces its whole trio, reset included), and the provider's request
+    // trio has as few (OpenAI: a tie, 99) or fewer (Anthropic: 3) requests left than ours (its
+    // trio stays as sent).
+    let mock = mock_provider!();
+    let cfg = tg::config(json!([tg::rule_with(
+        rule("all", "*", "*", 1000.0, 1_000_000),
+        json!({"requests_per_minute": 100})
+    )]));
+    let envoy = tg::start(&mock, cfg);
+    let tokens = "--header=x-mock-ratelimit-tokens=30000000,29999999";
+    let results = drive(
+        envoy.port,
+        &[
+            call(
+                "openai-chat",
+                &[tokens, "--header=x-mock-ratelimit-requests=100000,99"],
+            ),
+            call(
+                "anthropic-messages",
+                &[tokens, "--header=x-mock-ratelimit-requests=100000,3"],
+            ),
+        ],
+    );
+    for got in &results {
+        assert_ok(got);
+    }
+    let o = &results[0];
+    let cost: u64 = header(o, "x-tokengate-estimated-tokens").parse().unwrap();
+    assert_eq!(header(o, "x-ratelimit-limit-tokens"), "1000000", "{o}");
+    assert_eq!(
+        header(o, "x-ratelimit-remaining-tokens"),
+        (1_000_000 - cost).to_string(),
+        "{o}"
+    );
+    // Full again after cost / 1000 tok/s: our reset, not the provider's 6 s.
+    let reset = tg::parse_go_duration(header(o, "x-ratelimit-reset-tokens"))
+        .unwrap_or_else(|| panic!("a Go duration: {o}"));
+    assert!(
+        (reset - cost as f64 / 1000.0).abs() < 0.05,
+        "reset {reset} vs {cost} / 1000: {o}"
+    );
+    assert_eq!(header(o, "x-ratelimit-limit-requests"), "100000", "{o}");
+    assert_eq!(header(o, "x-ratelimit-remaining-requests"), "99", "{o}");
+    assert_eq!(header(o, "x-ratelimit-reset-requests"), "6s", "{o}");
+
+    let a = &results[1];
+    let cost: u64 = header(a, "x-tokengate-estimated-tokens").parse().unwrap();
+    assert_eq!(
+        header(a, "anthropic-ratelimit-tokens-limit"),
+        "1000000",
+        "{a}"
+    );
+    assert_eq!(
+        header(a, "anthropic-ratelimit-tokens-remaining"),
+        (1_000_000 - cost).to_string(),
+        "{a}"
+    );
+    assert!(
+        tg::is_rfc3339(header(a, "anthropic-ratelimit-tokens-reset")),
+        "{a}"
+    );
+    assert_eq!(
+        header(a, "anthropic-ratelimit-requests-limit"),
+        "100000",
+        "{a}"
+    );
+    assert_eq!(
+        header(a, "anthropic-ratelimit-requests-remaining"),
+        "3",
+        "{a}"
+    );
+    assert!(
+        tg::is_rfc3339(header(a, "anthropic-ratelimit-requests-reset")),
+        "{a}"
+    );
+    // Our token reset (the bucket is full again in well under a second) came with our trio: it is
+    // before the provider's (6 s away). RFC 3339 UTC times of one format compare as strings.
+    assert!(
+        header(a, "anthropic-ratelimit-tokens-reset")
+            < header(a, "anthropic-ratelimit-requests-reset"),
+        "{a}"
+    );
+    assert!(
+        a["headers"].get("x-ratelimit-limit-requests").is_none(),
+        "no OpenAI names on Anthropic: {a}"
     );
     tg::assert_no_panic(&envoy);
 }
