@@ -173,12 +173,13 @@ pub fn settle_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
         return String::new();
     };
     let k = &first.keys;
-    let mut keys: Vec<&str> = Vec::with_capacity(4 + batch.len() * 2);
+    let mut keys: Vec<&str> = Vec::with_capacity(5 + batch.len() * 2);
     keys.extend([
         k.open.as_str(),
         k.due.as_str(),
         k.done.as_str(),
         k.gone.as_str(),
+        k.leases.as_str(),
     ]);
     let mut argv: Vec<String> = Vec::with_capacity(2 + batch.len() * 5);
     argv.push(lua_int(TOMBSTONE_S));
@@ -294,7 +295,7 @@ mod tests {
         };
         let body = settle_request(&[&s, &c], ScriptCall::EvalSha);
         assert!(body.starts_with(&format!(
-            "EVALSHA/{SETTLE_SHA1}/8/tg%3Aq%3A%7Bacme%7D%3Aopen/"
+            "EVALSHA/{SETTLE_SHA1}/9/tg%3Aq%3A%7Bacme%7D%3Aopen/"
         )));
         assert!(
             body.ends_with("/3600/tg3/s/req-1/9007199254740991/10/1/c/req-1/7/10/1"),
