@@ -77,6 +77,17 @@ pub fn month_end_unix(now_unix_s: i64, offset_min: i32) -> i64 {
     days_from_civil(ny, nm, 1) * 86_400 - off
 }
 
+/// The first instant after month `year`/`month` (1..=12) in that offset, as unix seconds.
+pub fn end_of_month(year: i32, month: u32, offset_min: i32) -> i64 {
+    let off = i64::from(offset_min.clamp(-MAX_OFFSET_MIN, MAX_OFFSET_MIN)) * 60;
+    let (ny, nm) = if month >= 12 {
+        (i64::from(year) + 1, 1)
+    } else {
+        (i64::from(year), month.max(1) + 1)
+    };
+    days_from_civil(ny, nm, 1) * 86_400 - off
+}
+
 /// Seconds from `now` until the quota resets (always ≥ 1).
 pub fn seconds_to_reset(now_unix_s: i64, offset_min: i32) -> u64 {
     let left = month_end_unix(now_unix_s, offset_min) - now_unix_s.clamp(0, MAX_UNIX_S);

@@ -165,8 +165,19 @@ pub fn advance(store: &dyn SharedStore, from: u64, to: u64, retries: u32) -> boo
 
 /// Takes or renews the claim for `owner` until `now + CLAIM_NS`. True when `owner` holds it.
 pub fn claim(store: &dyn SharedStore, owner: u64, now_ns: u64, retries: u32) -> bool {
+    claim_key(store, CLAIM, owner, now_ns, retries)
+}
+
+/// [`claim`] of another role (its own key): one VM of the process holds it at a time.
+pub fn claim_key(
+    store: &dyn SharedStore,
+    key: &str,
+    owner: u64,
+    now_ns: u64,
+    retries: u32,
+) -> bool {
     for _ in 0..=retries {
-        let current = match store.get(CLAIM) {
+        let current = match store.get(key) {
             Ok(v) => v,
             Err(_) => return false,
         };
@@ -186,10 +197,10 @@ pub fn claim(store: &dyn SharedStore, owner: u64, now_ns: u64, retries: u32) -> 
         v.push(1);
         v.extend_from_slice(&owner.to_le_bytes());
         v.extend_from_slice(&now_ns.saturating_add(CLAIM_NS).to_le_bytes());
-        match store.set(CLAIM, &v, cas) {
+        match store.set(key, &v, cas) {
             // A missing claim key ignores the CAS: read it back to see who won.
             Ok(()) if current.is_none() => {
-                return matches!(store.get(CLAIM), Ok(Some((b, _))) if read_u64(&b, 1) == Some(owner))
+                return matches!(store.get(key), Ok(Some((b, _))) if read_u64(&b, 1) == Some(owner))
             }
             Ok(()) => return true,
             Err(StoreError::CasMismatch) => continue,

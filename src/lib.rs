@@ -33,6 +33,7 @@ pub mod host;
 pub mod identity;
 pub mod journal;
 pub mod keys;
+pub mod lease;
 pub mod quota;
 pub mod reply;
 pub mod rewrite;

@@ -36,7 +36,7 @@ mod top;
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use models::DEFAULT_OUTPUT;
-pub use quota::{QuotaFailure, QuotaSettings, TenantQuota};
+pub use quota::{LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
 pub use top::{
     AboveCap, InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER,

@@ -68,6 +68,18 @@ pub struct QuotaSettings {
     pub settle_max_attempts: u32,
     /// Seconds added to the host clock for month arithmetic only (tests of month rollover; keep 0).
     pub clock_skew_s: i64,
+    /// Leases (`quota.lease`): off when `None`.
+    pub lease: Option<LeaseSettings>,
+}
+
+/// `quota.lease`: each Envoy holds a block of a tenant's quota and spends it without a callout per
+/// request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseSettings {
+    /// Sizing and renewal.
+    pub policy: crate::lease::Policy,
+    /// A lease not renewed for this long is resolved by Redis (its Envoy went away).
+    pub ttl_s: u64,
 }
 
 impl QuotaSettings {
@@ -115,6 +127,66 @@ pub(super) struct RawQuota {
     settle_retry_ms: Option<u64>,
     settle_max_attempts: Option<u32>,
     clock_skew_s: Option<i64>,
+    lease: Option<RawLease>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct RawLease {
+    horizon_ms: Option<u64>,
+    min_tokens: Option<u64>,
+    max_share_percent: Option<u32>,
+    idle_s: Option<u64>,
+    refresh_ms: Option<u64>,
+    ttl_s: Option<u64>,
+}
+
+/// `quota.lease`: every field optional (`{}` turns leases on with the defaults).
+fn lease(raw: RawLease, timeout_ms: u32) -> Result<LeaseSettings, ConfigError> {
+    let horizon_ms = in_range(
+        "quota.lease.horizon_ms",
+        raw.horizon_ms.unwrap_or(2000),
+        100,
+        600_000,
+    )?;
+    let ttl_s = in_range("quota.lease.ttl_s", raw.ttl_s.unwrap_or(60), 5, 86_400)?;
+    let refresh_ms = in_range(
+        "quota.lease.refresh_ms",
+        raw.refresh_ms.unwrap_or(1000),
+        10,
+        600_000,
+    )?;
+    if refresh_ms.saturating_mul(3) > ttl_s.saturating_mul(1000) {
+        return Err(err(
+            "quota.lease.refresh_ms",
+            format!("must be at most a third of quota.lease.ttl_s ({ttl_s} s): a lease is renewed before Redis gives it up"),
+        ));
+    }
+    Ok(LeaseSettings {
+        policy: crate::lease::Policy {
+            horizon_s: horizon_ms as f64 / 1000.0,
+            min_tokens: in_range(
+                "quota.lease.min_tokens",
+                raw.min_tokens.unwrap_or(4096),
+                1,
+                crate::webdis::MAX_LUA_INT,
+            )?,
+            max_share: f64::from(in_range(
+                "quota.lease.max_share_percent",
+                raw.max_share_percent.unwrap_or(10),
+                1,
+                100,
+            )?) / 100.0,
+            idle_ns: in_range("quota.lease.idle_s", raw.idle_s.unwrap_or(10), 1, 86_400)?
+                .saturating_mul(1_000_000_000),
+            refresh_ns: refresh_ms.saturating_mul(1_000_000),
+            sync_timeout_ns: u64::from(timeout_ms)
+                .saturating_mul(2)
+                .max(1000)
+                .saturating_mul(1_000_000),
+        },
+        ttl_s,
+    })
 }
 
 #[derive(Deserialize)]
@@ -310,5 +382,6 @@ pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         )?,
         settle_max_attempts,
         clock_skew_s,
+        lease: raw.lease.map(|l| lease(l, timeout_ms)).transpose()?,
     })
 }

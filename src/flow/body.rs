@@ -460,7 +460,18 @@ impl Request {
         if plan.wait_ms > 0 {
             cx.inc(Metric::RequestsShaped);
         }
-        if let Some(qr) = self.quota_request(cx, &plan) {
+        if let Some(mut qr) = self.quota_request(cx, &plan) {
+            if let Some(l) = cx.cfg.quota.as_ref().and_then(|q| q.lease.as_ref()) {
+                let model = (!plan.model.is_empty()).then_some(plan.model.as_str());
+                if let Some(a) = super::lease::take(cx, l, &plan.meta.tenant, model, &qr) {
+                    // Reserved from this Envoy's lease: no callout.
+                    qr.leased = true;
+                    qr.answered = true;
+                    qr.limit = a.limit;
+                    qr.remaining = Some(a.remaining.saturating_add(a.available()));
+                    return self.proceed(cx, plan, Some(qr));
+                }
+            }
             return self.start_reserve(cx, plan, qr);
         }
         plan.step = Step::Done;
@@ -626,6 +637,7 @@ impl Request {
             actual: None,
             source: None,
             uncertain: false,
+            leased: false,
         })
     }
 

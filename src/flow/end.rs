@@ -121,7 +121,22 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
     let Some(qr) = f.quota.as_mut() else {
         return;
     };
-    if qr.uncertain || qr.fail_open {
+    if qr.leased {
+        // Settled into this Envoy's lease; reported to Redis by the next sync.
+        qr.settled = true;
+        let st = accounting::settle(&qr.reserved, ending);
+        qr.actual = Some(st.actual);
+        qr.source = Some(st.source);
+        let model = qr.args.model.clone();
+        let tenant = qr.args.tenant.clone();
+        super::lease::settle(
+            cx,
+            &tenant,
+            model.as_deref(),
+            qr.reserved.total(),
+            st.actual,
+        );
+    } else if qr.uncertain || qr.fail_open {
         // No reservation is known: charge what it cost (sent when the shim answers again).
         reconcile(cx, qr, ending);
     } else if qr.answered {

@@ -63,6 +63,8 @@ metrics! {
     QuotaFailOpen => "quota_fail_open",
     QuotaFailClosed => "quota_fail_closed",
     QuotaReconciled => "quota_reconciled",
+    QuotaLeased => "quota_leased",
+    QuotaLeaseSyncs => "quota_lease_syncs",
     GlobalCharged => "global_charged",
     GlobalRejectedCached => "global_rejected_cached",
     GlobalShimErrors => "global_shim_errors",

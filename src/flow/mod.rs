@@ -37,6 +37,7 @@ mod end;
 #[cfg(test)]
 pub mod fake;
 mod headers;
+mod lease;
 pub mod logs;
 pub mod metric;
 mod response;
@@ -135,6 +136,8 @@ pub enum Purpose {
     Credit(u64),
     /// The check of a shim cluster when the VM starts (Webdis `PING`).
     Probe,
+    /// A quota lease sync, by lease id of the VM.
+    Lease(u64),
 }
 
 /// One HTTP callout to a Webdis shim (`POST /` with a form-encoded command body).

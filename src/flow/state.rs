@@ -229,6 +229,8 @@ pub(super) struct QuotaReq {
     /// The reservation callout failed in a way that may still have reserved (timeout, garbage): the
     /// request is reconciled instead of settled.
     pub uncertain: bool,
+    /// Reserved from this Envoy's lease (settled into it, not through Redis).
+    pub leased: bool,
 }
 
 /// An admitted request.

@@ -59,6 +59,8 @@ pub struct Worker {
     probes: Vec<String>,
     /// The VM's part of the settlement journal.
     pub settle: super::settle::Sender,
+    /// The VM's lease syncs.
+    pub leases: super::lease::Leases,
     credits: Vec<Credit>,
     credits_inflight: HashMap<u64, Credit, FnvBuild>,
     next_id: u64,
@@ -129,6 +131,9 @@ pub fn on_tick(cx: &mut Cx) {
     }
     if let Some(q) = cx.cfg.quota.as_ref() {
         super::settle::tick(cx, q);
+        if let Some(l) = q.lease.as_ref() {
+            super::lease::tick(cx, q, l);
+        }
     }
     if let Some(g) = cx.cfg.global.as_ref() {
         tick_credits(cx, g);
@@ -181,6 +186,16 @@ pub fn on_callout_reply(cx: &mut Cx, purpose: Purpose, reply: CalloutReply) {
             }
         }
         Purpose::Probe => probe_reply(cx, reply),
+        Purpose::Lease(id) => {
+            if let Some((q, l)) = cx
+                .cfg
+                .quota
+                .as_ref()
+                .and_then(|q| q.lease.as_ref().map(|l| (q, l)))
+            {
+                super::lease::on_reply(cx, q, l, id, reply);
+            }
+        }
         Purpose::GlobalCharge | Purpose::Reserve => {}
     }
 }

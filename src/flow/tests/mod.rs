@@ -4,6 +4,7 @@
 mod breaker;
 mod contract;
 mod failures;
+mod lease;
 mod settlement;
 mod shaping;
 

@@ -1,0 +1,318 @@
+//! Quota leases in the flow (see [`crate::lease`] and [`crate::quota::lease`]): a request whose account
+//! holds enough is reserved from it in shared data — no callout — and settles into it; any other
+//! request takes the per-request path (a reservation callout) and asks for a sync. Syncs are sent by
+//! the tick of the VM that saw the miss, and by the VM holding the leader claim, which walks every
+//! account to report usage, renew, return idle leases and settle last month's.
+
+use super::shim;
+use super::state::QuotaReq;
+use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
+use crate::calendar;
+use crate::config::{LeaseSettings, QuotaSettings};
+use crate::hash::FnvBuild;
+use crate::lease::{self, Account, Miss, Synced, Take};
+use crate::quota::{self, LeaseArgs, QuotaKeys};
+use crate::webdis::{ScriptCall, ShimError};
+use std::collections::HashMap;
+
+/// Syncs started per tick for accounts this VM saw miss.
+pub const DIRTY_PER_TICK: usize = 16;
+/// Accounts the leader looks at per tick.
+pub const SCAN_PER_TICK: u64 = 32;
+/// Accounts remembered as needing a sync, per VM.
+pub const MAX_DIRTY: usize = 1024;
+
+/// A sync in flight.
+struct Pending {
+    tenant: String,
+    model: Option<String>,
+    key: String,
+    typical: u64,
+}
+
+/// The VM's lease state.
+#[derive(Default)]
+pub struct Leases {
+    envoy: u64,
+    owner: u64,
+    cursor: u64,
+    /// Accounts this VM saw miss: (tenant, model, a request's cost).
+    dirty: Vec<(String, Option<String>, u64)>,
+    pending: HashMap<u64, Pending, FnvBuild>,
+    next_id: u64,
+    /// Redis has the lease script cached.
+    pub loaded: bool,
+}
+
+fn month_label(code: u32) -> String {
+    format!("{:04}-{:02}", code / 100, code % 100)
+}
+
+/// Reserves `qr` from its account's lease. `Some(account)` when it was; otherwise the request takes
+/// the per-request path and the account asks for a sync.
+pub(super) fn take(
+    cx: &mut Cx,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    qr: &QuotaReq,
+) -> Option<Account> {
+    let key = lease::account_key(tenant, model);
+    let cost = qr.reserved.total();
+    let month = lease::month_code(&qr.args.month);
+    let low = l.policy.min_tokens / 2;
+    match lease::take(
+        cx.store(),
+        &key,
+        cost,
+        month,
+        cx.now(),
+        low,
+        cx.cfg.cas_max_retries,
+    ) {
+        Take::Hit(a) => {
+            cx.inc(Metric::QuotaLeased);
+            if a.wants_sync() {
+                mark(cx, tenant, model, cost);
+            }
+            Some(a)
+        }
+        Take::Miss(why) => {
+            if why == Miss::Cold {
+                let entry = format!("{tenant}\n{}", model.unwrap_or(""));
+                if !lease::register(
+                    cx.store(),
+                    &entry,
+                    cx.cfg.max_tenants,
+                    cx.cfg.cas_max_retries,
+                ) {
+                    // Every account slot is taken: this one is never leased (its lease could not be
+                    // renewed or given back by the leader).
+                    lease::forbid(cx.store(), &key, cx.cfg.cas_max_retries);
+                    return None;
+                }
+            }
+            if why != Miss::Spent && why != Miss::Store {
+                mark(cx, tenant, model, cost);
+            }
+            None
+        }
+    }
+}
+
+fn mark(cx: &mut Cx, tenant: &str, model: Option<&str>, cost: u64) {
+    let d = &mut cx.worker.leases.dirty;
+    if d.iter()
+        .any(|(t, m, _)| t == tenant && m.as_deref() == model)
+    {
+        return;
+    }
+    if d.len() >= MAX_DIRTY {
+        d.remove(0);
+    }
+    d.push((tenant.to_string(), model.map(str::to_string), cost));
+}
+
+/// A leased request ended: its reservation is replaced by its usage in the account.
+pub(super) fn settle(cx: &mut Cx, tenant: &str, model: Option<&str>, reserved: u64, actual: u64) {
+    let key = lease::account_key(tenant, model);
+    if !lease::settle(cx.store(), &key, reserved, actual, cx.cfg.cas_max_retries) {
+        cx.inc(Metric::StoreErrors);
+        cx.log_failure(
+            Level::Warn,
+            "lease_store",
+            format!("cannot settle a leased request into {key}: its lease stands as used until the next sync"),
+        );
+    }
+}
+
+/// The root's tick: syncs of accounts this VM saw miss, then (on the leader) a slice of all accounts.
+pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
+    if shim::is_open(cx, &q.cluster, &q.shim_breaker) {
+        return;
+    }
+    let now = cx.now();
+    let retries = cx.cfg.cas_max_retries;
+    if cx.worker.leases.envoy == 0 {
+        cx.worker.leases.envoy = lease::envoy_id(cx.store(), now);
+    }
+    let n = cx.worker.leases.dirty.len().min(DIRTY_PER_TICK);
+    let dirty: Vec<_> = cx.worker.leases.dirty.drain(..n).collect();
+    for (tenant, model, cost) in dirty {
+        start(cx, q, l, &tenant, model.as_deref(), cost);
+    }
+    if cx.worker.leases.owner == 0 {
+        cx.worker.leases.owner = crate::journal::owner_id(cx.store(), retries).unwrap_or(0);
+    }
+    let owner = cx.worker.leases.owner;
+    if owner == 0 || !crate::journal::claim_key(cx.store(), lease::LEADER, owner, now, retries) {
+        return;
+    }
+    let total = lease::registered(cx.store());
+    if total == 0 {
+        return;
+    }
+    for _ in 0..SCAN_PER_TICK.min(total) {
+        let i = cx.worker.leases.cursor % total;
+        cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
+        let Some(entry) = lease::slot(cx.store(), i) else {
+            continue;
+        };
+        let (tenant, model) = match entry.split_once('\n') {
+            Some((t, "")) => (t.to_string(), None),
+            Some((t, m)) => (t.to_string(), Some(m.to_string())),
+            None => continue,
+        };
+        start(cx, q, l, &tenant, model.as_deref(), 0);
+    }
+}
+
+/// Starts a sync of one account if it needs one.
+fn start(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    typical: u64,
+) {
+    let key = lease::account_key(tenant, model);
+    let now = cx.now();
+    let now_s = super::headers::unix_s(cx, q);
+    let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
+    let month = u32::try_from(y)
+        .unwrap_or(0)
+        .saturating_mul(100)
+        .saturating_add(m);
+    let sc = lease::SyncCtx {
+        month,
+        now,
+        policy: &l.policy,
+        typical_cost: typical,
+        retries: cx.cfg.cas_max_retries,
+    };
+    let Some((plan, _)) = lease::begin_sync(cx.store(), &key, &sc) else {
+        return;
+    };
+    let label = month_label(plan.month);
+    let keys = QuotaKeys::new(tenant, model, &label, "-");
+    let tq = q.tenant(tenant);
+    let default_model_limit = model
+        .and_then(|md| tq.model_limits.iter().find(|(x, _)| x == md))
+        .map_or(0, |(_, v)| *v);
+    let expire = calendar::end_of_month(
+        i32::try_from(plan.month / 100).unwrap_or(0),
+        plan.month % 100,
+        q.month_offset_minutes,
+    )
+    .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0));
+    let args = LeaseArgs {
+        keys,
+        lease_id: quota::lease_id(cx.worker.leases.envoy, model, &label),
+        reported_total: plan.reported_total,
+        want: plan.want,
+        target: plan.target,
+        default_limit: tq.monthly_limit,
+        default_model_limit,
+        expire_at_unix: expire,
+        ttl_s: l.ttl_s,
+        max_grant: plan.want,
+    };
+    let call = if cx.worker.leases.loaded {
+        ScriptCall::EvalSha
+    } else {
+        ScriptCall::Eval
+    };
+    let body = quota::lease_request(&args, call);
+    let s = &mut cx.worker.leases;
+    s.next_id = s.next_id.wrapping_add(1);
+    let id = s.next_id;
+    s.pending.insert(
+        id,
+        Pending {
+            tenant: tenant.to_string(),
+            model: model.map(str::to_string),
+            key,
+            typical,
+        },
+    );
+    cx.inc(Metric::QuotaLeaseSyncs);
+    cx.fx.push(Effect::Dispatch(shim::callout(
+        Purpose::Lease(id),
+        &q.cluster,
+        &q.authority,
+        q.timeout_ms,
+        body,
+    )));
+}
+
+/// A sync answered (or its dispatch was refused).
+pub(super) fn on_reply(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    id: u64,
+    reply: CalloutReply,
+) {
+    let Some(p) = cx.worker.leases.pending.remove(&id) else {
+        return;
+    };
+    let now = cx.now();
+    let now_s = super::headers::unix_s(cx, q);
+    let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
+    let month = u32::try_from(y)
+        .unwrap_or(0)
+        .saturating_mul(100)
+        .saturating_add(m);
+    let parsed = match reply.refused {
+        Some(s) => Err((
+            ShimError::Unavailable,
+            shim::describe_refusal(&q.cluster, s),
+        )),
+        None => quota::parse_lease_reply(reply.status, &reply.body).map_err(|e| {
+            let why = format!("{e} (cluster '{}')", q.cluster);
+            (e, why)
+        }),
+    };
+    let sc = lease::SyncCtx {
+        month,
+        now,
+        policy: &l.policy,
+        typical_cost: p.typical,
+        retries: cx.cfg.cas_max_retries,
+    };
+    match parsed {
+        Ok(r) => {
+            cx.worker.leases.loaded = true;
+            let synced = Synced {
+                held: r.held,
+                reported_total: r.reported_total,
+                version: r.version,
+                remaining: r.remaining(),
+                limit: r.binding_limit(),
+            };
+            lease::finish_sync(cx.store(), &p.key, Some(synced), &sc);
+        }
+        Err((e, why)) => {
+            if e == ShimError::NoScript {
+                cx.worker.leases.loaded = false;
+            } else {
+                cx.inc(Metric::QuotaShimErrors);
+                if e == ShimError::Unavailable {
+                    shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
+                }
+                cx.log_failure(
+                    Level::Warn,
+                    "lease_sync",
+                    format!(
+                        "lease sync for tenant {} failed ({why}); sent again later",
+                        p.tenant
+                    ),
+                );
+            }
+            lease::finish_sync(cx.store(), &p.key, None, &sc);
+            // Asked again on the next tick.
+            mark(cx, &p.tenant, p.model.as_deref(), p.typical);
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Quota leases: requests spend from this Envoy's lease without a callout; syncs report, renew and
+//! give back.
+
+use super::*;
+use crate::flow::Metric;
+
+fn cfg(lease: Value) -> Value {
+    json!({"tenant_header": "x-tenant-id", "rules": [rule(1e6, 1e9)],
+        "quota": {"cluster": "webdis", "monthly_limit": 1_000_000, "lease": lease}})
+}
+
+/// `{"EVAL":[held, used, limit, model_used, model_limit, version, reported_total]}`.
+fn lease_reply(held: i64, used: i64, version: i64, reported: i64) -> String {
+    eval(&[held, used, 1_000_000, used, -1, version, reported])
+}
+
+/// The lease calls among the root callouts, as (reported total, want, target) argument strings.
+fn lease_calls(e: &FakeEnvoy) -> Vec<(String, String, String)> {
+    e.root_callouts
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+        .map(|c| {
+            let seg = segments(&c.body);
+            let nkeys: usize = seg[2].parse().unwrap();
+            let a = &seg[3 + nkeys..];
+            (a[1].clone(), a[2].clone(), a[3].clone())
+        })
+        .collect()
+}
+
+fn usage_answer(e: &FakeEnvoy, c: &mut Call, total: u64) {
+    e.respond(
+        c,
+        200,
+        &[("content-type", "application/json")],
+        &[&format!(
+            r#"{{"usage":{{"prompt_tokens":{},"completion_tokens":{}}}}}"#,
+            total / 2,
+            total - total / 2
+        )],
+    );
+}
+
+#[test]
+fn a_cold_tenant_reserves_per_request_then_spends_from_a_lease_without_callouts() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    // Cold: the first request is reserved per request.
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.pending.is_some(), "per-request reservation");
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    // The tick asks for a lease (and settles the per-request reservation through the journal).
+    e.tick(0);
+    let calls = lease_calls(&e);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0], ("0".into(), "1000".into(), "-1".into()));
+    // Answer the lease call (the settlement batch is left unanswered).
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    // Now requests are served from the lease: no callout.
+    let mut total = 0;
+    for _ in 0..5 {
+        let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+        clean(&c);
+        assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+        usage_answer(&e, &mut c, 40);
+        total += 40;
+        assert!(c.header("x-tokengate-quota-remaining").is_some());
+    }
+    assert_eq!(e.metric(Metric::QuotaLeased), 5);
+    let key = crate::lease::account_key("acme", Some("m"));
+    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+    let a = a.unwrap();
+    assert_eq!((a.consumed, a.inflight), (total, 0));
+    // A refresh later reports the usage total.
+    e.root_callouts.borrow_mut().clear();
+    e.advance_ms(1_100);
+    e.tick(0);
+    let calls = lease_calls(&e);
+    assert_eq!(calls.last().map(|c| c.0.clone()), Some(total.to_string()));
+}
+
+#[test]
+fn a_lease_keeps_serving_while_the_shim_is_down_and_its_usage_is_reported_after() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    // The shim breaks (three failures open its breaker); the lease still covers requests.
+    for _ in 0..3 {
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", "other")],
+            &chat("m", "hi", 5),
+        );
+        e.dead_shim(&mut c);
+    }
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.forwarded && c.pending.is_none());
+    usage_answer(&e, &mut c, 44);
+    // Nothing is sent while the breaker is open; once it lets calls through the usage is reported.
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    assert!(lease_calls(&e).is_empty());
+    e.advance_ms(5_100);
+    e.tick(0);
+    assert!(
+        lease_calls(&e).iter().any(|c| c.0 == "44"),
+        "{:?}",
+        lease_calls(&e)
+    );
+}
+
+#[test]
+fn an_idle_lease_is_given_back() {
+    let e = envoy(cfg(json!({"min_tokens": 1000, "idle_s": 5})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    e.advance_ms(6_000);
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    let calls = lease_calls(&e);
+    assert_eq!(
+        calls.last().map(|c| c.2.clone()),
+        Some("0".into()),
+        "target 0: {calls:?}"
+    );
+}

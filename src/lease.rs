@@ -1,0 +1,702 @@
+//! Lease accounts in shared data: what this Envoy holds of a tenant's (× model's) monthly quota, spent by
+//! requests without a callout, synchronised with Redis by one call now and then (see
+//! [`crate::quota::lease`] for the Redis side). Pure: a [`SharedStore`], time as a parameter.
+//!
+//! ```text
+//! tg:la:<tenant>|<model>   [v=1][month u32][held][inflight][consumed][acked][version][remaining][limit]
+//!                          [rate f64][last_sync_ns][last_use_ns][syncing_since_ns][flags u8]
+//! tg:la:i:<n>              the key of account n (so the leader VM can walk them)
+//! tg:n:accounts            how many were created (bounded by max_tenants)
+//! ```
+//! * `held` is what Redis counts as this Envoy's lease; requests reserve from
+//!   `held − inflight − (consumed − acked)` (one CAS), settle into `consumed` (a monotonic total), and
+//!   a sync reports `consumed` as its total (Redis applies what it had not counted, once) and grows or
+//!   shrinks the lease; `acked` is the total Redis confirmed. So spending never exceeds what Redis
+//!   granted (no over-admission by leases) and a lost or repeated sync never counts twice.
+//! * An account that cannot cover a request (cold, short, the month turned, or the tenant nearly spent)
+//!   sends that request through a per-request reservation instead and asks for a sync.
+
+use crate::store::{read_f64, read_u64, Codec, SharedStore};
+
+/// Account key prefix.
+pub const ACCOUNT: &str = "tg:la:";
+/// Registry slot key prefix.
+pub const SLOT: &str = "tg:la:i:";
+/// Count of accounts created.
+pub const COUNTER: &str = "tg:n:accounts";
+/// The claim of the VM that walks the accounts.
+pub const LEADER: &str = "tg:la:c";
+/// This Envoy's id (a lease belongs to one Envoy process).
+pub const ENVOY: &str = "tg:envoy";
+
+const WANTS_SYNC: u8 = 1;
+const PER_REQUEST: u8 = 2;
+
+/// One account.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Account {
+    /// `YYYYMM` of the lease.
+    pub month: u32,
+    /// What the lease holds, as Redis last said.
+    pub held: u64,
+    /// Reserved by requests not settled yet.
+    pub inflight: u64,
+    /// Total usage spent from the lease this month (monotonic).
+    pub consumed: u64,
+    /// The total Redis confirmed.
+    pub acked: u64,
+    /// Redis' lease version of the last reply applied.
+    pub version: u64,
+    /// What is left of the binding limit, as Redis last said.
+    pub remaining: u64,
+    /// The binding limit, as Redis last said.
+    pub limit: u64,
+    /// Usage rate, tokens per second (moving average over syncs).
+    pub rate: f64,
+    /// When the last sync answered.
+    pub last_sync_ns: u64,
+    /// When a request last spent from it.
+    pub last_use_ns: u64,
+    /// A sync in flight since then (0: none).
+    pub syncing_since_ns: u64,
+    /// `WANTS_SYNC`, `PER_REQUEST`.
+    pub flags: u8,
+}
+
+const LEN: usize = 1 + 4 + 8 * 11 + 1;
+
+impl Codec for Account {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(LEN);
+        v.push(1);
+        v.extend_from_slice(&self.month.to_le_bytes());
+        for x in [
+            self.held,
+            self.inflight,
+            self.consumed,
+            self.acked,
+            self.version,
+            self.remaining,
+            self.limit,
+        ] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.extend_from_slice(&self.rate.to_bits().to_le_bytes());
+        for x in [self.last_sync_ns, self.last_use_ns, self.syncing_since_ns] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.push(self.flags);
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != LEN || b.first() != Some(&1) {
+            return None;
+        }
+        let month = u32::from_le_bytes(b.get(1..5)?.try_into().ok()?);
+        let u = |i: usize| read_u64(b, 5 + 8 * i);
+        Some(Account {
+            month,
+            held: u(0)?,
+            inflight: u(1)?,
+            consumed: u(2)?,
+            acked: u(3)?,
+            version: u(4)?,
+            remaining: u(5)?,
+            limit: u(6)?,
+            rate: read_f64(b, 5 + 8 * 7).unwrap_or(0.0),
+            last_sync_ns: u(8)?,
+            last_use_ns: u(9)?,
+            syncing_since_ns: u(10)?,
+            flags: *b.get(LEN - 1)?,
+        })
+    }
+}
+
+impl Account {
+    /// What requests may still reserve from the lease.
+    pub fn available(&self) -> u64 {
+        self.held
+            .saturating_sub(self.inflight)
+            .saturating_sub(self.consumed.saturating_sub(self.acked))
+    }
+
+    /// Usage spent and not confirmed by Redis yet.
+    pub fn unreported(&self) -> u64 {
+        self.consumed.saturating_sub(self.acked)
+    }
+
+    /// A request asked for a sync.
+    pub fn wants_sync(&self) -> bool {
+        self.flags & WANTS_SYNC != 0
+    }
+
+    /// The tenant is nearly spent: requests go through per-request reservations.
+    pub fn per_request(&self) -> bool {
+        self.flags & PER_REQUEST != 0
+    }
+}
+
+/// The account key of a tenant's model.
+pub fn account_key(tenant: &str, model: Option<&str>) -> String {
+    let mut k = String::with_capacity(ACCOUNT.len() + tenant.len() + 32);
+    k.push_str(ACCOUNT);
+    k.push_str(&crate::keys::sanitize(tenant));
+    k.push('|');
+    k.push_str(&crate::keys::sanitize(model.unwrap_or("-")));
+    k
+}
+
+/// `YYYYMM` of a month label (`2026-11`).
+pub fn month_code(label: &str) -> u32 {
+    let mut parts = label.splitn(2, '-');
+    let y: u32 = parts.next().and_then(|y| y.parse().ok()).unwrap_or(0);
+    let m: u32 = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    y.saturating_mul(100).saturating_add(m)
+}
+
+/// What a request got from its account.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Take {
+    /// Reserved from the lease; the account as it is now.
+    Hit(Account),
+    /// Not from the lease (a per-request reservation is needed); the account asks for a sync.
+    Miss(Miss),
+}
+
+/// Why a request could not be served from the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No account yet (it was created now).
+    Cold,
+    /// The lease holds less than the request.
+    Short,
+    /// The account still holds last month's lease.
+    Rollover,
+    /// The tenant is nearly spent: per-request reservations only.
+    Spent,
+    /// Shared data failed (CAS retries exhausted, host error).
+    Store,
+}
+
+/// Reserves `cost` from the account at `key` for a request of month `month` at `now`; `low_water`: ask
+/// for a sync (but still take) when less than this would be left.
+pub fn take(
+    store: &dyn SharedStore,
+    key: &str,
+    cost: u64,
+    month: u32,
+    now: u64,
+    low_water: u64,
+    retries: u32,
+) -> Take {
+    let init = Account {
+        month,
+        ..Account::default()
+    };
+    let r = crate::store::update(store, key, retries, &init, |a: &Account| {
+        let mut n = *a;
+        if a.month != month {
+            n.flags |= WANTS_SYNC;
+            return (Take::Miss(Miss::Rollover), (!a.wants_sync()).then_some(n));
+        }
+        if a.per_request() {
+            return (Take::Miss(Miss::Spent), None);
+        }
+        if a.available() < cost {
+            n.flags |= WANTS_SYNC;
+            let why = if a.held == 0 && a.version == 0 {
+                Miss::Cold
+            } else {
+                Miss::Short
+            };
+            return (Take::Miss(why), (!a.wants_sync()).then_some(n));
+        }
+        n.inflight = n.inflight.saturating_add(cost);
+        n.last_use_ns = now;
+        if n.available() < low_water {
+            n.flags |= WANTS_SYNC;
+        }
+        (Take::Hit(n), Some(n))
+    });
+    match r {
+        Ok((t, _)) => t,
+        Err(_) => Take::Miss(Miss::Store),
+    }
+}
+
+/// A leased request ended: its reservation `reserved` is replaced by its usage `actual`.
+pub fn settle(
+    store: &dyn SharedStore,
+    key: &str,
+    reserved: u64,
+    actual: u64,
+    retries: u32,
+) -> bool {
+    let init = Account::default();
+    crate::store::update(store, key, retries, &init, |a: &Account| {
+        let mut n = *a;
+        n.inflight = n.inflight.saturating_sub(reserved);
+        n.consumed = n.consumed.saturating_add(actual);
+        ((), Some(n))
+    })
+    .is_ok()
+}
+
+/// How leases are sized and kept.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// A lease covers this much of the account's usage rate.
+    pub horizon_s: f64,
+    /// Smallest lease worth holding: below it (the tenant nearly spent) requests reserve one by one.
+    pub min_tokens: u64,
+    /// At most this fraction of what is left of the limit per lease.
+    pub max_share: f64,
+    /// A lease untouched this long is given back.
+    pub idle_ns: u64,
+    /// A lease is renewed (its usage reported) at least this often.
+    pub refresh_ns: u64,
+    /// A sync that did not answer for this long is given up (sent again later).
+    pub sync_timeout_ns: u64,
+}
+
+/// When and how a sync is planned or finished.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SyncCtx<'a> {
+    /// The current month (`YYYYMM`).
+    pub month: u32,
+    /// Now (ns).
+    pub now: u64,
+    /// Sizing and renewal.
+    pub policy: &'a Policy,
+    /// A request's usual reservation (sizes a first lease).
+    pub typical_cost: u64,
+    /// CAS retries.
+    pub retries: u32,
+}
+
+/// What a sync asks Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncPlan {
+    /// The usage total to report.
+    pub reported_total: u64,
+    /// Grow the lease to at least this.
+    pub want: u64,
+    /// Shrink it to this.
+    pub target: Option<u64>,
+    /// The month the lease belongs to.
+    pub month: u32,
+}
+
+/// The size a lease should have: the usage of `horizon_s` at the account's rate (at least
+/// `min_tokens`), at most `max_share` of what is left.
+pub fn lease_size(a: &Account, p: &Policy, typical_cost: u64) -> u64 {
+    let by_rate = (a.rate * p.horizon_s).ceil();
+    let want = if by_rate.is_finite() && by_rate > 0.0 {
+        (by_rate as u64).max(p.min_tokens)
+    } else {
+        p.min_tokens
+    }
+    .max(typical_cost.saturating_mul(4));
+    if a.version == 0 {
+        // Nothing known of the tenant yet: the first lease is the minimum.
+        return want.min(p.min_tokens.max(typical_cost.saturating_mul(4)));
+    }
+    let cap = (a.remaining.saturating_add(a.held) as f64 * p.max_share) as u64;
+    want.min(cap)
+}
+
+/// Whether (and how) the account at `key` should sync now; marks the sync in flight (CAS) when so.
+pub fn begin_sync(store: &dyn SharedStore, key: &str, c: &SyncCtx) -> Option<(SyncPlan, Account)> {
+    let (month, now, p, typical_cost) = (c.month, c.now, c.policy, c.typical_cost);
+    let r = crate::store::update(store, key, c.retries, &Account::default(), |a: &Account| {
+        if a.month == 0 {
+            return (None, None);
+        }
+        if a.syncing_since_ns != 0 && now.saturating_sub(a.syncing_since_ns) < p.sync_timeout_ns {
+            return (None, None);
+        }
+        let Some(plan) = plan(a, month, now, p, typical_cost) else {
+            return (None, None);
+        };
+        let mut n = *a;
+        n.syncing_since_ns = now.max(1);
+        n.flags &= !WANTS_SYNC;
+        (Some((plan, n)), Some(n))
+    });
+    r.ok().and_then(|(x, _)| x)
+}
+
+/// The pure decision of [`begin_sync`].
+fn plan(a: &Account, month: u32, now: u64, p: &Policy, typical_cost: u64) -> Option<SyncPlan> {
+    let base = SyncPlan {
+        reported_total: a.consumed,
+        want: 0,
+        target: None,
+        month: a.month,
+    };
+    if a.month != month {
+        // Last month's lease: report and give it back once its requests ended.
+        if a.inflight > 0 || (a.held == 0 && a.unreported() == 0) {
+            return None;
+        }
+        return Some(SyncPlan {
+            target: Some(0),
+            ..base
+        });
+    }
+    let idle = now.saturating_sub(a.last_use_ns.max(a.last_sync_ns)) > p.idle_ns;
+    if idle && (a.held > a.inflight || a.unreported() > 0) {
+        return Some(SyncPlan {
+            target: Some(a.inflight),
+            ..base
+        });
+    }
+    let size = lease_size(a, p, typical_cost);
+    let small = a.version != 0 && size < p.min_tokens.max(typical_cost);
+    if small {
+        // Nearly spent: give the lease back; requests reserve one by one.
+        if a.held > a.inflight || a.unreported() > 0 || !a.per_request() {
+            return Some(SyncPlan {
+                target: Some(a.inflight),
+                ..base
+            });
+        }
+        return None;
+    }
+    let low = a.available() < size / 2;
+    let due =
+        now.saturating_sub(a.last_sync_ns) > p.refresh_ns && (a.held > 0 || a.unreported() > 0);
+    let report = a.unreported() > size / 2;
+    if a.wants_sync() || low || due || report || (a.per_request() && a.version != 0) {
+        return Some(SyncPlan {
+            want: a.inflight.saturating_add(size),
+            ..base
+        });
+    }
+    None
+}
+
+/// What Redis answered to a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Synced {
+    /// What the lease holds now.
+    pub held: u64,
+    /// The reported total Redis holds.
+    pub reported_total: u64,
+    /// The lease's version.
+    pub version: u64,
+    /// What is left of the binding limit.
+    pub remaining: u64,
+    /// The binding limit.
+    pub limit: u64,
+}
+
+/// Applies a sync's answer (a stale one, older than what was applied, only clears the in-flight mark).
+pub fn finish_sync(
+    store: &dyn SharedStore,
+    key: &str,
+    reply: Option<Synced>,
+    c: &SyncCtx,
+) -> Option<Account> {
+    let (month, now, p, typical_cost) = (c.month, c.now, c.policy, c.typical_cost);
+    let r = crate::store::update(store, key, c.retries, &Account::default(), |a: &Account| {
+        let mut n = *a;
+        n.syncing_since_ns = 0;
+        let Some(s) = reply else {
+            return (None, Some(n));
+        };
+        if s.version <= a.version && a.version != 0 {
+            return (None, Some(n));
+        }
+        let elapsed = now.saturating_sub(a.last_sync_ns) as f64 / 1e9;
+        if a.last_sync_ns != 0 && elapsed > 0.0 {
+            let used = s.reported_total.saturating_sub(a.acked) as f64;
+            let inst = used / elapsed;
+            let w = (elapsed / 5.0).min(1.0);
+            n.rate = a.rate * (1.0 - w) + inst * w;
+        }
+        n.held = s.held;
+        // Redis holds the highest total it was sent (this call's or a later one's).
+        n.acked = n.acked.max(s.reported_total.min(n.consumed));
+        n.version = s.version;
+        n.remaining = s.remaining;
+        n.limit = s.limit;
+        n.last_sync_ns = now;
+        let size = lease_size(&n, p, typical_cost);
+        if size < p.min_tokens.max(typical_cost) {
+            n.flags |= PER_REQUEST;
+        } else {
+            n.flags &= !PER_REQUEST;
+        }
+        if n.month != month && n.held == 0 && n.inflight == 0 && n.unreported() == 0 {
+            // Last month's lease is settled: start this month from nothing.
+            n = Account {
+                month,
+                rate: n.rate,
+                ..Account::default()
+            };
+        }
+        (Some(n), Some(n))
+    });
+    r.ok().and_then(|(x, _)| x)
+}
+
+/// Marks an account as never leased (its requests reserve one by one).
+pub fn forbid(store: &dyn SharedStore, key: &str, retries: u32) {
+    let _ = crate::store::update(store, key, retries, &Account::default(), |a: &Account| {
+        let mut n = *a;
+        n.flags |= PER_REQUEST;
+        n.flags &= !WANTS_SYNC;
+        ((), Some(n))
+    });
+}
+
+/// Registers a new account for the leader's walk (bounded by `max`). False when full.
+pub fn register(store: &dyn SharedStore, key: &str, max: u32, retries: u32) -> bool {
+    let init = crate::store::Count(0);
+    let n = crate::store::update(store, COUNTER, retries, &init, |c: &crate::store::Count| {
+        if c.0 >= u64::from(max) {
+            (None, None)
+        } else {
+            (Some(c.0), Some(crate::store::Count(c.0 + 1)))
+        }
+    });
+    match n {
+        Ok((Some(i), _)) => store.set(&slot_key(i), key.as_bytes(), 0).is_ok(),
+        _ => false,
+    }
+}
+
+/// The registry slot key of account number `i`.
+pub fn slot_key(i: u64) -> String {
+    format!("{SLOT}{i}")
+}
+
+/// How many accounts are registered.
+pub fn registered(store: &dyn SharedStore) -> u64 {
+    crate::store::peek::<crate::store::Count>(store, COUNTER)
+        .ok()
+        .and_then(|(c, _)| c)
+        .map_or(0, |c| c.0)
+}
+
+/// The account key in registry slot `i`.
+pub fn slot(store: &dyn SharedStore, i: u64) -> Option<String> {
+    let (b, _) = store.get(&slot_key(i)).ok()??;
+    String::from_utf8(b).ok()
+}
+
+/// This Envoy's id: made once (from `seed`, e.g. the time) and kept in shared data by the first VM.
+pub fn envoy_id(store: &dyn SharedStore, seed: u64) -> u64 {
+    if let Ok(Some((b, _))) = store.get(ENVOY) {
+        if let Some(id) = read_u64(&b, 0).filter(|i| *i != 0) {
+            return id;
+        }
+    }
+    let id = crate::hash::fnv1a(crate::hash::FNV_OFFSET, &seed.to_le_bytes()).max(1);
+    let _ = store.set(ENVOY, &id.to_le_bytes(), 0);
+    // Two VMs creating it at once: the last write wins, and both use what is there now.
+    store
+        .get(ENVOY)
+        .ok()
+        .flatten()
+        .and_then(|(b, _)| read_u64(&b, 0))
+        .unwrap_or(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    const S: u64 = 1_000_000_000;
+
+    fn policy() -> Policy {
+        Policy {
+            horizon_s: 2.0,
+            min_tokens: 1000,
+            max_share: 0.1,
+            idle_ns: 10 * S,
+            refresh_ns: S,
+            sync_timeout_ns: 5 * S,
+        }
+    }
+
+    fn cx(month: u32, now: u64, p: &Policy) -> SyncCtx<'_> {
+        SyncCtx {
+            month,
+            now,
+            policy: p,
+            typical_cost: 100,
+            retries: 8,
+        }
+    }
+
+    fn synced(held: u64, reported: u64, version: u64, remaining: u64) -> Option<Synced> {
+        Some(Synced {
+            held,
+            reported_total: reported,
+            version,
+            remaining,
+            limit: 1_000_000,
+        })
+    }
+
+    #[test]
+    fn an_account_round_trips_its_encoding() {
+        let a = Account {
+            month: 202611,
+            held: 1,
+            inflight: 2,
+            consumed: 3,
+            acked: 4,
+            version: 5,
+            remaining: 6,
+            limit: 7,
+            rate: 8.5,
+            last_sync_ns: 9,
+            last_use_ns: 10,
+            syncing_since_ns: 11,
+            flags: 3,
+        };
+        assert_eq!(Account::decode(&a.encode()), Some(a));
+        assert_eq!(Account::decode(&a.encode()[1..]), None);
+        assert_eq!(month_code("2026-11"), 202611);
+    }
+
+    #[test]
+    fn a_cold_account_misses_then_a_sync_grants_a_lease_requests_spend_without_redis() {
+        let s = MemStore::new();
+        let k = account_key("acme", Some("m"));
+        assert_eq!(take(&s, &k, 100, 202611, S, 0, 8), Take::Miss(Miss::Cold));
+        let (plan, _) = begin_sync(&s, &k, &cx(202611, S, &policy())).unwrap();
+        assert_eq!(plan.reported_total, 0);
+        assert_eq!(plan.want, 1000, "a first lease is the minimum");
+        // A second VM does not sync the same account at the same time.
+        assert!(begin_sync(&s, &k, &cx(202611, S, &policy())).is_none());
+        finish_sync(
+            &s,
+            &k,
+            synced(1000, 0, 1, 999_000),
+            &cx(202611, S, &policy()),
+        )
+        .unwrap();
+        for i in 0..10 {
+            assert!(
+                matches!(take(&s, &k, 100, 202611, S + i, 0, 8), Take::Hit(_)),
+                "{i}"
+            );
+        }
+        assert_eq!(take(&s, &k, 100, 202611, S, 0, 8), Take::Miss(Miss::Short));
+        // Settling gives back the unused part of each reservation.
+        for _ in 0..10 {
+            assert!(settle(&s, &k, 100, 40, 8));
+        }
+        let (a, _) = crate::store::peek::<Account>(&s, &k).unwrap();
+        let a = a.unwrap();
+        assert_eq!((a.inflight, a.consumed, a.available()), (0, 400, 600));
+    }
+
+    #[test]
+    fn a_sync_reports_the_usage_total_and_a_stale_answer_changes_nothing() {
+        let s = MemStore::new();
+        let k = account_key("acme", None);
+        take(&s, &k, 100, 202611, S, 0, 8);
+        begin_sync(&s, &k, &cx(202611, S, &policy())).unwrap();
+        finish_sync(
+            &s,
+            &k,
+            synced(1000, 0, 1, 999_000),
+            &cx(202611, S, &policy()),
+        );
+        assert!(matches!(take(&s, &k, 300, 202611, S, 0, 8), Take::Hit(_)));
+        settle(&s, &k, 300, 250, 8);
+        // Report: total 250; Redis takes it from the lease (1000 → 750) and grows it back.
+        let (plan, _) = begin_sync(&s, &k, &cx(202611, 3 * S, &policy())).unwrap();
+        assert_eq!(plan.reported_total, 250);
+        let now = finish_sync(
+            &s,
+            &k,
+            synced(1250, 250, 2, 998_000),
+            &cx(202611, 3 * S, &policy()),
+        )
+        .unwrap();
+        assert_eq!((now.held, now.acked, now.available()), (1250, 250, 1250));
+        assert!(now.rate > 0.0);
+        // A late answer of an older call does nothing.
+        assert_eq!(
+            finish_sync(&s, &k, synced(10, 0, 1, 1), &cx(202611, 4 * S, &policy())),
+            None
+        );
+    }
+
+    #[test]
+    fn a_nearly_spent_tenant_goes_per_request_and_gives_its_lease_back() {
+        let s = MemStore::new();
+        let k = account_key("acme", None);
+        take(&s, &k, 100, 202611, S, 0, 8);
+        begin_sync(&s, &k, &cx(202611, S, &policy()));
+        // 5000 left of the limit: 10 % of it is 500, below the minimum lease.
+        let a = finish_sync(&s, &k, synced(500, 0, 1, 5000), &cx(202611, S, &policy())).unwrap();
+        assert!(a.per_request());
+        assert_eq!(take(&s, &k, 100, 202611, S, 0, 8), Take::Miss(Miss::Spent));
+        let (plan, _) = begin_sync(&s, &k, &cx(202611, 2 * S, &policy())).unwrap();
+        assert_eq!(plan.target, Some(0), "the lease goes back");
+    }
+
+    #[test]
+    fn an_idle_lease_is_given_back_and_last_months_lease_is_settled_before_a_new_one() {
+        let s = MemStore::new();
+        let k = account_key("acme", None);
+        take(&s, &k, 100, 202611, S, 0, 8);
+        begin_sync(&s, &k, &cx(202611, S, &policy()));
+        finish_sync(
+            &s,
+            &k,
+            synced(1000, 0, 1, 999_000),
+            &cx(202611, S, &policy()),
+        );
+        let (plan, _) = begin_sync(&s, &k, &cx(202611, 20 * S, &policy())).unwrap();
+        assert_eq!(plan.target, Some(0));
+        finish_sync(
+            &s,
+            &k,
+            synced(0, 0, 2, 999_000),
+            &cx(202611, 20 * S, &policy()),
+        );
+        // A new month: requests miss until last month's lease is settled, then it starts afresh.
+        take(&s, &k, 100, 202611, 21 * S, 0, 8);
+        settle(&s, &k, 100, 70, 8);
+        assert_eq!(
+            take(&s, &k, 100, 202612, 22 * S, 0, 8),
+            Take::Miss(Miss::Rollover)
+        );
+        let (plan, _) = begin_sync(&s, &k, &cx(202612, 22 * S, &policy())).unwrap();
+        assert_eq!(
+            (plan.month, plan.target, plan.reported_total),
+            (202611, Some(0), 70)
+        );
+        let a = finish_sync(
+            &s,
+            &k,
+            synced(0, 70, 3, 999_000),
+            &cx(202612, 22 * S, &policy()),
+        )
+        .unwrap();
+        assert_eq!((a.month, a.held, a.consumed), (202612, 0, 0));
+    }
+
+    #[test]
+    fn the_registry_is_bounded_and_envoy_ids_are_stable() {
+        let s = MemStore::new();
+        assert!(register(&s, "a", 2, 8));
+        assert!(register(&s, "b", 2, 8));
+        assert!(!register(&s, "c", 2, 8));
+        assert_eq!(registered(&s), 2);
+        assert_eq!(slot(&s, 1).as_deref(), Some("b"));
+        let id = envoy_id(&s, 42);
+        assert_eq!(envoy_id(&s, 43), id);
+        assert_ne!(id, 0);
+    }
+}
