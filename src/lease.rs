@@ -192,13 +192,16 @@ pub fn take(
 ) -> Take {
     let init = Account {
         month,
+        last_use_ns: now,
         ..Account::default()
     };
     let r = crate::store::update(store, key, retries, &init, |a: &Account| {
         let mut n = *a;
+        // Demand, met or not, keeps a lease from being given back as idle.
+        n.last_use_ns = now;
         if a.month != month {
             n.flags |= WANTS_SYNC;
-            return (Take::Miss(Miss::Rollover), (!a.wants_sync()).then_some(n));
+            return (Take::Miss(Miss::Rollover), Some(n));
         }
         if a.per_request() {
             return (Take::Miss(Miss::Spent), None);
@@ -210,7 +213,7 @@ pub fn take(
             } else {
                 Miss::Short
             };
-            return (Take::Miss(why), (!a.wants_sync()).then_some(n));
+            return (Take::Miss(why), Some(n));
         }
         n.inflight = n.inflight.saturating_add(cost);
         n.last_use_ns = now;
@@ -254,8 +257,10 @@ pub struct Policy {
     pub max_share: f64,
     /// A lease untouched this long is given back.
     pub idle_ns: u64,
-    /// A lease is renewed (its usage reported) at least this often.
+    /// Usage spent from a lease is reported at least this often (what a crash can lose).
     pub refresh_ns: u64,
+    /// A lease is renewed at least this often (a third of its time to live in Redis).
+    pub renew_ns: u64,
     /// A sync that did not answer for this long is given up (sent again later).
     pub sync_timeout_ns: u64,
 }
@@ -345,12 +350,15 @@ fn plan(a: &Account, month: u32, now: u64, p: &Policy, typical_cost: u64) -> Opt
             ..base
         });
     }
-    let idle = now.saturating_sub(a.last_use_ns.max(a.last_sync_ns)) > p.idle_ns;
-    if idle && (a.held > a.inflight || a.unreported() > 0) {
-        return Some(SyncPlan {
-            target: Some(a.inflight),
-            ..base
-        });
+    if now.saturating_sub(a.last_use_ns) > p.idle_ns {
+        // Idle: give the lease back (and report), then nothing until a request comes.
+        if a.held > a.inflight || a.unreported() > 0 {
+            return Some(SyncPlan {
+                target: Some(a.inflight),
+                ..base
+            });
+        }
+        return None;
     }
     let size = lease_size(a, p, typical_cost);
     let small = a.version != 0 && size < p.min_tokens.max(typical_cost);
@@ -365,8 +373,8 @@ fn plan(a: &Account, month: u32, now: u64, p: &Policy, typical_cost: u64) -> Opt
         return None;
     }
     let low = a.available() < size / 2;
-    let due =
-        now.saturating_sub(a.last_sync_ns) > p.refresh_ns && (a.held > 0 || a.unreported() > 0);
+    let since = now.saturating_sub(a.last_sync_ns);
+    let due = (since > p.refresh_ns && a.unreported() > 0) || (since > p.renew_ns && a.held > 0);
     let report = a.unreported() > size / 2;
     if a.wants_sync() || low || due || report || (a.per_request() && a.version != 0) {
         return Some(SyncPlan {
@@ -519,6 +527,7 @@ mod tests {
             max_share: 0.1,
             idle_ns: 10 * S,
             refresh_ns: S,
+            renew_ns: 20 * S,
             sync_timeout_ns: 5 * S,
         }
     }
@@ -531,6 +540,10 @@ mod tests {
             typical_cost: 100,
             retries: 8,
         }
+    }
+
+    fn plan_of(a: &Account, month: u32, now: u64) -> Option<SyncPlan> {
+        plan(a, month, now, &policy(), 100)
     }
 
     fn synced(held: u64, reported: u64, version: u64, remaining: u64) -> Option<Synced> {
@@ -659,6 +672,11 @@ mod tests {
         );
         let (plan, _) = begin_sync(&s, &k, &cx(202611, 20 * S, &policy())).unwrap();
         assert_eq!(plan.target, Some(0));
+        // Given back and still idle: it is not leased again until a request comes.
+        let mut idle = crate::store::peek::<Account>(&s, &k).unwrap().0.unwrap();
+        idle.held = 0;
+        idle.syncing_since_ns = 0;
+        assert_eq!(plan_of(&idle, 202611, 30 * S), None);
         finish_sync(
             &s,
             &k,

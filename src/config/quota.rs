@@ -180,6 +180,7 @@ fn lease(raw: RawLease, timeout_ms: u32) -> Result<LeaseSettings, ConfigError> {
             idle_ns: in_range("quota.lease.idle_s", raw.idle_s.unwrap_or(10), 1, 86_400)?
                 .saturating_mul(1_000_000_000),
             refresh_ns: refresh_ms.saturating_mul(1_000_000),
+            renew_ns: ttl_s.saturating_mul(1_000_000_000) / 3,
             sync_timeout_ns: u64::from(timeout_ms)
                 .saturating_mul(2)
                 .max(1000)

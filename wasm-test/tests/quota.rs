@@ -1970,3 +1970,125 @@ fn a_quota_refusal_gives_the_breaker_probe_permit_back() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+// ---------------------------------------------------------------------------------------------
+// 8. Leases (`quota.lease`): a busy tenant is served from this Envoy's lease without a callout
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_busy_tenant_is_served_from_its_lease_and_charged_exactly_what_it_used() {
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 100_000_000,
+        "lease": {"min_tokens": 20000, "idle_s": 2, "refresh_ms": 500}}));
+    let tenant = "leased";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(40, false, None);
+    let calls0 = script_calls(s.redis());
+    let mut served = 0u64;
+    let n = 300;
+    let mut client = http::Client::new(envoy.port);
+    for _ in 0..n {
+        let r = client
+            .post(
+                tg::CHAT,
+                &[
+                    ("x-tenant-id", tenant),
+                    ("content-type", "application/json"),
+                ],
+                &body,
+            )
+            .expect("POST");
+        ok(&r);
+        served += reported_usage(&r);
+    }
+    let calls = script_calls(s.redis()) - calls0;
+    let leased = envoy.stat("tokengate_quota_leased");
+    println!(
+        "{n} requests: {leased} from the lease, {calls} script calls ({:.3} per request)",
+        calls as f64 / n as f64
+    );
+    assert!(leased >= n - 10, "served from the lease: {leased} of {n}");
+    assert!(
+        (calls as f64) < 0.1 * n as f64,
+        "{calls} script calls for {n} requests"
+    );
+    // Idle: the lease is given back and every token used is reported.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut got = 0;
+    while Instant::now() < deadline {
+        got = get_i64(s.redis(), &key) as u64;
+        let held = s
+            .redis()
+            .cmd(&["HLEN", &format!("tg:q:{{{tenant}}}:leases")])
+            .ok()
+            .and_then(|v| v.as_int())
+            .unwrap_or(-1);
+        if got == served && held == 0 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    println!(
+        "served {served} tokens, Redis counts {got} ({} lease syncs)",
+        envoy.stat("tokengate_quota_lease_syncs")
+    );
+    assert_eq!(
+        got,
+        served,
+        "charged exactly what was used once the lease is back; log:\n{}",
+        envoy
+            .log()
+            .lines()
+            .filter(|l| l.contains("tokengate"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_leased_tenant_is_never_served_beyond_its_limit() {
+    let s = Stack::start();
+    let limit = 30_000i64;
+    let envoy = s.envoy(json!({"monthly_limit": limit,
+        "lease": {"min_tokens": 2000, "idle_s": 2, "refresh_ms": 500}}));
+    let tenant = "leased-limit";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(300, false, None);
+    let (mut served, mut refused) = (0u64, 0);
+    for _ in 0..200 {
+        let r = post(
+            &envoy,
+            tenant,
+            &[("x-mock-completion-tokens", "300")],
+            &body,
+        );
+        match r.status {
+            200 => served += reported_usage(&r),
+            429 => {
+                assert_quota_exceeded(&r);
+                refused += 1;
+            }
+            s => panic!("unexpected {s}: {}", r.text()),
+        }
+        if refused >= 5 {
+            break;
+        }
+    }
+    println!("limit {limit}: served {served} tokens, then {refused} refusals");
+    assert!(refused >= 5, "the limit is reached");
+    assert!(
+        served as i64 <= limit,
+        "served {served} beyond the limit {limit}"
+    );
+    assert!(
+        served as i64 > limit - 2 * 310,
+        "the limit is used up to one request: {served}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline && get_i64(s.redis(), &key) as u64 != served {
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(get_i64(s.redis(), &key) as u64, served);
+    tg::assert_no_panic(&envoy);
+}
