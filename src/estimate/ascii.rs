@@ -1,6 +1,6 @@
 //! ASCII text counted a window of 64 bytes at a time, without a branch per piece.
 //!
-//! [`super::count_features`] splits text into pieces (a word, a run of digits, spaces, newlines or
+//! [`super::text::count_features`] splits text into pieces (a word, a run of digits, spaces, newlines or
 //! punctuation, a control character) and dispatches on each; in code and JSON a piece is three bytes
 //! long on average, so that dispatch, and the loop that finds where each short run ends, cost most of
 //! the time. For ASCII the features of a piece depend only on its class, its length and its neighbours,
@@ -19,7 +19,8 @@
 //! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
 //! about as fast (its words and single spaces take a fast path), goes back to it for a while.
 
-use super::{bump, feature, Counts};
+use super::text::{bump, Counts};
+use super::weights::feature;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -205,7 +206,7 @@ pub(super) enum Step {
 }
 
 /// Counts the pieces of `bytes` that start in the window at `i` (a piece boundary; `after_punct`:
-/// the piece before it is a single punctuation character), as [`super::count_features`] would, if
+/// the piece before it is a single punctuation character), as [`super::text::count_features`] would, if
 /// the window is ASCII to its end or to the end of the text (a shorter window costs as much and
 /// counts less than the byte-wise loop).
 #[inline(never)]
