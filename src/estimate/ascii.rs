@@ -154,6 +154,8 @@ pub(super) struct Tally {
     digit_groups: u64,
     punct_mix: u64,
     newline_16: u64,
+    tabs: u64,
+    indent_tabs: u64,
 }
 
 impl Tally {
@@ -187,6 +189,8 @@ impl Tally {
         bump(f, feature::ALNUM_SWITCH, switches);
         bump(f, feature::PUNCT_MIX, self.punct_mix);
         bump(f, feature::NEWLINE_16, self.newline_16);
+        bump(f, feature::TAB, self.tabs);
+        bump(f, feature::TAB_INDENT, self.indent_tabs);
     }
 }
 
@@ -272,11 +276,16 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
             until: i + 8 * first + (h.trailing_zeros() / 8) as usize + WINDOW,
         };
     }
+    let mut tabs = 0u64;
     if other != 0 {
         // Tabs, CRs, other control characters or DEL (perhaps past the end of the text).
         planes = Planes::default();
         for k in 0..words {
-            planes.add(word(src, k), k);
+            let x = word(src, k);
+            planes.add(x, k);
+            // High bit clear iff the byte is a tab (no carry: every byte is below 0x80 here).
+            let not_tab = (x ^ (ONES * u64::from(b'\t'))).wrapping_add(ONES * 0x7F);
+            tabs |= gather(!not_tab & HI) << (8 * k);
         }
     }
     let len = rest.len().min(WINDOW);
@@ -290,8 +299,9 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         after_punct,
         letter: before.is_ascii_alphabetic(),
         digit: before.is_ascii_digit(),
+        newline: before == b'\n' || before == b'\r',
     };
-    match count(&planes, src, len, len == rest.len(), before, t) {
+    match count(&planes, src, len, len == rest.len(), before, tabs, t) {
         Some((end, single, prose)) => Step::Counted {
             next: i + end,
             after_punct: single,
@@ -340,6 +350,8 @@ struct Before {
     letter: bool,
     /// Its last byte is an ASCII digit.
     digit: bool,
+    /// Its last byte is LF or CR.
+    newline: bool,
 }
 
 /// The counting part of [`window`], on the classes of its first `len` bytes (of `src`).
@@ -350,12 +362,14 @@ fn count(
     len: usize,
     end_of_text: bool,
     before: Before,
+    tabs: u64,
     t: &mut Tally,
 ) -> Option<(usize, bool, bool)> {
     let Before {
         after_punct,
         letter: letter_before,
         digit: digit_before,
+        newline: newline_before,
     } = before;
     let valid = u64::MAX >> (WINDOW - len);
     let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
@@ -487,6 +501,21 @@ fn count(
         let first = long_starts.trailing_zeros();
         long_starts &= long_starts - 1;
         t.newline_16 += u64::from((newline >> first).trailing_ones() / 16);
+    }
+
+    // Tabs in the counted pieces: in runs of spaces and tabs that start a line (indentation), the
+    // others. The runs that start a line are filled from their first byte on, doubling the reach.
+    let tabs = tabs & counted;
+    if tabs != 0 {
+        let mut reach = space;
+        let mut indent = space & !(space << 1) & ((newline << 1) | u64::from(newline_before));
+        for shift in [1, 2, 4, 8, 16, 32] {
+            indent |= (indent << shift) & reach;
+            reach &= reach << shift;
+        }
+        t.indent_tabs += u64::from((tabs & indent).count_ones());
+        // Runs of tabs (a tab after a tab is in the counted part too, or is not a tab).
+        t.tabs += u64::from((tabs & !(tabs << 1) & !indent).count_ones());
     }
 
     // Whether the piece before `end` is a single punctuation character.

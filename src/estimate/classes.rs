@@ -27,6 +27,8 @@ pub(super) enum Cls {
     ThaiRare,
     Hiragana,
     Katakana,
+    /// Half-width katakana (U+FF65..=U+FF9F).
+    HalfwidthKana,
     Han,
     HanRare,
     HanMerge,
@@ -174,7 +176,7 @@ pub(super) fn classify_block(c: u32) -> Cls {
             0xFF10..=0xFF19 => Cls::Digit,
             0xFF21..=0xFF3A | 0xFF41..=0xFF5A => Cls::Han,
             0xFF01..=0xFF64 => Cls::WidePunct,
-            0xFF65..=0xFF9F => Cls::Katakana,
+            0xFF65..=0xFF9F => Cls::HalfwidthKana,
             _ => Cls::Other,
         };
     }
@@ -257,6 +259,7 @@ pub(super) fn char_feature(c: Cls) -> Option<usize> {
         Cls::ThaiRare => feature::THAI_RARE,
         Cls::Hiragana => feature::HIRAGANA,
         Cls::Katakana => feature::KATAKANA,
+        Cls::HalfwidthKana => feature::HALFWIDTH_KANA,
         Cls::Han => feature::HAN,
         Cls::HanRare => feature::HAN_RARE,
         Cls::HanMerge => feature::HAN_MERGE,

@@ -69,6 +69,7 @@ mod ascii;
 mod chat;
 mod classes;
 mod completions;
+mod fitted;
 mod json;
 mod output;
 mod parts;
@@ -85,7 +86,7 @@ use shape::Seed;
 use top::{Fields, Top};
 
 pub use text::{text_features, text_tokens};
-pub use weights::{feature, NUM_FEATURES, WEIGHTS};
+pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
 
 /// Fixed cost of one image input (`image_url`, `input_image`, Anthropic `image` block): the "low detail"
 /// price of OpenAI vision models. High-detail images cost more; this is an estimate, not a bill.

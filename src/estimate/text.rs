@@ -5,13 +5,12 @@ use super::classes::decode;
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
 
-/// Feature counters of one text: the [`NUM_FEATURES`] features, padded to 64 so that an index masked
-/// with 63 is always in range (no bounds check, nothing to panic).
-pub(super) type Counts = [u64; 64];
+/// Feature counters of one text: the [`NUM_FEATURES`] features.
+pub(super) type Counts = [u64; NUM_FEATURES];
 
 #[inline(always)]
 pub(super) fn bump(f: &mut Counts, idx: usize, n: u64) {
-    if let Some(slot) = f.get_mut(idx & 63) {
+    if let Some(slot) = f.get_mut(idx) {
         // Every feature grows by at most the number of bytes it consumed (≤ isize::MAX in total for
         // one `&str`), so the counts cannot wrap.
         *slot = slot.wrapping_add(n);
@@ -246,6 +245,27 @@ pub(crate) fn punct_mix(run: &[u8]) -> u64 {
     pairs.filter(|p| p.first() != p.get(1)).count() as u64
 }
 
+/// [`feature::TAB`] or (`indent`: the run starts a line) [`feature::TAB_INDENT`] of one run of
+/// spaces and tabs.
+#[inline(never)]
+pub(super) fn count_tabs(run: &[u8], indent: bool, f: &mut Counts) {
+    if indent {
+        bump(
+            f,
+            feature::TAB_INDENT,
+            run.iter().filter(|&&b| b == b'\t').count() as u64,
+        );
+    } else {
+        let mut prev = 0u8;
+        let mut runs = 0u64;
+        for &b in run {
+            runs += u64::from(b == b'\t' && prev != b'\t');
+            prev = b;
+        }
+        bump(f, feature::TAB, runs);
+    }
+}
+
 /// Number of bytes from `i` on whose class is in `classes`.
 #[inline(always)]
 pub(super) fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
@@ -255,15 +275,13 @@ pub(super) fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
 /// Count the features of `text` in one pass (exposed for the calibration program and the bench).
 #[doc(hidden)]
 pub fn text_features(text: &str) -> [u64; NUM_FEATURES] {
-    let mut f: Counts = [0; 64];
-    // A `&str` is valid UTF-8: the scan never stops early.
-    count_text(text.as_bytes(), &mut f);
-    derive(&mut f);
-    let mut out = [0u64; NUM_FEATURES];
-    for (o, n) in out.iter_mut().zip(f.iter()) {
-        *o = *n;
+    let mut f: Counts = [0; NUM_FEATURES];
+    if !text.is_empty() {
+        // A `&str` is valid UTF-8: the scan never stops early.
+        count_text(text.as_bytes(), &mut f);
+        derive(&mut f);
     }
-    out
+    f
 }
 
 /// Script-aware token estimate for one piece of text (the core). 0 for empty text, at least 1 otherwise.
@@ -290,7 +308,7 @@ pub(super) fn utf8_tokens(bytes: &[u8]) -> Option<u64> {
 /// [`TWO_LOOPS`]).
 #[inline(never)]
 pub(super) fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Option<u64> {
-    let mut f: Counts = [0; 64];
+    let mut f: Counts = [0; NUM_FEATURES];
     if !count_features::<WINDOWS>(bytes, &mut f, windows) {
         return None;
     }
@@ -312,10 +330,11 @@ pub(super) fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Opt
     Some((sum.round() as u64).max(1))
 }
 
-/// The features that describe the whole text, from the counts of the others (see
-/// [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`]).
+/// The features that describe the whole text (of a non-empty text): [`feature::TEXT`], and from the
+/// counts of the others [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`].
 #[inline(always)]
 pub(super) fn derive(f: &mut Counts) {
+    bump(f, feature::TEXT, 1);
     let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
     let uk = count(f, feature::CYRILLIC_UK);
     if uk != 0 {
@@ -485,6 +504,10 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 continue;
             }
             let len = run_of_class(bytes, i, B_SPACE);
+            if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
+                let indent = prev_class(bytes, i) & B_NEWLINE != 0;
+                count_tabs(bytes.get(i..i + len).unwrap_or(&[]), indent, f);
+            }
             i += len;
             bump(f, feature::SPACE_128, (len / 128) as u64);
             match after_spaces(bytes, i) {

@@ -1,7 +1,7 @@
 //! The features the text estimate counts and their weights (fitted against o200k_base).
 
 /// Number of features [`text_features`](super::text_features) counts.
-pub const NUM_FEATURES: usize = 64;
+pub const NUM_FEATURES: usize = 68;
 // `utf8_tokens` weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
@@ -131,6 +131,16 @@ pub mod feature {
     /// Spanish, Polish, … whose unaccented words are also rarer in o200k than English ones. Derived:
     /// see `derive`.
     pub const LATIN_EXT_A_TEXT: usize = 63;
+    /// Runs of tabs in a run of spaces and tabs that does not start a line (tab-separated tables,
+    /// alignment): about one o200k token each (o200k merges consecutive tabs: empty cells are cheap).
+    pub const TAB: usize = 64;
+    /// Tabs in a run of spaces and tabs right after a line break (indentation), which o200k merges.
+    pub const TAB_INDENT: usize = 65;
+    /// Half-width katakana (U+FF65..=U+FF9F), which o200k mostly encodes as bytes.
+    pub const HALFWIDTH_KANA: usize = 66;
+    /// One per text (an intercept: each text is pre-tokenized on its own, and short texts are
+    /// rounded up).
+    pub const TEXT: usize = 67;
 }
 
 /// Weight (tokens) of each feature.
@@ -144,26 +154,77 @@ pub mod feature {
 /// letter/digit switches) are set by hand so that the `adversarial` class is not estimated far
 /// below o200k (a little over is accepted: the limiter errs towards charging); digit groups are
 /// fixed at 1 (o200k's rule). The odd-indexed lines are held out; the bench reports both.
-pub const WEIGHTS: [f64; NUM_FEATURES] = [
-    1.024, 0.993, 0.677, 1.008, 1.207, 0.892, 1.104, 1.408, 1.483, 1.023,
-    0.125, // ASCII words: length 1..=8, 9-10, 11+ (count), 11+ (letters)
-    0.150, 0.170, 0.320, 0.211, 0.257,
-    0.511, // Latin-ext, Cyrillic, Greek, Arabic, Indic, Cyrillic runs
-    0.615, -0.775, // Thai mid, Thai runs
-    0.689, 0.636, 1.257, 0.172, // hiragana, katakana, Han, CJK runs
-    1.154, 0.340, // Hangul, Hangul runs
-    1.000, // digit groups
-    0.050, 0.915, 1.050, // ASCII punct, punct runs, wide punct
-    1.600, 1.039, // emoji, other
-    0.247, 0.774, 0.777, -0.491,
-    -0.556, // newline runs, space runs, space before digit, upper case, punct+word
-    2.223, 0.685, 2.275, 0.589, // Han rare/merge, Hangul rare/merge
-    0.379, 0.493, 0.501, // Thai common/rare, all-caps letters
-    0.491, // katakana runs
-    0.600, 0.900, 0.600, 1.000, // hump, alnum switch, punct mix, newlines / 16
-    1.000, 1.500, 0.250, 1.000, // spaces / 128, symbols, zero-width, zero-width runs
-    0.293, 0.550, 0.750, 0.522, // Hebrew, alpha long, Latin-ext pair, Greek runs
-    0.512, 0.568, 0.491, 3.000, // Arabic runs, Hebrew runs, Indic runs, other wide
-    0.222, 0.110, 0.818,
-    0.093, // Ukrainian letters and text, Latin Extended-A letters and text
+pub const WEIGHTS: [f64; NUM_FEATURES] = super::fitted::FITTED;
+
+/// Names of the features, in feature order (for the fitting program's output).
+#[doc(hidden)]
+pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
+    "word_1",
+    "word_2",
+    "word_3",
+    "word_4",
+    "word_5",
+    "word_6",
+    "word_7",
+    "word_8",
+    "word_9_10",
+    "word_long",
+    "word_long_chars",
+    "latin_ext",
+    "cyrillic",
+    "greek",
+    "arabic",
+    "indic",
+    "alpha_runs",
+    "thai",
+    "thai_runs",
+    "hiragana",
+    "katakana",
+    "han",
+    "cjk_runs",
+    "hangul",
+    "hangul_runs",
+    "digit_groups",
+    "punct",
+    "punct_runs",
+    "wide_punct",
+    "emoji",
+    "other",
+    "newline_runs",
+    "space_runs",
+    "space_before_digit",
+    "upper",
+    "punct_word",
+    "han_rare",
+    "han_merge",
+    "hangul_rare",
+    "hangul_merge",
+    "thai_common",
+    "thai_rare",
+    "caps_word_chars",
+    "katakana_runs",
+    "hump",
+    "alnum_switch",
+    "punct_mix",
+    "newline_16",
+    "space_128",
+    "symbol",
+    "zero_width",
+    "zero_width_runs",
+    "hebrew",
+    "alpha_long",
+    "latin_ext_pair",
+    "greek_runs",
+    "arabic_runs",
+    "hebrew_runs",
+    "indic_runs",
+    "other_wide",
+    "cyrillic_uk",
+    "cyrillic_uk_text",
+    "latin_ext_a",
+    "latin_ext_a_text",
+    "tab",
+    "tab_indent",
+    "halfwidth_kana",
+    "text",
 ];

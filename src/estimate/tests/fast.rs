@@ -204,7 +204,7 @@ fn corpus_texts() -> Vec<String> {
 
 /// `count_features` with ASCII windows and without: the same counts and the same verdict on UTF-8.
 fn windows_count_like_bytes(bytes: &[u8]) {
-    let (mut with, mut without) = ([0u64; 64], [0u64; 64]);
+    let (mut with, mut without) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
     let ok = count_features::<true>(bytes, &mut with, true);
     assert_eq!(
         ok,
@@ -248,6 +248,11 @@ fn ascii_windows_count_like_the_byte_wise_loop() {
         "    ",
         "\t",
         " \t",
+        "\t\t",
+        "\t \t\t",
+        "\t\t\t\t",
+        "\n\t\t",
+        "ｶﾀｶﾅ",
         "\n",
         "\r\n",
         "\n    ",
