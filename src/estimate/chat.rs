@@ -2,7 +2,9 @@
 //! Predicted Outputs.
 
 use super::parts::Content;
-use super::shape::{json_tokens, read_text, sum, sum_res, value, Ignore, Key, KeySeed, Shape, Str};
+use super::shape::{
+    json_tokens, read_text, sum, sum_res, value, Ignore, Key, KeySeed, Role, Shape, Str,
+};
 use super::text::text_tokens;
 use super::{EstimateError, Res, MESSAGE_OVERHEAD, REPLY_PRIMER};
 use serde::de::{value::MapAccessDeserializer, MapAccess, SeqAccess};
@@ -44,6 +46,7 @@ impl<'de> Shape<'de> for ChatMessage {
         let mut function_call = 0;
         let mut tool_call_id = None;
         let mut refusal = None;
+        let mut role = None;
         let raw = self.raw;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -55,11 +58,13 @@ impl<'de> Shape<'de> for ChatMessage {
                 Key::FunctionCall => function_call = value(&mut a, FunctionCallShape)?,
                 Key::ToolCallId => tool_call_id = read_text(&mut a, raw, Str)?,
                 Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
+                Key::Role => role = Some(value(&mut a, Role)?),
                 _ => value(&mut a, Ignore)?,
             }
         }
         Ok((|| {
             Ok(MESSAGE_OVERHEAD
+                .saturating_add(role.unwrap_or(0))
                 .saturating_add(content?)
                 .saturating_add(name.map_or(0, |n: u64| n.saturating_add(1)))
                 .saturating_add(tool_calls?)

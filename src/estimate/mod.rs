@@ -78,6 +78,7 @@ mod scripts;
 mod shape;
 mod tables;
 mod text;
+mod tools;
 mod top;
 mod weights;
 
@@ -86,6 +87,10 @@ use shape::Seed;
 use top::{Fields, Top};
 
 pub use text::{text_features, text_tokens};
+pub use tools::{
+    ANTHROPIC_TOOL_SYSTEM_TOKENS, ENUM_INIT, ENUM_ITEM, FUNCTIONS_END, FUNCTION_INIT,
+    PROPERTIES_INIT, PROPERTY_KEY,
+};
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
 
 /// Fixed cost of one image input (`image_url`, `input_image`, Anthropic `image` block): the "low detail"

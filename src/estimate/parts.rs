@@ -3,7 +3,7 @@
 
 use super::anthropic::{Source, SourceParts};
 use super::shape::{
-    json_tokens, read_text, sum, value, Ignore, Key, KeySeed, Seed, Shape, Str, Tag, TypeTag,
+    json_tokens, read_text, sum, value, Ignore, Key, KeySeed, Seed, Shape, Size, Str, Tag, TypeTag,
 };
 use super::text::text_tokens;
 use super::{
@@ -103,6 +103,8 @@ impl<'de> Shape<'de> for Part {
         let mut file_id = false;
         let mut title = 0;
         let mut context = 0;
+        // Fields the walk has no use for, by their size (they count for a part of an unknown type).
+        let mut extra = 0u64;
         let Part { depth, raw } = self;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -121,7 +123,7 @@ impl<'de> Shape<'de> for Part {
                 Key::FileId => file_id = value(&mut a, Len)?.is_some(),
                 Key::Title => title = read_text(&mut a, raw, Str)?.unwrap_or(0),
                 Key::Context => context = read_text(&mut a, raw, Str)?.unwrap_or(0),
-                _ => value(&mut a, Ignore)?,
+                _ => extra = extra.saturating_add(2).saturating_add(value(&mut a, Size)?),
             }
         }
         Ok(match ty {
@@ -144,7 +146,25 @@ impl<'de> Shape<'de> for Part {
             Tag::Audio => audio.unwrap_or(0),
             Tag::File => file.unwrap_or_else(|| file_tokens(file_data, file_id)),
             Tag::Refusal => refusal.unwrap_or(0),
-            _ => text.unwrap_or(0),
+            Tag::Text | Tag::FunctionCall | Tag::FunctionCallOutput => text.unwrap_or(0),
+            // A part of a type the walk does not know: whatever it holds, the fields the walk
+            // reads as they are counted elsewhere, the others by their size.
+            Tag::Other => [
+                text.unwrap_or(0),
+                name.unwrap_or(0),
+                thinking.unwrap_or(0),
+                input.unwrap_or(0),
+                content,
+                source.as_ref().map_or(0, SourceParts::tokens),
+                refusal.unwrap_or(0),
+                audio.unwrap_or(0),
+                file.unwrap_or_else(|| file_tokens(file_data, file_id)),
+                title,
+                context,
+                extra,
+            ]
+            .iter()
+            .fold(0u64, |t, &n| t.saturating_add(n)),
         })
     }
 }

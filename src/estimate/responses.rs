@@ -3,12 +3,17 @@
 use super::chat::Arguments;
 use super::parts::Content;
 use super::shape::{
-    format_tokens, read_text, sum_res, value, Ignore, Key, KeySeed, Shape, Str, Tag, TypeTag,
+    format_tokens, read_text, sum_res, value, Ignore, Key, KeySeed, Role, Shape, Size, Str, Tag,
+    TypeTag,
 };
 use super::text::text_tokens;
 use super::{EstimateError, Res, MESSAGE_OVERHEAD, REPLY_PRIMER};
 use serde::de::{MapAccess, SeqAccess};
 use serde_json::Value;
+
+/// The role token of a message the body gives without a role (a string `input`, a string item,
+/// `instructions`): `user`, `system` and `developer` are one o200k token each.
+const IMPLICIT_ROLE: u64 = 1;
 
 /// Responses `input`: a string (one user message) or an array of items (plus the reply primer).
 #[derive(Clone, Copy)]
@@ -30,6 +35,7 @@ impl<'de> Shape<'de> for ResponsesInput {
     }
     fn tokens(self, n: u64) -> Res<u64> {
         Ok(n.saturating_add(MESSAGE_OVERHEAD)
+            .saturating_add(IMPLICIT_ROLE)
             .saturating_add(REPLY_PRIMER))
     }
     fn seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
@@ -52,7 +58,9 @@ impl<'de> Shape<'de> for ResponseItem {
         Err(EstimateError::BadField("input[]"))
     }
     fn string(self, s: &str) -> Res<u64> {
-        Ok(text_tokens(s).saturating_add(MESSAGE_OVERHEAD))
+        Ok(text_tokens(s)
+            .saturating_add(MESSAGE_OVERHEAD)
+            .saturating_add(IMPLICIT_ROLE))
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
         let mut content = None;
@@ -62,6 +70,9 @@ impl<'de> Shape<'de> for ResponseItem {
         let mut input = None;
         let mut output = Ok(0);
         let mut text = None;
+        let mut role = None;
+        // Fields the walk has no use for, by their size (they count for an item of an unknown type).
+        let mut extra = 0u64;
         let raw = self.raw;
         while let Some(k) = a.next_key_seed(KeySeed)? {
             match k {
@@ -78,12 +89,15 @@ impl<'de> Shape<'de> for ResponseItem {
                     output = read_text(&mut a, raw, shape)?;
                 }
                 Key::Text => text = read_text(&mut a, raw, Str)?,
-                _ => value(&mut a, Ignore)?,
+                Key::Role => role = Some(value(&mut a, Role)?),
+                _ => extra = extra.saturating_add(2).saturating_add(value(&mut a, Size)?),
             }
         }
         Ok((|| {
             let has_content = content.is_some();
-            let mut t = MESSAGE_OVERHEAD.saturating_add(content.unwrap_or(Ok(0))?);
+            let mut t = MESSAGE_OVERHEAD
+                .saturating_add(role.unwrap_or(0))
+                .saturating_add(content.unwrap_or(Ok(0))?);
             match ty {
                 Tag::FunctionCall => {
                     t = t
@@ -95,7 +109,9 @@ impl<'de> Shape<'de> for ResponseItem {
                 Tag::FunctionCallOutput => t = t.saturating_add(output?),
                 _ => {
                     if !has_content {
-                        t = t.saturating_add(text.unwrap_or(0));
+                        // An item of a type the walk does not know (or a message without content):
+                        // its text and the rest of it by size.
+                        t = t.saturating_add(text.unwrap_or(0)).saturating_add(extra);
                     }
                 }
             }
@@ -120,7 +136,8 @@ impl Shape<'_> for Instructions {
         self.tokens(text_tokens(s))
     }
     fn tokens(self, n: u64) -> Res<u64> {
-        Ok(n.saturating_add(MESSAGE_OVERHEAD))
+        Ok(n.saturating_add(MESSAGE_OVERHEAD)
+            .saturating_add(IMPLICIT_ROLE))
     }
 }
 

@@ -70,6 +70,7 @@ pub(super) enum Key {
     FileId,
     Title,
     Context,
+    Role,
     Other,
 }
 
@@ -116,6 +117,7 @@ impl Key {
             b"format" => Key::Format,
             b"title" => Key::Title,
             b"context" => Key::Context,
+            b"role" => Key::Role,
             _ => Key::Other,
         }
     }
@@ -397,6 +399,61 @@ impl Shape<'_> for Str {
     }
 }
 
+/// Bytes of JSON text per token in [`Size`]: o200k has about 4 bytes per token in English, 3 in code,
+/// base64 and CJK (one token per ideograph); 3 errs high.
+pub const SIZE_BYTES_PER_TOKEN: u64 = 3;
+
+/// Any value, estimated from the size of its JSON text (for the fields of content parts of a type the
+/// walk does not know): a string by its bytes ([`SIZE_BYTES_PER_TOKEN`] per token, rounded up) plus
+/// 1 for its quotes and separator, a number, boolean or null 2, an array or object 1 plus its
+/// elements, each key like a string plus 1 for its colon. JSON text has many one-character tokens
+/// (`{"`, `":`, `,"`), so this errs high rather than low.
+#[derive(Clone, Copy)]
+pub(super) struct Size;
+
+impl<'de> Shape<'de> for Size {
+    type Out = u64;
+    fn other(self) -> u64 {
+        2
+    }
+    fn string(self, s: &str) -> u64 {
+        (s.len() as u64)
+            .div_ceil(SIZE_BYTES_PER_TOKEN)
+            .saturating_add(1)
+    }
+    fn seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
+        Ok(sum(&mut a, Size)?.saturating_add(1))
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
+        let mut t = 1u64;
+        while let Some(key) = a.next_key_seed(Seed(Size))? {
+            t = t
+                .saturating_add(key)
+                .saturating_add(1)
+                .saturating_add(value(&mut a, Size)?);
+        }
+        Ok(t)
+    }
+}
+
+/// A message `role`: its tokens (the roles the APIs know are one o200k token each; another string
+/// is estimated as text); 0 for anything else.
+#[derive(Clone, Copy)]
+pub(super) struct Role;
+
+impl Shape<'_> for Role {
+    type Out = u64;
+    fn other(self) -> u64 {
+        0
+    }
+    fn string(self, s: &str) -> u64 {
+        match s {
+            "user" | "assistant" | "system" | "developer" | "tool" | "function" => 1,
+            _ => text_tokens(s),
+        }
+    }
+}
+
 /// A string kept for later (borrowed when it has no escapes); None for anything else.
 #[derive(Clone, Copy)]
 pub(super) struct KeepStr;
@@ -517,26 +574,5 @@ impl<'de> Shape<'de> for StreamOptions {
             }
         }
         Ok(include_usage)
-    }
-}
-
-/// `tools` / `functions`: null or an array, each element costed as its JSON text.
-#[derive(Clone, Copy)]
-pub(super) struct JsonList(pub(super) &'static str);
-
-impl<'de> Shape<'de> for JsonList {
-    type Out = Res<u64>;
-    fn other(self) -> Res<u64> {
-        Err(EstimateError::BadField(self.0))
-    }
-    fn null(self) -> Res<u64> {
-        Ok(0)
-    }
-    fn seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
-        let mut t = 0u64;
-        while let Some(v) = a.next_element::<Value>()? {
-            t = t.saturating_add(json_tokens(&v));
-        }
-        Ok(Ok(t))
     }
 }

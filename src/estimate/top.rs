@@ -8,9 +8,10 @@ use super::output::Num;
 use super::parts::Content;
 use super::responses::{Instructions, ResponsesInput, TextConfig};
 use super::shape::{
-    format_tokens, read_text, value, Count, Flag, Ignore, JsonList, Key, KeySeed, Model, Shape,
-    Str, StreamOptions,
+    format_tokens, read_text, value, Count, Flag, Ignore, Key, KeySeed, Model, Shape, Str,
+    StreamOptions,
 };
+use super::tools::Tools;
 use super::{ApiKind, Res};
 use serde::de::MapAccess;
 use serde_json::Value;
@@ -138,11 +139,14 @@ impl<'de> Shape<'de> for Top<'_> {
                 (Key::Messages, AnthropicMessages) => {
                     f.messages = value(&mut a, Messages(AnthropicMessage { raw }))?
                 }
-                (Key::Tools, ChatCompletions | Responses | AnthropicMessages) => {
-                    f.tools = value(&mut a, JsonList("tools"))?
+                (Key::Tools, ChatCompletions | Responses) => {
+                    f.tools = value(&mut a, Tools::openai("tools"))?
+                }
+                (Key::Tools, AnthropicMessages) => {
+                    f.tools = value(&mut a, Tools::anthropic("tools"))?
                 }
                 (Key::Functions, ChatCompletions) => {
-                    f.functions = value(&mut a, JsonList("functions"))?
+                    f.functions = value(&mut a, Tools::openai("functions"))?
                 }
                 (Key::ResponseFormat, ChatCompletions) => {
                     f.response_format = format_tokens(&a.next_value::<Value>()?)

@@ -9,6 +9,9 @@ use super::top::*;
 use super::*;
 use serde_json::Value;
 
+/// The role token of a chat message (`user`, `assistant`, … are one o200k token each).
+const ROLE: u64 = 1;
+
 fn limits(_: Option<&str>) -> OutputLimits {
     OutputLimits {
         default_tokens: 1000,

@@ -77,7 +77,7 @@ fn escaped_strings_count_like_their_unescaped_text() {
     let text = "café \"quoted\"\nline two";
     assert_eq!(
         plain.prompt_tokens,
-        MESSAGE_OVERHEAD + REPLY_PRIMER + text_tokens(text)
+        MESSAGE_OVERHEAD + ROLE + REPLY_PRIMER + text_tokens(text)
     );
     let raw = serde_json::json!({"messages": [{"role": "user", "content": text}]}).to_string();
     assert_eq!(
@@ -124,7 +124,7 @@ fn huge_strings_in_every_script_are_counted_in_one_pass() {
         let body = serde_json::json!({"messages": [{"role": "user", "content": big}]}).to_string();
         assert_eq!(
             ok(ApiKind::ChatCompletions, &body).prompt_tokens,
-            t + MESSAGE_OVERHEAD + REPLY_PRIMER
+            t + MESSAGE_OVERHEAD + ROLE + REPLY_PRIMER
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The body walk per API family: what is counted, output reservation, errors.
 
+use super::super::tools::*;
 use super::*;
 
 #[test]
@@ -215,14 +216,14 @@ fn chat_prediction_content_and_refusals_count_as_prompt_text() {
             r#"{{"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":null,"refusal":"{refusal}"}}]}}"#
         ),
     );
-    assert_eq!(msg.prompt_tokens, base + MESSAGE_OVERHEAD + r);
+    assert_eq!(msg.prompt_tokens, base + MESSAGE_OVERHEAD + ROLE + r);
     let part = ok(
         ApiKind::ChatCompletions,
         &format!(
             r#"{{"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":[{{"type":"refusal","refusal":"{refusal}"}}]}}]}}"#
         ),
     );
-    assert_eq!(part.prompt_tokens, base + MESSAGE_OVERHEAD + r);
+    assert_eq!(part.prompt_tokens, base + MESSAGE_OVERHEAD + ROLE + r);
 }
 
 #[test]
@@ -781,6 +782,154 @@ fn deep_parts_beyond_max_depth_count_zero_and_the_body_stays_valid() {
     );
     assert_eq!(
         ok(ApiKind::ChatCompletions, &nested).prompt_tokens,
-        MESSAGE_OVERHEAD + REPLY_PRIMER
+        MESSAGE_OVERHEAD + ROLE + REPLY_PRIMER
+    );
+}
+
+#[test]
+fn chat_framing_follows_openais_published_counting() {
+    // OpenAI's method: per message 3 + the tokens of every value (the role is one token), +1 per
+    // name, 3 for the reply primer.
+    let empty = ok(
+        ApiKind::ChatCompletions,
+        r#"{"messages":[{"role":"user","content":""}]}"#,
+    );
+    assert_eq!(empty.prompt_tokens, 7);
+    let named = ok(
+        ApiKind::ChatCompletions,
+        r#"{"messages":[{"role":"user","content":"","name":"bob"}]}"#,
+    );
+    assert_eq!(named.prompt_tokens, 7 + text_tokens("bob") + 1);
+    let two = ok(
+        ApiKind::ChatCompletions,
+        r#"{"messages":[{"role":"system","content":""},{"role":"assistant","content":""}]}"#,
+    );
+    assert_eq!(
+        two.prompt_tokens,
+        2 * (MESSAGE_OVERHEAD + ROLE) + REPLY_PRIMER
+    );
+    // Responses: a string input is one user message.
+    let r = ok(ApiKind::Responses, r#"{"input":""}"#);
+    assert_eq!(r.prompt_tokens, 7);
+    let items = ok(
+        ApiKind::Responses,
+        r#"{"input":[{"role":"user","content":""}]}"#,
+    );
+    assert_eq!(items.prompt_tokens, 7);
+}
+
+#[test]
+fn tools_are_counted_by_openais_published_method() {
+    let base = ok(
+        ApiKind::ChatCompletions,
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .prompt_tokens;
+    let tools = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[
+        {"type":"function","function":{"name":"get_weather","description":"Get the weather.",
+         "parameters":{"type":"object","properties":{
+            "city":{"type":"string","description":"The city"},
+            "unit":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["city"]}}},
+        {"type":"function","function":{"name":"now","parameters":{"type":"object","properties":{}}}}]}"#;
+    let t = ok(ApiKind::ChatCompletions, tools).prompt_tokens;
+    let expected = FUNCTION_INIT
+        + text_tokens("get_weather:Get the weather")
+        + PROPERTIES_INIT
+        + PROPERTY_KEY
+        + text_tokens("city:string:The city")
+        + PROPERTY_KEY
+        + text_tokens("unit:string:")
+        + (ENUM_ITEM + text_tokens("celsius") + ENUM_ITEM + text_tokens("fahrenheit") - ENUM_INIT)
+        + FUNCTION_INIT
+        + text_tokens("now:")
+        + FUNCTIONS_END;
+    assert_eq!(t - base, expected);
+    // Legacy `functions` and the Responses API's flat form count the same.
+    let functions = r#"{"messages":[{"role":"user","content":"hi"}],"functions":[{"name":"now","parameters":{"type":"object","properties":{}}}]}"#;
+    assert_eq!(
+        ok(ApiKind::ChatCompletions, functions).prompt_tokens - base,
+        FUNCTION_INIT + text_tokens("now:") + FUNCTIONS_END
+    );
+    let responses = ok(
+        ApiKind::Responses,
+        r#"{"input":"hi","tools":[{"type":"function","name":"now","parameters":{"type":"object","properties":{}}}]}"#,
+    );
+    let plain = ok(ApiKind::Responses, r#"{"input":"hi"}"#);
+    assert_eq!(
+        responses.prompt_tokens - plain.prompt_tokens,
+        FUNCTION_INIT + text_tokens("now:") + FUNCTIONS_END
+    );
+    // A tool that is not a function: its JSON text (never less than the method's end tokens).
+    let search = ok(
+        ApiKind::Responses,
+        r#"{"input":"hi","tools":[{"type":"web_search_preview"}]}"#,
+    );
+    assert_eq!(
+        search.prompt_tokens - plain.prompt_tokens,
+        text_tokens(r#"{"type":"web_search_preview"}"#) + FUNCTIONS_END
+    );
+    // Nested schemas the method does not describe are counted as JSON on top of it.
+    let nested = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"xs":{"type":"array","items":{"type":"string"}}}}}}]}"#;
+    assert!(
+        ok(ApiKind::ChatCompletions, nested).prompt_tokens - base
+            > FUNCTION_INIT
+                + text_tokens("f:")
+                + PROPERTIES_INIT
+                + PROPERTY_KEY
+                + text_tokens("xs:array:")
+                + FUNCTIONS_END
+    );
+}
+
+#[test]
+fn anthropic_tools_add_the_published_tool_use_system_prompt() {
+    let base = ok(
+        ApiKind::AnthropicMessages,
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .prompt_tokens;
+    let tool = r#"{"name":"get_weather","input_schema":{"type":"object"}}"#;
+    let with = ok(
+        ApiKind::AnthropicMessages,
+        &format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{tool}]}}"#),
+    );
+    // The definition as its compact JSON text (serde_json writes the keys in order).
+    let json = serde_json::from_str::<Value>(tool).unwrap().to_string();
+    assert_eq!(
+        with.prompt_tokens - base,
+        ANTHROPIC_TOOL_SYSTEM_TOKENS + text_tokens(&json)
+    );
+}
+
+#[test]
+fn content_parts_of_unknown_types_are_estimated_from_their_size() {
+    let bpe = tiktoken_rs::o200k_base().unwrap();
+    let payload = serde_json::json!({
+        "rows": (0..20).map(|i| serde_json::json!({"id": i, "name": format!("item number {i}"), "tags": ["alpha", "beta"], "score": 0.5 + f64::from(i)})).collect::<Vec<_>>()
+    });
+    let real = bpe.encode_ordinary(&payload.to_string()).len() as u64;
+    assert!(real > 200, "{real}");
+    let part = serde_json::json!({"type": "input_json", "json": payload});
+    let chat =
+        serde_json::json!({"messages": [{"role": "user", "content": [part.clone()]}]}).to_string();
+    let empty = ok(
+        ApiKind::ChatCompletions,
+        r#"{"messages":[{"role":"user","content":[]}]}"#,
+    )
+    .prompt_tokens;
+    let got = ok(ApiKind::ChatCompletions, &chat).prompt_tokens - empty;
+    assert!(got >= real, "{got} for {real}");
+    assert!(got <= real * 3, "{got} for {real}");
+    // The same in Anthropic blocks and Responses content and items.
+    let anthropic =
+        serde_json::json!({"messages": [{"role": "user", "content": [part.clone()]}]}).to_string();
+    assert!(ok(ApiKind::AnthropicMessages, &anthropic).prompt_tokens >= real);
+    let responses = serde_json::json!({"input": [{"role": "user", "content": [part.clone()]}, {"type": "something_new", "data": payload}]}).to_string();
+    assert!(ok(ApiKind::Responses, &responses).prompt_tokens >= 2 * real);
+    // Known parts keep their costs: an image's URL is not counted by size.
+    let image = serde_json::json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,".to_string() + &"A".repeat(30_000)}}]}]}).to_string();
+    assert_eq!(
+        ok(ApiKind::ChatCompletions, &image).prompt_tokens - empty,
+        IMAGE_TOKENS
     );
 }
