@@ -18,6 +18,11 @@ pub(super) fn scan_non_ascii(
     f: &mut Counts,
     was_punct: bool,
 ) -> Option<usize> {
+    // Letters of the alphabetic scripts (Cyrillic, Greek, Hebrew, Arabic, Indic) first: their tight
+    // loop.
+    if let Some(first) = alpha_at(bytes, i) {
+        return Some(scan_alpha(bytes, i, first, f));
+    }
     let (cp, n) = decode(bytes, i)?;
     let j = i + n;
     // The scripts of long runs first, straight into their run loops.
@@ -119,6 +124,151 @@ pub(super) fn scan_non_ascii(
             }
         }
     })
+}
+
+/// Letters of the alphabetic runs that [`scan_alpha`] reads in its tight loop, by their class there
+/// (an index into [`ALPHA_LETTER`] and [`ALPHA_RUN`]).
+const A_CYRILLIC: u8 = 0;
+const A_CYRILLIC_UK: u8 = 1;
+const A_GREEK: u8 = 2;
+const A_ARABIC: u8 = 3;
+const A_HEBREW: u8 = 4;
+const A_INDIC: u8 = 5;
+/// Not such a letter.
+const A_NONE: u8 = 0xFF;
+/// Per-letter feature of each class.
+const ALPHA_LETTER: [usize; 6] = [
+    feature::CYRILLIC,
+    feature::CYRILLIC_UK,
+    feature::GREEK,
+    feature::ARABIC,
+    feature::HEBREW,
+    feature::INDIC,
+];
+/// Run feature of a run that starts with a letter of each class (see `alpha_run_feature`).
+const ALPHA_RUN: [usize; 6] = [
+    feature::ALPHA_RUNS,
+    feature::ALPHA_RUNS,
+    feature::GREEK_RUNS,
+    feature::ARABIC_RUNS,
+    feature::HEBREW_RUNS,
+    feature::INDIC_RUNS,
+];
+
+/// First two-byte code point in [`ALPHA2`].
+const ALPHA2_FROM: u32 = 0x340;
+
+/// The class in [`scan_alpha`] of a two-byte code point (U+0340..=U+07FF): what `classify` says,
+/// for the letters of alphabetic runs (the tests compare the two).
+const fn alpha2_class(cp: u32) -> u8 {
+    match cp {
+        0x370..=0x3FF => A_GREEK,
+        0x404 | 0x406 | 0x407 | 0x454 | 0x456 | 0x457 | 0x490 | 0x491 => A_CYRILLIC_UK,
+        0x400..=0x52F => A_CYRILLIC,
+        0x590..=0x5FF => A_HEBREW,
+        0x600..=0x6FF | 0x750..=0x77F => A_ARABIC,
+        _ => A_NONE,
+    }
+}
+
+/// [`alpha2_class`] of U+0340..=U+07FF.
+pub(super) static ALPHA2: [u8; (0x800 - ALPHA2_FROM) as usize] = {
+    let mut t = [A_NONE; (0x800 - ALPHA2_FROM) as usize];
+    let mut i = 0;
+    while i < t.len() {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[i] = alpha2_class(ALPHA2_FROM + i as u32);
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The letter at `j` if it is one of [`scan_alpha`]'s tight loop (a two-byte letter of Cyrillic,
+/// Greek, Hebrew or Arabic, or a three-byte one of U+0900..=U+0DFF, Indic): its class and length.
+#[inline(always)]
+pub(super) fn alpha_at(bytes: &[u8], j: usize) -> Option<(u8, usize)> {
+    match *bytes.get(j..)? {
+        [b0 @ 0xCD..=0xDF, b1 @ 0x80..=0xBF, ..] => {
+            let cp = (u32::from(b0 & 0x1F) << 6) | u32::from(b1 & 0x3F);
+            let k = ALPHA2
+                .get(cp.wrapping_sub(ALPHA2_FROM) as usize)
+                .copied()
+                .unwrap_or(A_NONE);
+            (k != A_NONE).then_some((k, 2))
+        }
+        [0xE0, 0xA4..=0xB7, 0x80..=0xBF, ..] => Some((A_INDIC, 3)),
+        _ => None,
+    }
+}
+
+/// A run of an alphabetic script from the letter at `i` (`first`: its [`alpha_at`]), and the runs
+/// after it that only single spaces separate (a single space between words has no feature of its
+/// own, see `count_features`); returns the index after the last. Counts what `scan_run` and the
+/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers.
+#[inline(never)]
+fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usize {
+    let mut letters_of = [0u64; 6];
+    let mut runs_of = [0u64; 6];
+    let mut long = 0u64;
+    let (k, n) = first;
+    let k = usize::from(k);
+    if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
+        *l += 1;
+        *r += 1;
+    }
+    let mut letters = 1u64;
+    // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    let mut j = i + n;
+    loop {
+        while let Some((k, n)) = alpha_at(bytes, j) {
+            if let Some(l) = letters_of.get_mut(usize::from(k)) {
+                *l += 1;
+            }
+            letters += 1;
+            j += n;
+        }
+        // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
+        if let Some((cp, n)) = decode(bytes, j) {
+            let c = classify(cp);
+            if run_of(c) == Some(Run::Alpha) {
+                if let Some(idx) = char_feature(c) {
+                    bump(f, idx, 1);
+                }
+                letters += 1;
+                j += n;
+                continue;
+            }
+            break;
+        }
+        // A single space and another letter: the next run.
+        if bytes.get(j) == Some(&b' ') {
+            if let Some((k, n)) = alpha_at(bytes, j + 1) {
+                long += letters.saturating_sub(ALPHA_WORD);
+                let k = usize::from(k);
+                if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
+                    *l += 1;
+                    *r += 1;
+                }
+                letters = 1;
+                j += 1 + n;
+                continue;
+            }
+        }
+        break;
+    }
+    long += letters.saturating_sub(ALPHA_WORD);
+    bump(f, feature::ALPHA_LONG, long);
+    for ((n, r), (&fl, &fr)) in letters_of
+        .iter()
+        .zip(&runs_of)
+        .zip(ALPHA_LETTER.iter().zip(&ALPHA_RUN))
+    {
+        bump(f, fl, *n);
+        bump(f, fr, *r);
+    }
+    j
 }
 
 /// Rest of a run of kana and ideographs from `j` (the first character is counted); returns the index

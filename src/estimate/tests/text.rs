@@ -236,3 +236,34 @@ fn counts_are_pinned_to_the_calibrated_model() {
     }
     assert_eq!((lines, hash), (1008, 0x7335_61f4_9790_efda));
 }
+
+#[test]
+fn the_alphabetic_tight_loop_classifies_like_classify() {
+    use super::super::scripts::{alpha_at, ALPHA2};
+    // Every two-byte code point from U+0340 and every Indic one: the tight loop takes exactly the
+    // letters of alphabetic runs.
+    for cp in (0x340u32..0x800).chain(0x900..0xE00) {
+        let c = char::from_u32(cp).unwrap();
+        let mut buf = [0u8; 4];
+        let s = c.encode_utf8(&mut buf);
+        let fast = alpha_at(s.as_bytes(), 0).is_some();
+        let slow = run_of(classify(cp)) == Some(Run::Alpha);
+        assert_eq!(fast, slow, "U+{cp:04X}");
+    }
+    assert_eq!(ALPHA2.len(), 0x800 - 0x340);
+    // Runs separated by single spaces: one run each, the letters per script, long runs past 12.
+    let f = text_features("привет мир Γειά σου достопримечательность");
+    assert_eq!(f[feature::CYRILLIC], 9 + 21);
+    assert_eq!(f[feature::ALPHA_RUNS], 3);
+    assert_eq!(f[feature::GREEK], 7);
+    assert_eq!(f[feature::GREEK_RUNS], 2);
+    assert_eq!(f[feature::ALPHA_LONG], 21 - 12);
+    // Mixed scripts in one run count by letter; the run by its first letter.
+    let f = text_features("שלוםمرحبا नमस्ते");
+    assert_eq!(f[feature::HEBREW], 4);
+    assert_eq!(f[feature::ARABIC], 5);
+    assert_eq!(f[feature::HEBREW_RUNS], 1);
+    assert_eq!(f[feature::ARABIC_RUNS], 0);
+    assert_eq!(f[feature::INDIC_RUNS], 1);
+    assert_eq!(f[feature::INDIC], "नमस्ते".chars().count() as u64);
+}
