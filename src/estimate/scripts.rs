@@ -6,7 +6,7 @@ use super::classes::{
     run_of, thai_feature, Cls, Run,
 };
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
-use super::text::{bump, is_latin_ext, scan_word, Counts};
+use super::text::{bump, is_latin_ext, scan_word, scan_words, Counts};
 use super::weights::feature;
 
 /// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
@@ -26,7 +26,7 @@ pub(super) fn scan_non_ascii(
     let (cp, n) = decode(bytes, i)?;
     // Accented Latin letters: a word (the common case of European and Vietnamese text).
     if is_latin_ext(cp) {
-        return Some(scan_word(bytes, i, f, was_punct));
+        return Some(scan_words(bytes, i, f, was_punct));
     }
     let j = i + n;
     // The scripts of long runs first, straight into their run loops.

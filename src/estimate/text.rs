@@ -1,7 +1,7 @@
 //! Text → tokens: one pass over the characters that mimics o200k_base's pre-tokenizer and counts
 //! features, then the weighted sum.
 
-use super::classes::decode;
+use super::classes::cp3;
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
 
@@ -102,6 +102,20 @@ pub(super) fn latin_ext_feature(cp: u32) -> usize {
     }
 }
 
+/// The accented Latin letter at `i` ([`is_latin_ext`]) and its length, from its two or three bytes.
+#[inline(always)]
+fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
+    match *bytes.get(i..)? {
+        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => {
+            let cp = (u32::from(b0 & 0x1F) << 6) | u32::from(b1 & 0x3F);
+            is_latin_ext(cp).then_some((cp, 2))
+        }
+        // U+1E00..=U+1EFF (Latin Extended Additional: Vietnamese).
+        [0xE1, b1 @ 0xB8..=0xBB, b2 @ 0x80..=0xBF, ..] => Some((cp3(0xE1, b1, b2), 3)),
+        _ => None,
+    }
+}
+
 #[inline(always)]
 pub(super) fn is_latin_ext(cp: u32) -> bool {
     matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
@@ -113,34 +127,52 @@ pub(super) fn is_latin_ext(cp: u32) -> bool {
 #[inline(always)]
 pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
     // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
-    let upper = count_while(bytes, start, |b| b.is_ascii_uppercase());
+    let upper = if bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+        count_while(bytes, start, |b| b.is_ascii_uppercase())
+    } else {
+        0
+    };
     let mut i = start + upper;
     let mut letters = upper;
     let mut mixed = false;
     // The letter before is an accented one.
     let mut ext = false;
+    // Accented letters of Latin Extended-A, the others, and those right after another one.
+    let (mut ext_a, mut ext_other, mut pairs) = (0u64, 0u64, 0u64);
     loop {
-        let lower = lower_run(bytes, i);
+        // Between accented letters (Vietnamese) the run is often empty: one byte tells.
+        let lower = if bytes.get(i).is_some_and(u8::is_ascii_lowercase) {
+            lower_run(bytes, i)
+        } else {
+            0
+        };
         i += lower;
         letters += lower;
         mixed |= lower > 0;
         ext &= lower == 0;
-        match decode(bytes, i) {
-            Some((cp, n)) if is_latin_ext(cp) => {
+        match latin_ext_at(bytes, i) {
+            Some((cp, n)) => {
                 i += n;
                 letters += 1;
                 mixed = true;
-                bump(f, latin_ext_feature(cp), 1);
-                if ext {
-                    bump(f, feature::LATIN_EXT_PAIR, 1);
+                if latin_ext_feature(cp) == feature::LATIN_EXT_A {
+                    ext_a += 1;
+                } else {
+                    ext_other += 1;
                 }
+                pairs += u64::from(ext);
                 ext = true;
             }
-            _ => break,
+            None => break,
         }
     }
     if letters == 0 {
         return start + 1; // not called on a non-letter; guarantees progress anyway
+    }
+    if mixed {
+        bump(f, feature::LATIN_EXT_A, ext_a);
+        bump(f, feature::LATIN_EXT, ext_other);
+        bump(f, feature::LATIN_EXT_PAIR, pairs);
     }
     count_word(f, letters);
     if upper > 0 {
@@ -152,6 +184,28 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     }
     if after_punct {
         bump(f, feature::PUNCT_WORD, 1);
+    }
+    i
+}
+
+/// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
+/// space before a letter has no feature of its own, see [`count_features`]): text with accented
+/// letters (European languages, Vietnamese) is read word after word without going back to the
+/// byte-wise loop. Returns the index after the last word.
+#[inline(never)]
+pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+    let mut i = scan_word(bytes, start, f, after_punct);
+    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
+    while bytes.get(i) == Some(&b' ') {
+        let next = match bytes.get(i + 1) {
+            Some(b) if b.is_ascii_alphabetic() => true,
+            Some(&b) if b >= 0xC3 => latin_ext_at(bytes, i + 1).is_some(),
+            _ => false,
+        };
+        if !next {
+            break;
+        }
+        i = scan_word(bytes, i + 1, f, false);
     }
     i
 }
@@ -440,7 +494,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                         let len = (m.trailing_zeros() / 8) as usize;
                         let next = (w >> (8 * len)) as u8;
                         if next >= 0x80 {
-                            i = scan_word(bytes, i, f, was_punct);
+                            i = scan_words(bytes, i, f, was_punct);
                             break;
                         }
                         bump(f, feature::WORD_1 + len - 1, 1);
@@ -472,7 +526,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 }
                 let len = lower_run(bytes, i);
                 if bytes.get(i + len).is_some_and(|&n| n >= 0x80) {
-                    i = scan_word(bytes, i, f, was_punct);
+                    i = scan_words(bytes, i, f, was_punct);
                     break;
                 }
                 count_word(f, len);
