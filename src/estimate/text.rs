@@ -557,6 +557,23 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 i += 1;
                 continue;
             }
+            // A single tab (tab-separated values): one piece of its own.
+            if b == b'\t' {
+                let next = bytes.get(i + 1).copied().unwrap_or(b'\n');
+                if next != b' ' && next != b'\t' {
+                    let tab = if prev_class(bytes, i) & B_NEWLINE != 0 {
+                        feature::TAB_INDENT
+                    } else {
+                        feature::TAB
+                    };
+                    bump(f, tab, 1);
+                    i += 1;
+                    if after_spaces(bytes, i) == AfterSpaces::Digit {
+                        bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                    }
+                    continue;
+                }
+            }
             let len = run_of_class(bytes, i, B_SPACE);
             if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
                 let indent = prev_class(bytes, i) & B_NEWLINE != 0;
