@@ -1379,8 +1379,11 @@ fn callgrind_count(
     }
 }
 
-/// The corpus classes of `BENCH_ESTIMATE` (None when it is not set): name and texts of each.
-fn estimate_classes(root: &Path) -> Result<Option<Vec<(String, Vec<String>)>>> {
+/// A corpus class: its name and texts.
+type Class = (String, Vec<String>);
+
+/// The corpus classes of `BENCH_ESTIMATE` (None when it is not set).
+fn estimate_classes(root: &Path) -> Result<Option<Vec<Class>>> {
     let Some(spec) = std::env::var("BENCH_ESTIMATE")
         .ok()
         .filter(|s| !s.trim().is_empty())
