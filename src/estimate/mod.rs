@@ -25,37 +25,40 @@
 //! [`AUDIO_WAV_TOKENS_PER_KB`]), files by the size of `file_data` ([`FILE_TOKENS_PER_KB`]) or a
 //! fixed [`FILE_ID_TOKENS`] for a `file_id`.
 //!
-//! Speed (native release build, `cargo bench --bench estimate`): about 1.3 to 1.7 µs per KB of
-//! English, Chinese, Japanese or Korean body (the lower figure for bodies of 16 KB and more, the higher
-//! for 1 KB, where the fixed cost of a call weighs), 0.7 to 0.95 for Thai; code, JSON-in-a-string and
-//! mixed-script bodies 1.5 to 1.9; a short chat request about 0.4 µs. The body is read by a strict
-//! JSON scanner of this module's own (see `json.rs`: escapes close together, as in code and JSON, are
-//! found by 64-byte bit masks rather than one after the other). The text of every script is counted
-//! in one pass that also checks its UTF-8 (see [`estimate`]), with a tight loop per script for runs of
-//! ideographs, kana, Hangul and Thai, a fast path for prose words and the single spaces between them,
-//! and other ASCII (code, JSON) a 64-byte window at a time from bit masks, without a branch per piece
-//! (see `ascii.rs`).
+//! The body is read by a strict JSON scanner of this module's own (see `json.rs`: escapes close
+//! together, as in code and JSON, are found by 64-byte bit masks rather than one after the other).
+//! The text of every script is counted in one pass that also checks its UTF-8 (see [`estimate`]),
+//! with a tight loop per script for runs of ideographs, kana, Hangul, Thai and the alphabetic scripts
+//! (Cyrillic, Greek, Hebrew, Arabic, Indic), a fast path for prose words (with or without accents)
+//! and the single spaces between them, and other ASCII (code, JSON) a 64-byte window at a time from
+//! bit masks, without a branch per piece (see `ascii.rs`). Measured speed and accuracy are in
+//! `docs/estimator.md` (`cargo bench --bench estimate` prints both).
 //!
 //! Text is measured by [`text_tokens`], a single pass over the characters that mimics the pre-tokenizer
 //! of OpenAI's `o200k_base`: ASCII letter words are costed by length, digits in groups of three,
 //! punctuation and whitespace runs separately, and every other script (Thai, kana, CJK ideographs,
-//! Hangul, Cyrillic, …) by a per-character rate plus a per-run rate. The rates in [`WEIGHTS`] were fitted
-//! against `o200k_base` on the `corpus/` texts; `chars / 4` is 2–4× wrong for Thai and CJK, this is
-//! within ±15 % (p95) on most corpus classes (not yet on Latin-script European languages, Hindi,
-//! Arabic and Vietnamese: 18–29 %). Run `cargo bench --bench estimate` to see the numbers.
+//! Hangul, Cyrillic, …) by a per-character rate plus a per-run rate, tabs, half-width kana and one
+//! per text. The rates in [`WEIGHTS`] are fitted against `o200k_base` on the `corpus/` texts by
+//! `examples/fit-estimator.rs` (`chars / 4` is 2–4× wrong for Thai and CJK).
+//!
+//! Framing follows the providers' published counting (see `docs/estimator.md`): OpenAI chat 3 per
+//! message plus its role token, 1 per `name`, 3 for the reply primer, tools by OpenAI's method
+//! (`tools.rs`); Anthropic tools add the tool-use system prompt. Content parts of a type the walk does
+//! not know are estimated from their JSON size ([`SIZE_BYTES_PER_TOKEN`]).
 //!
 //! Example: `{"model":"gpt-4.1","messages":[{"role":"user","content":"Hello!"}],"max_tokens":64}`
-//! estimates to about 9 prompt tokens (3 per message, 3 for the reply primer, 2 for the text) plus 64
-//! output tokens.
+//! estimates to about 9 prompt tokens (3 per message, 1 for the role, 3 for the reply primer, 2 for
+//! the text) plus 64 output tokens.
 //!
-//! Layout: this file holds the public API and the driver ([`estimate`]); the body walk is
-//! `top.rs` (the top-level object per API family), `chat.rs` (OpenAI chat messages, tool calls,
-//! predictions), `completions.rs` (prompt / embeddings input), `responses.rs` (Responses input items),
-//! `anthropic.rs` (Anthropic messages and document sources), `parts.rs` (content parts of every
-//! family), on the visitors of `shape.rs`, read by `json.rs` (the fast scanner) or serde_json;
-//! `output.rs` is the output reservation. Text is counted by `text.rs` (the pass over the characters),
-//! `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs` (runs of non-ASCII scripts), `classes.rs` and
-//! `tables.rs` (character classes), and weighed by `weights.rs`.
+//! Layout: this file holds the public API and the driver ([`estimate`]); the body walk is `top.rs`
+//! (the top-level object per API family), `chat.rs` (OpenAI chat messages, tool calls, predictions),
+//! `tools.rs` (tool definitions by the providers' methods), `completions.rs` (prompt / embeddings
+//! input), `responses.rs` (Responses input items), `anthropic.rs` (Anthropic messages and document
+//! sources), `parts.rs` (content parts of every family), on the visitors of `shape.rs`, read by
+//! `json.rs` (the fast scanner) or serde_json; `output.rs` is the output reservation. Text is counted
+//! by `text.rs` (the pass over the characters), `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs`
+//! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), and weighed by
+//! `weights.rs` with the weights of `fitted.rs`.
 //!
 //! Nothing here panics: malformed bodies become an [`EstimateError`], all arithmetic saturates, and the
 //! walk over nested JSON is bounded ([`MAX_DEPTH`]) on top of the JSON readers' recursion limit (128,
@@ -86,6 +89,7 @@ use output::{choices, requested_output};
 use shape::Seed;
 use top::{Fields, Top};
 
+pub use shape::SIZE_BYTES_PER_TOKEN;
 pub use text::{text_features, text_tokens};
 pub use tools::{
     ANTHROPIC_TOOL_SYSTEM_TOKENS, ENUM_INIT, ENUM_ITEM, FUNCTIONS_END, FUNCTION_INIT,

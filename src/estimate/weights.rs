@@ -145,15 +145,16 @@ pub mod feature {
 
 /// Weight (tokens) of each feature.
 ///
-/// Fitted against OpenAI `o200k_base` (tiktoken-rs) on the even-indexed lines of every `corpus/*.jsonl`
-/// file but `adversarial` by weighted least squares minimising Σ((estimate − real)/real)², i.e.
-/// relative error per sample (each class weighing the same, the eight original classes three times
-/// as much), with a small ridge pull towards hand-set priors (which alone decide emoji). The
-/// features that only junk has much of (mixed punctuation, newline and space runs, zero-width
-/// characters, symbols, other scripts, long alphabetic runs, accented-letter pairs, camelCase humps,
-/// letter/digit switches) are set by hand so that the `adversarial` class is not estimated far
-/// below o200k (a little over is accepted: the limiter errs towards charging); digit groups are
-/// fixed at 1 (o200k's rule). The odd-indexed lines are held out; the bench reports both.
+/// Written to `fitted.rs` by `examples/fit-estimator.rs` (`cargo run --release --example
+/// fit-estimator -- --write`): fitted against OpenAI `o200k_base` (tiktoken-rs) on the even lines of
+/// every `corpus/*.jsonl` file only (the odd lines are the held-out split), by weighted least squares
+/// on the relative error per sample, every class weighing the same (synthetic junk less), aiming 4 %
+/// over o200k with estimates below their real count weighing more (the limiter must not be biased
+/// low), a small ridge pull towards fixed priors, and lower bounds (every ASCII word at least one
+/// token, no script letter below 0). The features only junk has much of are set by hand in the
+/// program (mixed punctuation, newline and space runs of 16/128, symbols, zero-width characters,
+/// other scripts, long alphabetic runs, accented-letter pairs, emoji); digit groups follow o200k's
+/// rule (1 each). See `docs/estimator.md` for the method and the accuracy on both splits.
 pub const WEIGHTS: [f64; NUM_FEATURES] = super::fitted::FITTED;
 
 /// Names of the features, in feature order (for the fitting program's output).
