@@ -57,6 +57,8 @@ const FIXED: &[(usize, f64)] = &[
     (feature::OTHER_WIDE, 3.0),
     (feature::ALPHA_LONG, 0.55),
     (feature::LATIN_EXT_PAIR, 0.95),
+    // o200k has few half-width katakana: most are two byte tokens each.
+    (feature::HALFWIDTH_KANA, 2.0),
 ];
 
 /// Where the ridge pulls each weight: the weights fitted before the tab, half-width kana and text
@@ -103,7 +105,6 @@ const MINIMUMS: &[(usize, f64)] = &[
     (feature::THAI_RARE, 0.0),
     (feature::HIRAGANA, 0.0),
     (feature::KATAKANA, 0.0),
-    (feature::HALFWIDTH_KANA, 0.0),
     (feature::HAN, 0.0),
     (feature::HAN_RARE, 0.0),
     (feature::HAN_MERGE, 0.0),
@@ -117,6 +118,44 @@ const MINIMUMS: &[(usize, f64)] = &[
     (feature::PUNCT, 0.0),
     (feature::PUNCT_RUNS, 0.0),
 ];
+
+/// Inputs the docs quote (junk and known weak cases), by label.
+fn probes() -> Vec<(&'static str, String)> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let random_letters: String = (0..600)
+        .map(|i| {
+            if i % 9 == 8 {
+                ' '
+            } else {
+                char::from(b'a' + (next() % 26) as u8)
+            }
+        })
+        .collect();
+    let hex: String = (0..512)
+        .map(|_| char::from(b"0123456789abcdef"[(next() % 16) as usize]))
+        .collect();
+    vec![
+        ("tab runs (`\\t` × 1000)", "\t".repeat(1000)),
+        ("mixed tab/newline (`\\t\\n` × 500)", "\t\n".repeat(500)),
+        ("TSV row (`a\\tb\\t12\\n` × 200)", "alpha\tbeta\t12\n".repeat(200)),
+        ("random lower-case letters, words of 8", random_letters),
+        ("hex (512 digits)", hex),
+        ("UUIDs × 20", "3f2b8c1e-9d4a-4b7e-a1c2-7e5f9d0b6a34 ".repeat(20)),
+        ("half-width kana (`ｶﾀｶﾅﾃｷｽﾄ` × 100)", "ｶﾀｶﾅﾃｷｽﾄ".repeat(100)),
+        ("variation selectors (`a\\u{FE0F}` × 500)", "a\u{FE0F}".repeat(500)),
+        ("URL with query", "https://api.example.com/v2/users/1234/orders?status=open&sort=-created_at&page=3".repeat(10)),
+        ("Windows path", "C:\\Users\\admin\\AppData\\Local\\Temp\\build-7f3a\\output.log ".repeat(20)),
+        ("punctuation runs (`!?.,;:` × 500)", "!?.,;:".repeat(500)),
+        ("newlines × 3000", "\n".repeat(3000)),
+        ("Georgian", "ქართული ენა არის ქართველი ხალხის მშობლიური ენა ".repeat(10)),
+    ]
+}
 
 /// Solves `a x = b` (n × n, row-major) by Gaussian elimination with partial pivoting; None if singular.
 fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
@@ -156,6 +195,13 @@ fn estimate(x: &[u64; NUM_FEATURES], w: &[f64; NUM_FEATURES]) -> f64 {
 fn main() {
     let write = std::env::args().any(|a| a == "--write");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bpe = match tiktoken_rs::o200k_base() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("o200k_base: {e}");
+            std::process::exit(2);
+        }
+    };
     let classes = match corpus::load(&root.join("corpus")) {
         Ok(c) => c,
         Err(e) => {
@@ -167,10 +213,18 @@ fn main() {
     let mut rows: Vec<([u64; NUM_FEATURES], f64, f64)> = Vec::new();
     for c in &classes {
         let n = c.samples.iter().filter(|s| s.fitted()).count().max(1) as f64;
-        let n = n / CLASS_WEIGHTS
-            .iter()
-            .find(|(name, _)| *name == c.name)
-            .map_or(1.0, |(_, w)| *w);
+        // FIT_CLASS_WEIGHTS="code=3,json=2" overrides CLASS_WEIGHTS (to try others).
+        let over = std::env::var("FIT_CLASS_WEIGHTS").unwrap_or_default();
+        let over = over.split(',').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == c.name).then(|| v.parse::<f64>().ok()).flatten()
+        });
+        let n = n / over.unwrap_or_else(|| {
+            CLASS_WEIGHTS
+                .iter()
+                .find(|(name, _)| *name == c.name)
+                .map_or(1.0, |(_, w)| *w)
+        });
         for s in c.samples.iter().filter(|s| s.fitted()) {
             rows.push((text_features(&s.text), s.real, 1.0 / n));
         }
@@ -276,6 +330,15 @@ fn main() {
             new.join(", ")
         }
     );
+    // Junk the corpus has little of: estimate ÷ o200k with the new weights.
+    println!("\nJunk probes (estimate / o200k with the fitted weights):\n");
+    println!("| text | o200k | estimate | ratio |");
+    println!("|---|---:|---:|---:|");
+    for (label, text) in probes() {
+        let real = bpe.encode_ordinary(&text).len().max(1) as f64;
+        let est = estimate(&text_features(&text), &w);
+        println!("| {label} | {real} | {est} | {:.2} |", est / real);
+    }
     let mut src = String::from(
         "//! The estimator's weights, written by `cargo run --release --example fit-estimator -- --write`\n\
          //! (see `examples/fit-estimator.rs`): do not edit by hand, refit.\n\n\

@@ -503,19 +503,35 @@ fn count(
         t.newline_16 += u64::from((newline >> first).trailing_ones() / 16);
     }
 
-    // Tabs in the counted pieces: in runs of spaces and tabs that start a line (indentation), the
-    // others. The runs that start a line are filled from their first byte on, doubling the reach.
+    // Tabs in the counted pieces (see `count_tabs`): runs of spaces and tabs that start a line
+    // (indentation) are filled from their first byte on, those before a line break or the end of
+    // the text from their last byte back, doubling the reach each step.
     let tabs = tabs & counted;
     if tabs != 0 {
-        let mut reach = space;
+        let (mut ahead, mut back) = (space, space);
         let mut indent = space & !(space << 1) & ((newline << 1) | u64::from(newline_before));
+        let mut before_newline = last_space & ((newline >> 1) | before_end);
         for shift in [1, 2, 4, 8, 16, 32] {
-            indent |= (indent << shift) & reach;
-            reach &= reach << shift;
+            indent |= (indent << shift) & ahead;
+            ahead &= ahead << shift;
+            before_newline |= (before_newline >> shift) & back;
+            back &= back >> shift;
         }
-        t.indent_tabs += u64::from((tabs & indent).count_ones());
+        let tabs_in = tabs & !before_newline;
+        t.indent_tabs += u64::from((tabs_in & indent).count_ones());
         // Runs of tabs (a tab after a tab is in the counted part too, or is not a tab).
-        t.tabs += u64::from((tabs & !(tabs << 1) & !indent).count_ones());
+        t.tabs += u64::from((tabs_in & !(tabs << 1) & !indent).count_ones());
+        // One per 16 tabs of each run (rare: runs of 16 or more).
+        let mut long = tabs & (tabs >> 1);
+        long &= long >> 2;
+        long &= long >> 4;
+        long &= long >> 8;
+        let mut long_starts = long & !(tabs << 1);
+        while long_starts != 0 {
+            let first = long_starts.trailing_zeros();
+            long_starts &= long_starts - 1;
+            t.tabs += u64::from((tabs >> first).trailing_ones() / 16);
+        }
     }
 
     // Whether the piece before `end` is a single punctuation character.

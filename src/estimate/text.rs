@@ -299,24 +299,39 @@ pub(crate) fn punct_mix(run: &[u8]) -> u64 {
     pairs.filter(|p| p.first() != p.get(1)).count() as u64
 }
 
-/// [`feature::TAB`] or (`indent`: the run starts a line) [`feature::TAB_INDENT`] of one run of
-/// spaces and tabs.
+/// Where a run of spaces and tabs lies, as far as its tabs care.
+#[derive(Clone, Copy)]
+pub(super) struct Tabs {
+    /// It starts a line (indentation).
+    pub(super) indent: bool,
+    /// A line break or the end of the text follows it (o200k takes it into that piece).
+    pub(super) before_newline: bool,
+}
+
+/// The tab features of one run of spaces and tabs: [`feature::TAB`] one per run of tabs plus one per
+/// 16 tabs in it (o200k's longest tab tokens); in a run that starts a line [`feature::TAB_INDENT`]
+/// per tab instead; before a line break or the end of the text only the one per 16.
 #[inline(never)]
-pub(super) fn count_tabs(run: &[u8], indent: bool, f: &mut Counts) {
-    if indent {
-        bump(
-            f,
-            feature::TAB_INDENT,
-            run.iter().filter(|&&b| b == b'\t').count() as u64,
-        );
-    } else {
-        let mut prev = 0u8;
-        let mut runs = 0u64;
-        for &b in run {
-            runs += u64::from(b == b'\t' && prev != b'\t');
-            prev = b;
+pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
+    let (mut tabs, mut runs, mut sixteens) = (0u64, 0u64, 0u64);
+    let mut len = 0u64;
+    for &b in run.iter().chain(std::iter::once(&b' ')) {
+        if b == b'\t' {
+            len += 1;
+        } else if len > 0 {
+            tabs += len;
+            runs += 1;
+            sixteens += len / 16;
+            len = 0;
         }
-        bump(f, feature::TAB, runs);
+    }
+    bump(f, feature::TAB, sixteens);
+    if !at.before_newline {
+        if at.indent {
+            bump(f, feature::TAB_INDENT, tabs);
+        } else {
+            bump(f, feature::TAB, runs);
+        }
     }
 }
 
@@ -557,31 +572,41 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 i += 1;
                 continue;
             }
-            // A single tab (tab-separated values): one piece of its own.
+            // A single tab (tab-separated values): one piece of its own (none before a line break,
+            // which takes it into its piece).
             if b == b'\t' {
                 let next = bytes.get(i + 1).copied().unwrap_or(b'\n');
                 if next != b' ' && next != b'\t' {
-                    let tab = if prev_class(bytes, i) & B_NEWLINE != 0 {
-                        feature::TAB_INDENT
-                    } else {
-                        feature::TAB
-                    };
-                    bump(f, tab, 1);
                     i += 1;
-                    if after_spaces(bytes, i) == AfterSpaces::Digit {
-                        bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                    match after_spaces(bytes, i) {
+                        AfterSpaces::Newline => {}
+                        after => {
+                            let tab = if prev_class(bytes, i - 1) & B_NEWLINE != 0 {
+                                feature::TAB_INDENT
+                            } else {
+                                feature::TAB
+                            };
+                            bump(f, tab, 1);
+                            if after == AfterSpaces::Digit {
+                                bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                            }
+                        }
                     }
                     continue;
                 }
             }
             let len = run_of_class(bytes, i, B_SPACE);
+            let after = after_spaces(bytes, i + len);
             if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
-                let indent = prev_class(bytes, i) & B_NEWLINE != 0;
-                count_tabs(bytes.get(i..i + len).unwrap_or(&[]), indent, f);
+                let run = Tabs {
+                    indent: prev_class(bytes, i) & B_NEWLINE != 0,
+                    before_newline: after == AfterSpaces::Newline,
+                };
+                count_tabs(bytes.get(i..i + len).unwrap_or(&[]), run, f);
             }
             i += len;
             bump(f, feature::SPACE_128, (len / 128) as u64);
-            match after_spaces(bytes, i) {
+            match after {
                 AfterSpaces::Digit => bump(f, feature::SPACE_BEFORE_DIGIT, 1),
                 // Spaces before a newline or at the end belong to the newline piece.
                 AfterSpaces::Newline => continue,

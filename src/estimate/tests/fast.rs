@@ -252,6 +252,8 @@ fn ascii_windows_count_like_the_byte_wise_loop() {
         "\t \t\t",
         "\t\t\t\t",
         "\n\t\t",
+        "\t\t\n",
+        "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t",
         "ｶﾀｶﾅ",
         "\n",
         "\r\n",
