@@ -143,17 +143,36 @@ fn probes() -> Vec<(&'static str, String)> {
     vec![
         ("tab runs (`\\t` × 1000)", "\t".repeat(1000)),
         ("mixed tab/newline (`\\t\\n` × 500)", "\t\n".repeat(500)),
-        ("TSV row (`a\\tb\\t12\\n` × 200)", "alpha\tbeta\t12\n".repeat(200)),
+        (
+            "TSV row (`a\\tb\\t12\\n` × 200)",
+            "alpha\tbeta\t12\n".repeat(200),
+        ),
         ("random lower-case letters, words of 8", random_letters),
         ("hex (512 digits)", hex),
-        ("UUIDs × 20", "3f2b8c1e-9d4a-4b7e-a1c2-7e5f9d0b6a34 ".repeat(20)),
+        (
+            "UUIDs × 20",
+            "3f2b8c1e-9d4a-4b7e-a1c2-7e5f9d0b6a34 ".repeat(20),
+        ),
         ("half-width kana (`ｶﾀｶﾅﾃｷｽﾄ` × 100)", "ｶﾀｶﾅﾃｷｽﾄ".repeat(100)),
-        ("variation selectors (`a\\u{FE0F}` × 500)", "a\u{FE0F}".repeat(500)),
-        ("URL with query", "https://api.example.com/v2/users/1234/orders?status=open&sort=-created_at&page=3".repeat(10)),
-        ("Windows path", "C:\\Users\\admin\\AppData\\Local\\Temp\\build-7f3a\\output.log ".repeat(20)),
+        (
+            "variation selectors (`a\\u{FE0F}` × 500)",
+            "a\u{FE0F}".repeat(500),
+        ),
+        (
+            "URL with query",
+            "https://api.example.com/v2/users/1234/orders?status=open&sort=-created_at&page=3"
+                .repeat(10),
+        ),
+        (
+            "Windows path",
+            "C:\\Users\\admin\\AppData\\Local\\Temp\\build-7f3a\\output.log ".repeat(20),
+        ),
         ("punctuation runs (`!?.,;:` × 500)", "!?.,;:".repeat(500)),
         ("newlines × 3000", "\n".repeat(3000)),
-        ("Georgian", "ქართული ენა არის ქართველი ხალხის მშობლიური ენა ".repeat(10)),
+        (
+            "Georgian",
+            "ქართული ენა არის ქართველი ხალხის მშობლიური ენა ".repeat(10),
+        ),
     ]
 }
 
