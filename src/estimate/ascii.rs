@@ -1,6 +1,6 @@
 //! ASCII text counted a window of 64 bytes at a time, without a branch per piece.
 //!
-//! [`super::count_features`] splits text into pieces (a word, a run of digits, spaces, newlines or
+//! [`super::text::count_features`] splits text into pieces (a word, a run of digits, spaces, newlines or
 //! punctuation, a control character) and dispatches on each; in code and JSON a piece is three bytes
 //! long on average, so that dispatch, and the loop that finds where each short run ends, cost most of
 //! the time. For ASCII the features of a piece depend only on its class, its length and its neighbours,
@@ -19,7 +19,8 @@
 //! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
 //! about as fast (its words and single spaces take a fast path), goes back to it for a while.
 
-use super::{bump, feature, Counts};
+use super::text::{bump, Counts};
+use super::weights::feature;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -153,6 +154,8 @@ pub(super) struct Tally {
     digit_groups: u64,
     punct_mix: u64,
     newline_16: u64,
+    tabs: u64,
+    indent_tabs: u64,
 }
 
 impl Tally {
@@ -186,6 +189,8 @@ impl Tally {
         bump(f, feature::ALNUM_SWITCH, switches);
         bump(f, feature::PUNCT_MIX, self.punct_mix);
         bump(f, feature::NEWLINE_16, self.newline_16);
+        bump(f, feature::TAB, self.tabs);
+        bump(f, feature::TAB_INDENT, self.indent_tabs);
     }
 }
 
@@ -205,7 +210,7 @@ pub(super) enum Step {
 }
 
 /// Counts the pieces of `bytes` that start in the window at `i` (a piece boundary; `after_punct`:
-/// the piece before it is a single punctuation character), as [`super::count_features`] would, if
+/// the piece before it is a single punctuation character), as [`super::text::count_features`] would, if
 /// the window is ASCII to its end or to the end of the text (a shorter window costs as much and
 /// counts less than the byte-wise loop).
 #[inline(never)]
@@ -271,11 +276,16 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
             until: i + 8 * first + (h.trailing_zeros() / 8) as usize + WINDOW,
         };
     }
+    let mut tabs = 0u64;
     if other != 0 {
         // Tabs, CRs, other control characters or DEL (perhaps past the end of the text).
         planes = Planes::default();
         for k in 0..words {
-            planes.add(word(src, k), k);
+            let x = word(src, k);
+            planes.add(x, k);
+            // High bit clear iff the byte is a tab (no carry: every byte is below 0x80 here).
+            let not_tab = (x ^ (ONES * u64::from(b'\t'))).wrapping_add(ONES * 0x7F);
+            tabs |= gather(!not_tab & HI) << (8 * k);
         }
     }
     let len = rest.len().min(WINDOW);
@@ -289,8 +299,9 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         after_punct,
         letter: before.is_ascii_alphabetic(),
         digit: before.is_ascii_digit(),
+        newline: before == b'\n' || before == b'\r',
     };
-    match count(&planes, src, len, len == rest.len(), before, t) {
+    match count(&planes, src, len, len == rest.len(), before, tabs, t) {
         Some((end, single, prose)) => Step::Counted {
             next: i + end,
             after_punct: single,
@@ -339,6 +350,8 @@ struct Before {
     letter: bool,
     /// Its last byte is an ASCII digit.
     digit: bool,
+    /// Its last byte is LF or CR.
+    newline: bool,
 }
 
 /// The counting part of [`window`], on the classes of its first `len` bytes (of `src`).
@@ -349,12 +362,14 @@ fn count(
     len: usize,
     end_of_text: bool,
     before: Before,
+    tabs: u64,
     t: &mut Tally,
 ) -> Option<(usize, bool, bool)> {
     let Before {
         after_punct,
         letter: letter_before,
         digit: digit_before,
+        newline: newline_before,
     } = before;
     let valid = u64::MAX >> (WINDOW - len);
     let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
@@ -486,6 +501,37 @@ fn count(
         let first = long_starts.trailing_zeros();
         long_starts &= long_starts - 1;
         t.newline_16 += u64::from((newline >> first).trailing_ones() / 16);
+    }
+
+    // Tabs in the counted pieces (see `count_tabs`): runs of spaces and tabs that start a line
+    // (indentation) are filled from their first byte on, those before a line break or the end of
+    // the text from their last byte back, doubling the reach each step.
+    let tabs = tabs & counted;
+    if tabs != 0 {
+        let (mut ahead, mut back) = (space, space);
+        let mut indent = space & !(space << 1) & ((newline << 1) | u64::from(newline_before));
+        let mut before_newline = last_space & ((newline >> 1) | before_end);
+        for shift in [1, 2, 4, 8, 16, 32] {
+            indent |= (indent << shift) & ahead;
+            ahead &= ahead << shift;
+            before_newline |= (before_newline >> shift) & back;
+            back &= back >> shift;
+        }
+        let tabs_in = tabs & !before_newline;
+        t.indent_tabs += u64::from((tabs_in & indent).count_ones());
+        // Runs of tabs (a tab after a tab is in the counted part too, or is not a tab).
+        t.tabs += u64::from((tabs_in & !(tabs << 1) & !indent).count_ones());
+        // One per 16 tabs of each run (rare: runs of 16 or more).
+        let mut long = tabs & (tabs >> 1);
+        long &= long >> 2;
+        long &= long >> 4;
+        long &= long >> 8;
+        let mut long_starts = long & !(tabs << 1);
+        while long_starts != 0 {
+            let first = long_starts.trailing_zeros();
+            long_starts &= long_starts - 1;
+            t.tabs += u64::from((tabs >> first).trailing_ones() / 16);
+        }
     }
 
     // Whether the piece before `end` is a single punctuation character.

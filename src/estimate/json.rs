@@ -18,10 +18,10 @@
 //! and a dispatch for it). Short pieces between escapes are copied as one 16-byte block. Plain ASCII
 //! keys are handed over as bytes, without a call to `std::str::from_utf8`. Strings are checked for
 //! UTF-8 where serde_json checks them (every string but the counted ones, which
-//! [`super::utf8_tokens`] checks as it counts them). The parsing is kept out of the generic visitor
+//! [`super::text::utf8_tokens`] checks as it counts them). The parsing is kept out of the generic visitor
 //! code, so that the wasm build does not carry a copy of it per visitor.
 //!
-//! [`Shape`]: super::Shape
+//! [`Shape`]: super::shape::Shape
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;

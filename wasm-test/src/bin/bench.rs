@@ -51,6 +51,16 @@
 //! number to compare builds with on a shared machine. `BENCH_KEEP=1` keeps the work directory (the
 //! callgrind dumps, bootstraps and logs).
 //!
+//! `BENCH_ESTIMATE=<classes>` (with `BENCH_CALLGRIND=N`): the estimator's cost per KB inside Envoy
+//! instead. For each corpus class named (comma-separated `corpus/<class>.jsonl`; `all` for every
+//! file), a chat body of about `BENCH_ESTIMATE_KB` KB (default 16) made of that class's texts is sent
+//! N times to `empty wasm (buffer body)` and to `tokengate (buckets)`, each Envoy started once under
+//! callgrind (counting switched on per class); the 154-byte body too. The table gives instructions per
+//! request of both, and the estimator's marginal cost per KB of body: (tokengate − buffer) at the
+//! class's body minus the same at the 154-byte body, divided by the difference in KB — what reading
+//! one more KB costs tokengate beyond what any filter that buffers the body pays (V8, the wasm code
+//! of the estimate, the copy into the VM is in both).
+//!
 //! `BENCH_PIN=1`: Envoy runs with `--concurrency 1` pinned to CPU 0 (`taskset`), the load generator and
 //! the mock pinned to CPU 1, so Envoy never competes with the client for a core (needs >= 2 CPUs).
 //!
@@ -775,6 +785,11 @@ struct Conn {
 
 impl Conn {
     fn open(port: u16) -> Result<Conn> {
+        Conn::open_with(port, REQUEST_BODY)
+    }
+
+    /// A connection that sends `body`.
+    fn open_with(port: u16, body: &str) -> Result<Conn> {
         let stream =
             TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect {port}: {e}"))?;
         let _ = stream.set_nodelay(true);
@@ -782,8 +797,8 @@ impl Conn {
         let reader = BufReader::new(stream.try_clone().map_err(|e| format!("clone: {e}"))?);
         let request = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
-             x-tenant-id: bench\r\ncontent-length: {}\r\n\r\n{REQUEST_BODY}",
-            REQUEST_BODY.len()
+             x-tenant-id: bench\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
         )
         .into_bytes();
         Ok(Conn {
@@ -1117,6 +1132,39 @@ fn run() -> Result<()> {
             let webdis = if v.needs_webdis { webdis_port } else { None };
             start_envoy(&envoy, &work.path, i, v, mock_port, webdis, how)
         };
+        if let (Some(n), Some(classes)) = (s.callgrind, estimate_classes(&root)?) {
+            let pick = |name: &str| runnable.iter().copied().find(|&i| all[i].name == name);
+            let (Some(buffer), Some(buckets)) = (pick(EMPTY_BUFFER), pick(BUCKETS)) else {
+                return Err(format!(
+                    "BENCH_ESTIMATE needs the {EMPTY_BUFFER:?} and {BUCKETS:?} variants"
+                ));
+            };
+            let kb = env_num("BENCH_ESTIMATE_KB", |k: &usize| (1..=512).contains(k), 16);
+            let bodies: Vec<(String, String)> =
+                std::iter::once(("154-byte chat".to_string(), REQUEST_BODY.to_string()))
+                    .chain(
+                        classes
+                            .iter()
+                            .map(|(name, texts)| (name.clone(), class_body(texts, kb << 10))),
+                    )
+                    .collect();
+            let mut per_variant = Vec::new();
+            for i in [buffer, buckets] {
+                let e = start(i, Launch::Callgrind)?;
+                let mut counts = Vec::new();
+                for (name, body) in &bodies {
+                    let c = callgrind_body(&e, &all[i], &work.path, n, body)?;
+                    eprintln!(
+                        "bench: callgrind {:<26} {name:<14} {:>10.0} instructions/request",
+                        all[i].name, c
+                    );
+                    counts.push(c);
+                }
+                per_variant.push(counts);
+            }
+            print_estimate(&bodies, &per_variant, n);
+            return Ok(Vec::new());
+        }
         if let Some(n) = s.callgrind {
             let mut counts = Vec::new();
             for &i in &runnable {
@@ -1240,9 +1288,21 @@ fn run() -> Result<()> {
 /// request. Instruction counts do not depend on what else the machine runs, so two builds or
 /// configurations can be compared to the percent on a shared machine where req/s moves by +-30 %.
 fn callgrind_window(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize) -> Result<f64> {
+    callgrind_count(e, v, work, n, REQUEST_BODY, CALLGRIND_WARMUP)
+}
+
+/// [`callgrind_window`] with `body` and `warmup` requests before counting.
+fn callgrind_count(
+    e: &RunningEnvoy,
+    v: &Variant,
+    work: &Path,
+    n: usize,
+    body: &str,
+    warmup: usize,
+) -> Result<f64> {
     let pid = e.proc.child.id().to_string();
-    let mut conn = Conn::open(e.port)?;
-    for _ in 0..CALLGRIND_WARMUP {
+    let mut conn = Conn::open_with(e.port, body)?;
+    for _ in 0..warmup {
         conn.request()?;
     }
     if let Some(h) = v.expect_header {
@@ -1316,6 +1376,121 @@ fn callgrind_window(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize) -> Res
             ));
         }
         thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A corpus class: its name and texts.
+type Class = (String, Vec<String>);
+
+/// The corpus classes of `BENCH_ESTIMATE` (None when it is not set).
+fn estimate_classes(root: &Path) -> Result<Option<Vec<Class>>> {
+    let Some(spec) = std::env::var("BENCH_ESTIMATE")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let dir = root.join("corpus");
+    let mut names: Vec<String> = if spec.trim() == "all" {
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".jsonl").map(str::to_string)
+            })
+            .collect();
+        v.sort();
+        v
+    } else {
+        spec.split(',').map(|s| s.trim().to_string()).collect()
+    };
+    names.retain(|n| !n.is_empty());
+    let mut out = Vec::new();
+    for name in names {
+        let path = dir.join(format!("{name}.jsonl"));
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let texts: Vec<String> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("text")?.as_str().map(str::to_string))
+            .collect();
+        if texts.is_empty() {
+            return Err(format!("{}: no texts", path.display()));
+        }
+        out.push((name, texts));
+    }
+    Ok(Some(out))
+}
+
+/// A chat body of about `size` bytes: one user message of `texts` joined, cut at a character boundary.
+fn class_body(texts: &[String], size: usize) -> String {
+    let target = size.saturating_sub(120).max(1);
+    let mut content = String::new();
+    for t in texts.iter().cycle() {
+        if content.len() >= target {
+            break;
+        }
+        content.push_str(t);
+        content.push_str("\n\n");
+    }
+    let mut cut = target.min(content.len());
+    while !content.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    content.truncate(cut);
+    serde_json::json!({
+        "model": "gpt-4.1",
+        "max_tokens": 16,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": content}]
+    })
+    .to_string()
+}
+
+/// Instructions per request of `n` requests with `body` to the Envoy `e` (already under callgrind):
+/// warm-up with that body, then [`callgrind_window`]'s counting; earlier dumps of `e` are removed.
+fn callgrind_body(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize, body: &str) -> Result<f64> {
+    let prefix = format!("callgrind-{}.out.", e.variant);
+    if let Ok(dir) = std::fs::read_dir(work) {
+        for entry in dir.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    callgrind_count(e, v, work, n, body, CALLGRIND_WARMUP / 8)
+}
+
+/// The table of `BENCH_ESTIMATE`: per body, instructions per request of the buffering empty filter and
+/// of tokengate, and tokengate's marginal cost per KB over the 154-byte body.
+fn print_estimate(bodies: &[(String, String)], counts: &[Vec<f64>], n: usize) {
+    let (Some(buffer), Some(tg)) = (counts.first(), counts.get(1)) else {
+        return;
+    };
+    let at = |v: &[f64], k: usize| v.get(k).copied().unwrap_or(f64::NAN);
+    let base = at(tg, 0) - at(buffer, 0);
+    let base_kb = bodies.first().map_or(0.0, |(_, b)| b.len() as f64 / 1024.0);
+    println!();
+    println!(
+        "Estimator inside Envoy (callgrind, --concurrency 1, {n} requests per body after a warm-up): instructions per request"
+    );
+    println!();
+    println!("| body | KB | empty wasm (buffer body) | tokengate (buckets) | tokengate − buffer | estimator instructions per KB |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (k, (name, body)) in bodies.iter().enumerate() {
+        let kb = body.len() as f64 / 1024.0;
+        let added = at(tg, k) - at(buffer, k);
+        let per_kb = if k == 0 {
+            "—".to_string()
+        } else {
+            format!("{:.0}", (added - base) / (kb - base_kb))
+        };
+        println!(
+            "| {name} | {kb:.1} | {:.0} | {:.0} | {added:.0} | {per_kb} |",
+            at(buffer, k),
+            at(tg, k)
+        );
     }
 }
 

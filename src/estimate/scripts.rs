@@ -1,0 +1,429 @@
+//! Runs of non-ASCII text: one piece from a non-ASCII character, with tight loops for runs of
+//! ideographs and kana, Hangul, Thai and the alphabetic scripts.
+
+use super::classes::{
+    alpha_run_feature, char_feature, classify, cp3, decode, han_feature, hangul_feature, plain_cp3,
+    run_of, thai_feature, Cls, Run,
+};
+use super::tables::{HANGUL_COUNT, HAN_COUNT};
+use super::text::{bump, is_latin_ext, scan_word, scan_words, Counts};
+use super::weights::feature;
+
+/// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
+/// None if no UTF-8 character starts at `i`.
+#[inline(always)]
+pub(super) fn scan_non_ascii(
+    bytes: &[u8],
+    i: usize,
+    f: &mut Counts,
+    was_punct: bool,
+) -> Option<usize> {
+    // Letters of the alphabetic scripts (Cyrillic, Greek, Hebrew, Arabic, Indic) first: their tight
+    // loop.
+    if let Some(first) = alpha_at(bytes, i) {
+        return Some(scan_alpha(bytes, i, first, f));
+    }
+    let (cp, n) = decode(bytes, i)?;
+    // Accented Latin letters: a word (the common case of European and Vietnamese text).
+    if is_latin_ext(cp) {
+        return Some(scan_words(bytes, i, f, was_punct));
+    }
+    let j = i + n;
+    // The scripts of long runs first, straight into their run loops.
+    let han = cp.wrapping_sub(0x4E00);
+    if han < HAN_COUNT {
+        bump(f, feature::CJK_RUNS, 1);
+        bump(f, han_feature(han), 1);
+        return Some(scan_cjk(bytes, j, false, f));
+    }
+    let hangul = cp.wrapping_sub(0xAC00);
+    if hangul < HANGUL_COUNT {
+        bump(f, feature::HANGUL_RUNS, 1);
+        bump(f, hangul_feature(hangul), 1);
+        return Some(scan_hangul(bytes, j, f));
+    }
+    let thai = cp.wrapping_sub(0xE00);
+    if thai < 0x80 {
+        bump(f, feature::THAI_RUNS, 1);
+        bump(f, thai_feature(thai), 1);
+        return Some(scan_thai(bytes, j, f));
+    }
+    let cls = classify(cp);
+    Some(match cls {
+        Cls::LatinExt => scan_word(bytes, i, f, was_punct),
+        // Unicode spaces, line separators, punctuation and digits: one piece each. A non-ASCII
+        // space is never merged into a word by o200k: the typographic ones (U+2000–U+200A, U+205F)
+        // are two tokens, no-break, narrow and ideographic spaces about one.
+        Cls::Space => {
+            // A run of the same space: o200k merges no-break and ideographic spaces (about 8 and
+            // 16 to a token), not the typographic or narrow ones (two and one token each).
+            let mut end = j;
+            let mut run = 1u64;
+            while let Some((next, m)) = decode(bytes, end) {
+                if next != cp {
+                    break;
+                }
+                end += m;
+                run += 1;
+            }
+            if (0x2000..=0x200A).contains(&cp) || cp == 0x205F {
+                bump(f, feature::SYMBOL, run);
+            } else if cp == 0xA0 || cp == 0x3000 {
+                bump(f, feature::PUNCT_RUNS, 1 + (run - 1) / 8);
+            } else {
+                bump(f, feature::PUNCT_RUNS, run);
+            }
+            end
+        }
+        Cls::Newline => {
+            bump(f, feature::NEWLINE_RUNS, 1);
+            j
+        }
+        Cls::Punct => {
+            bump(f, feature::PUNCT, 1);
+            bump(f, feature::PUNCT_RUNS, 1);
+            j
+        }
+        Cls::Digit => {
+            bump(f, feature::DIGIT_GROUPS, 1);
+            j
+        }
+        Cls::ZeroWidth => {
+            // A run of them is one piece; o200k merges a few into a token.
+            let mut j = j;
+            let mut n = 1u64;
+            while let Some((cp, len)) = decode(bytes, j) {
+                if classify(cp) != Cls::ZeroWidth {
+                    break;
+                }
+                n += 1;
+                j += len;
+            }
+            bump(f, feature::ZERO_WIDTH_RUNS, 1);
+            bump(f, feature::ZERO_WIDTH, n);
+            j
+        }
+        _ => {
+            if let Some(idx) = char_feature(cls) {
+                bump(f, idx, 1);
+            }
+            match run_of(cls) {
+                Some(Run::Cjk) => {
+                    bump(f, feature::CJK_RUNS, 1);
+                    scan_cjk(bytes, j, cls == Cls::Katakana, f)
+                }
+                Some(Run::Hangul) => {
+                    bump(f, feature::HANGUL_RUNS, 1);
+                    scan_hangul(bytes, j, f)
+                }
+                Some(Run::Alpha) => {
+                    bump(f, alpha_run_feature(cls), 1);
+                    scan_run(bytes, j, Run::Alpha, f)
+                }
+                Some(Run::Thai) => {
+                    bump(f, feature::THAI_RUNS, 1);
+                    scan_run(bytes, j, Run::Thai, f)
+                }
+                None => j,
+            }
+        }
+    })
+}
+
+/// Letters of the alphabetic runs that [`scan_alpha`] reads in its tight loop, by their class there
+/// (an index into [`ALPHA_LETTER`] and [`ALPHA_RUN`]).
+const A_CYRILLIC: u8 = 0;
+const A_CYRILLIC_UK: u8 = 1;
+const A_GREEK: u8 = 2;
+const A_ARABIC: u8 = 3;
+const A_HEBREW: u8 = 4;
+const A_INDIC: u8 = 5;
+/// Not such a letter.
+const A_NONE: u8 = 0xFF;
+/// Per-letter feature of each class.
+const ALPHA_LETTER: [usize; 6] = [
+    feature::CYRILLIC,
+    feature::CYRILLIC_UK,
+    feature::GREEK,
+    feature::ARABIC,
+    feature::HEBREW,
+    feature::INDIC,
+];
+/// Run feature of a run that starts with a letter of each class (see `alpha_run_feature`).
+const ALPHA_RUN: [usize; 6] = [
+    feature::ALPHA_RUNS,
+    feature::ALPHA_RUNS,
+    feature::GREEK_RUNS,
+    feature::ARABIC_RUNS,
+    feature::HEBREW_RUNS,
+    feature::INDIC_RUNS,
+];
+
+/// First two-byte code point in [`ALPHA2`].
+const ALPHA2_FROM: u32 = 0x340;
+
+/// The class in [`scan_alpha`] of a two-byte code point (U+0340..=U+07FF): what `classify` says,
+/// for the letters of alphabetic runs (the tests compare the two).
+const fn alpha2_class(cp: u32) -> u8 {
+    match cp {
+        0x370..=0x3FF => A_GREEK,
+        0x404 | 0x406 | 0x407 | 0x454 | 0x456 | 0x457 | 0x490 | 0x491 => A_CYRILLIC_UK,
+        0x400..=0x52F => A_CYRILLIC,
+        0x590..=0x5FF => A_HEBREW,
+        0x600..=0x6FF | 0x750..=0x77F => A_ARABIC,
+        _ => A_NONE,
+    }
+}
+
+/// [`alpha2_class`] of U+0340..=U+07FF.
+pub(super) static ALPHA2: [u8; (0x800 - ALPHA2_FROM) as usize] = {
+    let mut t = [A_NONE; (0x800 - ALPHA2_FROM) as usize];
+    let mut i = 0;
+    while i < t.len() {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[i] = alpha2_class(ALPHA2_FROM + i as u32);
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The letter at `j` if it is one of [`scan_alpha`]'s tight loop (a two-byte letter of Cyrillic,
+/// Greek, Hebrew or Arabic, or a three-byte one of U+0900..=U+0DFF, Indic): its class and length.
+#[inline(always)]
+pub(super) fn alpha_at(bytes: &[u8], j: usize) -> Option<(u8, usize)> {
+    match *bytes.get(j..)? {
+        [b0 @ 0xCD..=0xDF, b1 @ 0x80..=0xBF, ..] => {
+            let cp = (u32::from(b0 & 0x1F) << 6) | u32::from(b1 & 0x3F);
+            let k = ALPHA2
+                .get(cp.wrapping_sub(ALPHA2_FROM) as usize)
+                .copied()
+                .unwrap_or(A_NONE);
+            (k != A_NONE).then_some((k, 2))
+        }
+        [0xE0, 0xA4..=0xB7, 0x80..=0xBF, ..] => Some((A_INDIC, 3)),
+        _ => None,
+    }
+}
+
+/// A run of an alphabetic script from the letter at `i` (`first`: its [`alpha_at`]), and the runs
+/// after it that only single spaces separate (a single space between words has no feature of its
+/// own, see `count_features`); returns the index after the last. Counts what `scan_run` and the
+/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers.
+#[inline(never)]
+fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usize {
+    let mut letters_of = [0u64; 6];
+    let mut runs_of = [0u64; 6];
+    let mut long = 0u64;
+    let (k, n) = first;
+    let k = usize::from(k);
+    if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
+        *l += 1;
+        *r += 1;
+    }
+    let mut letters = 1u64;
+    // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    let mut j = i + n;
+    loop {
+        while let Some((k, n)) = alpha_at(bytes, j) {
+            if let Some(l) = letters_of.get_mut(usize::from(k)) {
+                *l += 1;
+            }
+            letters += 1;
+            j += n;
+        }
+        // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
+        if let Some((cp, n)) = decode(bytes, j) {
+            let c = classify(cp);
+            if run_of(c) == Some(Run::Alpha) {
+                if let Some(idx) = char_feature(c) {
+                    bump(f, idx, 1);
+                }
+                letters += 1;
+                j += n;
+                continue;
+            }
+            break;
+        }
+        // A single space and another letter: the next run.
+        if bytes.get(j) == Some(&b' ') {
+            if let Some((k, n)) = alpha_at(bytes, j + 1) {
+                long += letters.saturating_sub(ALPHA_WORD);
+                let k = usize::from(k);
+                if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
+                    *l += 1;
+                    *r += 1;
+                }
+                letters = 1;
+                j += 1 + n;
+                continue;
+            }
+        }
+        break;
+    }
+    long += letters.saturating_sub(ALPHA_WORD);
+    bump(f, feature::ALPHA_LONG, long);
+    for ((n, r), (&fl, &fr)) in letters_of
+        .iter()
+        .zip(&runs_of)
+        .zip(ALPHA_LETTER.iter().zip(&ALPHA_RUN))
+    {
+        bump(f, fl, *n);
+        bump(f, fr, *r);
+    }
+    j
+}
+
+/// Rest of a run of kana and ideographs from `j` (the first character is counted); returns the index
+/// after the run. `kata`: the first character is katakana.
+#[inline(always)]
+pub(super) fn scan_cjk(bytes: &[u8], mut j: usize, kata: bool, f: &mut Counts) -> usize {
+    let mut prev_kata = kata;
+    let mut kata_runs = u64::from(kata);
+    let (mut hiragana, mut katakana) = (0u64, 0u64);
+    loop {
+        let start = j;
+        // Consecutive ideographs (U+4E00..=U+9FFF is E4 B8 80..=E9 BF BF), the bulk of Chinese.
+        while let Some(&[b0 @ 0xE4..=0xE9, b1 @ 0x80..=0xBF, b2 @ 0x80..=0xBF, ..]) = bytes.get(j..)
+        {
+            let h = cp3(b0, b1, b2).wrapping_sub(0x4E00);
+            if h >= HAN_COUNT {
+                break;
+            }
+            bump(f, han_feature(h), 1);
+            j += 3;
+        }
+        if j != start {
+            prev_kata = false;
+        }
+        // Consecutive kana (U+3040..=U+30FF is E3 81 80..=E3 83 BF; katakana from U+30A0).
+        while let Some(&[0xE3, b1 @ 0x81..=0x83, b2 @ 0x80..=0xBF, ..]) = bytes.get(j..) {
+            let kata = cp3(0xE3, b1, b2) >= 0x30A0;
+            katakana += u64::from(kata);
+            hiragana += u64::from(!kata);
+            kata_runs += u64::from(kata && !prev_kata);
+            prev_kata = kata;
+            j += 3;
+        }
+        if j != start {
+            continue;
+        }
+        // Anything else by `decode` and `classify`.
+        let Some((cp, n)) = decode(bytes, j) else {
+            break;
+        };
+        let c = classify(cp);
+        if run_of(c) != Some(Run::Cjk) {
+            break;
+        }
+        bump(f, char_feature(c).unwrap_or(feature::OTHER), 1);
+        let kata = c == Cls::Katakana;
+        kata_runs += u64::from(kata && !prev_kata);
+        prev_kata = kata;
+        j += n;
+    }
+    bump(f, feature::HIRAGANA, hiragana);
+    bump(f, feature::KATAKANA, katakana);
+    bump(f, feature::KATAKANA_RUNS, kata_runs);
+    j
+}
+
+/// Rest of a run of Hangul from `j` (the first character is counted); returns the index after it.
+#[inline(always)]
+pub(super) fn scan_hangul(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
+    let mut runs = 0u64;
+    loop {
+        let (cp, n) = match plain_cp3(bytes, j) {
+            Some(cp) => (cp, 3),
+            None => {
+                // One space and another syllable: that space has no feature of its own (see
+                // `count_features`), and the next run is counted here.
+                if bytes.get(j) == Some(&b' ') {
+                    let h =
+                        plain_cp3(bytes, j + 1).map_or(HANGUL_COUNT, |cp| cp.wrapping_sub(0xAC00));
+                    if h < HANGUL_COUNT {
+                        runs += 1;
+                        bump(f, hangul_feature(h), 1);
+                        j += 4;
+                        continue;
+                    }
+                }
+                match decode(bytes, j) {
+                    Some(c) => c,
+                    None => break,
+                }
+            }
+        };
+        let h = cp.wrapping_sub(0xAC00);
+        if h < HANGUL_COUNT {
+            bump(f, hangul_feature(h), 1);
+        } else {
+            let c = classify(cp);
+            if run_of(c) != Some(Run::Hangul) {
+                break;
+            }
+            bump(f, char_feature(c).unwrap_or(feature::OTHER), 1);
+        }
+        j += n;
+    }
+    bump(f, feature::HANGUL_RUNS, runs);
+    j
+}
+
+/// Rest of a run of Thai from `j` (the first character is counted); returns the index after it.
+#[inline(always)]
+pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
+    let mut runs = 0u64;
+    // U+0E00..=U+0E7F is E0 B8 80..=E0 B9 BF; nothing else is in a Thai run.
+    loop {
+        while let Some(&[0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF, ..]) = bytes.get(j..) {
+            bump(
+                f,
+                thai_feature((u32::from(b1 & 1) << 6) | u32::from(b2 & 0x3F)),
+                1,
+            );
+            j += 3;
+        }
+        // One space and another Thai character: as in `scan_hangul`.
+        match bytes.get(j..j + 4) {
+            Some(&[b' ', 0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF]) => {
+                runs += 1;
+                bump(
+                    f,
+                    thai_feature((u32::from(b1 & 1) << 6) | u32::from(b2 & 0x3F)),
+                    1,
+                );
+                j += 4;
+            }
+            _ => break,
+        }
+    }
+    bump(f, feature::THAI_RUNS, runs);
+    j
+}
+
+/// Letters of an alphabetic run up to which it costs like a word (see [`feature::ALPHA_LONG`]).
+pub(super) const ALPHA_WORD: u64 = 12;
+
+/// Rest of a run of `run` from `j` (the first character is counted), the general case.
+#[inline(always)]
+pub(super) fn scan_run(bytes: &[u8], mut j: usize, run: Run, f: &mut Counts) -> usize {
+    let mut letters = 1u64;
+    // ASCII never belongs to a script run: `decode` stops there.
+    while let Some((cp, n)) = decode(bytes, j) {
+        let c = classify(cp);
+        if run_of(c) != Some(run) {
+            break;
+        }
+        if let Some(idx) = char_feature(c) {
+            bump(f, idx, 1);
+        }
+        letters += 1;
+        j += n;
+    }
+    if run == Run::Alpha {
+        bump(f, feature::ALPHA_LONG, letters.saturating_sub(ALPHA_WORD));
+    }
+    j
+}

@@ -1,0 +1,545 @@
+//! The fast walk and ASCII windows against the reference walk and the byte-wise loop; fuzzing.
+
+use super::*;
+
+#[test]
+fn arbitrary_bytes_never_panic() {
+    // A cheap deterministic fuzz: random bytes (valid or not) through every entry point.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for len in 0..400usize {
+        let mut buf = Vec::with_capacity(len);
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf.push((x >> 24) as u8);
+        }
+        for kind in [
+            ApiKind::ChatCompletions,
+            ApiKind::Completions,
+            ApiKind::Embeddings,
+            ApiKind::Responses,
+            ApiKind::AnthropicMessages,
+        ] {
+            let _ = estimate(kind, &buf, &limits);
+        }
+        let s = String::from_utf8_lossy(&buf);
+        let _ = text_tokens(&s);
+    }
+    for cp in (0u32..0x11_0000).step_by(7) {
+        if let Some(c) = char::from_u32(cp) {
+            let _ = text_tokens(&c.to_string());
+        }
+    }
+}
+
+/// A deterministic xorshift stream for the generated cases below.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+fn raw_strings_are_checked_like_std_str_from_utf8_and_counted_like_text() {
+    let mut cases: Vec<Vec<u8>> = [
+        &b""[..],
+        b"plain ascii",
+        "caf\u{e9} 中文 한국어 ภาษา カタカナ 😀 \u{2028}\u{ff10}".as_bytes(),
+        b"\x80",
+        b"a\xbf",
+        b"\xc0\xaf",
+        b"\xc1\xbf",
+        b"\xc2",
+        b"\xc2\x7f",
+        b"\xe0\x80\x80",
+        b"\xe0\x9f\xbf",
+        b"\xe0\xa0\x80",
+        b"\xe4\xb8",
+        b"\xe4\xb8\x41",
+        b"\xed\x9f\xbf",
+        b"\xed\xa0\x80",
+        b"\xed\xbf\xbf",
+        b"\xee\x80\x80",
+        b"\xef\xbc",
+        b"\xf0\x8f\xbf\xbf",
+        b"\xf0\x90\x80\x80",
+        b"\xf4\x8f\xbf\xbf",
+        b"\xf4\x90\x80\x80",
+        b"\xf5\x80\x80\x80",
+        b"\xff",
+        b"\xea\xb0\x80 \xea\xb0",
+        b"\xe0\xb8\x81 \xe0\xb8",
+    ]
+    .iter()
+    .map(|c| c.to_vec())
+    .collect();
+    // Valid text with one byte changed, dropped or cut off, in every script the scanner has a
+    // loop for.
+    let text =
+        "Hello, 世界です。カタカナ 한국어 텍스트 ภาษาไทย café Ωμέγα 😀 12 \u{3000}x".as_bytes();
+    for i in 0..text.len() {
+        for b in [0x80, 0xbf, 0xc3, 0xe4, 0xed, 0xf0, 0xff, b' '] {
+            let mut v = text.to_vec();
+            v[i] = b;
+            cases.push(v);
+        }
+        let mut v = text.to_vec();
+        v.remove(i);
+        cases.push(v);
+        cases.push(text[..i].to_vec());
+    }
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for len in 0..200 {
+        cases.push((0..len).map(|_| (xorshift(&mut x) >> 24) as u8).collect());
+    }
+    for bytes in &cases {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => assert_eq!(utf8_tokens(bytes), Some(text_tokens(s)), "{bytes:x?}"),
+            Err(_) => assert_eq!(utf8_tokens(bytes), None, "{bytes:x?}"),
+        }
+    }
+}
+
+#[test]
+fn fast_and_reference_walks_give_the_same_estimate() {
+    // Every string the fast walk reads raw, with escapes, scripts, invalid UTF-8, surrogates, control
+    // characters and unexpected types; the same body through both walks.
+    let texts = [
+        "plain",
+        "caf\\u00e9 \\\"quoted\\\"\\nline two \\/ \\\\",
+        "中文，日本語です。카타카나 한국어 ภาษาไทย",
+        "\\ud83d\\ude00 emoji pair",
+        "\\ud800 lone",
+        "\\udc00 lone",
+        "\\ud800\\u0041",
+        "tab\\there",
+        "",
+    ];
+    let raw_bytes: [&[u8]; 5] = [b"\xff", b"\xe4\xb8", b"\xed\xa0\x80", b"\xc0\xaf", b"\x01"];
+    let templates = [
+        (
+            ApiKind::ChatCompletions,
+            r#"{"model":"m","messages":[{"role":"user","content":"@","name":"@","tool_call_id":"@"},{"role":"user","content":[{"type":"text","text":"@"},{"type":"image_url"}]}],"max_tokens":7}"#,
+        ),
+        (
+            ApiKind::AnthropicMessages,
+            r#"{"system":"@","messages":[{"role":"user","content":[{"type":"tool_result","content":"@"},{"type":"thinking","thinking":"@"},{"type":"tool_use","name":"@","input":{"q":"@"}}]}]}"#,
+        ),
+        (
+            ApiKind::Responses,
+            r#"{"input":[{"role":"user","content":"@"},{"type":"function_call_output","output":"@"},{"type":"x","text":"@"}],"instructions":"@"}"#,
+        ),
+        (ApiKind::Responses, r#"{"input":"@","user":"@"}"#),
+        (
+            ApiKind::Completions,
+            r#"{"prompt":["@",[1,2]],"suffix":"@"}"#,
+        ),
+        (ApiKind::Embeddings, r#"{"input":"@"}"#),
+    ];
+    let odd_values = ["null", "5", "true", "{}", "[]", "[\"x\"]", "1e400", "[1,]"];
+    let mut bodies: Vec<(ApiKind, Vec<u8>)> = Vec::new();
+    let mut x = 0x9E37_79B9_7F4A_7C15;
+    for (kind, template) in templates {
+        for round in 0..200 {
+            let mut body = Vec::new();
+            for (hole, piece) in template.split("\"@\"").enumerate() {
+                if hole > 0 {
+                    let r = xorshift(&mut x);
+                    if round % 5 == 4 && r.is_multiple_of(7) {
+                        // A value of another type where a string is counted.
+                        body.extend_from_slice(odd_values[(r >> 8) as usize % 8].as_bytes());
+                    } else {
+                        body.push(b'"');
+                        body.extend_from_slice(texts[(r >> 16) as usize % texts.len()].as_bytes());
+                        if r.is_multiple_of(11) {
+                            body.extend_from_slice(raw_bytes[(r >> 24) as usize % 5]);
+                        }
+                        body.push(b'"');
+                    }
+                }
+                body.extend_from_slice(piece.as_bytes());
+            }
+            bodies.push((kind, body));
+        }
+    }
+    let mut accepted = 0;
+    for (kind, body) in &bodies {
+        accepted += usize::from(walk_fast(body, *kind, &mut Fields::new()).is_ok());
+        assert_eq!(
+            estimate_by(*kind, body, &limits, true),
+            estimate_by(*kind, body, &limits, false),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    // The fast walk reads most bodies itself.
+    assert!(
+        accepted > bodies.len() / 5,
+        "{accepted} of {}",
+        bodies.len()
+    );
+}
+
+/// The texts of every `corpus/*.jsonl` line (files in name order).
+fn corpus_texts() -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    paths.sort();
+    let mut texts = Vec::new();
+    for p in paths {
+        let body = std::fs::read_to_string(&p).unwrap();
+        for line in body.lines().filter(|l| !l.trim().is_empty()) {
+            let v: Value = serde_json::from_str(line).unwrap();
+            texts.push(v["text"].as_str().unwrap().to_string());
+        }
+    }
+    texts
+}
+
+/// `count_features` with ASCII windows and without: the same counts and the same verdict on UTF-8.
+fn windows_count_like_bytes(bytes: &[u8]) {
+    let (mut with, mut without) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
+    let ok = count_features::<true>(bytes, &mut with, true);
+    assert_eq!(
+        ok,
+        count_features::<false>(bytes, &mut without, false),
+        "{:?}",
+        String::from_utf8_lossy(bytes)
+    );
+    if ok {
+        assert_eq!(with, without, "{:?}", String::from_utf8_lossy(bytes));
+    }
+}
+
+#[test]
+fn ascii_windows_count_like_the_byte_wise_loop() {
+    // Every class of ASCII byte, and what the byte-wise loop looks at next to ASCII (Latin letters
+    // that go on with a word, fullwidth digits and Unicode line breaks after spaces, other
+    // scripts), in random texts of every length around the window's, then the corpus.
+    let pieces = [
+        "a",
+        "z",
+        "Q",
+        "abc",
+        "the",
+        "camelCase",
+        "HTTPServer",
+        "ALLCAPS",
+        "I",
+        "x1",
+        "ab12cd",
+        "abcdefghij",
+        "internationalization",
+        "INTERNATIONALIZATION",
+        "0",
+        "7",
+        "123",
+        "123456",
+        " ",
+        " ",
+        " ",
+        "  ",
+        "    ",
+        "\t",
+        " \t",
+        "\t\t",
+        "\t \t\t",
+        "\t\t\t\t",
+        "\n\t\t",
+        "\t\t\n",
+        "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t",
+        "ｶﾀｶﾅ",
+        "\n",
+        "\r\n",
+        "\n    ",
+        " \n",
+        ".",
+        ",",
+        ";",
+        "\"",
+        "\\",
+        "()",
+        "{}",
+        "==",
+        "->",
+        "_",
+        "/*",
+        "\u{0}",
+        "\u{7}",
+        "\u{b}",
+        "\u{c}",
+        "\u{1b}",
+        "\u{7f}",
+        "é",
+        "café",
+        "ÉCOLE",
+        "naïve",
+        "１",
+        "Ａ",
+        "\u{85}",
+        "\u{a0}",
+        "\u{2028}",
+        "\u{3000}",
+        "中文",
+        "カタカナ",
+        "한국",
+        "ภาษา",
+        "😀",
+        "—",
+        "“",
+        "Ж",
+        "!?.,;:",
+        "!!!!!",
+        "})));",
+        "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n",
+        "\n\n\n\n\n\n\n\n",
+        "Q2hlY2sgdGhp+/",
+        "9k",
+        "Lm",
+        "getHttpResponse",
+        "\u{200b}",
+    ];
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for round in 0..30_000 {
+        let n = (xorshift(&mut x) % 48) as usize + round % 3;
+        let mut text = String::new();
+        for _ in 0..n {
+            text.push_str(pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()]);
+        }
+        windows_count_like_bytes(text.as_bytes());
+        // Invalid UTF-8 in the middle too.
+        if round % 16 == 0 && !text.is_empty() {
+            let mut bytes = text.into_bytes();
+            let at = (xorshift(&mut x) as usize) % bytes.len();
+            bytes.insert(at, 0xff);
+            windows_count_like_bytes(&bytes);
+        }
+    }
+    let texts = corpus_texts();
+    let all = texts.join("\n\n");
+    for t in texts.iter().chain([&all]) {
+        windows_count_like_bytes(t.as_bytes());
+    }
+}
+
+#[test]
+fn the_fast_walk_reads_corpus_bodies_itself_and_agrees_with_the_reference_walk() {
+    // Plain and escaped texts of every script, short and long, in the shapes of every API; the
+    // scanner accepts them all (no fallback) and gives the reference walk's estimate.
+    let texts = corpus_texts();
+    let mut contents: Vec<String> = texts.clone();
+    for size in [1 << 10, 16 << 10] {
+        for start in [0, 100, 200, 300] {
+            let mut s = String::new();
+            for t in texts.iter().cycle().skip(start) {
+                if s.len() >= size {
+                    break;
+                }
+                s.push_str(t);
+                s.push_str("\n\n");
+            }
+            contents.push(s);
+        }
+    }
+    for c in &contents {
+        let bodies = [
+            (
+                ApiKind::ChatCompletions,
+                serde_json::json!({"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": c, "name": "x"}], "max_tokens": 9, "stream": true}),
+            ),
+            (
+                ApiKind::AnthropicMessages,
+                serde_json::json!({"system": c, "messages": [{"role": "user", "content": [{"type": "text", "text": c}, {"type": "tool_result", "content": c}]}], "max_tokens": 9}),
+            ),
+            (
+                ApiKind::Responses,
+                serde_json::json!({"input": [{"role": "user", "content": c}], "instructions": "x", "tools": [{"type": "function", "name": "f", "parameters": {"a": [1, 2.5, null]}}]}),
+            ),
+            (
+                ApiKind::Completions,
+                serde_json::json!({"prompt": [c, "x"], "n": 2}),
+            ),
+            (ApiKind::Embeddings, serde_json::json!({"input": c})),
+        ];
+        for (kind, v) in bodies {
+            for body in [v.to_string(), serde_json::to_string_pretty(&v).unwrap()] {
+                let body = body.as_bytes();
+                assert!(
+                    walk_fast(body, kind, &mut Fields::new()).is_ok(),
+                    "{}",
+                    String::from_utf8_lossy(body)
+                );
+                assert_eq!(
+                    estimate_by(kind, body, &limits, true),
+                    estimate_by(kind, body, &limits, false)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_fast_walk_agrees_with_the_reference_walk_on_edge_cases() {
+    // Numbers, nesting around serde_json's limit, escapes, whitespace, keys and syntax errors:
+    // where the scanner is unsure it gives up, and the reference walk answers.
+    let nested = |depth: usize, inner: &str| {
+        format!(
+            r#"{{"metadata":{}{inner}{}}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        )
+    };
+    let mut bodies: Vec<String> = [
+        "0",
+        "-0",
+        "7",
+        "-7",
+        "1.0",
+        "1e2",
+        "1E+2",
+        "1e-2",
+        "2.5E308",
+        "1e400",
+        "-1e400",
+        "1e-400",
+        "18446744073709551615",
+        "18446744073709551616",
+        "99999999999999999999999",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "01",
+        "-01",
+        "1.",
+        ".5",
+        "-",
+        "1e",
+        "+1",
+        "1_0",
+        "0x10",
+        "00",
+        "1.2.3",
+        "true",
+        "false",
+        "null",
+        "\"7\"",
+        "[]",
+        "{}",
+    ]
+    .iter()
+    .flat_map(|n| {
+        [
+            format!(r#"{{"max_tokens":{n},"messages":[{{"content":"hi"}}]}}"#),
+            format!(r#"{{"temperature":{n}}}"#),
+            format!(r#"{{"tools":[{{"a":{n}}}],"n":{n}}}"#),
+            format!(r#"{{"prompt":[[1,{n}],{n}]}}"#),
+        ]
+    })
+    .collect();
+    for depth in [1, 60, 120, 125, 126, 127, 128, 129, 200] {
+        bodies.push(nested(depth, "1"));
+        bodies.push(nested(depth, r#""x""#));
+        bodies.push(format!(
+            r#"{{"messages":[{{"content":[{}{{"type":"text","text":"deep"}}{}]}}]}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ));
+    }
+    for s in [
+        r"\ud83d\ude00",
+        r"\uD83D\uDE00",
+        r"\ud800",
+        r"\udc00",
+        r"\ud800\u0041",
+        r"\udbff\udfff",
+        r"\u0000",
+        r"\u001f",
+        r"\u0022",
+        r"\u005c",
+        r"\u002F",
+        r"\x",
+        r"\u12",
+        r"\u12g4",
+        r"\",
+        r"a\\",
+        r#"\""#,
+        r"\/\b\f\n\r\t",
+        "\u{1}",
+        "\t",
+        "\u{7f}",
+        "é",
+        "\u{ff}",
+    ] {
+        for field in ["content", "name", "role"] {
+            bodies.push(format!(r#"{{"messages":[{{"{field}":"a{s}b"}}]}}"#));
+            bodies.push(format!(
+                r#"{{"messages":[{{"{field}":"{}{s}{}"}}]}}"#,
+                "x".repeat(70),
+                "y \\n".repeat(30)
+            ));
+        }
+    }
+    bodies.extend(
+        [
+            " {\"model\" : \"m\" , \"messages\" :\n[ ]\t}\r\n",
+            "{\"model\":\"a\",\"model\":\"b\"}",
+            "{\"\\u006dodel\":\"m\"}",
+            "{\"mod\\u00e9l\":\"m\",\"模型\":1}",
+            "{\"messages\":[1,]}",
+            "{\"messages\":[,1]}",
+            "{\"a\":1,}",
+            "{,\"a\":1}",
+            "{\"a\" 1}",
+            "{\"a\":1 \"b\":2}",
+            "{\"a\":1}}",
+            "{\"a\":1} x",
+            "{\"a\":nul}",
+            "{\"a\":tru}",
+            "{\"a\":[}",
+            "[1,2]",
+            "\"x\"",
+            "",
+            "   ",
+            "\u{feff}{}",
+            "{'a':1}",
+        ]
+        .map(String::from),
+    );
+    for kind in [
+        ApiKind::ChatCompletions,
+        ApiKind::Completions,
+        ApiKind::Embeddings,
+        ApiKind::Responses,
+        ApiKind::AnthropicMessages,
+    ] {
+        for body in &bodies {
+            assert_eq!(
+                estimate_by(kind, body.as_bytes(), &limits, true),
+                estimate_by(kind, body.as_bytes(), &limits, false),
+                "{kind:?} {body}"
+            );
+        }
+    }
+    // The scanner itself accepts plain numbers, nesting up to serde_json's limit (127 levels)
+    // and valid escapes, and gives up where serde_json would fail.
+    let accepts = |body: &str| {
+        walk_fast(
+            body.as_bytes(),
+            ApiKind::ChatCompletions,
+            &mut Fields::new(),
+        )
+        .is_ok()
+    };
+    assert!(accepts(&nested(126, "1")));
+    assert!(!accepts(&nested(127, "1")));
+    assert!(accepts(
+        r#"{"max_tokens":12,"temperature":-0.5,"messages":[{"content":"\ud83d\ude00\n"}]}"#
+    ));
+    assert!(!accepts(r#"{"messages":[{"content":"\ud800"}]}"#));
+    assert!(!accepts(r#"{"temperature":1e400}"#));
+}

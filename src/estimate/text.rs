@@ -1,0 +1,666 @@
+//! Text → tokens: one pass over the characters that mimics o200k_base's pre-tokenizer and counts
+//! features, then the weighted sum.
+
+use super::classes::cp3;
+use super::scripts::scan_non_ascii;
+use super::weights::{feature, NUM_FEATURES, WEIGHTS};
+
+/// Feature counters of one text: the [`NUM_FEATURES`] features.
+pub(super) type Counts = [u64; NUM_FEATURES];
+
+#[inline(always)]
+pub(super) fn bump(f: &mut Counts, idx: usize, n: u64) {
+    if let Some(slot) = f.get_mut(idx) {
+        // Every feature grows by at most the number of bytes it consumed (≤ isize::MAX in total for
+        // one `&str`), so the counts cannot wrap.
+        *slot = slot.wrapping_add(n);
+    }
+}
+
+/// Feature of a plain ASCII word by its length (index: length, capped at 11 = "11 or more").
+pub(super) const WORD_FEATURE: [usize; 12] = [
+    feature::WORD_1, // not used: a word has at least one letter
+    feature::WORD_1,
+    feature::WORD_1 + 1,
+    feature::WORD_1 + 2,
+    feature::WORD_1 + 3,
+    feature::WORD_1 + 4,
+    feature::WORD_1 + 5,
+    feature::WORD_1 + 6,
+    feature::WORD_1 + 7,
+    feature::WORD_9_10,
+    feature::WORD_9_10,
+    feature::WORD_LONG,
+];
+
+/// Counts one word of `len` letters (the word-length features).
+#[inline(always)]
+pub(super) fn count_word(f: &mut Counts, len: usize) {
+    if len >= 11 {
+        bump(f, feature::WORD_LONG_CHARS, len as u64);
+    }
+    bump(
+        f,
+        WORD_FEATURE
+            .get(len.min(11))
+            .copied()
+            .unwrap_or(feature::WORD_LONG),
+        1,
+    );
+}
+
+/// Number of bytes from `i` on that satisfy `pred` (a tight loop without bounds checks).
+#[inline(always)]
+pub(super) fn count_while(bytes: &[u8], i: usize, pred: impl Fn(u8) -> bool) -> usize {
+    let mut n = 0;
+    // `i + n` ≤ `bytes.len()` throughout, so the sum cannot overflow.
+    while let Some(&b) = bytes.get(i + n) {
+        if !pred(b) {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// High bit set in each byte of `w` that is not an ASCII lower-case letter (SWAR, no branches).
+#[inline(always)]
+pub(super) fn not_lower_mask(w: u64) -> u64 {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // Clearing the high bits first means the additions below never carry from one byte into the next.
+    let x = w & !HI;
+    let at_least_a = x.wrapping_add(0x1F1F_1F1F_1F1F_1F1F); // high bit set iff byte >= b'a'
+    let past_z = x.wrapping_add(0x0505_0505_0505_0505); // high bit set iff byte >= b'z' + 1
+    let lower = at_least_a & !past_z & !w & HI;
+    !lower & HI
+}
+
+/// Length of the run of ASCII lower-case letters at `i`, eight bytes at a time.
+#[inline(always)]
+pub(super) fn lower_run(bytes: &[u8], i: usize) -> usize {
+    let mut n = 0usize;
+    // `i + n` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    while let Some(chunk) = bytes.get(i + n..i + n + 8) {
+        let w = u64::from_le_bytes(<[u8; 8]>::try_from(chunk).unwrap_or([0; 8]));
+        let m = not_lower_mask(w);
+        if m != 0 {
+            // Little-endian: the lowest set bit marks the first byte that is not a letter.
+            return n + (m.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + count_while(bytes, i + n, |b| b.is_ascii_lowercase())
+}
+
+/// The per-letter feature of an accented Latin letter.
+#[inline(always)]
+pub(super) fn latin_ext_feature(cp: u32) -> usize {
+    if (0x100..=0x17F).contains(&cp) && cp != 0x110 && cp != 0x111 {
+        feature::LATIN_EXT_A
+    } else {
+        feature::LATIN_EXT
+    }
+}
+
+/// The accented Latin letter at `i` ([`is_latin_ext`]) and its length, from its two or three bytes.
+#[inline(always)]
+fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
+    match *bytes.get(i..)? {
+        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => {
+            let cp = (u32::from(b0 & 0x1F) << 6) | u32::from(b1 & 0x3F);
+            is_latin_ext(cp).then_some((cp, 2))
+        }
+        // U+1E00..=U+1EFF (Latin Extended Additional: Vietnamese).
+        [0xE1, b1 @ 0xB8..=0xBB, b2 @ 0x80..=0xBF, ..] => Some((cp3(0xE1, b1, b2), 3)),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+pub(super) fn is_latin_ext(cp: u32) -> bool {
+    matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
+}
+
+/// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
+/// letters count as lower case), so "camelCase" is two words and "HTTPServer" one, like o200k's
+/// pre-tokenizer. Returns the index after the word (always > `i`).
+#[inline(always)]
+pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+    // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
+    let upper = if bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+        count_while(bytes, start, |b| b.is_ascii_uppercase())
+    } else {
+        0
+    };
+    let mut i = start + upper;
+    let mut letters = upper;
+    let mut mixed = false;
+    // The letter before is an accented one.
+    let mut ext = false;
+    // Accented letters of Latin Extended-A, the others, and those right after another one.
+    let (mut ext_a, mut ext_other, mut pairs) = (0u64, 0u64, 0u64);
+    loop {
+        // Between accented letters (Vietnamese) the run is often empty: one byte tells.
+        let lower = if bytes.get(i).is_some_and(u8::is_ascii_lowercase) {
+            lower_run(bytes, i)
+        } else {
+            0
+        };
+        i += lower;
+        letters += lower;
+        mixed |= lower > 0;
+        ext &= lower == 0;
+        match latin_ext_at(bytes, i) {
+            Some((cp, n)) => {
+                i += n;
+                letters += 1;
+                mixed = true;
+                if latin_ext_feature(cp) == feature::LATIN_EXT_A {
+                    ext_a += 1;
+                } else {
+                    ext_other += 1;
+                }
+                pairs += u64::from(ext);
+                ext = true;
+            }
+            None => break,
+        }
+    }
+    if letters == 0 {
+        return start + 1; // not called on a non-letter; guarantees progress anyway
+    }
+    if mixed {
+        bump(f, feature::LATIN_EXT_A, ext_a);
+        bump(f, feature::LATIN_EXT, ext_other);
+        bump(f, feature::LATIN_EXT_PAIR, pairs);
+    }
+    count_word(f, letters);
+    if upper > 0 {
+        let upper = u64::try_from(upper).unwrap_or(u64::MAX);
+        bump(f, feature::UPPER, upper);
+        if !mixed && upper >= 2 {
+            bump(f, feature::CAPS_WORD_CHARS, upper);
+        }
+    }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    i
+}
+
+/// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
+/// space before a letter has no feature of its own, see [`count_features`]): text with accented
+/// letters (European languages, Vietnamese) is read word after word without going back to the
+/// byte-wise loop. Returns the index after the last word.
+#[inline(never)]
+pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+    let mut i = scan_word(bytes, start, f, after_punct);
+    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
+    while bytes.get(i) == Some(&b' ') {
+        let next = match bytes.get(i + 1) {
+            Some(b) if b.is_ascii_alphabetic() => true,
+            Some(&b) if b >= 0xC3 => latin_ext_at(bytes, i + 1).is_some(),
+            _ => false,
+        };
+        if !next {
+            break;
+        }
+        i = scan_word(bytes, i + 1, f, false);
+    }
+    i
+}
+
+/// What follows a run of spaces: it decides whether the run has a feature of its own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum AfterSpaces {
+    /// An ASCII or fullwidth digit.
+    Digit,
+    /// A line break (which takes the spaces into its own piece), or the end of the text.
+    Newline,
+    Other,
+}
+
+/// The class of the character at `i` (a character boundary of valid UTF-8), as far as spaces care:
+/// [`classify`](super::classes::classify) would say `Digit` for 0-9 and U+FF10..=U+FF19, `Newline` for CR, LF, U+0085, U+2028
+/// and U+2029.
+#[inline(always)]
+pub(super) fn after_spaces(bytes: &[u8], i: usize) -> AfterSpaces {
+    match bytes.get(i..) {
+        None | Some([]) => AfterSpaces::Newline,
+        Some([b'0'..=b'9', ..] | [0xEF, 0xBC, 0x90..=0x99, ..]) => AfterSpaces::Digit,
+        Some([b'\n' | b'\r', ..] | [0xC2, 0x85, ..] | [0xE2, 0x80, 0xA8 | 0xA9, ..]) => {
+            AfterSpaces::Newline
+        }
+        _ => AfterSpaces::Other,
+    }
+}
+
+/// Byte classes for the ASCII dispatch of [`count_features`] (one bit each, from [`BYTE_CLASS`]).
+pub(super) const B_LOWER: u8 = 1;
+pub(super) const B_UPPER: u8 = 2;
+pub(super) const B_DIGIT: u8 = 4;
+/// Space or tab.
+pub(super) const B_SPACE: u8 = 8;
+/// `\n` or `\r`.
+pub(super) const B_NEWLINE: u8 = 16;
+/// ASCII punctuation.
+pub(super) const B_PUNCT: u8 = 32;
+/// Any other ASCII control character (and DEL).
+pub(super) const B_CONTROL: u8 = 64;
+/// A byte of a non-ASCII character.
+pub(super) const B_HIGH: u8 = 128;
+
+pub(super) static BYTE_CLASS: [u8; 256] = {
+    let mut t = [B_HIGH; 256];
+    let mut b = 0;
+    while b < 0x80 {
+        let c = b as u8;
+        let class = if c.is_ascii_lowercase() {
+            B_LOWER
+        } else if c.is_ascii_uppercase() {
+            B_UPPER
+        } else if c.is_ascii_digit() {
+            B_DIGIT
+        } else if c == b' ' || c == b'\t' {
+            B_SPACE
+        } else if c == b'\n' || c == b'\r' {
+            B_NEWLINE
+        } else if c.is_ascii_punctuation() {
+            B_PUNCT
+        } else {
+            B_CONTROL
+        };
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[b] = class;
+        }
+        b += 1;
+    }
+    t
+};
+
+#[inline(always)]
+pub(super) fn byte_class(b: u8) -> u8 {
+    // A `u8` index into 256 entries: always in range.
+    BYTE_CLASS.get(usize::from(b)).copied().unwrap_or(B_HIGH)
+}
+
+/// The [`byte_class`] of the byte before `i` (0 at the start).
+#[inline(always)]
+pub(super) fn prev_class(bytes: &[u8], i: usize) -> u8 {
+    bytes.get(i.wrapping_sub(1)).map_or(0, |&b| byte_class(b))
+}
+
+/// [`feature::PUNCT_MIX`] of one run of ASCII punctuation: its characters from the fourth on that
+/// differ from the one before.
+#[inline(never)]
+pub(crate) fn punct_mix(run: &[u8]) -> u64 {
+    let pairs = run.windows(2).skip(2);
+    pairs.filter(|p| p.first() != p.get(1)).count() as u64
+}
+
+/// Where a run of spaces and tabs lies, as far as its tabs care.
+#[derive(Clone, Copy)]
+pub(super) struct Tabs {
+    /// It starts a line (indentation).
+    pub(super) indent: bool,
+    /// A line break or the end of the text follows it (o200k takes it into that piece).
+    pub(super) before_newline: bool,
+}
+
+/// The tab features of one run of spaces and tabs: [`feature::TAB`] one per run of tabs plus one per
+/// 16 tabs in it (o200k's longest tab tokens); in a run that starts a line [`feature::TAB_INDENT`]
+/// per tab instead; before a line break or the end of the text only the one per 16.
+#[inline(never)]
+pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
+    let (mut tabs, mut runs, mut sixteens) = (0u64, 0u64, 0u64);
+    let mut len = 0u64;
+    for &b in run.iter().chain(std::iter::once(&b' ')) {
+        if b == b'\t' {
+            len += 1;
+        } else if len > 0 {
+            tabs += len;
+            runs += 1;
+            sixteens += len / 16;
+            len = 0;
+        }
+    }
+    bump(f, feature::TAB, sixteens);
+    if !at.before_newline {
+        if at.indent {
+            bump(f, feature::TAB_INDENT, tabs);
+        } else {
+            bump(f, feature::TAB, runs);
+        }
+    }
+}
+
+/// Number of bytes from `i` on whose class is in `classes`.
+#[inline(always)]
+pub(super) fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
+    count_while(bytes, i, |b| byte_class(b) & classes != 0)
+}
+
+/// Count the features of `text` in one pass (exposed for the calibration program and the bench).
+#[doc(hidden)]
+pub fn text_features(text: &str) -> [u64; NUM_FEATURES] {
+    let mut f: Counts = [0; NUM_FEATURES];
+    if !text.is_empty() {
+        // A `&str` is valid UTF-8: the scan never stops early.
+        count_text(text.as_bytes(), &mut f);
+        derive(&mut f);
+    }
+    f
+}
+
+/// Script-aware token estimate for one piece of text (the core). 0 for empty text, at least 1 otherwise.
+pub fn text_tokens(text: &str) -> u64 {
+    // A `&str` is valid UTF-8: never None.
+    utf8_tokens(text.as_bytes()).unwrap_or(0)
+}
+
+/// [`text_tokens`] of bytes that may not be UTF-8 (a string read raw from the body): None if they are
+/// not, checked in the same pass that counts them.
+pub(super) fn utf8_tokens(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return Some(0);
+    }
+    let windows = windows_pay(bytes);
+    if windows || !TWO_LOOPS {
+        tokens_of::<true>(bytes, windows)
+    } else {
+        tokens_of::<false>(bytes, false)
+    }
+}
+
+/// [`utf8_tokens`] of non-empty `bytes` by [`count_features`] (one function for each loop, see
+/// [`TWO_LOOPS`]).
+#[inline(never)]
+pub(super) fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Option<u64> {
+    let mut f: Counts = [0; NUM_FEATURES];
+    if !count_features::<WINDOWS>(bytes, &mut f, windows) {
+        return None;
+    }
+    derive(&mut f);
+    let mut sum = 0.0f64;
+    // In feature order, as a plain loop over all of them would add. Zero counts add nothing (the sum
+    // is never -0.0), so they are skipped, four at a time: short texts touch few features.
+    for (counts, weights) in f.chunks_exact(4).zip(WEIGHTS.chunks_exact(4)) {
+        if counts.iter().fold(0, |any, &c| any | c) != 0 {
+            for (count, w) in counts.iter().zip(weights) {
+                if *count != 0 {
+                    // u64 → f64 loses precision only beyond 2^53 features, far beyond any body.
+                    sum += *count as f64 * w;
+                }
+            }
+        }
+    }
+    // `as` saturates for f64 → u64 (NaN → 0).
+    Some((sum.round() as u64).max(1))
+}
+
+/// The features that describe the whole text (of a non-empty text): [`feature::TEXT`], and from the
+/// counts of the others [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`].
+#[inline(always)]
+pub(super) fn derive(f: &mut Counts) {
+    bump(f, feature::TEXT, 1);
+    let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
+    let uk = count(f, feature::CYRILLIC_UK);
+    if uk != 0 {
+        let cyrillic = count(f, feature::CYRILLIC).saturating_add(uk);
+        if uk.saturating_mul(40) >= cyrillic {
+            bump(f, feature::CYRILLIC_UK_TEXT, cyrillic);
+        }
+    }
+    let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
+    if accented != 0 {
+        let words = f
+            .get(feature::WORD_1..=feature::WORD_LONG)
+            .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
+        if accented.saturating_mul(20) >= words {
+            // Capitalised words too: German nouns split more than English ones.
+            let upper = count(f, feature::UPPER);
+            bump(f, feature::LATIN_EXT_A_TEXT, words.saturating_add(upper));
+        }
+    }
+}
+
+/// Whether `bytes` is worth reading with ASCII windows: long enough (a window costs about what the
+/// byte-wise loop pays for 40 to 60 bytes of code, and most chat messages are shorter) and mostly
+/// ASCII.
+#[inline(always)]
+pub(super) fn windows_pay(bytes: &[u8]) -> bool {
+    bytes.len() >= super::ascii::MIN_TEXT && super::ascii::mostly(bytes)
+}
+
+/// [`count_features`], with ASCII windows where they pay (see [`windows_pay`]).
+#[inline(always)]
+pub(super) fn count_text(bytes: &[u8], f: &mut Counts) -> bool {
+    let windows = windows_pay(bytes);
+    if windows || !TWO_LOOPS {
+        count_features::<true>(bytes, f, windows)
+    } else {
+        count_features::<false>(bytes, f, false)
+    }
+}
+
+/// Whether text that is not read with ASCII windows has a loop of its own, without them. Where it
+/// does not, windows are rarely used, but natively (x86_64) their mere presence in the loop slows the
+/// script loops down by a few percent; the wasm build has the one loop, which is smaller.
+pub(super) const TWO_LOOPS: bool = !cfg!(target_arch = "wasm32");
+
+/// The loop of [`text_features`]. Returns false (and stops) where `bytes` is not UTF-8: every
+/// non-ASCII character is decoded by [`decode`] or by a pattern that only matches valid sequences.
+/// `WINDOWS` and `windows`: ASCII is counted a window at a time where it can be (the counts are the
+/// same).
+#[inline(always)]
+pub(super) fn count_features<const WINDOWS: bool>(
+    bytes: &[u8],
+    f: &mut Counts,
+    windows: bool,
+) -> bool {
+    // Index arithmetic is bounded by `bytes.len()` (≤ isize::MAX), so plain `+` cannot overflow.
+    let mut i = 0usize;
+    // The previous run was a single ASCII punctuation character (it merges into a following word).
+    let mut after_punct = false;
+    // ASCII is read a window at a time (see `ascii.rs`) from here on.
+    let mut windows_at = if windows { 0 } else { usize::MAX };
+    let mut tally = super::ascii::Tally::default();
+    while let Some(&b) = bytes.get(i) {
+        if WINDOWS && b < 0x80 && i >= windows_at {
+            match super::ascii::window(bytes, i, after_punct, &mut tally) {
+                super::ascii::Step::Counted {
+                    next,
+                    after_punct: single_punct,
+                    prose,
+                } => {
+                    i = next;
+                    after_punct = single_punct;
+                    if prose {
+                        windows_at = next + super::ascii::PROSE;
+                    }
+                    continue;
+                }
+                super::ascii::Step::Declined { until } => windows_at = until,
+            }
+        }
+        let was_punct = after_punct;
+        after_punct = false;
+        let class = byte_class(b);
+        if class & B_LOWER != 0 {
+            // Fast path: words of ASCII lower-case letters not followed by an accented letter, the
+            // single spaces between them (which have no feature of their own), and a capitalised
+            // word after one.
+            let mut was_punct = was_punct;
+            // A lower-case word starts after a letter only where that letter is not ASCII.
+            if prev_class(bytes, i) & B_DIGIT != 0 {
+                bump(f, feature::ALNUM_SWITCH, 1);
+            }
+            loop {
+                // Words shorter than eight letters (most): what follows them is in the same load.
+                if let Some(w) = bytes
+                    .get(i..i + 8)
+                    .and_then(|c| <[u8; 8]>::try_from(c).ok())
+                {
+                    let w = u64::from_le_bytes(w);
+                    let m = not_lower_mask(w);
+                    if m != 0 {
+                        // 1..=7: the byte at `i` is a letter.
+                        let len = (m.trailing_zeros() / 8) as usize;
+                        let next = (w >> (8 * len)) as u8;
+                        if next >= 0x80 {
+                            i = scan_words(bytes, i, f, was_punct);
+                            break;
+                        }
+                        bump(f, feature::WORD_1 + len - 1, 1);
+                        if was_punct {
+                            bump(f, feature::PUNCT_WORD, 1);
+                        }
+                        i += len;
+                        if next != b' ' {
+                            break;
+                        }
+                        let after = if len < 7 {
+                            (w >> (8 * (len + 1))) as u8
+                        } else {
+                            match bytes.get(i + 1) {
+                                Some(&b) => b,
+                                None => break,
+                            }
+                        };
+                        if after.is_ascii_lowercase() {
+                            i += 1;
+                            was_punct = false;
+                            continue;
+                        }
+                        if after.is_ascii_uppercase() {
+                            i = scan_word(bytes, i + 1, f, false);
+                        }
+                        break;
+                    }
+                }
+                let len = lower_run(bytes, i);
+                if bytes.get(i + len).is_some_and(|&n| n >= 0x80) {
+                    i = scan_words(bytes, i, f, was_punct);
+                    break;
+                }
+                count_word(f, len);
+                if was_punct {
+                    bump(f, feature::PUNCT_WORD, 1);
+                }
+                i += len;
+                match bytes.get(i..i + 2) {
+                    Some([b' ', n]) if n.is_ascii_lowercase() => {
+                        i += 1;
+                        was_punct = false;
+                    }
+                    Some([b' ', n]) if n.is_ascii_uppercase() => {
+                        i = scan_word(bytes, i + 1, f, false);
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+        } else if class & B_SPACE != 0 {
+            // The common case first: one space between two words has no feature of its own (it has
+            // one only before a digit, ASCII or fullwidth, whose UTF-8 starts with 0xEF).
+            if b == b' '
+                && bytes
+                    .get(i + 1)
+                    .is_some_and(|&n| n != b' ' && n != b'\t' && n != 0xEF && !n.is_ascii_digit())
+            {
+                i += 1;
+                continue;
+            }
+            // A single tab (tab-separated values): one piece of its own (none before a line break,
+            // which takes it into its piece).
+            if b == b'\t' {
+                let next = bytes.get(i + 1).copied().unwrap_or(b'\n');
+                if next != b' ' && next != b'\t' {
+                    i += 1;
+                    match after_spaces(bytes, i) {
+                        AfterSpaces::Newline => {}
+                        after => {
+                            let tab = if prev_class(bytes, i - 1) & B_NEWLINE != 0 {
+                                feature::TAB_INDENT
+                            } else {
+                                feature::TAB
+                            };
+                            bump(f, tab, 1);
+                            if after == AfterSpaces::Digit {
+                                bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
+            let len = run_of_class(bytes, i, B_SPACE);
+            let after = after_spaces(bytes, i + len);
+            if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
+                let run = Tabs {
+                    indent: prev_class(bytes, i) & B_NEWLINE != 0,
+                    before_newline: after == AfterSpaces::Newline,
+                };
+                count_tabs(bytes.get(i..i + len).unwrap_or(&[]), run, f);
+            }
+            i += len;
+            bump(f, feature::SPACE_128, (len / 128) as u64);
+            match after {
+                AfterSpaces::Digit => bump(f, feature::SPACE_BEFORE_DIGIT, 1),
+                // Spaces before a newline or at the end belong to the newline piece.
+                AfterSpaces::Newline => continue,
+                AfterSpaces::Other => {}
+            }
+            if len >= 2 {
+                bump(f, feature::SPACE_RUNS, 1);
+            }
+        } else if class & B_PUNCT != 0 {
+            let len = run_of_class(bytes, i, B_PUNCT);
+            if len >= 4 {
+                bump(
+                    f,
+                    feature::PUNCT_MIX,
+                    punct_mix(bytes.get(i..i + len).unwrap_or(&[])),
+                );
+            }
+            i += len;
+            after_punct = len == 1;
+            bump(f, feature::PUNCT, len as u64);
+            bump(f, feature::PUNCT_RUNS, 1);
+        } else if class & B_UPPER != 0 {
+            let prev = prev_class(bytes, i);
+            if prev & (B_LOWER | B_UPPER) != 0 {
+                bump(f, feature::HUMP, 1);
+            } else if prev & B_DIGIT != 0 {
+                bump(f, feature::ALNUM_SWITCH, 1);
+            }
+            i = scan_word(bytes, i, f, was_punct);
+        } else if class & B_DIGIT != 0 {
+            if prev_class(bytes, i) & (B_LOWER | B_UPPER) != 0 {
+                bump(f, feature::ALNUM_SWITCH, 1);
+            }
+            let len = run_of_class(bytes, i, B_DIGIT);
+            i += len;
+            bump(f, feature::DIGIT_GROUPS, len.div_ceil(3) as u64);
+        } else if class & B_NEWLINE != 0 {
+            let len = run_of_class(bytes, i, B_NEWLINE);
+            i += len;
+            bump(f, feature::NEWLINE_RUNS, 1);
+            bump(f, feature::NEWLINE_16, (len / 16) as u64);
+        } else if class & B_HIGH != 0 {
+            match scan_non_ascii(bytes, i, f, was_punct) {
+                Some(next) => i = next,
+                None => return false,
+            }
+        } else {
+            // Other control characters.
+            bump(f, feature::OTHER, 1);
+            i += 1;
+        }
+    }
+    if WINDOWS {
+        tally.add_to(f);
+    }
+    true
+}
