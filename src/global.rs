@@ -238,6 +238,11 @@ mod tests {
             max_wait_ms: 0,
             refund_unused: false,
             global: true,
+            scope: crate::config::Scope::Tenant,
+            group: None,
+            has_bucket: true,
+            max_in_flight: None,
+            shadow: false,
         }
     }
 

@@ -26,6 +26,7 @@
 mod breaker;
 mod fields;
 mod global;
+mod limits;
 mod models;
 mod quota;
 mod rules;
@@ -37,7 +38,7 @@ pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use models::DEFAULT_OUTPUT;
 pub use quota::{LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
-pub use rules::{ModelMatch, Rule, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
+pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
 pub use top::{
     AboveCap, InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER,
     MAX_BODY_BYTES_LIMIT,
@@ -88,6 +89,8 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 pub struct Config {
     /// Header carrying the tenant id.
     pub tenant_header: Option<String>,
+    /// Header carrying the request's group (team, org), set by a trusted filter.
+    pub group_header: Option<String>,
     /// Derive the tenant from a hashed API key when the header is absent.
     pub api_key_tenants: bool,
     /// The only API keys accepted (SHA-256 → tenant); `None`: any key names its own `key:` tenant.
@@ -108,6 +111,8 @@ pub struct Config {
     pub models: Vec<(ModelMatch, OutputLimits)>,
     /// Bucket rules, first match wins.
     pub rules: Vec<Rule>,
+    /// Limits: every matching one applies.
+    pub limits: Vec<Rule>,
     /// Most bucket keys created for distinct tenants before overflow buckets are used.
     pub max_tenants: u32,
     /// CAS retries for one shared-data update.
@@ -167,6 +172,7 @@ impl Config {
 )]
 struct RawConfig {
     tenant_header: Option<String>,
+    group_header: Option<String>,
     api_key_tenants: Option<bool>,
     api_keys: Option<UniqueMap<Vec<String>>>,
     default_tenant: Option<String>,
@@ -178,6 +184,7 @@ struct RawConfig {
     #[serde(default)]
     models: UniqueMap<models::RawOutput>,
     rules: Option<Vec<rules::RawRule>>,
+    limits: Option<Vec<limits::RawLimit>>,
     max_tenants: Option<u32>,
     cas_max_retries: Option<u32>,
     on_store_error: Option<String>,
@@ -200,6 +207,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let RawConfig {
         tenant_header,
+        group_header,
         api_key_tenants,
         api_keys,
         default_tenant,
@@ -210,6 +218,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         default_output,
         models,
         rules,
+        limits,
         max_tenants,
         cas_max_retries,
         on_store_error,
@@ -225,7 +234,13 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let invalid_body = top::invalid_body(invalid_body)?;
     let output_above_cap = top::above_cap(output_above_cap)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
-    let rules = rules::rules(rules)?;
+    let group_header = fields::header_name("group_header", group_header)?;
+    let rules = match (rules, &limits) {
+        // Only limits: no first-match rule at all.
+        (None, Some(l)) if !l.is_empty() => Vec::new(),
+        (rules, _) => rules::rules(rules)?,
+    };
+    let limits = limits::limits(limits.unwrap_or_default(), &rules, group_header.is_some())?;
     top::charge_fits_a_rule(invalid_body, &rules)?;
     let store = top::store(max_tenants, cas_max_retries, on_store_error)?;
     let breaker = breaker.map(breaker::breaker).transpose()?;
@@ -241,6 +256,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         breaker,
         on_store_error: store.on_store_error,
         tenant_header: sources.tenant_header,
+        group_header,
         api_key_tenants: sources.api_key_tenants,
         api_keys,
         default_tenant: sources.default_tenant,
@@ -251,6 +267,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         default_output,
         models,
         rules,
+        limits,
         max_tenants: store.max_tenants,
         cas_max_retries: store.cas_max_retries,
     })

@@ -64,7 +64,29 @@ impl ModelMatch {
     }
 }
 
-/// One validated bucket rule.
+/// Whose bucket a limit is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// One per tenant (every `rules` entry; the default of `limits`).
+    Tenant,
+    /// One per group (team, org: from `group_header`); requests without a group skip the limit.
+    Group,
+    /// One for every request the limit matches (a provider's own limit).
+    Shared,
+}
+
+impl Scope {
+    /// The name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Tenant => "tenant",
+            Scope::Group => "group",
+            Scope::Shared => "shared",
+        }
+    }
+}
+
+/// One validated bucket rule (`rules`: first match wins) or limit (`limits`: every match applies).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     /// Name used in logs and keys (defaults to `rule<N>`): 1-64 characters from `[A-Za-z0-9._-]`.
@@ -86,12 +108,46 @@ pub struct Rule {
     /// The bucket lives in Redis (through `global_buckets`), shared by every Envoy replica, instead of
     /// in this Envoy's shared data.
     pub global: bool,
+    /// Whose bucket it is.
+    pub scope: Scope,
+    /// Only this group (exact), when set (`limits` only).
+    pub group: Option<String>,
+    /// The limit has a token bucket (`params`); a `limits` entry may have only `max_in_flight`.
+    pub has_bucket: bool,
+    /// Requests of the scope in flight at once, at most (`limits` only).
+    pub max_in_flight: Option<u32>,
+    /// Evaluated and counted, never refusing (`limits` only).
+    pub shadow: bool,
 }
 
 impl Rule {
     /// True when the rule applies to `tenant` (model not considered).
     pub fn matches_tenant(&self, tenant: &str) -> bool {
         self.tenant.as_deref().is_none_or(|t| t == tenant)
+    }
+
+    /// True when the limit applies to a request of `tenant` in `group` for `model`.
+    pub fn applies(&self, tenant: &str, group: Option<&str>, model: &str) -> bool {
+        self.matches_tenant(tenant)
+            && self.model.matches(model)
+            && match (self.scope, group) {
+                (Scope::Group, None) => false,
+                (_, g) => self.group.as_deref().is_none_or(|want| Some(want) == g),
+            }
+    }
+
+    /// Whose bucket it is for a request: the tenant, `g=<group>`, or `~all` (tenant ids and groups
+    /// never contain `=` or `~`, so these never collide).
+    pub fn subject<'a>(
+        &self,
+        tenant: &'a str,
+        group: Option<&'a str>,
+    ) -> std::borrow::Cow<'a, str> {
+        match self.scope {
+            Scope::Tenant => std::borrow::Cow::Borrowed(tenant),
+            Scope::Group => std::borrow::Cow::Owned(format!("g={}", group.unwrap_or("-"))),
+            Scope::Shared => std::borrow::Cow::Borrowed("~all"),
+        }
     }
 }
 
@@ -195,16 +251,20 @@ pub(super) fn rules(raw: Option<Vec<RawRule>>) -> Result<Vec<Rule>, ConfigError>
     Ok(rules)
 }
 
-/// Validates `rules[i]`; `earlier` are the rules before it (names must be distinct).
-fn rule(i: usize, r: RawRule, earlier: &[Rule]) -> Result<Rule, ConfigError> {
-    let f = |name: &str| format!("rules[{i}].{name}");
+/// A bucket's rates at `f(..)`: `tokens_per_second` and `burst` required, `requests_per_minute` optional.
+pub(super) fn bucket(
+    f: &dyn Fn(&str) -> String,
+    tokens_per_second: Option<f64>,
+    burst: Option<f64>,
+    requests_per_minute: Option<f64>,
+) -> Result<BucketParams, ConfigError> {
     let rate = number_in(
         f("tokens_per_second"),
-        r.tokens_per_second,
+        tokens_per_second,
         MIN_TOKENS_PER_SECOND,
         MAX_RATE,
     )?;
-    let burst = number_in(f("burst"), r.burst, 1.0, MAX_RATE)?;
+    let burst = number_in(f("burst"), burst, 1.0, MAX_RATE)?;
     if burst / rate > MAX_REFILL_S {
         return Err(err(
             f("tokens_per_second"),
@@ -218,55 +278,91 @@ fn rule(i: usize, r: RawRule, earlier: &[Rule]) -> Result<Rule, ConfigError> {
             ),
         ));
     }
-    let rpm = match r.requests_per_minute {
+    let rpm = match requests_per_minute {
         None => None,
         Some(v) => Some(number_in(f("requests_per_minute"), Some(v), 1.0, MAX_RATE)?),
     };
+    Ok(BucketParams {
+        tokens_per_second: rate,
+        burst,
+        requests_per_minute: rpm,
+    })
+}
+
+/// A `tenant` field: `"*"` (or absent) for every tenant, else one exact tenant id.
+pub(super) fn tenant_pattern(
+    field: String,
+    t: Option<&str>,
+) -> Result<Option<String>, ConfigError> {
+    match t {
+        None | Some("*") => Ok(None),
+        Some("") => Err(err(field, "must not be empty (use \"*\")")),
+        Some(t) if crate::identity::valid_tenant(t) => Ok(Some(t.to_string())),
+        Some(t) => Err(err(
+            field,
+            format!("'{t}' can never match a tenant: use \"*\" or one exact tenant id, {TENANT_ID} (tenant patterns are not globs)"),
+        )),
+    }
+}
+
+/// A `model` field (absent: `"*"`).
+pub(super) fn model_field(field: String, m: Option<String>) -> Result<ModelMatch, ConfigError> {
+    let model_s = m.unwrap_or_else(|| "*".to_string());
+    if model_s.is_empty() {
+        return Err(err(field, "must not be empty (use \"*\")"));
+    }
+    model_pattern(&field, &model_s)
+}
+
+/// A rule or limit name, distinct from `taken`.
+pub(super) fn name_field(
+    field: String,
+    name: String,
+    taken: &[&str],
+) -> Result<String, ConfigError> {
+    if !valid_rule_name(&name) {
+        return Err(err(
+            field,
+            format!("'{name}' is not a valid rule name: {RULE_NAME}"),
+        ));
+    }
+    if taken.contains(&name.as_str()) {
+        return Err(err(field, format!("duplicate rule name '{name}'")));
+    }
+    Ok(name)
+}
+
+/// Validates `rules[i]`; `earlier` are the rules before it (names must be distinct).
+fn rule(i: usize, r: RawRule, earlier: &[Rule]) -> Result<Rule, ConfigError> {
+    let f = |name: &str| format!("rules[{i}].{name}");
+    let params = bucket(&f, r.tokens_per_second, r.burst, r.requests_per_minute)?;
     let max_wait_ms = in_range(
         f("max_wait_ms"),
         r.max_wait_ms.unwrap_or(0),
         0,
         MAX_WAIT_MS_LIMIT,
     )?;
-    let tenant = match r.tenant.as_deref() {
-        None | Some("*") => None,
-        Some("") => return Err(err(f("tenant"), "must not be empty (use \"*\")")),
-        Some(t) if crate::identity::valid_tenant(t) => Some(t.to_string()),
-        Some(t) => {
-            return Err(err(
-                f("tenant"),
-                format!("'{t}' can never match a tenant: use \"*\" or one exact tenant id, {TENANT_ID} (tenant patterns are not globs)"),
-            ))
-        }
-    };
-    let model_s = r.model.unwrap_or_else(|| "*".to_string());
-    if model_s.is_empty() {
-        return Err(err(f("model"), "must not be empty (use \"*\")"));
-    }
-    let model = model_pattern(&f("model"), &model_s)?;
-    let name = r.name.unwrap_or_else(|| format!("rule{i}"));
-    if !valid_rule_name(&name) {
-        return Err(err(
-            f("name"),
-            format!("'{name}' is not a valid rule name: {RULE_NAME}"),
-        ));
-    }
-    if earlier.iter().any(|x: &Rule| x.name == name) {
-        return Err(err(f("name"), format!("duplicate rule name '{name}'")));
-    }
+    let tenant = tenant_pattern(f("tenant"), r.tenant.as_deref())?;
+    let model = model_field(f("model"), r.model)?;
+    let name = name_field(
+        f("name"),
+        r.name.unwrap_or_else(|| format!("rule{i}")),
+        &earlier.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+    )?;
     Ok(Rule {
         name,
         tenant,
         model,
         per_model: r.per_model.unwrap_or(true),
-        params: BucketParams {
-            tokens_per_second: rate,
-            burst,
-            requests_per_minute: rpm,
-        },
+        params,
         max_wait_ms,
         refund_unused: r.refund_unused.unwrap_or(false),
         global: r.global.unwrap_or(false),
+        scope: Scope::Tenant,
+        group: None,
+        has_bucket: true,
+        max_in_flight: None,
+        shadow: false,
     })
 }
 
