@@ -26,8 +26,8 @@
 //! - complete answer: the usage the mock reported (prompt + completion);
 //! - stream cut by the provider: the prompt estimate + ⌈streamed content bytes / 4⌉ (at most the
 //!   reservation); JSON cut: the prompt estimate + ⌈body bytes that arrived / 4⌉ (at most the reservation);
-//! - in flight when Envoy was stopped (started before the SIGTERM, ended after it or at most 200 ms
-//!   before it): served by the mock → between the prompt estimate and the tokens served; not served → at
+//! - in flight when Envoy was stopped (started before Envoy had exited, ended after the SIGTERM or at
+//!   most 200 ms before it): served by the mock → between the prompt estimate and the tokens served; not served → at
 //!   most the prompt estimate (charged the prompt after `reservation_timeout_s`, never the reservation);
 //! - admitted under `on_failure: open` while the shim was down: the same as above, once the shim answers
 //!   again (the journal), unless `tokengate_quota_journal_dropped` > 0;
@@ -244,13 +244,14 @@ fn tenants(phase: usize, s: &Settings) -> Vec<Tenant> {
 /// roomy `*` rule; settlement retried quickly (100 ms, doubling) and never dropped; a shim breaker that
 /// recovers in 1 s; exhausted tenants rechecked every second.
 fn plugin_config(all: &[Tenant], s: &Settings, reservation_timeout: bool) -> Value {
-    let hot_rate = (s.tenant_tokens_per_s() / 4.0).max(1.0);
+    // A sixth of what the tenant is sent; the burst just above the largest request (75 + 200).
+    let hot_rate = (s.tenant_tokens_per_s() / 6.0).max(1.0);
     let mut rules: Vec<Value> = all
         .iter()
         .filter(|t| t.hot)
         .map(|t| {
             json!({"name": format!("hot-{}", t.name), "tenant": t.name, "model": "*",
-                   "tokens_per_second": hot_rate, "burst": 500})
+                   "tokens_per_second": hot_rate, "burst": 300})
         })
         .collect();
     rules.push(json!({"name": "all", "tenant": "*", "model": "*",
@@ -456,14 +457,19 @@ fn client(
             0..=39 => (
                 false,
                 64,
-                (rng.next() % 2 == 0).then_some(40),
+                rng.next().is_multiple_of(2).then_some(40),
                 Upstream::Normal,
             ),
             40..=74 => (true, 200, None, Upstream::Normal),
             // Role event + 2 of the 4 content events (50 tokens each), then closed.
             75..=80 => (true, 200, None, Upstream::CutAfter(3)),
             81..=84 => (false, 64, None, Upstream::CutAfter(1)),
-            85..=91 => (rng.next() % 2 == 0, 64, None, Upstream::Status(500)),
+            85..=91 => (
+                rng.next().is_multiple_of(2),
+                64,
+                None,
+                Upstream::Status(500),
+            ),
             _ => (false, 64, None, Upstream::Reset),
         };
         let tag = format!("p{phase}-c{id}-{n}");
@@ -524,8 +530,8 @@ fn drain(redis: &DurableRedis, tenants: &[Tenant], month: &str) -> (Vec<i64>, bo
 struct PhaseLog {
     /// Seconds since the run started at which each fault began.
     faults_at: Vec<f64>,
-    /// Seconds since the run started at which Envoy got SIGTERM.
-    stops: Vec<f64>,
+    /// Seconds since the run started at which Envoy got SIGTERM, and at which it had exited.
+    stops: Vec<(f64, f64)>,
     /// Envoy restart times.
     restarts: Vec<Duration>,
     /// Per tenant: counter just before a Redis SIGKILL minus just after the restart, when positive.
@@ -600,8 +606,9 @@ fn run_phase(
                 }
                 Fault::EnvoyTerm => {
                     log.stopped_stats.push(stack.envoy.stats());
-                    log.stops.push(t0.elapsed().as_secs_f64());
+                    let term_at = t0.elapsed().as_secs_f64();
                     stack.envoy.stop(Duration::from_secs(10));
+                    log.stops.push((term_at, t0.elapsed().as_secs_f64()));
                     match stack.envoy.start_again() {
                         Ok(took) => log.restarts.push(took),
                         Err(e) => panic!("envoy did not start again: {e}"),
@@ -621,7 +628,7 @@ fn run_phase(
         sent.extend(r);
     }
     // A reservation left open by the stop may be resolved once reservation_timeout_s has passed.
-    if let Some(last) = log.stops.last() {
+    if let Some((_, last)) = log.stops.last() {
         let due = last + s.reservation_timeout_s as f64 + 1.5;
         let now = t0.elapsed().as_secs_f64();
         if due > now {
@@ -672,6 +679,11 @@ struct Row {
     up_cut: u64,
     fail_open_admitted: u64,
     at_stop: u64,
+    /// Of those, served (at least in part) by the mock.
+    at_stop_served: u64,
+    /// Their reservations, and what the rules expect them to be charged.
+    at_stop_reserved: u64,
+    at_stop_expected: Expect,
     /// Send times (s after the phase's first fault) of the first and last request that met the
     /// outage: refused `quota_unavailable` (closed) or admitted without the shim (open).
     outage: Option<(f64, f64)>,
@@ -733,9 +745,10 @@ impl Check<'_> {
     }
 
     fn at_stop(&self, s: &Sent, log: &PhaseLog) -> bool {
+        // Envoy may still accept requests between the SIGTERM and its exit.
         log.stops
             .iter()
-            .any(|&t| s.start < t && s.end + STOP_WINDOW.as_secs_f64() > t)
+            .any(|&(term, exit)| s.start < exit && s.end + STOP_WINDOW.as_secs_f64() > term)
     }
 
     /// What the documented rules charge `s`, served as `a` (None: the mock never answered it).
@@ -853,6 +866,12 @@ impl Check<'_> {
                         let e = self.expect(s, a, at_stop);
                         lo += e.lo;
                         hi += e.hi;
+                        if at_stop {
+                            row.at_stop_served += u64::from(a.is_some_and(|a| a.tokens > 0));
+                            row.at_stop_reserved += self.reserved_of(s);
+                            row.at_stop_expected.lo += e.lo;
+                            row.at_stop_expected.hi += e.hi;
+                        }
                     }
                     let charged = log.charged.get(&t.name).copied().unwrap_or(0);
                     let aof = log.aof_lost.get(&t.name).copied().unwrap_or(0);
@@ -1130,6 +1149,19 @@ fn fault_matrix_ledger_check() {
         if !notes.is_empty() {
             out.push_str(&format!("{}: {}\n", fault.name(), notes.join("; ")));
         }
+    }
+    for r in rows.iter().filter(|r| r.at_stop > 0) {
+        out.push_str(&format!(
+            "{}/{}: {} requests in flight at the SIGTERM ({} served by the mock): reserved {} tokens, \
+             expected charge {}..{}\n",
+            if r.open { "open" } else { "closed" },
+            r.fault,
+            r.at_stop,
+            r.at_stop_served,
+            r.at_stop_reserved,
+            r.at_stop_expected.lo,
+            r.at_stop_expected.hi
+        ));
     }
     for r in &rows {
         if let Some((a, b)) = r.outage {
