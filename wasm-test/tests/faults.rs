@@ -15,7 +15,8 @@
 //! monthly limit they exhaust, one with a token bucket that binds). After its load the phase waits
 //! (Envoy phase: `quota.reservation_timeout_s` + 1.5 s after the last stop), sends one small request
 //! per tenant (so a reservation left open can be resolved by whichever script sees it first), then
-//! polls the tenants' Redis counters until they are stable (2 s unchanged, at most 20 s).
+//! polls the tenants' Redis counters until they are stable (`FAULTS_STABLE_S`, default 2 s, unchanged;
+//! at most 20 s).
 //!
 //! Then, per tenant, the Redis counter (`GET tg:q:{t}:<month>`, weighted tokens with unit weights) is
 //! compared with what the mock provider served (its ledger, `GET /_mock/ledger`), request by request
@@ -79,8 +80,6 @@ const PROMPTS: [&str; 2] = [
 ];
 /// Requests in flight this long before a SIGTERM count as in flight at the stop.
 const STOP_WINDOW: Duration = Duration::from_millis(200);
-/// Counters unchanged this long count as settled.
-const STABLE_FOR: Duration = Duration::from_secs(2);
 /// Longest wait for counters to settle.
 const DRAIN_MAX: Duration = Duration::from_secs(20);
 /// Pause between SSE events asked of the mock.
@@ -104,6 +103,8 @@ struct Settings {
     clients: usize,
     rps: f64,
     reservation_timeout_s: u64,
+    /// Counters unchanged this long count as settled.
+    stable_for: Duration,
     strict: bool,
     verbose: bool,
     phases: Vec<Fault>,
@@ -134,6 +135,7 @@ impl Settings {
             clients: (env_f64("FAULTS_CLIENTS", 12.0) as usize).clamp(1, 64),
             rps: env_f64("FAULTS_RPS", 40.0).min(500.0),
             reservation_timeout_s: env_f64("FAULTS_RESERVATION_TIMEOUT_S", 3.0) as u64,
+            stable_for: Duration::from_secs_f64(env_f64("FAULTS_STABLE_S", 2.0).min(15.0)),
             strict: std::env::var("FAULTS_STRICT").is_ok_and(|v| v == "1"),
             verbose: std::env::var("FAULTS_VERBOSE").is_ok_and(|v| v == "1"),
             phases,
@@ -492,9 +494,14 @@ fn counters(redis: &DurableRedis, tenants: &[Tenant], month: &str) -> Vec<Option
         .collect()
 }
 
-/// Polls the counters until they are unchanged for [`STABLE_FOR`] (at most [`DRAIN_MAX`]); returns
-/// them and whether they were stable.
-fn drain(redis: &DurableRedis, tenants: &[Tenant], month: &str) -> (Vec<i64>, bool, Duration) {
+/// Polls the counters until they are unchanged for `stable_for` (at most [`DRAIN_MAX`]); returns them
+/// and whether they were stable.
+fn drain(
+    redis: &DurableRedis,
+    tenants: &[Tenant],
+    month: &str,
+    stable_for: Duration,
+) -> (Vec<i64>, bool, Duration) {
     let t0 = Instant::now();
     let mut last = counters(redis, tenants, month);
     let mut since = Instant::now();
@@ -504,7 +511,7 @@ fn drain(redis: &DurableRedis, tenants: &[Tenant], month: &str) -> (Vec<i64>, bo
         if now != last || now.iter().any(Option::is_none) {
             last = now;
             since = Instant::now();
-        } else if since.elapsed() >= STABLE_FOR {
+        } else if since.elapsed() >= stable_for {
             return (
                 last.iter().map(|v| v.unwrap_or(0)).collect(),
                 true,
@@ -649,7 +656,7 @@ fn run_phase(
             Upstream::Normal,
         ));
     }
-    let (values, drained, took) = drain(&stack.redis, tenants, month);
+    let (values, drained, took) = drain(&stack.redis, tenants, month, s.stable_for);
     log.charged = tenants.iter().map(|t| t.name.clone()).zip(values).collect();
     log.drained = drained;
     log.drain_took = took;
