@@ -11,6 +11,8 @@
 //! | `webdis-kill` | Webdis SIGKILL, restarted 1 s later on its port |
 //! | `envoy-term` | Envoy SIGTERM, started again at once from the same bootstrap |
 //!
+//! The fault starts 1.5 s into its phase, and again every 15 s while 3.5 s of load are left (long runs).
+//!
 //! Each phase has its own tenants (half `on_failure: closed`, half `open`; per policy two with a
 //! monthly limit they exhaust, one with a token bucket that binds). After its load the phase waits
 //! (Envoy phase: `quota.reservation_timeout_s` + 1.5 s after the last stop), sends one small request
@@ -28,8 +30,9 @@
 //! - stream cut by the provider: the prompt estimate + ⌈streamed content bytes / 4⌉ (at most the
 //!   reservation); JSON cut: the prompt estimate + ⌈body bytes that arrived / 4⌉ (at most the reservation);
 //! - in flight when Envoy was stopped (started before Envoy had exited, ended after the SIGTERM or at
-//!   most 200 ms before it): served by the mock → between the prompt estimate and the tokens served; not served → at
-//!   most the prompt estimate (charged the prompt after `reservation_timeout_s`, never the reservation);
+//!   most 200 ms before it): served by the mock → between the prompt estimate and the tokens served;
+//!   not served → at most the prompt estimate (charged the prompt after `reservation_timeout_s`, never
+//!   the reservation);
 //! - admitted under `on_failure: open` while the shim was down: the same as above, once the shim answers
 //!   again (the journal), unless `tokengate_quota_journal_dropped` > 0;
 //! - Redis killed: what the counters lost across the kill (read just before and just after) is reported
@@ -46,14 +49,17 @@
 //! (tokens served above a request's reservation), plus, under `open`, what was served to requests
 //! admitted without the shim.
 //!
-//! Assertions: the harness itself (every row admitted and refused something, every fault happened,
-//! every upstream fault was exercised, no filter panic) always; the documented bounds (lost = 0, extra
-//! = 0, over-admission within its allowance, AOF loss within 1 s of writes) only with `FAULTS_STRICT=1`,
-//! until the reworked settlement lands.
+//! Assertions, always: the harness did what it says (every row admitted requests; each policy had a
+//! tenant refused at its monthly limit and a bucket refused something; each fault was met by requests:
+//! 503 `quota_unavailable` under `closed`, admissions without the shim under `open`, requests in flight
+//! at a SIGTERM; the mock served complete, cut, 500 and reset answers as asked; the counters settled; no
+//! filter panic). The documented bounds (lost = 0, extra = 0, over-admission within its allowance, AOF
+//! loss within 1 s of writes) only with `FAULTS_STRICT=1`, until the reworked settlement lands.
 //!
 //! Knobs (environment): `FAULTS_SECONDS` total load time over the phases (default 25), `FAULTS_TENANTS`
 //! per phase (20), `FAULTS_CLIENTS` (12), `FAULTS_RPS` (40), `FAULTS_PHASES` (comma-separated subset of
-//! the phase names above), `FAULTS_RESERVATION_TIMEOUT_S` (3), `FAULTS_VERBOSE=1` (per-tenant lines).
+//! the phase names above), `FAULTS_RESERVATION_TIMEOUT_S` (3), `FAULTS_STABLE_S` (2),
+//! `FAULTS_VERBOSE=1` (per-tenant lines).
 //! `make soak` runs it long.
 
 use serde_json::{json, Value};
