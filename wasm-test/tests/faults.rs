@@ -697,7 +697,7 @@ struct Row {
     /// Their reservations, and what the rules expect them to be charged.
     at_stop_reserved: u64,
     at_stop_expected: Expect,
-    /// Send times (s after the phase's first fault) of the first and last request that met the
+    /// Send times (s after the latest fault begun) of the first and last request that met the
     /// outage: refused `quota_unavailable` (closed) or admitted without the shim (open).
     outage: Option<(f64, f64)>,
     /// Answers of the mock that do not match the fault the request asked for (not at a stop).
@@ -712,6 +712,8 @@ struct Row {
     over_allowed: i64,
     /// Per tenant lines for FAULTS_VERBOSE and violation messages.
     detail: Vec<String>,
+    /// Tenants whose counter is off the ledger: (tenant, lost, extra).
+    offenders: Vec<(String, i64, i64)>,
 }
 
 fn ceil4(n: u64) -> u64 {
@@ -827,7 +829,13 @@ impl Check<'_> {
                         } else {
                             s.code == "quota_unavailable"
                         };
-                        if let (true, Some(f0)) = (met_outage, log.faults_at.first()) {
+                        // Relative to the latest fault begun before the request was sent.
+                        let f0 = log
+                            .faults_at
+                            .iter()
+                            .filter(|f| **f <= s.start)
+                            .fold(None, |_, f| Some(*f));
+                        if let (true, Some(f0)) = (met_outage, f0) {
                             let at = s.start - f0;
                             row.outage = Some(match row.outage {
                                 Some((a, b)) => (a.min(at), b.max(at)),
@@ -904,6 +912,9 @@ impl Check<'_> {
                         allowed = est_err as i64 + if open { fo_served as i64 } else { 0 };
                         row.over += over;
                         row.over_allowed += allowed;
+                    }
+                    if lost > 0 || extra > 0 {
+                        row.offenders.push((t.name.clone(), lost, extra));
                     }
                     row.detail.push(format!(
                         "  {}: served {served}, expected {lo}..{hi}, charged {charged}, lost {lost}, \
@@ -1179,7 +1190,7 @@ fn fault_matrix_ledger_check() {
     for r in &rows {
         if let Some((a, b)) = r.outage {
             out.push_str(&format!(
-                "{}/{}: {} for requests sent {a:+.1} s .. {b:+.1} s after the fault began\n",
+                "{}/{}: {} for requests sent {a:+.1} s .. {b:+.1} s after a fault began\n",
                 if r.open { "open" } else { "closed" },
                 r.fault,
                 if r.open {
@@ -1210,6 +1221,58 @@ fn fault_matrix_ledger_check() {
         ledger.served, ledger.tokens
     ));
     if s.verbose {
+        let by_tag = ledger.by_tag();
+        for (tenant, lost, extra) in rows.iter().flat_map(|r| r.offenders.iter()) {
+            out.push_str(&format!(
+                "{tenant} (lost {lost}, extra {extra}), its requests:\n"
+            ));
+            let access = stack.envoy.access_log();
+            let needle = format!("tenant={tenant} ");
+            for l in access.lines().filter(|l| l.contains(&needle)).take(200) {
+                out.push_str(&format!("  access: {l}\n"));
+            }
+            let pattern = format!("tg:q:{{{tenant}}}:*");
+            if let Ok(wasm_test::RespValue::Array(Some(keys))) =
+                stack.redis.cmd(&["KEYS", &pattern])
+            {
+                for k in keys
+                    .iter()
+                    .filter_map(wasm_test::RespValue::as_str)
+                    .take(200)
+                {
+                    let v = stack
+                        .redis
+                        .cmd(&["GET", &k])
+                        .ok()
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default();
+                    out.push_str(&format!("  redis: {k} = {v}\n"));
+                }
+            }
+            for x in sent.iter().filter(|x| &x.tenant == tenant).take(200) {
+                let a = by_tag.get(&x.tag);
+                let log = &phases.get(x.phase).map(|p| &p.1);
+                let at_stop = log.is_some_and(|l| check.at_stop(x, l));
+                let e = check.expect(x, a, at_stop);
+                out.push_str(&format!(
+                    "  {} {:.3}..{:.3}s {} {} max {} -> {} {} est {:?} quota-hdr {} | mock {} | expect {}..{}\n",
+                    x.tag,
+                    x.start,
+                    x.end,
+                    if x.stream { "sse" } else { "json" },
+                    x.upstream.label(),
+                    x.max_tokens,
+                    x.status,
+                    x.code,
+                    x.estimated,
+                    x.quota_headers,
+                    a.map(|a| format!("{}/{} {} tok", a.outcome, a.cut_by, a.tokens))
+                        .unwrap_or_else(|| "-".into()),
+                    e.lo,
+                    e.hi
+                ));
+            }
+        }
         for r in &rows {
             out.push_str(&format!(
                 "{} / {}:\n{}\n",
