@@ -107,12 +107,14 @@ pub(super) fn limits(
         let group = match r.group.as_deref() {
             None | Some("*") => None,
             Some(g) if crate::identity::valid_tenant(g) => Some(g.to_string()),
-            Some(g) => return Err(err(
-                f("group"),
-                format!(
+            Some(g) => {
+                return Err(err(
+                    f("group"),
+                    format!(
                     "'{g}' can never match a group: use \"*\" or one exact group id, {TENANT_ID}"
                 ),
-            )),
+                ))
+            }
         };
         let taken: Vec<&str> = rules
             .iter()

@@ -53,8 +53,8 @@
 //! tenant refused at its monthly limit and a bucket refused something; each fault was met by requests:
 //! 503 `quota_unavailable` under `closed`, admissions without the shim under `open`, requests in flight
 //! at a SIGTERM; the mock served complete, cut, 500 and reset answers as asked; the counters settled; no
-//! filter panic). The documented bounds (lost = 0, extra = 0, over-admission within its allowance, AOF
-//! loss within 1 s of writes) only with `FAULTS_STRICT=1`, until the reworked settlement lands.
+//! filter panic), and the documented bounds (lost = 0, extra = 0, over-admission within its allowance,
+//! AOF loss within 1 s of writes); `FAULTS_STRICT=0` only prints the table.
 //!
 //! Knobs (environment): `FAULTS_SECONDS` total load time over the phases (default 25), `FAULTS_TENANTS`
 //! per phase (20), `FAULTS_CLIENTS` (12), `FAULTS_RPS` (40), `FAULTS_PHASES` (comma-separated subset of
@@ -142,7 +142,8 @@ impl Settings {
             rps: env_f64("FAULTS_RPS", 40.0).min(500.0),
             reservation_timeout_s: env_f64("FAULTS_RESERVATION_TIMEOUT_S", 3.0) as u64,
             stable_for: Duration::from_secs_f64(env_f64("FAULTS_STABLE_S", 2.0).min(15.0)),
-            strict: std::env::var("FAULTS_STRICT").is_ok_and(|v| v == "1"),
+            // The documented bounds are asserted unless FAULTS_STRICT=0 (to look at a table only).
+            strict: std::env::var("FAULTS_STRICT").map_or(true, |v| v != "0"),
             verbose: std::env::var("FAULTS_VERBOSE").is_ok_and(|v| v == "1"),
             phases,
         }
@@ -1283,7 +1284,7 @@ fn fault_matrix_ledger_check() {
         }
     }
 
-    // ---- The documented bounds (FAULTS_STRICT=1).
+    // ---- The documented bounds (asserted unless FAULTS_STRICT=0).
     let journal_dropped = stat("tokengate_quota_journal_dropped").unwrap_or(0);
     let mut violations = Vec::new();
     for r in &rows {
@@ -1345,7 +1346,7 @@ fn fault_matrix_ledger_check() {
             if s.strict {
                 ""
             } else {
-                " (not asserted: set FAULTS_STRICT=1)"
+                " (not asserted: FAULTS_STRICT=0)"
             },
             violations.join("\n  ")
         ));
@@ -1438,7 +1439,7 @@ fn fault_matrix_ledger_check() {
     if s.strict {
         assert!(
             violations.is_empty(),
-            "FAULTS_STRICT=1: rows outside the documented bounds:\n  {}",
+            "rows outside the documented bounds:\n  {}",
             violations.join("\n  ")
         );
     }
