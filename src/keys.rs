@@ -38,6 +38,8 @@ pub const BREAKER: &str = "tg:cb:";
 pub const QUOTA_EXHAUSTED: &str = "tg:q:x:";
 /// Shared data: one slot of the global buckets' refusal cache, `tg:gx:<n>`.
 pub const GLOBAL_SEEN: &str = "tg:gx:";
+/// Shared data: requests in flight of a limit, `tg:if:<limit>:<subject>` (see [`crate::inflight`]).
+pub const IN_FLIGHT: &str = "tg:if:";
 /// Shared data: how many bucket keys were created (bounded by `max_tenants`).
 pub const BUCKET_COUNTER: &str = "tg:n:buckets";
 /// Shared data: how many breaker keys were created (bounded by `breaker.max_keys`).

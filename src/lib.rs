@@ -31,6 +31,7 @@ pub mod global;
 pub mod hash;
 pub mod host;
 pub mod identity;
+pub mod inflight;
 pub mod journal;
 pub mod keys;
 pub mod lease;

@@ -76,6 +76,7 @@ pub(super) fn consistent(
     global: Option<&GlobalSettings>,
     quota: Option<&QuotaSettings>,
     rules: &[Rule],
+    limits: &[Rule],
 ) -> Result<(), ConfigError> {
     if let (Some(g), Some(q)) = (global, quota) {
         if g.cluster == q.cluster && g.shim_breaker != q.shim_breaker {
@@ -92,6 +93,12 @@ pub(super) fn consistent(
         if let Some(i) = rules.iter().position(|r| r.global) {
             return Err(err(
                 format!("rules[{i}].global"),
+                "needs the top-level \"global_buckets\" section (the Webdis shim of the Redis holding the buckets)",
+            ));
+        }
+        if let Some(i) = limits.iter().position(|r| r.global) {
+            return Err(err(
+                format!("limits[{i}].global"),
                 "needs the top-level \"global_buckets\" section (the Webdis shim of the Redis holding the buckets)",
             ));
         }

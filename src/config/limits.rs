@@ -50,7 +50,7 @@ pub(super) struct RawLimit {
 pub(super) fn limits(
     raw: Vec<RawLimit>,
     rules: &[Rule],
-    has_group_header: bool,
+    levels: &[super::GroupLevel],
 ) -> Result<Vec<Rule>, ConfigError> {
     if raw.len() > MAX_LIMITS {
         return Err(err(
@@ -63,20 +63,25 @@ pub(super) fn limits(
         let f = |name: &str| format!("limits[{i}].{name}");
         let scope = match r.scope.as_deref() {
             None | Some("tenant") => Scope::Tenant,
-            Some("group") => Scope::Group,
             Some("shared") => Scope::Shared,
-            Some(other) => {
-                return Err(err(
-                    f("scope"),
-                    format!("must be \"tenant\", \"group\" or \"shared\", got \"{other}\""),
-                ))
-            }
+            Some(other) => match levels.iter().position(|l| l.name == other) {
+                Some(l) => Scope::Group(l),
+                None => {
+                    let names: Vec<&str> = levels.iter().map(|l| l.name.as_str()).collect();
+                    let hint = if names.is_empty() {
+                        " (group scopes need groups or group_header: the trusted headers naming a request's groups)".to_string()
+                    } else {
+                        format!(" ({})", names.join(", "))
+                    };
+                    return Err(err(
+                        f("scope"),
+                        format!("must be \"tenant\", \"shared\" or a level of groups{hint}, got \"{other}\""),
+                    ));
+                }
+            },
         };
-        if scope == Scope::Group && !has_group_header {
-            return Err(err(
-                f("scope"),
-                "\"group\" needs group_header (the trusted header naming a request's group)",
-            ));
+        if r.group.is_some() && !matches!(scope, Scope::Group(_)) {
+            return Err(err(f("group"), "needs a group scope"));
         }
         let has_bucket = r.tokens_per_second.is_some() || r.burst.is_some();
         if !has_bucket && r.max_in_flight.is_none() {
@@ -187,15 +192,15 @@ mod tests {
         for (limits, want) in [
             (
                 r#"[{"scope": "group", "max_in_flight": 1}]"#,
-                "limits[0].scope: \"group\" needs group_header (the trusted header naming a request's group)",
+                "limits[0].scope: must be \"tenant\", \"shared\" or a level of groups (group scopes need groups or group_header: the trusted headers naming a request's groups), got \"group\"",
             ),
             (
                 r#"[{"name": "x"}]"#,
                 "limits[0]: limits nothing: give tokens_per_second and burst, or max_in_flight, or both",
             ),
             (
-                r#"[{"scope": "team", "max_in_flight": 1}]"#,
-                "limits[0].scope: must be \"tenant\", \"group\" or \"shared\", got \"team\"",
+                r#"[{"tenant": "a", "group": "x", "max_in_flight": 1}]"#,
+                "limits[0].group: needs a group scope",
             ),
             (
                 r#"[{"name": "rule0", "max_in_flight": 1}]"#,

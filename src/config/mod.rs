@@ -26,6 +26,7 @@
 mod breaker;
 mod fields;
 mod global;
+mod groups;
 mod limits;
 mod models;
 mod quota;
@@ -36,6 +37,7 @@ mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
 pub use global::{GlobalFailure, GlobalSettings};
+pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
 pub use quota::{LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
@@ -89,8 +91,12 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 pub struct Config {
     /// Header carrying the tenant id.
     pub tenant_header: Option<String>,
-    /// Header carrying the request's group (team, org), set by a trusted filter.
-    pub group_header: Option<String>,
+    /// Group levels, outermost first (org, team), each from a trusted header (`group_header` is one
+    /// level named `group`).
+    pub groups: Vec<GroupLevel>,
+    /// Tenants' fixed groups (one per level), which their headers cannot change.
+    pub tenant_groups:
+        std::collections::HashMap<String, Vec<Option<String>>, crate::hash::FnvBuild>,
     /// Derive the tenant from a hashed API key when the header is absent.
     pub api_key_tenants: bool,
     /// The only API keys accepted (SHA-256 → tenant); `None`: any key names its own `key:` tenant.
@@ -139,6 +145,27 @@ impl Config {
             .unwrap_or(self.default_output)
     }
 
+    /// Rule or limit `i` of one index space: `rules` first, then `limits`.
+    pub fn rule(&self, i: usize) -> Option<&Rule> {
+        match self.rules.get(i) {
+            Some(r) => Some(r),
+            None => self.limits.get(i.checked_sub(self.rules.len())?),
+        }
+    }
+
+    /// What applies to a request, in the index space of [`Config::rule`]: the first matching rule, then
+    /// every matching limit.
+    pub fn applicable(&self, tenant: &str, groups: &[Option<String>], model: &str) -> Vec<usize> {
+        let mut out: Vec<usize> = self.rule_for(tenant, model).into_iter().collect();
+        let base = self.rules.len();
+        for (j, l) in self.limits.iter().enumerate() {
+            if l.applies(tenant, groups, model) {
+                out.push(base + j);
+            }
+        }
+        out
+    }
+
     /// Index of the first rule that applies to (tenant, model).
     pub fn rule_for(&self, tenant: &str, model: &str) -> Option<usize> {
         self.rules
@@ -173,6 +200,8 @@ impl Config {
 struct RawConfig {
     tenant_header: Option<String>,
     group_header: Option<String>,
+    groups: Option<Vec<groups::RawGroupLevel>>,
+    tenant_groups: Option<UniqueMap<UniqueMap<String>>>,
     api_key_tenants: Option<bool>,
     api_keys: Option<UniqueMap<Vec<String>>>,
     default_tenant: Option<String>,
@@ -208,6 +237,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let RawConfig {
         tenant_header,
         group_header,
+        groups,
+        tenant_groups,
         api_key_tenants,
         api_keys,
         default_tenant,
@@ -234,21 +265,22 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let invalid_body = top::invalid_body(invalid_body)?;
     let output_above_cap = top::above_cap(output_above_cap)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
-    let group_header = fields::header_name("group_header", group_header)?;
+    let groups = groups::groups(groups, group_header, tenant_groups)?;
     let rules = match (rules, &limits) {
         // Only limits: no first-match rule at all.
         (None, Some(l)) if !l.is_empty() => Vec::new(),
         (rules, _) => rules::rules(rules)?,
     };
-    let limits = limits::limits(limits.unwrap_or_default(), &rules, group_header.is_some())?;
+    let limits = limits::limits(limits.unwrap_or_default(), &rules, &groups.levels)?;
     top::charge_fits_a_rule(invalid_body, &rules)?;
     let store = top::store(max_tenants, cas_max_retries, on_store_error)?;
     let breaker = breaker.map(breaker::breaker).transpose()?;
     let quota = quota.map(quota::quota).transpose()?;
     let global = global_buckets.map(global::global).transpose()?;
-    global::consistent(global.as_ref(), quota.as_ref(), &rules)?;
-    let reads_responses =
-        breaker.is_some() || quota.is_some() || rules.iter().any(|r| r.refund_unused);
+    global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
+    let reads_responses = breaker.is_some()
+        || quota.is_some()
+        || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);
     Ok(Config {
         reads_responses,
         quota,
@@ -256,7 +288,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         breaker,
         on_store_error: store.on_store_error,
         tenant_header: sources.tenant_header,
-        group_header,
+        groups: groups.levels,
+        tenant_groups: groups.tenants,
         api_key_tenants: sources.api_key_tenants,
         api_keys,
         default_tenant: sources.default_tenant,

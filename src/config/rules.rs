@@ -69,18 +69,19 @@ impl ModelMatch {
 pub enum Scope {
     /// One per tenant (every `rules` entry; the default of `limits`).
     Tenant,
-    /// One per group (team, org: from `group_header`); requests without a group skip the limit.
-    Group,
+    /// One per group of the level with this index in `groups` (outermost first: org, team); a request
+    /// without a group at that level skips the limit.
+    Group(usize),
     /// One for every request the limit matches (a provider's own limit).
     Shared,
 }
 
 impl Scope {
-    /// The name in the configuration.
-    pub fn as_str(self) -> &'static str {
+    /// The name in the configuration (a group level's own name for [`Scope::Group`]).
+    pub fn as_str(self, levels: &[super::GroupLevel]) -> &str {
         match self {
             Scope::Tenant => "tenant",
-            Scope::Group => "group",
+            Scope::Group(l) => levels.get(l).map_or("group", |g| g.name.as_str()),
             Scope::Shared => "shared",
         }
     }
@@ -126,26 +127,44 @@ impl Rule {
         self.tenant.as_deref().is_none_or(|t| t == tenant)
     }
 
-    /// True when the limit applies to a request of `tenant` in `group` for `model`.
-    pub fn applies(&self, tenant: &str, group: Option<&str>, model: &str) -> bool {
-        self.matches_tenant(tenant)
-            && self.model.matches(model)
-            && match (self.scope, group) {
-                (Scope::Group, None) => false,
-                (_, g) => self.group.as_deref().is_none_or(|want| Some(want) == g),
-            }
+    /// True when the limit applies to a request of `tenant` in `groups` (one per level of `groups`,
+    /// outermost first) for `model`.
+    pub fn applies(&self, tenant: &str, groups: &[Option<String>], model: &str) -> bool {
+        if !self.matches_tenant(tenant) || !self.model.matches(model) {
+            return false;
+        }
+        match self.scope {
+            Scope::Group(l) => match groups.get(l).and_then(Option::as_deref) {
+                None => false,
+                Some(g) => self.group.as_deref().is_none_or(|want| want == g),
+            },
+            _ => true,
+        }
     }
 
-    /// Whose bucket it is for a request: the tenant, `g=<group>`, or `~all` (tenant ids and groups
-    /// never contain `=` or `~`, so these never collide).
+    /// Whose bucket it is for a request: the tenant; a group as its path from the outermost level
+    /// (`org=acme/team=eng`: a team is inside its org, so two orgs' teams named alike never share);
+    /// or `~all`. Tenant ids and group ids never contain `=`, `/` or `~`, so these never collide.
     pub fn subject<'a>(
         &self,
         tenant: &'a str,
-        group: Option<&'a str>,
+        levels: &[super::GroupLevel],
+        groups: &[Option<String>],
     ) -> std::borrow::Cow<'a, str> {
         match self.scope {
             Scope::Tenant => std::borrow::Cow::Borrowed(tenant),
-            Scope::Group => std::borrow::Cow::Owned(format!("g={}", group.unwrap_or("-"))),
+            Scope::Group(l) => {
+                let mut s = String::new();
+                for (i, level) in levels.iter().enumerate().take(l.saturating_add(1)) {
+                    if i > 0 {
+                        s.push('/');
+                    }
+                    s.push_str(&level.name);
+                    s.push('=');
+                    s.push_str(groups.get(i).and_then(Option::as_deref).unwrap_or("-"));
+                }
+                std::borrow::Cow::Owned(s)
+            }
             Scope::Shared => std::borrow::Cow::Borrowed("~all"),
         }
     }

@@ -80,6 +80,29 @@ pub fn limiter_unavailable() -> Refusal {
     )
 }
 
+/// 429: every in-flight slot of limit `rule` is held (retry in a second).
+pub fn too_many_in_flight(
+    rule: &crate::config::Rule,
+    max: u32,
+    levels: &[crate::config::GroupLevel],
+) -> Refusal {
+    let whose = match rule.scope {
+        crate::config::Scope::Tenant => "for this tenant".to_string(),
+        crate::config::Scope::Shared => "for everyone".to_string(),
+        s => format!("for this {}", s.as_str(levels)),
+    };
+    let mut r = Refusal::new(
+        Class::ConcurrencyLimit,
+        format!(
+            "Too many requests in flight (limit '{}'): at most {max} at once {whose}. Retry when one ends.",
+            rule.name
+        ),
+    );
+    r.retry_after_s = Some(1.0);
+    r.limit_name = Some(rule.name.clone());
+    r
+}
+
 /// 503: the quota shim failed (`on_failure: closed`).
 pub fn quota_unavailable() -> Refusal {
     Refusal::new(Class::QuotaUnavailable, "The quota service is unavailable.")

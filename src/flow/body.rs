@@ -260,27 +260,41 @@ impl Request {
             snapshot: None,
             wait_ms: 0,
             step: Step::Done,
+            globals: Vec::new(),
             sync,
         });
 
         let now = cx.now();
-        let mut global_charge = None;
-        if let Some((idx, rule)) = cfg
-            .rule_for(&plan.meta.tenant, &plan.model)
-            .and_then(|i| cfg.rules.get(i).map(|r| (i, r)))
-        {
+        // Every matching limit (and the first matching rule) in turn, all or nothing: a refusal gives
+        // back what the earlier ones took. Global buckets are charged last, by callouts, once the
+        // breakers admitted the request.
+        let mut globals: Vec<(usize, String)> = Vec::new();
+        for idx in cfg.applicable(&plan.meta.tenant, &plan.meta.groups, &plan.model) {
+            let Some(rule) = cfg.rule(idx) else {
+                continue;
+            };
+            if let Some(max) = rule.max_in_flight {
+                if let Err(next) = self.take_slot(cx, &mut plan, idx, max, now) {
+                    return next;
+                }
+            }
+            if !rule.has_bucket {
+                continue;
+            }
             if rule.global && cfg.global.is_some() {
-                // Charged in Redis once the breakers admitted the request (unless Redis refused this
-                // bucket moments ago and it cannot have refilled since).
-                let key = global::key(rule, &plan.meta.tenant, &plan.model);
+                let key = global::key(rule, &subject(cfg, rule, &plan.meta), &plan.model);
+                // Not sent when Redis refused this bucket moments ago and it cannot have refilled since.
                 if let Some(refusal) =
                     super::headers::global_refused_from_cache(cx, rule, &key, cost)
                 {
+                    if rule.shadow {
+                        shadow_refusal(cx, rule, &plan.meta.tenant);
+                        continue;
+                    }
                     cx.inc(Metric::GlobalRejectedCached);
-                    let (meta, model) = (plan.meta.clone(), plan.model.clone());
-                    return self.reject(cx, &meta, &model, Some(cost), refusal);
+                    return self.reject_after_charges(cx, &mut plan, refusal);
                 }
-                global_charge = Some((idx, key));
+                globals.push((idx, key));
             } else if let Err(next) = self.charge_local(cx, &mut plan, idx, now) {
                 return next;
             }
@@ -288,22 +302,106 @@ impl Request {
         if let Err(next) = self.admit_breakers(cx, &mut plan, model_closed.as_deref(), now) {
             return next;
         }
-        if let Some((rule, key)) = global_charge {
-            plan.step = Step::Global(GlobalCharge {
-                rule,
-                key,
-                cost,
-                used_eval: false,
-                shim_probe: false,
-                started: false,
-            });
-            return self.start_global(cx, plan);
-        }
-        self.after_buckets(cx, plan)
+        globals.reverse();
+        plan.globals = globals;
+        self.next_global(cx, plan)
     }
 
-    /// Charges rule `idx`'s bucket in this Envoy's shared data: `Ok` (admitted, `plan.wait_ms` set when
-    /// shaped), or the reply already made.
+    /// The next global bucket charge, or the steps after the buckets when none is left.
+    pub(super) fn next_global(&mut self, cx: &mut Cx, mut plan: Box<Plan>) -> Next {
+        match plan.globals.pop() {
+            Some((rule, key)) => {
+                plan.step = Step::Global(GlobalCharge {
+                    rule,
+                    key,
+                    cost: plan.cost,
+                    used_eval: false,
+                    shim_probe: false,
+                    started: false,
+                });
+                self.start_global(cx, plan)
+            }
+            None => self.after_buckets(cx, plan),
+        }
+    }
+
+    /// A bucket refused: what the request took is given back, and the 429/413 sent.
+    pub(super) fn reject_after_charges(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        refusal: Refusal,
+    ) -> Next {
+        refund(cx, &mut plan.charges);
+        let (meta, model) = (plan.meta.clone(), plan.model.clone());
+        self.reject(cx, &meta, &model, Some(plan.cost), refusal)
+    }
+
+    /// Takes one of the `max` in-flight slots of limit `idx` for this request: `Ok` (taken, or a shadow
+    /// limit that would have refused), or the reply already made.
+    fn take_slot(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        idx: usize,
+        max: u32,
+        now: u64,
+    ) -> Result<(), Next> {
+        let cfg = cx.cfg;
+        let Some(rule) = cfg.rule(idx) else {
+            return Ok(());
+        };
+        let key = slot_key(rule, &subject(cfg, rule, &plan.meta));
+        let owner = crate::inflight::owner(self.id, now);
+        let ttl = crate::inflight::SLOT_TTL_S.saturating_mul(1_000_000_000);
+        match crate::inflight::acquire(cx.store(), &key, max, owner, now, ttl, cfg.cas_max_retries)
+        {
+            Ok((acquired, corrupt)) => {
+                if corrupt {
+                    cx.inc(Metric::StateCorrupt);
+                }
+                match acquired {
+                    crate::inflight::Acquired::Taken { .. } => {
+                        plan.charges.slots.push((key, owner));
+                        Ok(())
+                    }
+                    crate::inflight::Acquired::Full if rule.shadow => {
+                        shadow_refusal(cx, rule, &plan.meta.tenant);
+                        Ok(())
+                    }
+                    crate::inflight::Acquired::Full => {
+                        let refusal = answers::too_many_in_flight(rule, max, &cfg.groups);
+                        Err(self.reject_after_charges(cx, plan, refusal))
+                    }
+                }
+            }
+            Err(e) => {
+                cx.inc(match e {
+                    UpdateError::CasExhausted => Metric::CasExhausted,
+                    UpdateError::Host => Metric::StoreErrors,
+                });
+                cx.log_failure(
+                    Level::Warn,
+                    "bucket_store",
+                    format!("in-flight update failed at {key}: {e:?}; applying on_store_error"),
+                );
+                if cfg.on_store_error == StoreFailure::Deny {
+                    return Err(self.refused_after_charges(
+                        cx,
+                        plan,
+                        "deny_store_error",
+                        answers::limiter_unavailable(),
+                        "tokengate_store_error",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Charges rule or limit `idx`'s bucket in this Envoy's shared data: `Ok` (admitted, `plan.wait_ms`
+    /// raised when shaped; or a shadow limit that would have refused), or the reply already made (what
+    /// was charged before given back).
     pub(super) fn charge_local(
         &mut self,
         cx: &mut Cx,
@@ -312,26 +410,29 @@ impl Request {
         now: u64,
     ) -> Result<(), Next> {
         let cfg = cx.cfg;
-        let Some(rule) = cfg.rules.get(idx) else {
+        let Some(rule) = cfg.rule(idx) else {
             return Ok(());
         };
+        let who = subject(cfg, rule, &plan.meta);
         let (key, info) = admission::bucket_key(
             cx.host.store(),
             cfg,
             &mut cx.worker.known_keys,
             KNOWN_KEYS_CACHE,
             rule,
-            &plan.meta.tenant,
+            &who,
             &plan.model,
         );
         if info.overflow {
             cx.inc(Metric::TenantOverflow);
         }
-        let seen = plan
-            .meta
-            .prechecked
-            .take()
-            .and_then(|(k, seen)| (k == key).then_some(seen));
+        let seen = match plan.meta.prechecked.take() {
+            Some((k, seen)) if k == key => Some(seen),
+            other => {
+                plan.meta.prechecked = other;
+                None
+            }
+        };
         let (decision, stats) =
             admission::charge(cx.store(), cfg, rule, &key, plan.cost, now, seen);
         if stats.corrupt {
@@ -348,19 +449,19 @@ impl Request {
                 cost,
                 wait_ms,
             } => {
-                plan.charges.local = Some(Charge {
+                plan.charges.local.push(Charge {
                     rule: idx,
                     key,
                     cost,
                 });
-                plan.snapshot = Some(snapshot);
-                plan.wait_ms = wait_ms;
+                plan.bind(rule, snapshot, wait_ms);
                 Ok(())
             }
-            Decision::Reject(refusal) => {
-                let (meta, model) = (plan.meta.clone(), plan.model.clone());
-                Err(self.reject(cx, &meta, &model, Some(plan.cost), refusal))
+            Decision::Reject(_) if rule.shadow => {
+                shadow_refusal(cx, rule, &plan.meta.tenant);
+                Ok(())
             }
+            Decision::Reject(refusal) => Err(self.reject_after_charges(cx, plan, refusal)),
             Decision::StoreFailed(e) => {
                 cx.inc(match e {
                     UpdateError::CasExhausted => Metric::CasExhausted,
@@ -502,7 +603,7 @@ impl Request {
         let (Some(g), Step::Global(gc)) = (cfg.global.as_ref(), &mut plan.step) else {
             return Next::Continue;
         };
-        let Some(rule) = cfg.rules.get(gc.rule) else {
+        let Some(rule) = cfg.rule(gc.rule) else {
             return Next::Continue;
         };
         let call = if eval {
@@ -554,11 +655,8 @@ impl Request {
                 );
                 let now = cx.now();
                 match self.charge_local(cx, &mut plan, idx, now) {
-                    Ok(()) => self.after_buckets(cx, plan),
-                    Err(next) => {
-                        refund(cx, &mut plan.charges);
-                        next
-                    }
+                    Ok(()) => self.next_global(cx, plan),
+                    Err(next) => next,
                 }
             }
             GlobalFailure::Open => {
@@ -568,7 +666,7 @@ impl Request {
                     "global_shim",
                     format!("global bucket unavailable ({why}); admitting (on_failure=open)"),
                 );
-                self.after_buckets(cx, plan)
+                self.next_global(cx, plan)
             }
             GlobalFailure::Closed => {
                 cx.inc(Metric::GlobalFailClosed);
@@ -821,10 +919,10 @@ fn forwarded(
     let refund = plan
         .charges
         .local
-        .as_ref()
-        .or(plan.charges.global.as_ref())
-        .and_then(|c| cx.cfg.rules.get(c.rule))
-        .is_some_and(|r| r.refund_unused);
+        .iter()
+        .chain(plan.charges.global.iter())
+        .filter_map(|c| cx.cfg.rule(c.rule))
+        .any(|r| r.refund_unused);
     cx.fx.push(Effect::Audit(answers::audit_record(
         &plan.meta.tenant,
         &plan.model,
@@ -870,15 +968,16 @@ pub(super) fn refund(cx: &mut Cx, charges: &mut Charges) {
             let _ = breaker::release_probe_shared(cx.store(), &key, cfg.cas_max_retries);
         }
     }
-    if let Some(c) = charges.local.take() {
-        if let Some(rule) = cfg.rules.get(c.rule) {
+    release_slots(cx, charges);
+    for c in std::mem::take(&mut charges.local) {
+        if let Some(rule) = cfg.rule(c.rule) {
             let now = cx.now();
             if admission::credit(cx.store(), cfg, rule, &c.key, c.cost, now).is_ok() {
                 cx.add(Metric::TokensCredited, c.cost);
             }
         }
     }
-    if let Some(c) = charges.global.take() {
+    for c in std::mem::take(&mut charges.global) {
         worker::enqueue_credit(
             cx,
             Credit {
@@ -887,5 +986,71 @@ pub(super) fn refund(cx: &mut Cx, charges: &mut Charges) {
                 amount: i64::try_from(c.cost).unwrap_or(i64::MAX),
             },
         );
+    }
+}
+
+/// Gives back the in-flight slots the request holds.
+pub(super) fn release_slots(cx: &mut Cx, charges: &mut Charges) {
+    for (key, owner) in std::mem::take(&mut charges.slots) {
+        if let Err(e) = crate::inflight::release(cx.store(), &key, owner, cx.cfg.cas_max_retries) {
+            // The slot expires by itself (crate::inflight::SLOT_TTL_S).
+            cx.inc(Metric::StoreErrors);
+            cx.log_failure(
+                Level::Warn,
+                "bucket_store",
+                format!("in-flight release failed at {key}: {e:?}; the slot expires by itself"),
+            );
+        }
+    }
+}
+
+/// Whose bucket or semaphore `rule` charges for this request (see [`crate::config::Rule::subject`]).
+pub(super) fn subject(
+    cfg: &crate::config::Config,
+    rule: &crate::config::Rule,
+    meta: &super::state::Meta,
+) -> String {
+    rule.subject(&meta.tenant, &cfg.groups, &meta.groups)
+        .into_owned()
+}
+
+/// The shared-data key of a limit's in-flight slots for `subject`.
+pub(super) fn slot_key(rule: &crate::config::Rule, subject: &str) -> String {
+    format!("{}{}:{}", crate::keys::IN_FLIGHT, rule.name, subject)
+}
+
+/// A shadow limit would have refused: counted and logged, never enforced.
+pub(super) fn shadow_refusal(cx: &mut Cx, rule: &crate::config::Rule, tenant: &str) {
+    cx.inc(Metric::ShadowRefusals);
+    cx.log_failure(
+        Level::Info,
+        "shadow_refusal",
+        format!(
+            "shadow limit '{}' would have refused a request of tenant '{tenant}'",
+            rule.name
+        ),
+    );
+}
+
+impl Plan {
+    /// Records an admitting bucket's state: `x-ratelimit-*` report the binding one (least remaining
+    /// tokens; shadow limits never), and the request waits for the longest hold.
+    pub(super) fn bind(
+        &mut self,
+        rule: &crate::config::Rule,
+        snap: crate::bucket::Snapshot,
+        wait_ms: u64,
+    ) {
+        if rule.shadow {
+            return;
+        }
+        self.wait_ms = self.wait_ms.max(wait_ms);
+        if self
+            .snapshot
+            .as_ref()
+            .is_none_or(|s| snap.remaining_tokens < s.remaining_tokens)
+        {
+            self.snapshot = Some(snap);
+        }
     }
 }

@@ -61,7 +61,7 @@ impl Request {
             return;
         };
         let (idx, used_eval, probe, cost) = (gc.rule, gc.used_eval, gc.shim_probe, gc.cost);
-        let Some(rule) = cfg.rules.get(idx) else {
+        let Some(rule) = cfg.rule(idx) else {
             return;
         };
         let parsed = match reply.refused {
@@ -103,20 +103,21 @@ impl Request {
                     Decision::Admit {
                         snapshot, wait_ms, ..
                     } => {
-                        plan.charges.global = Some(Charge {
+                        plan.charges.global.push(Charge {
                             rule: idx,
                             key,
                             cost,
                         });
-                        plan.snapshot = Some(snapshot);
-                        plan.wait_ms = wait_ms;
-                        self.after_buckets(cx, plan);
+                        plan.bind(rule, snapshot, wait_ms);
+                        self.next_global(cx, plan);
+                    }
+                    Decision::Reject(_) if rule.shadow => {
+                        super::body::shadow_refusal(cx, rule, &plan.meta.tenant);
+                        self.next_global(cx, plan);
                     }
                     Decision::Reject(refusal) => {
-                        // Nothing was charged; give back the breaker probe permits.
-                        refund(cx, &mut plan.charges);
-                        let (meta, model) = (plan.meta.clone(), plan.model.clone());
-                        self.reject(cx, &meta, &model, Some(plan.cost), refusal);
+                        // Nothing was charged here; what earlier steps took is given back.
+                        self.reject_after_charges(cx, &mut plan, refusal);
                     }
                     Decision::StoreFailed(_) => {
                         plan.step = Step::Global(super::state::GlobalCharge {

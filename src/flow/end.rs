@@ -2,7 +2,7 @@
 //! outcome, the quota settlement (queued for the root's tick), `refund_unused`.
 
 use super::answers;
-use super::state::{Forwarded, QuotaReq, Request, Stage};
+use super::state::{Charge, Forwarded, QuotaReq, Request, Stage};
 use super::worker::{self, Credit, Job};
 use super::{Cx, Effect, Level, Metric};
 use crate::accounting::{self, Ending};
@@ -27,6 +27,7 @@ impl Request {
             Stage::Forwarded(f) | Stage::Held(f) => {
                 settle(cx, f, ending_complete);
                 refund_unused(cx, f);
+                super::body::release_slots(cx, &mut f.charges);
             }
             Stage::Replied(r) => {
                 if let Some(mut qr) = r.reconcile.take() {
@@ -160,33 +161,47 @@ fn refund_unused(cx: &mut Cx, f: &mut Forwarded) {
     if f.resp.refunded {
         return;
     }
-    let cfg = cx.cfg;
-    let (charge, global) = match (&f.charges.local, &f.charges.global) {
-        (Some(c), _) => (c.clone(), false),
-        (None, Some(c)) => (c.clone(), true),
-        (None, None) => return,
-    };
-    let Some(rule) = cfg.rules.get(charge.rule).filter(|r| r.refund_unused) else {
-        return;
-    };
     f.resp.refunded = true;
     let status = f.resp.status;
-    // Positive: tokens given back; negative: the provider's usage was above the charge and the
-    // difference is taken too, so the bucket accounts for what was really spent.
-    let amount: i64 = if status == 0 {
-        0
-    } else if !(200..300).contains(&status) {
-        i64::try_from(charge.cost).unwrap_or(i64::MAX)
+    let used = if status == 0 || !(200..300).contains(&status) {
+        None
     } else {
         let usage = match &f.resp.stream {
             Some(sc) => sc.usage(),
             None => usage::from_json(&f.resp.json),
         };
-        usage.map_or(0, |u| {
-            let used = u.prompt_tokens.saturating_add(u.completion_tokens);
-            let diff = i128::from(charge.cost) - i128::from(used);
-            i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
-        })
+        usage.map(|u| u.prompt_tokens.saturating_add(u.completion_tokens))
+    };
+    let charges: Vec<(Charge, bool)> = f
+        .charges
+        .local
+        .iter()
+        .map(|c| (c.clone(), false))
+        .chain(f.charges.global.iter().map(|c| (c.clone(), true)))
+        .collect();
+    for (charge, global) in charges {
+        // Positive: tokens given back; negative: the provider's usage was above the charge and the
+        // difference is taken too, so the bucket accounts for what was really spent.
+        let amount: i64 = if status == 0 {
+            0
+        } else if !(200..300).contains(&status) {
+            i64::try_from(charge.cost).unwrap_or(i64::MAX)
+        } else {
+            used.map_or(0, |used| {
+                let diff = i128::from(charge.cost) - i128::from(used);
+                i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
+            })
+        };
+        refund_one(cx, &charge, global, amount);
+    }
+}
+
+/// Gives `amount` back to one charged bucket whose rule has `refund_unused` (takes `-amount` when
+/// negative).
+fn refund_one(cx: &mut Cx, charge: &Charge, global: bool, amount: i64) {
+    let cfg = cx.cfg;
+    let Some(rule) = cfg.rule(charge.rule).filter(|r| r.refund_unused) else {
+        return;
     };
     if amount == 0 {
         return;
@@ -199,7 +214,7 @@ fn refund_unused(cx: &mut Cx, f: &mut Forwarded) {
         worker::enqueue_credit(
             cx,
             Credit {
-                key: charge.key,
+                key: charge.key.clone(),
                 rule: charge.rule,
                 amount: amount.clamp(-span, span),
             },

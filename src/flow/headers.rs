@@ -125,6 +125,24 @@ impl Request {
                 );
             }
         }
+        if !cfg.groups.is_empty() {
+            meta.groups = match cfg.tenant_groups.get(&meta.tenant) {
+                Some(g) => g.clone(),
+                // From the trusted headers; a value that is not a group id is no group.
+                None => cfg
+                    .groups
+                    .iter()
+                    .map(|l| {
+                        l.header
+                            .as_deref()
+                            .and_then(|n| h.get(n))
+                            .map(str::trim)
+                            .filter(|v| identity::valid_tenant(v))
+                            .map(str::to_string)
+                    })
+                    .collect(),
+            };
+        }
         meta.model_hint = cfg
             .model_header
             .as_deref()
@@ -227,36 +245,77 @@ impl Request {
         }
 
         // Headers-phase refusal when the bucket is known without the body.
-        let rule_idx = match meta.model_hint.as_deref() {
-            Some(model) => cfg.rule_for(&meta.tenant, model),
-            None => cfg.rule_without_model(&meta.tenant),
-        };
-        if let Some(rule) = rule_idx.and_then(|i| cfg.rules.get(i)) {
-            let model = meta.model_hint.clone().unwrap_or_default();
-            if rule.global && cfg.global.is_some() {
-                // A global rule's bucket is in Redis: only its refusal cache is read here.
-                let key = global::key(rule, &meta.tenant, &model);
-                if let Some(refusal) = global_refused_from_cache(cx, rule, &key, 1) {
-                    cx.inc(Metric::GlobalRejectedCached);
-                    return self.reject(cx, &meta, &model, None, refusal);
-                }
-            } else {
-                let key = admission::plain_key(rule, &meta.tenant, &model);
-                let mut seen = None;
-                match admission::precheck(cx.store(), rule, &key, cx.now(), &mut seen) {
-                    Ok(Some(refusal)) => return self.reject(cx, &meta, &model, None, refusal),
-                    Ok(None) => meta.prechecked = seen.map(|seen| (key, seen)),
-                    // The body phase reads again and repairs; nothing is decided here.
-                    Err(true) => cx.inc(Metric::StateCorrupt),
-                    Err(false) => cx.inc(Metric::StoreErrors),
-                }
-            }
+        if let Some(next) = self.precheck(cx, &mut meta) {
+            return next;
         }
         self.stage = Stage::AwaitingBody(Box::new(meta));
         if end_of_stream {
             return self.decide(cx, &[], true);
         }
         Next::Continue
+    }
+
+    /// Refuses in the headers phase when a rule or limit that certainly applies (the model is known, or
+    /// does not matter to it) cannot admit even one more request: its bucket is empty (read, not
+    /// charged; a global bucket's from its refusal cache) or its in-flight slots are all held. Shadow
+    /// limits are left to the body phase (they only count).
+    fn precheck(&mut self, cx: &mut Cx, meta: &mut Meta) -> Option<Next> {
+        let cfg = cx.cfg;
+        let model = meta.model_hint.clone().unwrap_or_default();
+        let mut idxs: Vec<usize> = match meta.model_hint.as_deref() {
+            Some(m) => cfg.rule_for(&meta.tenant, m),
+            None => cfg.rule_without_model(&meta.tenant),
+        }
+        .into_iter()
+        .collect();
+        let base = cfg.rules.len();
+        for (j, l) in cfg.limits.iter().enumerate() {
+            let known = meta.model_hint.is_some()
+                || (l.model == crate::config::ModelMatch::Any && !(l.per_model && l.has_bucket));
+            if known && !l.shadow && l.applies(&meta.tenant, &meta.groups, &model) {
+                idxs.push(base + j);
+            }
+        }
+        let now = cx.now();
+        for idx in idxs {
+            let rule = cfg.rule(idx)?;
+            let who = super::body::subject(cfg, rule, meta);
+            if let Some(max) = rule.max_in_flight {
+                let key = super::body::slot_key(rule, &who);
+                if crate::inflight::in_flight(cx.store(), &key, now)
+                    .is_ok_and(|n| n >= usize::try_from(max).unwrap_or(usize::MAX))
+                {
+                    let refusal = answers::too_many_in_flight(rule, max, &cfg.groups);
+                    return Some(self.reject(cx, meta, &model, None, refusal));
+                }
+            }
+            if !rule.has_bucket {
+                continue;
+            }
+            if rule.global && cfg.global.is_some() {
+                // A global bucket is in Redis: only its refusal cache is read here.
+                let key = global::key(rule, &who, &model);
+                if let Some(refusal) = global_refused_from_cache(cx, rule, &key, 1) {
+                    cx.inc(Metric::GlobalRejectedCached);
+                    return Some(self.reject(cx, meta, &model, None, refusal));
+                }
+            } else {
+                let key = admission::plain_key(rule, &who, &model);
+                let mut seen = None;
+                match admission::precheck(cx.store(), rule, &key, now, &mut seen) {
+                    Ok(Some(refusal)) => return Some(self.reject(cx, meta, &model, None, refusal)),
+                    Ok(None) => {
+                        if meta.prechecked.is_none() {
+                            meta.prechecked = seen.map(|seen| (key, seen));
+                        }
+                    }
+                    // The body phase reads again and repairs; nothing is decided here.
+                    Err(true) => cx.inc(Metric::StateCorrupt),
+                    Err(false) => cx.inc(Metric::StoreErrors),
+                }
+            }
+        }
+        None
     }
 
     /// Sends a local reply: the request is answered, nothing was charged (or it was given back).
@@ -318,6 +377,7 @@ impl Request {
         let (metric, decision) = match refusal.class {
             Class::TokensPerSecond => (Metric::RequestsLimitedTokens, "limited_tokens"),
             Class::RequestsPerMinute => (Metric::RequestsLimitedRequests, "limited_requests"),
+            Class::ConcurrencyLimit => (Metric::RequestsLimitedInFlight, "limited_in_flight"),
             _ => (
                 Metric::RequestsRejectedCostExceedsBurst,
                 "cost_exceeds_burst",

@@ -78,6 +78,7 @@ impl Request {
         match &self.stage {
             Stage::Forwarded(f) | Stage::Held(f) => {
                 !f.charges.breakers.is_empty()
+                    || !f.charges.slots.is_empty()
                     || f.quota.as_ref().is_some_and(|q| !q.settled)
                     || (f.refund && !f.resp.refunded)
             }
@@ -140,6 +141,8 @@ pub(super) struct Meta {
     /// The bucket read in the headers phase (key, value, CAS token): the body-phase charge of that same
     /// key starts from it (its CAS catches any write in between).
     pub prechecked: Option<(String, Seen)>,
+    /// The request's group at each level of `groups` (outermost first).
+    pub groups: Vec<Option<String>>,
 }
 
 /// One bucket charge, kept to give it back if a later step refuses.
@@ -153,10 +156,12 @@ pub(super) struct Charge {
 /// What the request was charged so far.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Charges {
-    /// This Envoy's bucket.
-    pub local: Option<Charge>,
-    /// A global (Redis) bucket.
-    pub global: Option<Charge>,
+    /// Buckets in this Envoy's shared data (its rule's, then every matching limit's).
+    pub local: Vec<Charge>,
+    /// Global (Redis) buckets.
+    pub global: Vec<Charge>,
+    /// In-flight slots held: (semaphore key, owner).
+    pub slots: Vec<(String, u64)>,
     /// Breakers that admitted it: (key, holds a probe permit).
     pub breakers: Vec<(String, bool)>,
 }
@@ -183,6 +188,8 @@ pub(super) struct Plan {
     pub wait_ms: u64,
     /// The step in flight or next.
     pub step: Step,
+    /// Global bucket charges still to make after the one in `step` (rule index, key), last first.
+    pub globals: Vec<(usize, String)>,
     /// The request is still inside its request-body callback (a continue is returned, not resumed).
     pub sync: bool,
 }

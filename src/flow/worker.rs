@@ -156,7 +156,7 @@ fn tick_credits(cx: &mut Cx, g: &GlobalSettings) {
     let jobs: Vec<Credit> = w.credits.drain(..n).collect();
     let call = shim::script_call(w.global_script_loaded);
     for c in jobs {
-        let Some(rule) = cx.cfg.rules.get(c.rule) else {
+        let Some(rule) = cx.cfg.rule(c.rule) else {
             continue;
         };
         let body = global::credit_request(&c.key, &rule.params, c.amount, call);

@@ -317,6 +317,9 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
     if let Some(e) = r.estimated {
         h("x-tokengate-estimated-tokens", &e.to_string());
     }
+    if let Some(name) = &r.limit_name {
+        h("x-tokengate-limit", name);
+    }
 
     let mut ours = Map::new();
     ours.insert("reason".into(), json!(reason));

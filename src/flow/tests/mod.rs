@@ -5,6 +5,7 @@ mod breaker;
 mod contract;
 mod failures;
 mod lease;
+mod limits;
 mod settlement;
 mod shaping;
 

@@ -104,6 +104,7 @@ fn an_openai_bucket_refusal_is_exactly_openais_shape() {
             ("x-ratelimit-remaining-tokens", "120"),
             ("x-ratelimit-reset-tokens", "941ms"),
             ("x-tokengate-estimated-tokens", "900"),
+            ("x-tokengate-limit", "team-a"),
         ]
     );
     assert_eq!(
