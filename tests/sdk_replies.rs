@@ -224,6 +224,7 @@ fn refusal(class: Class) -> Refusal {
             remaining: 0,
             reset_unix_s: 1_769_904_000,
             reset_in_s: 2_600_000,
+            currency: None,
         }),
         estimated: Some(900),
         limit_name: Some("rule-a".into()),

@@ -24,6 +24,7 @@
 //! (`crate::config::Rule`, `crate::config::QuotaSettings`, …).
 
 mod breaker;
+mod budgets;
 mod fields;
 mod global;
 mod groups;
@@ -36,6 +37,7 @@ mod shim;
 mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
+pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
@@ -275,7 +277,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     top::charge_fits_a_rule(invalid_body, &rules)?;
     let store = top::store(max_tenants, cas_max_retries, on_store_error)?;
     let breaker = breaker.map(breaker::breaker).transpose()?;
-    let quota = quota.map(quota::quota).transpose()?;
+    let quota = quota.map(|q| quota::quota(q, &groups.levels)).transpose()?;
     let global = global_buckets.map(global::global).transpose()?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
     let reads_responses = breaker.is_some()

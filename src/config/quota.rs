@@ -23,7 +23,7 @@ pub enum QuotaFailure {
 /// Per-tenant quota settings (after defaults are applied).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantQuota {
-    /// Monthly limit, weighted tokens.
+    /// Monthly limit, weighted tokens; 0: no token quota (a configuration of budgets only).
     pub monthly_limit: u64,
     /// Monthly limits per model (weighted tokens); models not listed have none.
     pub model_limits: Vec<(String, u64)>,
@@ -70,6 +70,8 @@ pub struct QuotaSettings {
     pub clock_skew_s: i64,
     /// Leases (`quota.lease`): off when `None`.
     pub lease: Option<LeaseSettings>,
+    /// Budgets in money (`quota.budgets`, `quota.prices`).
+    pub budgets: super::Budgets,
 }
 
 /// `quota.lease`: each Envoy holds a block of a tenant's quota and spends it without a callout per
@@ -91,6 +93,26 @@ impl QuotaSettings {
             .map(|(_, q)| q)
             .unwrap_or(&self.default)
     }
+    /// The budget an account id names (`~b:<name>:…`, see [`super::Budget::account`]).
+    pub fn budget_of(&self, account: &str) -> Option<(usize, &super::Budget)> {
+        let rest = account.strip_prefix("~b:")?;
+        let name = rest.split(':').next()?;
+        self.budgets
+            .list
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.name == name)
+    }
+
+    /// The configured monthly limit of a quota account: a budget's (micro-units), else the tenant's
+    /// token quota.
+    pub fn account_limit(&self, account: &str) -> u64 {
+        match self.budget_of(account) {
+            Some((_, b)) => b.limit_micros,
+            None => self.tenant(account).monthly_limit,
+        }
+    }
+
     /// The weights of a model.
     pub fn weights(&self, model: &str) -> Weights {
         self.weights
@@ -128,6 +150,9 @@ pub(super) struct RawQuota {
     settle_max_attempts: Option<u32>,
     clock_skew_s: Option<i64>,
     lease: Option<RawLease>,
+    budgets: Option<Vec<super::budgets::RawBudget>>,
+    prices: Option<UniqueMap<super::budgets::RawPrice>>,
+    currency: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -245,14 +270,23 @@ fn limit(field: String, v: u64) -> Result<u64, ConfigError> {
 }
 
 /// Validates the `quota` section.
-pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
+pub(super) fn quota(
+    raw: RawQuota,
+    levels: &[super::GroupLevel],
+) -> Result<QuotaSettings, ConfigError> {
     let (cluster, authority, timeout_ms) =
         shim_target("quota", raw.cluster, raw.authority, raw.timeout_ms)?;
-    let monthly_limit = limit(
-        "quota.monthly_limit".into(),
-        raw.monthly_limit
-            .ok_or_else(|| err("quota.monthly_limit", "is required"))?,
-    )?;
+    let has_budgets = raw.budgets.as_ref().is_some_and(|b| !b.is_empty());
+    let monthly_limit = match raw.monthly_limit {
+        Some(v) => limit("quota.monthly_limit".into(), v)?,
+        None if has_budgets => 0,
+        None => {
+            return Err(err(
+                "quota.monthly_limit",
+                "is required (or give budgets: a quota of money only)",
+            ))
+        }
+    };
     let mut model_limits = Vec::new();
     for (m, v) in raw.model_limits {
         exact_model(&format!("quota.model_limits.{m}"), &m)?;
@@ -268,6 +302,13 @@ pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         )?,
         clamp_output: raw.clamp_output.unwrap_or(false),
     };
+    let budgets = super::budgets::budgets(
+        raw.budgets,
+        raw.prices,
+        raw.currency,
+        levels,
+        default.on_failure,
+    )?;
     let mut tenants = Vec::new();
     for (t, q) in raw.tenants {
         if !crate::identity::valid_tenant(&t) {
@@ -384,5 +425,6 @@ pub(super) fn quota(raw: RawQuota) -> Result<QuotaSettings, ConfigError> {
         settle_max_attempts,
         clock_skew_s,
         lease: raw.lease.map(|l| lease(l, timeout_ms)).transpose()?,
+        budgets,
     })
 }

@@ -77,6 +77,31 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// Whose bucket, semaphore or budget it is for a request: see [`Rule::subject`].
+    pub fn subject<'a>(
+        self,
+        tenant: &'a str,
+        levels: &[super::GroupLevel],
+        groups: &[Option<String>],
+    ) -> std::borrow::Cow<'a, str> {
+        match self {
+            Scope::Tenant => std::borrow::Cow::Borrowed(tenant),
+            Scope::Group(l) => {
+                let mut s = String::new();
+                for (i, level) in levels.iter().enumerate().take(l.saturating_add(1)) {
+                    if i > 0 {
+                        s.push('/');
+                    }
+                    s.push_str(&level.name);
+                    s.push('=');
+                    s.push_str(groups.get(i).and_then(Option::as_deref).unwrap_or("-"));
+                }
+                std::borrow::Cow::Owned(s)
+            }
+            Scope::Shared => std::borrow::Cow::Borrowed("~all"),
+        }
+    }
+
     /// The name in the configuration (a group level's own name for [`Scope::Group`]).
     pub fn as_str(self, levels: &[super::GroupLevel]) -> &str {
         match self {
@@ -151,22 +176,7 @@ impl Rule {
         levels: &[super::GroupLevel],
         groups: &[Option<String>],
     ) -> std::borrow::Cow<'a, str> {
-        match self.scope {
-            Scope::Tenant => std::borrow::Cow::Borrowed(tenant),
-            Scope::Group(l) => {
-                let mut s = String::new();
-                for (i, level) in levels.iter().enumerate().take(l.saturating_add(1)) {
-                    if i > 0 {
-                        s.push('/');
-                    }
-                    s.push_str(&level.name);
-                    s.push('=');
-                    s.push_str(groups.get(i).and_then(Option::as_deref).unwrap_or("-"));
-                }
-                std::borrow::Cow::Owned(s)
-            }
-            Scope::Shared => std::borrow::Cow::Borrowed("~all"),
-        }
+        self.scope.subject(tenant, levels, groups)
     }
 }
 
@@ -204,7 +214,7 @@ const MAX_RATE: f64 = 1e15;
 /// both far from overflowing, and no real limit needs more.
 const MAX_REFILL_S: f64 = 1e9;
 
-fn valid_rule_name(name: &str) -> bool {
+pub(super) fn valid_rule_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_RULE_NAME_LEN
         && name

@@ -126,7 +126,22 @@ pub fn quota_exceeded(
         remaining,
         reset_unix_s: now_unix_s.saturating_add(i64::try_from(reset_s).unwrap_or(i64::MAX)),
         reset_in_s: reset_s,
+        currency: None,
     });
+    r
+}
+
+/// 429: a monthly budget in money is spent (the [`quota_exceeded`] answer of its account, reworded).
+pub fn as_budget(mut r: Refusal, b: &crate::config::Budget, currency: &str) -> Refusal {
+    if let Some(q) = r.quota.as_mut() {
+        q.currency = Some(currency.to_string());
+        r.message = format!(
+            "The monthly budget '{}' is spent ({} {currency}); it resets at the start of next month.",
+            b.name,
+            crate::reply::money(q.limit)
+        );
+    }
+    r.limit_name = Some(b.name.clone());
     r
 }
 
@@ -147,7 +162,8 @@ pub fn audit_record(
     model: &str,
     cost: Option<u64>,
     decision: &str,
-    quota: Option<&QuotaReq>,
+    quotas: &[QuotaReq],
+    cfg: &crate::config::Config,
 ) -> String {
     let tenant = if tenant.is_empty() { "-" } else { tenant };
     let model = if model.is_empty() {
@@ -170,14 +186,27 @@ pub fn audit_record(
     ] {
         rec.push_str(part);
     }
-    if let Some(q) = quota {
-        rec.push_str(" reserved=");
+    for q in quotas {
+        let budget = q
+            .budget
+            .and_then(|i| cfg.quota.as_ref()?.budgets.list.get(i));
+        // The token quota: `reserved= actual= usage_source=`; a budget (micro-units):
+        // `budget.<name>.reserved= budget.<name>.actual=`.
+        let prefix = match budget {
+            Some(b) => format!(" budget.{}.", b.name),
+            None => " ".to_string(),
+        };
+        rec.push_str(&prefix);
+        rec.push_str("reserved=");
         rec.push_str(Dec::int(q.reserved.total()).as_str());
         if let (Some(a), Some(src)) = (q.actual, q.source) {
-            rec.push_str(" actual=");
+            rec.push_str(&prefix);
+            rec.push_str("actual=");
             rec.push_str(Dec::int(a).as_str());
-            rec.push_str(" usage_source=");
-            rec.push_str(src.as_str());
+            if budget.is_none() {
+                rec.push_str(" usage_source=");
+                rec.push_str(src.as_str());
+            }
         }
     }
     rec

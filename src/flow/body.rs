@@ -261,6 +261,8 @@ impl Request {
             wait_ms: 0,
             step: Step::Done,
             globals: Vec::new(),
+            quotas: Vec::new(),
+            pending_quotas: Vec::new(),
             sync,
         });
 
@@ -561,22 +563,72 @@ impl Request {
         if plan.wait_ms > 0 {
             cx.inc(Metric::RequestsShaped);
         }
-        if let Some(mut qr) = self.quota_request(cx, &plan) {
-            if let Some(l) = cx.cfg.quota.as_ref().and_then(|q| q.lease.as_ref()) {
-                let model = (!plan.model.is_empty()).then_some(plan.model.as_str());
-                if let Some(a) = super::lease::take(cx, l, &plan.meta.tenant, model, &qr) {
+        let mut quotas = self.quota_requests(cx, &plan);
+        quotas.reverse();
+        plan.pending_quotas = quotas;
+        self.next_quota(cx, plan)
+    }
+
+    /// The next quota reservation (from this Envoy's lease, or by a callout), or let the request go
+    /// once every one was made.
+    pub(super) fn next_quota(&mut self, cx: &mut Cx, mut plan: Box<Plan>) -> Next {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            plan.step = Step::Done;
+            return self.proceed(cx, plan);
+        };
+        while let Some(mut qr) = plan.pending_quotas.pop() {
+            if let Some((_, b)) = qr
+                .budget
+                .and_then(|i| q.budgets.list.get(i).map(|b| (i, b)))
+            {
+                if let Some(refusal) = super::headers::exhausted_cached(cx, q, &qr.args.tenant) {
+                    cx.inc(Metric::QuotaRejectedCached);
+                    let refusal = answers::as_budget(refusal, b, &q.budgets.currency);
+                    return self.quota_refused(cx, &mut plan, refusal, "budget_exceeded_cached");
+                }
+            }
+            if let Some(l) = q.lease.as_ref() {
+                let account = qr.args.tenant.clone();
+                let model = qr.args.model.clone();
+                if let Some(a) = super::lease::take(cx, l, &account, model.as_deref(), &qr) {
                     // Reserved from this Envoy's lease: no callout.
                     qr.leased = true;
                     qr.answered = true;
                     qr.limit = a.limit;
                     qr.remaining = Some(a.remaining.saturating_add(a.available()));
-                    return self.proceed(cx, plan, Some(qr));
+                    plan.quotas.push(qr);
+                    continue;
                 }
             }
             return self.start_reserve(cx, plan, qr);
         }
         plan.step = Step::Done;
-        self.proceed(cx, plan, None)
+        self.proceed(cx, plan)
+    }
+
+    /// A quota or budget refused (or its shim failed closed): every charge and earlier reservation is
+    /// given back, and `refusal` sent.
+    pub(super) fn quota_refused(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        refusal: Refusal,
+        decision: &'static str,
+    ) -> Next {
+        refund(cx, &mut plan.charges);
+        give_back_quotas(cx, &mut plan.quotas);
+        let audit = Audit {
+            tenant: plan.meta.tenant.clone(),
+            model: plan.model.clone(),
+            cost: Some(plan.cost),
+            decision,
+        };
+        let details = if refusal.class == crate::reply::Class::QuotaUnavailable {
+            "tokengate_quota_unavailable"
+        } else {
+            "tokengate_quota_exceeded"
+        };
+        self.answer(cx, audit, None, refusal, details)
     }
 
     /// Starts the global bucket charge.
@@ -686,34 +738,91 @@ impl Request {
         }
     }
 
-    /// The reservation this request asks for.
-    pub(super) fn quota_request(&self, cx: &Cx, plan: &Plan) -> Option<QuotaReq> {
-        let q = cx.cfg.quota.as_ref()?;
-        let now_s = super::headers::unix_s(cx, q);
+    /// The reservations this request asks for: the tenant's token quota (when it has one), then every
+    /// budget that applies, priced at the model's prices.
+    pub(super) fn quota_requests(&self, cx: &Cx, plan: &Plan) -> Vec<QuotaReq> {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
         let tq = q.tenant(&plan.meta.tenant);
-        let w = q.weights(&plan.model);
         let model = (!plan.model.is_empty()).then(|| plan.model.clone());
-        let default_model_limit = model
-            .as_deref()
-            .and_then(|m| tq.model_limits.iter().find(|(x, _)| x == m))
-            .map(|(_, l)| *l)
-            .unwrap_or(0);
+        if tq.monthly_limit > 0 {
+            let default_model_limit = model
+                .as_deref()
+                .and_then(|m| tq.model_limits.iter().find(|(x, _)| x == m))
+                .map(|(_, l)| *l)
+                .unwrap_or(0);
+            let w = q.weights(&plan.model);
+            out.push(self.reservation(
+                cx,
+                plan,
+                plan.meta.tenant.clone(),
+                model.clone(),
+                w,
+                (tq.monthly_limit, default_model_limit),
+                tq.clamp_output,
+                None,
+            ));
+        }
+        for (i, b) in q.budgets.list.iter().enumerate() {
+            if !b.applies(&plan.meta.tenant, &plan.meta.groups) {
+                continue;
+            }
+            let account = b.account(&plan.meta.tenant, &cx.cfg.groups, &plan.meta.groups);
+            let price = q.budgets.price(&plan.model);
+            out.push(self.reservation(
+                cx,
+                plan,
+                account,
+                None,
+                price,
+                (b.limit_micros, 0),
+                false,
+                Some(i),
+            ));
+        }
+        out
+    }
+
+    /// One reservation of `account` (a tenant, or a budget's account) at `weights`.
+    #[allow(clippy::too_many_arguments)]
+    fn reservation(
+        &self,
+        cx: &Cx,
+        plan: &Plan,
+        account: String,
+        model: Option<String>,
+        w: crate::quota::Weights,
+        (limit, model_limit): (u64, u64),
+        clamp_output: bool,
+        budget: Option<usize>,
+    ) -> QuotaReq {
+        let q = cx.cfg.quota.as_ref();
+        let (offset, grace, deadline) = q.map_or((0, 0, 3600), |q| {
+            (
+                q.month_offset_minutes,
+                q.grace_seconds,
+                q.reservation_timeout_s,
+            )
+        });
+        let now_s = q.map_or(0, |q| super::headers::unix_s(cx, q));
         let args = ReserveArgs {
-            tenant: plan.meta.tenant.clone(),
+            tenant: account,
             model,
-            month: calendar::month_label(now_s, q.month_offset_minutes),
+            month: calendar::month_label(now_s, offset),
             request_id: plan.meta.request_id.clone(),
             prompt_cost: quota::weighted(plan.prompt, 0, 0, 0, &w),
             output_cost: quota::weighted(0, plan.output, 0, 0, &w),
-            default_limit: tq.monthly_limit,
-            default_model_limit,
-            expire_at_unix: calendar::month_end_unix(now_s, q.month_offset_minutes)
-                .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0)),
-            deadline_s: q.reservation_timeout_s,
-            clamp_output: tq.clamp_output,
+            default_limit: limit,
+            default_model_limit: model_limit,
+            expire_at_unix: calendar::month_end_unix(now_s, offset)
+                .saturating_add(i64::try_from(grace).unwrap_or(0)),
+            deadline_s: deadline,
+            clamp_output,
             min_output_cost: quota::min_clamped_output_cost(&w, plan.choices),
         };
-        Some(QuotaReq {
+        QuotaReq {
             keys: args.keys(),
             expire_at: args.expire_at_unix,
             reserved: Reserved {
@@ -722,9 +831,9 @@ impl Request {
                 weights: w,
             },
             args,
-            limit: tq.monthly_limit,
+            limit,
             remaining: None,
-            reset_s: calendar::seconds_to_reset(now_s, q.month_offset_minutes),
+            reset_s: calendar::seconds_to_reset(now_s, offset),
             choices: plan.choices,
             fail_open: false,
             answered: false,
@@ -736,13 +845,14 @@ impl Request {
             source: None,
             uncertain: false,
             leased: false,
-        })
+            budget,
+        }
     }
 
     /// Starts the quota reservation callout.
     fn start_reserve(&mut self, cx: &mut Cx, plan: Box<Plan>, mut qr: QuotaReq) -> Next {
         let Some(q) = cx.cfg.quota.as_ref() else {
-            return self.proceed(cx, plan, None);
+            return self.proceed(cx, plan);
         };
         match shim::admit(cx, &q.cluster, &q.shim_breaker) {
             Err(_) => {
@@ -768,7 +878,7 @@ impl Request {
         eval: bool,
     ) -> Next {
         let Some(q) = cx.cfg.quota.as_ref() else {
-            return self.proceed(cx, plan, None);
+            return self.proceed(cx, plan);
         };
         let call = if eval {
             ScriptCall::Eval
@@ -792,7 +902,7 @@ impl Request {
         Next::Pause
     }
 
-    /// The quota shim could not answer: apply the tenant's failure policy.
+    /// The quota shim could not answer: apply the tenant's (or the budget's) failure policy.
     pub(super) fn quota_unavailable(
         &mut self,
         cx: &mut Cx,
@@ -801,11 +911,15 @@ impl Request {
         why: &str,
     ) -> Next {
         let Some(q) = cx.cfg.quota.as_ref() else {
-            return self.proceed(cx, plan, None);
+            return self.proceed(cx, plan);
         };
         cx.inc(Metric::QuotaShimErrors);
         plan.step = Step::Done;
-        match q.tenant(&plan.meta.tenant).on_failure {
+        let policy = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
+            Some(b) => b.on_failure,
+            None => q.tenant(&plan.meta.tenant).on_failure,
+        };
+        match policy {
             QuotaFailure::Open => {
                 cx.inc(Metric::QuotaFailOpen);
                 cx.log_failure(
@@ -815,7 +929,8 @@ impl Request {
                 );
                 qr.fail_open = true;
                 qr.answered = true;
-                self.proceed(cx, plan, Some(qr))
+                plan.quotas.push(qr);
+                self.next_quota(cx, plan)
             }
             QuotaFailure::Closed => {
                 cx.inc(Metric::QuotaFailClosed);
@@ -825,6 +940,7 @@ impl Request {
                     format!("quota check failed ({why}); rejecting (on_failure=closed)"),
                 );
                 refund(cx, &mut plan.charges);
+                give_back_quotas(cx, &mut plan.quotas);
                 let audit = Audit {
                     tenant: plan.meta.tenant.clone(),
                     model: plan.model.clone(),
@@ -863,12 +979,8 @@ impl Request {
     }
 
     /// Lets the request go on (or holds it until its shaping release time).
-    pub(super) fn proceed(
-        &mut self,
-        cx: &mut Cx,
-        plan: Box<Plan>,
-        quota: Option<QuotaReq>,
-    ) -> Next {
+    pub(super) fn proceed(&mut self, cx: &mut Cx, mut plan: Box<Plan>) -> Next {
+        let quotas = std::mem::take(&mut plan.quotas);
         cx.inc(Metric::RequestsAdmitted);
         let now = cx.now();
         let (wait_ms, sync) = (plan.wait_ms, plan.sync);
@@ -876,17 +988,17 @@ impl Request {
             .then(|| now.saturating_add(wait_ms.saturating_mul(1_000_000)))
             .filter(|d| *d > now)
         {
-            let fwd = forwarded(cx, plan, quota, "shaped");
+            let fwd = forwarded(cx, plan, quotas, "shaped");
             cx.worker.hold(self.id, due);
             self.stage = Stage::Held(Box::new(fwd));
             return Next::Pause;
         }
-        let decision = if quota.as_ref().is_some_and(|q| q.fail_open) {
+        let decision = if quotas.iter().any(|q| q.fail_open) {
             "admit_quota_fail_open"
         } else {
             "admit"
         };
-        self.forward(cx, plan, quota, decision);
+        self.forward(cx, plan, quotas, decision);
         if sync {
             Next::Continue
         } else {
@@ -900,10 +1012,10 @@ impl Request {
         &mut self,
         cx: &mut Cx,
         plan: Box<Plan>,
-        quota: Option<QuotaReq>,
+        quotas: Vec<QuotaReq>,
         decision: &'static str,
     ) {
-        let fwd = forwarded(cx, plan, quota, decision);
+        let fwd = forwarded(cx, plan, quotas, decision);
         self.stage = Stage::Forwarded(Box::new(fwd));
     }
 }
@@ -912,7 +1024,7 @@ impl Request {
 fn forwarded(
     cx: &mut Cx,
     plan: Box<Plan>,
-    quota: Option<QuotaReq>,
+    quotas: Vec<QuotaReq>,
     decision: &'static str,
 ) -> Forwarded {
     let plan = *plan;
@@ -928,7 +1040,8 @@ fn forwarded(
         &plan.model,
         Some(plan.cost),
         decision,
-        quota.as_ref(),
+        &quotas,
+        cx.cfg,
     )));
     Forwarded {
         refund,
@@ -939,7 +1052,7 @@ fn forwarded(
         charges: plan.charges,
         snapshot: plan.snapshot,
         shaped_ms: plan.wait_ms,
-        quota,
+        quotas,
         decision,
         resp: Default::default(),
     }
@@ -1051,6 +1164,22 @@ impl Plan {
             .is_none_or(|s| snap.remaining_tokens < s.remaining_tokens)
         {
             self.snapshot = Some(snap);
+        }
+    }
+}
+
+/// Gives back reservations already made (a later step refused the request): a leased one to its lease,
+/// any other by a settlement of 0.
+pub(super) fn give_back_quotas(cx: &mut Cx, quotas: &mut Vec<QuotaReq>) {
+    for mut qr in std::mem::take(quotas) {
+        if qr.leased {
+            qr.settled = true;
+            let (account, model) = (qr.args.tenant.clone(), qr.args.model.clone());
+            super::lease::settle(cx, &account, model.as_deref(), qr.reserved.total(), 0);
+        } else if qr.fail_open {
+            // Nothing was reserved.
+        } else {
+            super::end::refund_reservation(cx, &mut qr);
         }
     }
 }

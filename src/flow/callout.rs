@@ -195,8 +195,9 @@ impl Request {
                         );
                         if let Err(max) = clamp_body(cx, &mut plan, tokens) {
                             // No thinking budget fits below what is left: Anthropic would refuse
-                            // the request; refuse it here and give the reservation back.
+                            // the request; refuse it here and give the reservations back.
                             refund(cx, &mut plan.charges);
+                            super::body::give_back_quotas(cx, &mut plan.quotas);
                             let mut qr = qr;
                             super::end::refund_reservation(cx, &mut qr);
                             let audit = Audit {
@@ -215,32 +216,30 @@ impl Request {
                             return;
                         }
                     }
-                    self.proceed(cx, plan, Some(qr));
+                    plan.quotas.push(qr);
+                    self.next_quota(cx, plan);
                 } else {
-                    // Nothing was reserved: nothing to settle.
+                    // Nothing was reserved here: nothing to settle; earlier ones are given back.
                     cx.inc(Metric::QuotaRejected);
-                    refund(cx, &mut plan.charges);
+                    let account = qr.args.tenant.as_str();
                     if r.reason == Reason::TenantLimit && r.remaining() < q.exhausted_below {
-                        mark_exhausted(cx, q, &plan.meta.tenant, limit, r.remaining());
+                        mark_exhausted(cx, q, account, limit, r.remaining());
                     }
                     let what = if r.reason == Reason::ModelLimit {
                         format!("for model '{}'", plan.model)
                     } else {
                         "for this tenant".to_string()
                     };
-                    let audit = Audit {
-                        tenant: plan.meta.tenant.clone(),
-                        model: plan.model.clone(),
-                        cost: Some(plan.cost),
-                        decision: "quota_exceeded",
+                    let refusal =
+                        answers::quota_exceeded(limit, remaining, qr.reset_s, unix_s(cx, q), &what);
+                    let (refusal, decision) = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
+                        Some(b) => (
+                            answers::as_budget(refusal, b, &q.budgets.currency),
+                            "budget_exceeded",
+                        ),
+                        None => (refusal, "quota_exceeded"),
                     };
-                    self.answer(
-                        cx,
-                        audit,
-                        None,
-                        answers::quota_exceeded(limit, remaining, qr.reset_s, unix_s(cx, q), &what),
-                        "tokengate_quota_exceeded",
-                    );
+                    self.quota_refused(cx, &mut plan, refusal, decision);
                 }
             }
         }
@@ -298,7 +297,7 @@ fn mark_exhausted(
     let marker = ExhaustedMarker {
         month_end_unix: until,
         limit: effective_limit,
-        config_limit: q.tenant(tenant).monthly_limit,
+        config_limit: q.account_limit(tenant),
         remaining,
     };
     let _ = cx

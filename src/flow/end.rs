@@ -34,13 +34,15 @@ impl Request {
                     // The reservation's outcome is unknown and the request was refused: whatever the
                     // lost reservation did is undone (actual 0).
                     reconcile(cx, &mut qr, Ending::NotServed);
-                    cx.fx.push(Effect::Audit(answers::audit_record(
+                    let rec = answers::audit_record(
                         &r.audit.tenant,
                         &r.audit.model,
                         r.audit.cost,
                         r.audit.decision,
-                        Some(&qr),
-                    )));
+                        std::slice::from_ref(&qr),
+                        cx.cfg,
+                    );
+                    cx.fx.push(Effect::Audit(rec));
                 }
             }
             _ => {}
@@ -87,7 +89,7 @@ fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
 
 /// Settles the reservation once the response ended (or the stream went away).
 fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
-    if f.quota.as_ref().is_none_or(|q| q.settled) {
+    if f.quotas.iter().all(|q| q.settled) {
         return;
     }
     let status = f.resp.status;
@@ -119,30 +121,34 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
             content_bytes,
         }
     };
-    let Some(qr) = f.quota.as_mut() else {
-        return;
-    };
-    if qr.leased {
-        // Settled into this Envoy's lease; reported to Redis by the next sync.
-        qr.settled = true;
-        let st = accounting::settle(&qr.reserved, ending);
-        qr.actual = Some(st.actual);
-        qr.source = Some(st.source);
-        let model = qr.args.model.clone();
-        let tenant = qr.args.tenant.clone();
-        super::lease::settle(
-            cx,
-            &tenant,
-            model.as_deref(),
-            qr.reserved.total(),
-            st.actual,
-        );
-    } else if qr.uncertain || qr.fail_open {
-        // No reservation is known: charge what it cost (sent when the shim answers again).
-        reconcile(cx, qr, ending);
-    } else if qr.answered {
-        queue(cx, qr, SettleMode::Settle, ending);
-    } else {
+    let mut settled_any = false;
+    for qr in f.quotas.iter_mut().filter(|q| !q.settled) {
+        if qr.leased {
+            // Settled into this Envoy's lease; reported to Redis by the next sync.
+            qr.settled = true;
+            let st = accounting::settle(&qr.reserved, ending);
+            qr.actual = Some(st.actual);
+            qr.source = Some(st.source);
+            let model = qr.args.model.clone();
+            let tenant = qr.args.tenant.clone();
+            super::lease::settle(
+                cx,
+                &tenant,
+                model.as_deref(),
+                qr.reserved.total(),
+                st.actual,
+            );
+        } else if qr.uncertain || qr.fail_open {
+            // No reservation is known: charge what it cost (sent when the shim answers again).
+            reconcile(cx, qr, ending);
+        } else if qr.answered {
+            queue(cx, qr, SettleMode::Settle, ending);
+        } else {
+            continue;
+        }
+        settled_any = true;
+    }
+    if !settled_any {
         return;
     }
     cx.fx.push(Effect::Audit(answers::audit_record(
@@ -150,7 +156,8 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
         &f.model,
         Some(f.cost),
         f.decision,
-        f.quota.as_ref(),
+        &f.quotas,
+        cx.cfg,
     )));
 }
 

@@ -351,7 +351,8 @@ impl Request {
             &audit.model,
             audit.cost,
             audit.decision,
-            None,
+            &[],
+            cx.cfg,
         )));
         if refusal.estimated.is_none() {
             // Body-phase refusals say what the request would have cost (what the client waits for).
@@ -415,12 +416,16 @@ pub(super) fn unix_s(cx: &Cx, q: &crate::config::QuotaSettings) -> i64 {
 }
 
 /// The 429 of a tenant known to be exhausted (shared-data marker), without a callout.
-fn exhausted_cached(cx: &Cx, q: &crate::config::QuotaSettings, tenant: &str) -> Option<Refusal> {
+pub(super) fn exhausted_cached(
+    cx: &Cx,
+    q: &crate::config::QuotaSettings,
+    tenant: &str,
+) -> Option<Refusal> {
     let now_s = unix_s(cx, q);
     let key = ExhaustedMarker::key(tenant);
     let (marker, _) = crate::store::peek::<ExhaustedMarker>(cx.store(), &key).ok()?;
     let marker = marker?;
-    if !marker.is_active(now_s) || marker.config_limit != q.tenant(tenant).monthly_limit {
+    if !marker.is_active(now_s) || marker.config_limit != q.account_limit(tenant) {
         return None;
     }
     Some(answers::quota_exceeded(

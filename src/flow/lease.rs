@@ -212,7 +212,8 @@ fn start(
         reported_total: plan.reported_total,
         want: plan.want,
         target: plan.target,
-        default_limit: tq.monthly_limit,
+        // A budget's account (`~b:…`) has its own limit, in micro-units.
+        default_limit: q.account_limit(tenant),
         default_model_limit,
         expire_at_unix: expire,
         ttl_s: l.ttl_s,

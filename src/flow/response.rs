@@ -34,9 +34,7 @@ pub(super) struct Resp {
 impl Forwarded {
     /// The response must be looked at (breaker outcome, settlement, refund).
     fn settling(&self) -> bool {
-        self.quota
-            .as_ref()
-            .is_some_and(|q| q.answered || q.uncertain)
+        self.quotas.iter().any(|q| q.answered || q.uncertain)
     }
 }
 
@@ -58,7 +56,7 @@ impl Request {
         let settling = f.settling();
         let refunding = f.refund;
         let inspect = !f.charges.breakers.is_empty() || settling || refunding;
-        if inspect || f.quota.is_some() {
+        if inspect || !f.quotas.is_empty() {
             f.resp.status = h.get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
             // Retry hints matter only on failures.
             if !f.charges.breakers.is_empty() && (f.resp.status == 429 || f.resp.status >= 500) {
@@ -89,12 +87,44 @@ impl Request {
                 }
             }
         }
-        if let Some(qr) = &f.quota {
+        if let Some(qr) = f.token_quota() {
             if let Some(remaining) = qr.remaining {
                 for (k, v) in answers::quota_headers(qr.limit, remaining, qr.reset_s) {
                     cx.fx
                         .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Int(v)));
                 }
+            }
+        }
+        // The binding budget (least left, as a share of its limit).
+        if let Some((qr, remaining)) = f
+            .quotas
+            .iter()
+            .filter(|q| q.budget.is_some())
+            .filter_map(|q| q.remaining.map(|r| (q, r)))
+            .min_by(|a, b| {
+                let share =
+                    |(q, r): &(&super::state::QuotaReq, u64)| *r as f64 / q.limit.max(1) as f64;
+                share(a).total_cmp(&share(b))
+            })
+        {
+            for (k, v) in [
+                ("x-tokengate-budget-limit", crate::reply::money(qr.limit)),
+                (
+                    "x-tokengate-budget-remaining",
+                    crate::reply::money(remaining),
+                ),
+            ] {
+                cx.fx
+                    .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Text(v)));
+            }
+            if let Some(b) = qr
+                .budget
+                .and_then(|i| cx.cfg.quota.as_ref()?.budgets.list.get(i))
+            {
+                cx.fx.push(Effect::SetResponseHeader(
+                    Cow::Borrowed("x-tokengate-budget"),
+                    Value::Text(b.name.clone()),
+                ));
             }
         }
         if f.resp.stream.is_some() && f.injected_usage {
@@ -196,14 +226,21 @@ impl Request {
             "response_before_decision",
             "the upstream answered before the filter decided on the request (does it read the whole body before answering?); accounting it as admitted".to_string(),
         );
-        let quota = match std::mem::replace(&mut plan.step, super::state::Step::Done) {
-            super::state::Step::Quota(qr) => Some(*qr),
-            _ => self.quota_request(cx, &plan),
-        }
-        .map(|mut qr| {
+        // Reservations made stay; the one in flight and those not made yet are reconciled.
+        let mut quotas = std::mem::take(&mut plan.quotas);
+        let mut rest: Vec<super::state::QuotaReq> =
+            match std::mem::replace(&mut plan.step, super::state::Step::Done) {
+                super::state::Step::Quota(qr) => {
+                    let mut v = vec![*qr];
+                    v.extend(std::mem::take(&mut plan.pending_quotas));
+                    v
+                }
+                _ => self.quota_requests(cx, &plan),
+            };
+        for qr in &mut rest {
             qr.uncertain = true;
-            qr
-        });
-        self.forward(cx, plan, quota, "response_before_decision");
+        }
+        quotas.extend(rest);
+        self.forward(cx, plan, quotas, "response_before_decision");
     }
 }

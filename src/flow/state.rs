@@ -66,7 +66,7 @@ impl Request {
                 f.resp.stream.is_some()
                     || f.resp.collect
                     || (end_of_stream
-                        && (f.quota.is_some() || f.refund || !f.charges.breakers.is_empty()))
+                        && (!f.quotas.is_empty() || f.refund || !f.charges.breakers.is_empty()))
             }
             _ => false,
         }
@@ -79,7 +79,7 @@ impl Request {
             Stage::Forwarded(f) | Stage::Held(f) => {
                 !f.charges.breakers.is_empty()
                     || !f.charges.slots.is_empty()
-                    || f.quota.as_ref().is_some_and(|q| !q.settled)
+                    || f.quotas.iter().any(|q| !q.settled)
                     || (f.refund && !f.resp.refunded)
             }
             Stage::Replied(r) => r.reconcile.is_some(),
@@ -190,6 +190,10 @@ pub(super) struct Plan {
     pub step: Step,
     /// Global bucket charges still to make after the one in `step` (rule index, key), last first.
     pub globals: Vec<(usize, String)>,
+    /// Quota reservations made (the tenant's token quota, then its budgets).
+    pub quotas: Vec<QuotaReq>,
+    /// Quota reservations still to make after the one in `step`, last first.
+    pub pending_quotas: Vec<QuotaReq>,
     /// The request is still inside its request-body callback (a continue is returned, not resumed).
     pub sync: bool,
 }
@@ -238,6 +242,15 @@ pub(super) struct QuotaReq {
     pub uncertain: bool,
     /// Reserved from this Envoy's lease (settled into it, not through Redis).
     pub leased: bool,
+    /// The budget (index in `quota.budgets`) this reservation is for; `None`: the token quota.
+    pub budget: Option<usize>,
+}
+
+impl Forwarded {
+    /// The tenant's token quota reservation (headers, audit), if any.
+    pub fn token_quota(&self) -> Option<&QuotaReq> {
+        self.quotas.iter().find(|q| q.budget.is_none())
+    }
 }
 
 /// An admitted request.
@@ -251,7 +264,8 @@ pub(super) struct Forwarded {
     pub shaped_ms: u64,
     /// A charged rule gives back unused tokens (`refund_unused`).
     pub refund: bool,
-    pub quota: Option<QuotaReq>,
+    /// Reservations: the token quota, then budgets.
+    pub quotas: Vec<QuotaReq>,
     /// The decision written to the audit record (kept when settlement facts are added).
     pub decision: &'static str,
     pub resp: Resp,

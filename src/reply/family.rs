@@ -236,7 +236,7 @@ fn floor_u64(x: f64) -> u64 {
 }
 
 /// A monthly quota, as reported with a refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaView {
     /// Tokens per month.
     pub limit: u64,
@@ -246,6 +246,21 @@ pub struct QuotaView {
     pub reset_unix_s: i64,
     /// Seconds until then.
     pub reset_in_s: u64,
+    /// A budget in money: its currency (`limit` and `remaining` are then micro-units, reported in
+    /// `x-tokengate-budget-*` as decimal currency amounts).
+    pub currency: Option<String>,
+}
+
+/// Micro-units as a decimal amount of the currency: `500250000` → `500.25`.
+pub fn money(micros: u64) -> String {
+    let (units, frac) = (micros / 1_000_000, micros % 1_000_000);
+    if frac == 0 {
+        units.to_string()
+    } else {
+        format!("{units}.{frac:06}")
+            .trim_end_matches('0')
+            .to_string()
+    }
 }
 
 /// Everything a refusal says.
@@ -310,9 +325,15 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
         limit_headers(family, l, now_unix_ms, &mut h);
     }
     if let Some(q) = &r.quota {
-        h("x-tokengate-quota-limit", &q.limit.to_string());
-        h("x-tokengate-quota-remaining", &q.remaining.to_string());
-        h("x-tokengate-quota-reset", &q.reset_in_s.to_string());
+        if q.currency.is_some() {
+            h("x-tokengate-budget-limit", &money(q.limit));
+            h("x-tokengate-budget-remaining", &money(q.remaining));
+            h("x-tokengate-budget-reset", &q.reset_in_s.to_string());
+        } else {
+            h("x-tokengate-quota-limit", &q.limit.to_string());
+            h("x-tokengate-quota-remaining", &q.remaining.to_string());
+            h("x-tokengate-quota-reset", &q.reset_in_s.to_string());
+        }
     }
     if let Some(e) = r.estimated {
         h("x-tokengate-estimated-tokens", &e.to_string());
@@ -336,11 +357,18 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
         ours.insert("estimated_tokens".into(), json!(e));
     }
     if let Some(q) = &r.quota {
-        ours.insert(
-            "quota".into(),
-            json!({"limit": q.limit, "remaining": q.remaining,
-                   "reset_at": rfc3339(q.reset_unix_s).as_str(), "reset_in": q.reset_in_s}),
-        );
+        match &q.currency {
+            Some(c) => ours.insert(
+                "budget".into(),
+                json!({"limit": money(q.limit), "remaining": money(q.remaining), "currency": c,
+                       "reset_at": rfc3339(q.reset_unix_s).as_str(), "reset_in": q.reset_in_s}),
+            ),
+            None => ours.insert(
+                "quota".into(),
+                json!({"limit": q.limit, "remaining": q.remaining,
+                       "reset_at": rfc3339(q.reset_unix_s).as_str(), "reset_in": q.reset_in_s}),
+            ),
+        };
     }
     let body = match family {
         Family::OpenAi => {

@@ -2,6 +2,7 @@
 //! the README's response contract and quota settlement table, and per failure mode.
 
 mod breaker;
+mod budgets;
 mod contract;
 mod failures;
 mod lease;

@@ -153,6 +153,7 @@ fn a_spent_quota_forbids_retries_and_keeps_its_reset_out_of_retry_after() {
         remaining: 0,
         reset_unix_s: 1_769_904_000, // 2026-02-01
         reset_in_s: 2_678_400,
+        currency: None,
     };
     let r = Refusal {
         retry_after_s: Some(2_678_400.0),
