@@ -2092,3 +2092,96 @@ fn a_leased_tenant_is_never_served_beyond_its_limit() {
     assert_eq!(get_i64(s.redis(), &key) as u64, served);
     tg::assert_no_panic(&envoy);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Budgets in money
+// ---------------------------------------------------------------------------------------------
+
+/// A team budget in money (issue 13): two tenants of one team spend it through JSON and SSE answers;
+/// Redis holds exactly Σ ⌈prompt × input price + completion × output price⌉ in micro-dollars of what
+/// the provider served; once spent, a request is refused 429 `insufficient_quota` naming the budget,
+/// and what was served never exceeds the budget.
+#[test]
+fn a_team_budget_in_money_settles_to_usage_times_price_exactly() {
+    let s = Stack::start();
+    let cfg = tg::merge(
+        quota_config(json!({"monthly_limit": 1_000_000_000, "currency": "USD",
+            "prices": {MODEL: {"input": 2.5, "output": 10.0}},
+            "budgets": [{"name": "team-red", "scope": "group", "group": "red", "monthly_limit": 0.01}]})),
+        json!({"group_header": "x-team"}),
+    );
+    let envoy = tg::start_opts(opts(s.mock.port, cfg).webdis(s.webdis_port()));
+    let month = month_label(now_unix());
+    let key = format!("tg:q:{{%7Eb:team-red:group%3Dred}}:{month}");
+    let over = ("x-mock-completion-tokens", "30");
+    let (mut served_micros, mut refused) = (0u64, None);
+    for i in 0..60 {
+        let tenant = if i % 2 == 0 { "budget-a" } else { "budget-b" };
+        let body = chat_body(40, i % 3 == 0, Some(true).filter(|_| i % 3 == 0));
+        let (p, c) = mock_usage(&body, Some(30));
+        let status = if i % 3 == 0 {
+            let r = post_stream(
+                &envoy,
+                tg::CHAT,
+                tenant,
+                &[("x-team", "red"), over],
+                &body,
+                &StreamOpts::default(),
+            );
+            if r.status == 200 {
+                assert!(r.complete);
+            }
+            (r.status, None)
+        } else {
+            let r = post(&envoy, tenant, &[("x-team", "red"), over], &body);
+            (r.status, Some(r))
+        };
+        match status {
+            (200, _) => {
+                // ⌈p × 2.5 + c × 10⌉ µ$.
+                served_micros += (p * 25 + c * 100).div_ceil(10);
+            }
+            (429, Some(r)) => {
+                refused = Some(r);
+                break;
+            }
+            (429, None) => continue,
+            (st, _) => panic!("unexpected status {st}"),
+        }
+    }
+    let r = refused.expect("the budget was spent within 60 requests");
+    let ours = assert_error(
+        &r,
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+        "monthly_quota_exceeded",
+    );
+    assert_eq!(r.header("x-tokengate-limit"), Some("team-red"));
+    assert_eq!(r.header("x-tokengate-budget-limit"), Some("0.01"));
+    assert_eq!(ours["budget"]["currency"], "USD", "{ours}");
+    assert!(
+        served_micros <= 10_000,
+        "served {served_micros} µ$ of a 10,000 µ$ budget"
+    );
+    assert!(
+        served_micros > 8_000,
+        "the budget was used: {served_micros}"
+    );
+    let got = wait_key(s.redis(), &key, served_micros as i64);
+    assert_eq!(
+        got, served_micros as i64,
+        "Redis holds usage × price exactly"
+    );
+    // Another team is not limited by red's budget.
+    ok(&post(
+        &envoy,
+        "budget-c",
+        &[("x-team", "blue")],
+        &chat_body(40, false, None),
+    ));
+    // The audit record names the budget's amounts.
+    assert!(audit_lines(&envoy, "budget-a")
+        .iter()
+        .any(|l| l.contains("budget.team-red.actual=")));
+}
