@@ -132,6 +132,38 @@ pub enum ShimError {
     Garbage(String),
 }
 
+impl ShimError {
+    /// True when Redis may have run the script although the caller got this error: the callout timed
+    /// out or came back malformed, or an error that something between Webdis and Redis made up (Envoy's
+    /// `redis_proxy` answers `upstream failure` when its `op_timeout` passes while the command still sits
+    /// in Redis' socket, and Redis then runs it). False only for errors that prove the script did not
+    /// run: NOSCRIPT, the script's own argument checks (`ERR tokengate: …`, before any write), and Redis'
+    /// refusals before execution (BUSY, LOADING, a cluster redirection, a read-only replica, OOM, ACL).
+    pub fn may_have_run(&self) -> bool {
+        const NOT_RUN: &[&str] = &[
+            "ERR tokengate:",
+            "NOSCRIPT",
+            "BUSY",
+            "LOADING",
+            "MOVED",
+            "ASK",
+            "CROSSSLOT",
+            "CLUSTERDOWN",
+            "TRYAGAIN",
+            "MASTERDOWN",
+            "READONLY",
+            "OOM",
+            "NOPERM",
+            "NOAUTH",
+        ];
+        match self {
+            ShimError::Unavailable | ShimError::Garbage(_) => true,
+            ShimError::Forbidden | ShimError::NoScript => false,
+            ShimError::RedisError(e) => !NOT_RUN.iter().any(|p| e.starts_with(p)),
+        }
+    }
+}
+
 impl std::fmt::Display for ShimError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -262,6 +294,24 @@ mod tests {
         );
         assert_eq!(webdis_encode("aZ09_-é"), "aZ09_-%C3%A9");
         assert_eq!(lua_int(u64::MAX), MAX_LUA_INT.to_string());
+    }
+
+    #[test]
+    fn only_errors_that_prove_the_script_did_not_run_are_certain() {
+        for e in ["ERR upstream failure", "ERR no upstream host", "ERR something new"] {
+            assert!(ShimError::RedisError(e.into()).may_have_run(), "{e}");
+        }
+        for e in [
+            "ERR tokengate: bad argument",
+            "BUSY Redis is busy running a script",
+            "MOVED 3999 127.0.0.1:6381",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(!ShimError::RedisError(e.into()).may_have_run(), "{e}");
+        }
+        assert!(ShimError::Unavailable.may_have_run());
+        assert!(!ShimError::NoScript.may_have_run());
     }
 
     #[test]

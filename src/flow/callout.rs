@@ -162,10 +162,9 @@ impl Request {
             }
             Err((e, why)) => {
                 shim::record(cx, &q.cluster, &q.shim_breaker, false, probe);
-                if reply.refused.is_none()
-                    && matches!(e, ShimError::Unavailable | ShimError::Garbage(_))
-                {
-                    // Webdis may have run the script after all (a timeout): reconcile at the end.
+                if reply.refused.is_none() && e.may_have_run() {
+                    // Redis may have run the script after all (a timeout, a proxy's error): reconcile
+                    // at the end.
                     qr.uncertain = true;
                 }
                 self.quota_unavailable(cx, plan, qr, &why);

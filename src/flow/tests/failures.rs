@@ -23,6 +23,9 @@ enum Fault {
     Slow,
     /// A 200 with a body that is not a script answer.
     Garbage,
+    /// An error a proxy between Webdis and Redis made up (Envoy's redis_proxy after its op_timeout,
+    /// while Redis still runs the command).
+    ProxyError,
 }
 
 fn fail(e: &FakeEnvoy, c: &mut Call, f: Fault) {
@@ -30,12 +33,13 @@ fn fail(e: &FakeEnvoy, c: &mut Call, f: Fault) {
         Fault::Down => e.dead_shim(c),
         Fault::Slow => e.time_out(c),
         Fault::Garbage => e.reply(c, 200, "<html>proxy error</html>"),
+        Fault::ProxyError => e.reply(c, 200, r#"{"EVALSHA":[false,"ERR upstream failure"]}"#),
     }
 }
 
 #[test]
 fn a_failing_quota_shim_under_on_failure_closed_answers_503_and_gives_the_bucket_back() {
-    for fault in [Fault::Down, Fault::Slow, Fault::Garbage] {
+    for fault in [Fault::Down, Fault::Slow, Fault::Garbage, Fault::ProxyError] {
         let e = envoy(quota_cfg("closed"));
         let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
         fail(&e, &mut c, fault);
