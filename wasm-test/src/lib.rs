@@ -20,9 +20,13 @@
 //!   Envoy with the filter; exposes its log, access log and stats.
 //! - [`http`]: a small HTTP/1.1 client (one-shot, keep-alive, streaming with abort).
 //! - [`RedisServer`], [`Webdis`], [`redis_cmd`]: for the quota tests.
+//! - [`cluster`]: a Redis Cluster (3 masters + 3 replicas), Envoy's `redis_proxy` in front of it, and
+//!   Webdis in front of that (the fleet tests).
 //!
 //! Every spawned process is killed by PID when its handle drops. Set `KEEP_TMP=1` to keep the temp
 //! dirs (bootstrap, logs) for inspection.
+
+pub mod cluster;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
