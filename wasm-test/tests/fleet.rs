@@ -140,6 +140,7 @@ fn run(backend: &Backend, mode: Mode, n: usize, clients: usize, secs: u64) -> Ru
         lease: mode != Mode::PerRequest,
         global: (mode == Mode::GlobalLeased).then_some(GLOBAL),
         timeout_ms: 1000,
+        shim_breaker_threshold: None,
     };
     let mock = mock_provider!();
     let envoys = fleet::start_envoys(
@@ -312,6 +313,7 @@ fn an_idle_lease_goes_back_to_redis() {
         lease: true,
         global: None,
         timeout_ms: 1000,
+        shim_breaker_threshold: None,
     };
     let mock = mock_provider!();
     let envoys = fleet::start_envoys(1, mock.port, b.webdis_port(), &plan.plugin_config(), 2);
