@@ -9,6 +9,10 @@
 #                   the table. SOAK_SECONDS (300) of load over the 5 phases (each fault repeated every 15 s),
 #                   SOAK_TENANTS (60 per phase), SOAK_CLIENTS (24), SOAK_RPS (100); the documented bounds are
 #                   asserted (also in make test; FAULTS_STRICT=0 only prints the table)
+#   make fleet      the long fleet tests (~6 min on 2 cores, run one at a time): three Envoys × 2 workers
+#                   sharing one Redis and a Redis Cluster (3 masters + 3 replicas behind Envoy's redis_proxy)
+#                   under 100 tenants (FLEET_SECS of load per run, default 15), and a Cluster master killed
+#                   under load; prints each run's figures (docs/scaling.md). Their smoke versions are in make test
 #   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
 #   make bench      estimator accuracy per corpus class (both splits) and speed, body-rewrite speed, then Envoy side by side:
 #                   no filter / empty wasm / tokengate (req/s, CPU, latency), the same rows' instructions
@@ -38,7 +42,7 @@ ENVOY_ENV = ENVOY_BIN="$$(scripts/envoy-bin.sh)" TOKENGATE_WASM="$(WASM)"
 
 export CARGO_TERM_PROGRESS_WHEN := never
 
-.PHONY: deps deps-rust build build-empty test soak lint bench run compose-test oci clean distclean
+.PHONY: deps deps-rust build build-empty test soak fleet lint bench run compose-test oci clean distclean
 
 deps:
 	@scripts/deps.sh
@@ -67,6 +71,16 @@ soak: deps build
 	$(ENVOY_ENV) FAULTS_SECONDS=$(SOAK_SECONDS) FAULTS_TENANTS=$(SOAK_TENANTS) \
 		FAULTS_CLIENTS=$(SOAK_CLIENTS) FAULTS_RPS=$(SOAK_RPS) \
 		cargo test -p wasm-test --test faults -- --nocapture
+
+# FLEET_SECS: seconds of load per fleet run (the failover runs have their own fixed 16 s).
+FLEET_SECS ?= 15
+
+# The `#[ignore]`d tests of wasm-test/tests/{fleet,cluster}.rs, one at a time (each starts up to 3 Envoys,
+# a Redis Cluster and an Envoy redis_proxy), with their tables printed.
+fleet: deps build
+	$(ENVOY_ENV) FLEET_SECS=$(FLEET_SECS) cargo test --no-fail-fast -p wasm-test --test fleet --test cluster \
+		-- --ignored --test-threads=1 --nocapture
+	@echo "make fleet: all passed"
 
 # Runs all three checks, then fails if any failed. Clippy warnings are errors on both targets: native
 # (the filter with its tests, benches and integration tests, and the wasm-test harness) and wasm32-wasip1.

@@ -22,9 +22,16 @@
 //! - [`RedisServer`], [`Webdis`], [`redis_cmd`]: for the quota tests.
 //! - [`faults`]: processes paused, killed and restarted on their ports, upstream faults, the mock's
 //!   served-usage ledger (the fault-matrix tests).
+//! - [`cluster`]: a Redis Cluster (3 masters + 3 replicas), Envoy's `redis_proxy` in front of it, and
+//!   Webdis in front of that (the fleet tests).
+//! - [`fleet`]: client load over several Envoys with per-tenant tallies of what was served, and the
+//!   Redis side of a tenant's quota (plain Redis or Cluster).
 //!
 //! Every spawned process is killed by PID when its handle drops. Set `KEEP_TMP=1` to keep the temp
 //! dirs (bootstrap, logs) for inspection.
+
+pub mod cluster;
+pub mod fleet;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
