@@ -298,7 +298,11 @@ mod tests {
 
     #[test]
     fn only_errors_that_prove_the_script_did_not_run_are_certain() {
-        for e in ["ERR upstream failure", "ERR no upstream host", "ERR something new"] {
+        for e in [
+            "ERR upstream failure",
+            "ERR no upstream host",
+            "ERR something new",
+        ] {
             assert!(ShimError::RedisError(e.into()).may_have_run(), "{e}");
         }
         for e in [

@@ -353,7 +353,23 @@ impl Request {
         let Some(rule) = cfg.rule(idx) else {
             return Ok(());
         };
-        let key = slot_key(rule, &subject(cfg, rule, &plan.meta));
+        let mut key = slot_key(rule, &subject(cfg, rule, &plan.meta));
+        // Semaphore keys count against `max_tenants` like bucket keys; past it, subjects share 64
+        // overflow semaphores per limit.
+        if !admission::claim_slot(
+            cx.host.store(),
+            admission::KEY_COUNTER,
+            cfg.max_tenants,
+            cfg.cas_max_retries,
+            &mut cx.worker.known_keys,
+            KNOWN_KEYS_CACHE,
+            &key,
+        ) {
+            cx.inc(Metric::TenantOverflow);
+            let n = crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes())
+                % admission::OVERFLOW_SLOTS;
+            key = format!("{}{}:~overflow{n}", crate::keys::IN_FLIGHT, rule.name);
+        }
         let owner = crate::inflight::owner(self.id, now);
         let ttl = crate::inflight::SLOT_TTL_S.saturating_mul(1_000_000_000);
         match crate::inflight::acquire(cx.store(), &key, max, owner, now, ttl, cfg.cas_max_retries)
@@ -1176,6 +1192,9 @@ pub(super) fn give_back_quotas(cx: &mut Cx, quotas: &mut Vec<QuotaReq>) {
             qr.settled = true;
             let (account, model) = (qr.args.tenant.clone(), qr.args.model.clone());
             super::lease::settle(cx, &account, model.as_deref(), qr.reserved.total(), 0);
+        } else if qr.uncertain {
+            // Redis may have reserved it (or may still): charge 0, whatever it did.
+            super::end::reconcile(cx, &mut qr, crate::accounting::Ending::NotServed);
         } else if qr.fail_open {
             // Nothing was reserved.
         } else {

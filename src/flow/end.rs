@@ -15,10 +15,60 @@ use crate::usage::{self, SseScanner};
 impl Request {
     /// Envoy's `on_log`: the request is over (completed, failed or aborted by the client).
     pub fn on_log(&mut self, cx: &mut Cx) {
+        let id = self.id;
+        let still_held =
+            matches!(self.stage, Stage::Held(_)) && cx.worker.held.iter().any(|(h, _)| *h == id);
+        if still_held || matches!(self.stage, Stage::Admitting(_)) {
+            self.abandon(cx);
+            return;
+        }
         if let Stage::Forwarded(f) | Stage::Held(f) = &mut self.stage {
             record_breakers(cx, f);
         }
         self.finish(cx, false);
+    }
+
+    /// The client went before the request was sent upstream (while a callout of its admission was in
+    /// flight, or while shaping held it): nothing was served, so every bucket charge, in-flight slot,
+    /// probe permit and reservation is given back; a reservation whose callout had not answered is
+    /// reconciled at 0 (Redis may run it still: the tombstone makes it a no-op). A global charge in
+    /// flight is left to Redis (the bucket refills).
+    fn abandon(&mut self, cx: &mut Cx) {
+        cx.inc(Metric::RequestsAbandoned);
+        let (meta, model, cost, mut charges, mut quotas, step) =
+            match std::mem::replace(&mut self.stage, Stage::Done) {
+                Stage::Admitting(mut plan) => {
+                    let step = std::mem::replace(&mut plan.step, super::state::Step::Done);
+                    let p = *plan;
+                    (p.meta, p.model, p.cost, p.charges, p.quotas, Some(step))
+                }
+                Stage::Held(f) => {
+                    cx.worker.forget(self.id);
+                    let f = *f;
+                    (f.meta, f.model, f.cost, f.charges, f.quotas, None)
+                }
+                other => {
+                    self.stage = other;
+                    return;
+                }
+            };
+        super::body::refund(cx, &mut charges);
+        if let Some(super::state::Step::Quota(mut qr)) = step {
+            if qr.started {
+                qr.uncertain = true;
+                quotas.push(*qr);
+            }
+        }
+        let record = answers::audit_record(
+            &meta.tenant,
+            &model,
+            Some(cost),
+            "client_gone",
+            &quotas,
+            cx.cfg,
+        );
+        super::body::give_back_quotas(cx, &mut quotas);
+        cx.fx.push(Effect::Audit(record));
     }
 
     /// Settles and refunds once (`ending_complete`: the response reached its end of stream).
@@ -83,7 +133,7 @@ fn queue(cx: &mut Cx, qr: &mut QuotaReq, mode: SettleMode, ending: Ending) {
 }
 
 /// Queues a reconciliation: charge what the request really cost, whatever the lost reservation did.
-fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
+pub(super) fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
     queue(cx, qr, SettleMode::Charge, ending);
 }
 

@@ -538,6 +538,10 @@ impl FakeEnvoy {
             return;
         }
         call.ended = true;
+        // As the adapter (src/host/http.rs): `on_log` only when the flow says it has work there.
+        if !call.req.has_end_work() {
+            return;
+        }
         self.run(call, Phase::Log, None, |req, cx| {
             req.on_log(cx);
             Next::Continue

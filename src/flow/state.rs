@@ -83,6 +83,8 @@ impl Request {
                     || (f.refund && !f.resp.refunded)
             }
             Stage::Replied(r) => r.reconcile.is_some(),
+            // The client went while the admission waited on a callout: give back what it took.
+            Stage::Admitting(_) => true,
             _ => false,
         }
     }

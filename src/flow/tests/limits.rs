@@ -284,3 +284,79 @@ fn estimated_pending(e: &FakeEnvoy, c: &mut Call) -> u64 {
     // EVALSHA/<sha>/<nkeys>/<key>/<cost>/…
     body[4].parse().unwrap()
 }
+
+#[test]
+fn a_client_that_goes_while_its_admission_waits_gives_everything_back() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "limits": [
+        {"name": "conc", "max_in_flight": 1},
+        {"name": "user", "tokens_per_second": 0.001, "burst": 1000}],
+        "quota": {"cluster": "webdis", "monthly_limit": 100000}}));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    assert!(c.pending.is_some(), "waits on its reservation");
+    let cost = estimated_from_callout(&c);
+    e.end(&mut c); // the client goes; the reservation never answers
+    clean(&c);
+    assert_eq!(e.metric(Metric::RequestsAbandoned), 1);
+    assert_eq!(e.metric(Metric::TokensCredited), cost, "bucket given back");
+    assert_eq!(c.audit_field("decision").as_deref(), Some("client_gone"));
+    // Reconciled at 0: Redis may run the reservation still.
+    e.tick(0);
+    let calls = e.root_callouts.borrow().clone();
+    assert_eq!(calls.len(), 1);
+    let seg = segments(&calls[0].body);
+    let nkeys: usize = seg[2].parse().unwrap();
+    assert_eq!(&seg[3 + nkeys + 2], "c", "{seg:?}");
+    assert_eq!(&seg[3 + nkeys + 4], "0", "{seg:?}");
+    // Its in-flight slot is free at once (not after the slot's 900 s expiry).
+    let mut d = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    assert!(
+        d.pending.is_some(),
+        "admitted past the in-flight limit: {:?}",
+        d.status()
+    );
+    e.reply(&mut d, 200, &reserved(10, 100000));
+    assert!(d.forwarded);
+}
+
+#[test]
+fn a_client_that_goes_while_shaping_holds_it_is_charged_nothing() {
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
+        {"name": "s", "tokens_per_second": 100, "burst": 100, "max_wait_ms": 1000}],
+        "quota": {"cluster": "webdis", "monthly_limit": 100000}}));
+    let mut a = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 80));
+    e.reply(&mut a, 200, &reserved(10, 100000));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 30));
+    e.reply(&mut c, 200, &reserved(10, 100000));
+    assert!(c.held);
+    let cost = estimated_from_callout_body(&c);
+    e.end(&mut c);
+    assert_eq!(e.metric(Metric::RequestsAbandoned), 1);
+    assert_eq!(e.metric(Metric::TokensCredited), cost);
+    e.tick(0);
+    // Its reservation is settled at 0 (the provider never saw it), not charged its prompt.
+    let calls = e.root_callouts.borrow().clone();
+    let settled: Vec<String> = calls
+        .iter()
+        .map(|c| {
+            let seg = segments(&c.body);
+            let nkeys: usize = seg[2].parse().unwrap();
+            format!("{}:{}", seg[3 + nkeys + 2], seg[3 + nkeys + 4])
+        })
+        .collect();
+    assert_eq!(settled, vec!["s:0".to_string()]);
+    assert!(e.resumed.borrow().is_empty(), "never resumed");
+}
+
+/// The estimate a request's reservation callout carries (prompt + output costs, unit weights).
+fn estimated_from_callout(c: &Call) -> u64 {
+    let seg = segments(&c.pending.as_ref().unwrap().body);
+    let nkeys: usize = seg[2].parse().unwrap();
+    let prompt: u64 = seg[3 + nkeys].parse().unwrap();
+    let output: u64 = seg[3 + nkeys + 1].parse().unwrap();
+    prompt + output
+}
+
+/// The estimate of a request whose callout was answered (from its audit record).
+fn estimated_from_callout_body(c: &Call) -> u64 {
+    c.audit_field("estimated").unwrap().parse().unwrap()
+}
