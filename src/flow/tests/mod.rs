@@ -4,6 +4,7 @@
 mod breaker;
 mod contract;
 mod failures;
+mod glease;
 mod lease;
 mod limits;
 mod settlement;
