@@ -255,10 +255,12 @@ pub fn take(
         }
         let asking =
             a.asking_since_ns != 0 && now.saturating_sub(a.asking_since_ns) < pol.ask_timeout_ns;
+        // The use since the last measure counts now (a bucket that went quiet asks less).
+        measure(&mut n, pol, now);
         let ask = if asking || a.flags & UNLISTED != 0 {
             None
         } else {
-            target(a, p, pol, cost).and_then(|(t, r)| block(a, t, r, rpm))
+            target(&n, p, pol, cost).and_then(|(t, r)| block(&n, t, r, rpm))
         };
         if ask.is_some() {
             n.asking_since_ns = now.max(1);
@@ -420,15 +422,20 @@ pub fn plan(
         if a.asking_since_ns != 0 && now.saturating_sub(a.asking_since_ns) < pol.ask_timeout_ns {
             return (None, None);
         }
-        let Some((t, r)) = target(a, p, pol, a.last_cost) else {
-            return (None, None);
+        let low_at = |x: &Account| {
+            target(x, p, pol, x.last_cost)
+                .filter(|(t, r)| x.tokens < t / 2 || (rpm && x.requests < r.div_ceil(2)))
         };
-        let low = a.tokens < t / 2 || (rpm && a.requests < r.div_ceil(2));
-        if !low && a.flags & WANTS_REFILL == 0 {
+        if low_at(a).is_none() && a.flags & WANTS_REFILL == 0 {
             return (None, None);
         }
+        // Sized by the use measured up to now.
+        measure(&mut n, pol, now);
         n.flags &= !WANTS_REFILL;
-        match block(a, t, r, rpm) {
+        let Some((t, r)) = low_at(&n) else {
+            return (None, Some(n));
+        };
+        match block(&n, t, r, rpm) {
             Some((bt, br)) => {
                 n.asking_since_ns = now.max(1);
                 (Some(Plan::TopUp(bt, br)), Some(n))
@@ -767,6 +774,22 @@ mod tests {
         s.set(&k, &a.encode(), 0).unwrap();
         abandon(&s, &k, 8);
         assert_eq!(account(&s, &k).asking_since_ns, 0);
+    }
+
+    #[test]
+    fn a_bucket_that_went_quiet_asks_for_no_block() {
+        let s = MemStore::new();
+        let p = params(None);
+        let k = account_key("b");
+        take(&s, &k, &p, &pol(), 100, S, 8);
+        let mut a = account(&s, &k);
+        a.rate = 4000.0;
+        s.set(&k, &a.encode(), 0).unwrap();
+        assert!(matches!(take(&s, &k, &p, &pol(), 100, S, 8), Take::Miss(Some(_), _)));
+        abandon(&s, &k, 8);
+        // Ten quiet seconds later the measured use is nil: a miss is charged on its own.
+        assert_eq!(take(&s, &k, &p, &pol(), 100, 11 * S, 8), Take::Miss(None, false));
+        assert!(account(&s, &k).rate < 1.0);
     }
 
     #[test]
