@@ -335,7 +335,10 @@ pub fn apply(
             0
         };
         let keep_r = if rpm { r.min(cap_r.max(n.requests)) } else { 0 };
-        let excess = (t - keep_t, ans.block_requests.saturating_sub(keep_r - n.requests));
+        let excess = (
+            t - keep_t,
+            ans.block_requests.saturating_sub(keep_r - n.requests),
+        );
         n.tokens = keep_t;
         n.requests = keep_r;
         n.seen_tokens = ans.seen.tokens;
@@ -659,7 +662,11 @@ mod tests {
         a.rate = 3000.0;
         assert_eq!(target(&a, &p, &pol(), 200), Some((3000, 0)));
         a.rate = 1e9;
-        assert_eq!(target(&a, &p, &pol(), 200), Some((10_000, 0)), "10 % of the burst");
+        assert_eq!(
+            target(&a, &p, &pol(), 200),
+            Some((10_000, 0)),
+            "10 % of the burst"
+        );
         // One request costs more than the share: no lease.
         assert_eq!(target(&a, &p, &pol(), 20_000), None);
         // Requests/minute: the block covers the request rate too, capped at 10 % of it.
@@ -669,7 +676,11 @@ mod tests {
         a.request_rate = 1000.0;
         assert_eq!(target(&a, &p, &pol(), 200), Some((10_000, 60)));
         let p = params(Some(5.0));
-        assert_eq!(target(&a, &p, &pol(), 200), None, "10 % of 5/min is no request");
+        assert_eq!(
+            target(&a, &p, &pol(), 200),
+            None,
+            "10 % of 5/min is no request"
+        );
     }
 
     #[test]
@@ -693,16 +704,25 @@ mod tests {
         };
         assert_eq!(bt, 5000);
         // One ask at a time: a concurrent miss asks nothing.
-        assert_eq!(take(&s, &k, &p, &pol(), 100, 3 * S, 8), Take::Miss(None, false));
+        assert_eq!(
+            take(&s, &k, &p, &pol(), 100, 3 * S, 8),
+            Take::Miss(None, false)
+        );
         // Redis granted 300 tokens beyond the request (all it had).
         assert_eq!(
             apply(&s, &k, &p, &pol(), &answer(100, 300, 0, true), 3 * S, 8),
             Some((0, 0))
         );
         for _ in 0..3 {
-            assert!(matches!(take(&s, &k, &p, &pol(), 100, 3 * S, 8), Take::Hit(..)));
+            assert!(matches!(
+                take(&s, &k, &p, &pol(), 100, 3 * S, 8),
+                Take::Hit(..)
+            ));
         }
-        assert!(matches!(take(&s, &k, &p, &pol(), 100, 3 * S, 8), Take::Miss(Some(_), false)));
+        assert!(matches!(
+            take(&s, &k, &p, &pol(), 100, 3 * S, 8),
+            Take::Miss(Some(_), false)
+        ));
         assert_eq!(account(&s, &k).tokens, 0);
     }
 
@@ -785,10 +805,16 @@ mod tests {
         let mut a = account(&s, &k);
         a.rate = 4000.0;
         s.set(&k, &a.encode(), 0).unwrap();
-        assert!(matches!(take(&s, &k, &p, &pol(), 100, S, 8), Take::Miss(Some(_), _)));
+        assert!(matches!(
+            take(&s, &k, &p, &pol(), 100, S, 8),
+            Take::Miss(Some(_), _)
+        ));
         abandon(&s, &k, 8);
         // Ten quiet seconds later the measured use is nil: a miss is charged on its own.
-        assert_eq!(take(&s, &k, &p, &pol(), 100, 11 * S, 8), Take::Miss(None, false));
+        assert_eq!(
+            take(&s, &k, &p, &pol(), 100, 11 * S, 8),
+            Take::Miss(None, false)
+        );
         assert!(account(&s, &k).rate < 1.0);
     }
 

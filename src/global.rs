@@ -302,7 +302,8 @@ pub fn parse_reply(http_status: u32, body: &[u8]) -> Result<Reply, ShimError> {
         return Err(ShimError::Garbage("wrong length".into()));
     };
     let us = u64::try_from(*us).map_err(|_| ShimError::Garbage(format!("negative wait: {us}")))?;
-    let block = |n: i64| u64::try_from(n).map_err(|_| ShimError::Garbage(format!("negative block: {n}")));
+    let block =
+        |n: i64| u64::try_from(n).map_err(|_| ShimError::Garbage(format!("negative block: {n}")));
     let (block_tokens, block_requests) = (block(*bt)?, block(*br)?);
     let secs = us as f64 / 1e6;
     let verdict = match verdict {
@@ -404,7 +405,10 @@ mod tests {
             format!("EVALSHA/{SHA1}/1/k/42/10%2E0/100%2E0/0%2E0/250/0/0/tg2/1/0/0/0")
         );
         let b = credit_request("k", &p, 7, ScriptCall::EvalSha);
-        assert!(b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/7/0/tg2/1/0/0/0"), "{b}");
+        assert!(
+            b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/7/0/tg2/1/0/0/0"),
+            "{b}"
+        );
         let ask = LeaseAsk {
             requests: 1,
             block_tokens: 500,
@@ -412,9 +416,15 @@ mod tests {
             credit_requests: 0,
         };
         let b = lease_request("k", &p, 42, 0, &ask, ScriptCall::EvalSha);
-        assert!(b.ends_with("/42/10%2E0/100%2E0/0%2E0/0/0/0/tg2/1/500/3/0"), "{b}");
+        assert!(
+            b.ends_with("/42/10%2E0/100%2E0/0%2E0/0/0/0/tg2/1/500/3/0"),
+            "{b}"
+        );
         let b = give_back_request("k", &p, 70, 2, ScriptCall::EvalSha);
-        assert!(b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/70/0/tg2/0/0/0/2"), "{b}");
+        assert!(
+            b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/70/0/tg2/0/0/0/2"),
+            "{b}"
+        );
         assert!(charge_request("k", &p, 1, 0, ScriptCall::Eval).starts_with("EVAL/"));
     }
 
@@ -438,7 +448,9 @@ mod tests {
             Verdict::LimitRequests { reset_in_s: 1.0 }
         );
         assert_eq!(
-            parse_reply(200, br#"{"EVAL":[4,0,0,0,0,0]}"#).unwrap().verdict,
+            parse_reply(200, br#"{"EVAL":[4,0,0,0,0,0]}"#)
+                .unwrap()
+                .verdict,
             Verdict::TooLarge
         );
         for (status, body) in [

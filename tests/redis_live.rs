@@ -13,7 +13,9 @@
 
 use std::path::Path;
 use tokengate::bucket::{self, BucketParams, BucketState, Verdict};
-use tokengate::global::{argv, charge_request, lease_argv, parse_reply, LeaseAsk, Reply, SCRIPT, SHA1};
+use tokengate::global::{
+    argv, charge_request, lease_argv, parse_reply, LeaseAsk, Reply, SCRIPT, SHA1,
+};
 use tokengate::quota::*;
 use tokengate::webdis::{command_body, ScriptCall, ShimError, MAX_LUA_INT};
 use wasm_test::{http, redis_cmd, RedisServer, RespValue, Webdis};
@@ -757,10 +759,16 @@ mod global_bucket {
         };
         // A request of 100 with a block of 500: both taken.
         let r = lease_call(&st, "l", &p, 100, 0, 0, 1_000_000, ask(1, 500, 0, 0));
-        assert_eq!((r.verdict, r.block_tokens, r.state.tokens), (Verdict::Admit, 500, 400.0));
+        assert_eq!(
+            (r.verdict, r.block_tokens, r.state.tokens),
+            (Verdict::Admit, 500, 400.0)
+        );
         // A block alone (no cost, no request) takes whole tokens, at most what is there.
         let r = lease_call(&st, "l", &p, 0, 0, 0, 1_000_000, ask(0, 1000, 0, 0));
-        assert_eq!((r.verdict, r.block_tokens, r.state.tokens), (Verdict::Admit, 400, 0.0));
+        assert_eq!(
+            (r.verdict, r.block_tokens, r.state.tokens),
+            (Verdict::Admit, 400, 0.0)
+        );
         // 0.55 s later 5.5 tokens are back: a request of 5 passes, its block gets the whole 0.
         let r = lease_call(&st, "l", &p, 5, 0, 0, 1_550_000, ask(1, 100, 0, 0));
         assert_eq!((r.verdict, r.block_tokens), (Verdict::Admit, 0));

@@ -2,10 +2,10 @@
 //! such a request gets when Redis cannot answer, and leases: `"global_buckets": {"cluster": "webdis",
 //! "on_failure": "local", "lease": {"horizon_ms": 1000, "max_share_percent": 10, "idle_ms": 2000}}`.
 
+use super::fields::in_range;
 use super::quota::QuotaSettings;
 use super::rules::Rule;
 use super::shim::{shim_breaker, shim_target, RawShimBreaker};
-use super::fields::in_range;
 use super::{err, ConfigError};
 use crate::breaker::BreakerConfig;
 use serde::Deserialize;
@@ -242,7 +242,10 @@ mod tests {
         )
         .unwrap();
         let l = c.global.as_ref().unwrap().lease.unwrap();
-        assert_eq!((l.horizon_s, l.max_share, l.idle_ns), (0.25, 0.25, 500_000_000));
+        assert_eq!(
+            (l.horizon_s, l.max_share, l.idle_ns),
+            (0.25, 0.25, 500_000_000)
+        );
     }
 
     #[test]

@@ -209,12 +209,7 @@ pub fn on_callout_reply(cx: &mut Cx, purpose: Purpose, reply: CalloutReply) {
             }
         }
         Purpose::GlobalLease(id) => {
-            if let Some((g, pol)) = cx
-                .cfg
-                .global
-                .as_ref()
-                .and_then(|g| g.lease.map(|l| (g, l)))
-            {
+            if let Some((g, pol)) = cx.cfg.global.as_ref().and_then(|g| g.lease.map(|l| (g, l))) {
                 super::glease::on_reply(cx, g, &pol, id, reply);
             }
         }

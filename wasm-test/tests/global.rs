@@ -459,7 +459,10 @@ fn hammer(
                     let r = client
                         .post(
                             tg::CHAT,
-                            &[("x-tenant-id", tenant), ("content-type", "application/json")],
+                            &[
+                                ("x-tenant-id", tenant),
+                                ("content-type", "application/json"),
+                            ],
                             &body,
                         )
                         .unwrap_or_else(|e| panic!("request failed: {e}"));
@@ -490,7 +493,13 @@ fn leases_keep_two_envoys_with_two_workers_within_one_bucket() {
     let b = st.envoy(rules, json!({"lease": {}}), json!({}), 2);
     let calls_before = script_calls(&st.redis);
     let started = Instant::now();
-    let results = hammer(&[a.port, b.port], "shared", 6, Duration::from_millis(2500), 200);
+    let results = hammer(
+        &[a.port, b.port],
+        "shared",
+        6,
+        Duration::from_millis(2500),
+        200,
+    );
     let elapsed = started.elapsed().as_secs_f64();
     let calls = script_calls(&st.redis) - calls_before;
     let admitted = |w: Option<usize>| -> u64 {
@@ -550,10 +559,22 @@ fn a_busy_leased_bucket_costs_under_a_tenth_of_a_script_call_per_request() {
     let rules = json!([global_rule("busy", 1_000_000.0, 10_000_000, json!({}))]);
     let a = st.envoy(rules.clone(), json!({"lease": {}}), json!({}), 2);
     let b = st.envoy(rules, json!({"lease": {}}), json!({}), 2);
-    let warm = hammer(&[a.port, b.port], "busy", 4, Duration::from_millis(1000), 200);
+    let warm = hammer(
+        &[a.port, b.port],
+        "busy",
+        4,
+        Duration::from_millis(1000),
+        200,
+    );
     assert!(warm.iter().all(|r| r.1 == 200));
     let calls_before = script_calls(&st.redis);
-    let run = hammer(&[a.port, b.port], "busy", 4, Duration::from_millis(2500), 200);
+    let run = hammer(
+        &[a.port, b.port],
+        "busy",
+        4,
+        Duration::from_millis(2500),
+        200,
+    );
     let calls = script_calls(&st.redis) - calls_before;
     let per_request = calls as f64 / run.len() as f64;
     println!(
@@ -584,7 +605,10 @@ fn an_idle_lease_is_given_back_so_another_envoy_can_use_it() {
         assert_eq!(r.status, 200, "{}", r.text());
         used += header_u64(&r, "x-tokengate-estimated-tokens");
     }
-    assert!(a.stat("tokengate_global_leased") > 0, "A spent from a lease");
+    assert!(
+        a.stat("tokengate_global_leased") > 0,
+        "A spent from a lease"
+    );
     // A goes idle: its lease goes back to Redis.
     let returned = a.wait_stat(
         "tokengate_global_lease_returned_tokens",

@@ -9,7 +9,8 @@ use crate::glease::{self, Account};
 const KEY: &str = "tg:gb:{g:acme}:m";
 
 fn cfg(rule_extra: Value, lease: Value, on_failure: &str) -> Value {
-    let mut rule = json!({"name": "g", "tokens_per_second": 1000, "burst": 1_000_000, "global": true});
+    let mut rule =
+        json!({"name": "g", "tokens_per_second": 1000, "burst": 1_000_000, "global": true});
     if let (Some(r), Some(x)) = (rule.as_object_mut(), rule_extra.as_object()) {
         for (k, v) in x {
             r.insert(k.clone(), v.clone());
@@ -66,7 +67,10 @@ fn a_busy_bucket_gets_a_block_with_a_charge_and_requests_then_spend_it_without_c
     let e = FakeEnvoy::new(&cfg(json!({}), json!({}), "closed").to_string(), 2);
     let (mut c, cost) = warm_up(&e);
     let asked: u64 = argv(&c.pending.as_ref().unwrap().body)[9].parse().unwrap();
-    assert!(asked >= cost, "a block covers at least one request: {asked} < {cost}");
+    assert!(
+        asked >= cost,
+        "a block covers at least one request: {asked} < {cost}"
+    );
     assert!(asked <= 100_000, "at most 10 % of the burst");
     // Redis grants 5 requests' worth beyond this one.
     e.reply(&mut c, 200, &admitted(800_000, 5 * cost as i64, 0));
@@ -76,7 +80,10 @@ fn a_busy_bucket_gets_a_block_with_a_charge_and_requests_then_spend_it_without_c
     for i in 0..5 {
         let mut c = send(&e, i % 2);
         clean(&c);
-        assert!(c.forwarded && c.pending.is_none(), "request {i} from the lease");
+        assert!(
+            c.forwarded && c.pending.is_none(),
+            "request {i} from the lease"
+        );
         e.respond(&mut c, 200, &[], &["{}"]);
         assert!(c.header("x-ratelimit-remaining-tokens").is_some());
     }
@@ -92,7 +99,11 @@ fn a_busy_bucket_gets_a_block_with_a_charge_and_requests_then_spend_it_without_c
 fn two_workers_never_admit_more_than_the_lease_holds() {
     let e = FakeEnvoy::new(&cfg(json!({}), json!({}), "closed").to_string(), 2);
     let (mut c, cost) = warm_up(&e);
-    e.reply(&mut c, 200, &admitted(800_000, 7 * cost as i64 + cost as i64 / 2, 0));
+    e.reply(
+        &mut c,
+        200,
+        &admitted(800_000, 7 * cost as i64 + cost as i64 / 2, 0),
+    );
     let mut from_lease = 0;
     for i in 0..20 {
         let c = send(&e, i % 2);
@@ -113,7 +124,10 @@ fn the_tick_tops_up_a_low_lease_and_gives_an_idle_one_back_with_its_requests() {
     ));
     let (mut c, cost) = warm_up(&e);
     let args = argv(&c.pending.as_ref().unwrap().body);
-    assert_ne!(args[10], "0", "requests are asked with the tokens: {args:?}");
+    assert_ne!(
+        args[10], "0",
+        "requests are asked with the tokens: {args:?}"
+    );
     let block = 4 * cost as i64;
     e.reply(&mut c, 200, &admitted(800_000, block, 4));
     assert_eq!((account(&e).tokens, account(&e).requests), (4 * cost, 4));
@@ -135,7 +149,11 @@ fn the_tick_tops_up_a_low_lease_and_gives_an_idle_one_back_with_its_requests() {
         .collect();
     assert_eq!(calls.len(), 1, "{calls:?}");
     let top = &calls[0];
-    assert_eq!((top[0].as_str(), top[8].as_str()), ("0", "0"), "a block alone: {top:?}");
+    assert_eq!(
+        (top[0].as_str(), top[8].as_str()),
+        ("0", "0"),
+        "a block alone: {top:?}"
+    );
     let bt: i64 = top[9].parse().unwrap();
     assert!(bt > 0);
     e.root_callouts
@@ -211,7 +229,11 @@ fn a_held_lease_is_spent_while_redis_is_down_then_on_failure_applies() {
     }
     let mut c = send(&e, 0);
     e.dead_shim(&mut c);
-    assert_eq!(c.status(), Some(503), "on_failure=closed once the lease is spent");
+    assert_eq!(
+        c.status(),
+        Some(503),
+        "on_failure=closed once the lease is spent"
+    );
     // The failed ask is cleared: a later miss may ask again.
     assert_eq!(account(&e).asking_since_ns, 0);
 }
@@ -232,7 +254,11 @@ fn a_cached_refusal_does_not_refuse_what_the_lease_still_holds() {
         &[TENANT, ("x-tokengate-model", "m")],
         &chat("m", "", 1),
     );
-    assert!(small.forwarded && small.pending.is_none(), "{:?}", small.reply_json());
+    assert!(
+        small.forwarded && small.pending.is_none(),
+        "{:?}",
+        small.reply_json()
+    );
     // Without it, the cache refuses.
     let again = e.send_on(0, "/v1/chat/completions", &[TENANT], &chat("m", "hi", 400));
     assert_eq!(again.status(), Some(429));
