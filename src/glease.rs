@@ -217,6 +217,9 @@ pub enum Take {
 }
 
 /// Takes `cost` tokens (and a request when the bucket has requests/minute) from the account at `key`.
+/// A missing account is made only when `may_create()` says so (shared data never evicts a key: the
+/// caller bounds how many exist); otherwise the request simply misses.
+#[allow(clippy::too_many_arguments)]
 pub fn take(
     store: &dyn SharedStore,
     key: &str,
@@ -225,6 +228,7 @@ pub fn take(
     cost: u64,
     now: u64,
     retries: u32,
+    may_create: impl FnOnce() -> bool,
 ) -> Take {
     let rpm = p.requests_per_minute.is_some();
     let init = Account {
@@ -232,7 +236,13 @@ pub fn take(
         last_sync_ns: now,
         ..Account::default()
     };
-    let r = crate::store::update(store, key, retries, &init, |a: &Account| {
+    let Ok(seen) = store.get(key) else {
+        return Take::Store;
+    };
+    if seen.is_none() && !may_create() {
+        return Take::Miss(None, false);
+    }
+    let r = crate::store::update_from(store, key, retries, &init, seen, |a: &Account| {
         let mut n = *a;
         n.last_use_ns = now;
         n.last_cost = cost;
@@ -314,38 +324,45 @@ pub fn apply(
 ) -> Option<(u64, u64)> {
     let (cap_t, cap_r) = pol.caps(p);
     let rpm = p.requests_per_minute.is_some();
-    let init = Account {
-        last_use_ns: now,
-        last_sync_ns: now,
-        ..Account::default()
-    };
-    let r = crate::store::update(store, key, retries, &init, |a: &Account| {
-        let mut n = *a;
-        if ans.asked {
-            n.asking_since_ns = 0;
-        }
-        n.consumed = n.consumed.saturating_add(ans.admitted_cost);
-        n.consumed_requests = n.consumed_requests.saturating_add(ans.admitted_requests);
-        measure(&mut n, pol, now);
-        let t = n.tokens.saturating_add(ans.block_tokens);
-        let keep_t = t.min(cap_t.max(n.tokens));
-        let r = if rpm {
-            n.requests.saturating_add(ans.block_requests)
-        } else {
-            0
-        };
-        let keep_r = if rpm { r.min(cap_r.max(n.requests)) } else { 0 };
-        let excess = (
-            t - keep_t,
-            ans.block_requests.saturating_sub(keep_r - n.requests),
-        );
-        n.tokens = keep_t;
-        n.requests = keep_r;
-        n.seen_tokens = ans.seen.tokens;
-        n.seen_requests = ans.seen.requests;
-        n.seen_ns = now;
-        (excess, Some(n))
-    });
+    let seen = store.get(key).ok()?;
+    if seen.is_none() {
+        // No account (never made, beyond the bound): the whole block goes back.
+        return Some((ans.block_tokens, ans.block_requests));
+    }
+    let r = crate::store::update_from(
+        store,
+        key,
+        retries,
+        &Account::default(),
+        seen,
+        |a: &Account| {
+            let mut n = *a;
+            if ans.asked {
+                n.asking_since_ns = 0;
+            }
+            n.consumed = n.consumed.saturating_add(ans.admitted_cost);
+            n.consumed_requests = n.consumed_requests.saturating_add(ans.admitted_requests);
+            measure(&mut n, pol, now);
+            let t = n.tokens.saturating_add(ans.block_tokens);
+            let keep_t = t.min(cap_t.max(n.tokens));
+            let r = if rpm {
+                n.requests.saturating_add(ans.block_requests)
+            } else {
+                0
+            };
+            let keep_r = if rpm { r.min(cap_r.max(n.requests)) } else { 0 };
+            let excess = (
+                t - keep_t,
+                ans.block_requests.saturating_sub(keep_r - n.requests),
+            );
+            n.tokens = keep_t;
+            n.requests = keep_r;
+            n.seen_tokens = ans.seen.tokens;
+            n.seen_requests = ans.seen.requests;
+            n.seen_ns = now;
+            (excess, Some(n))
+        },
+    );
     r.ok().map(|(x, _)| x)
 }
 
@@ -689,7 +706,10 @@ mod tests {
         let p = params(None);
         let k = account_key("tg:gb:{g:acme}");
         // Cold: a miss that asks nothing (no rate yet); the account was created.
-        assert_eq!(take(&s, &k, &p, &pol(), 100, S, 8), Take::Miss(None, true));
+        assert_eq!(
+            take(&s, &k, &p, &pol(), 100, S, 8, || true),
+            Take::Miss(None, true)
+        );
         // Redis admitted the request per request; a second later the rate shows 100/s.
         apply(&s, &k, &p, &pol(), &answer(100, 0, 0, false), 2 * S, 8).unwrap();
         let a = account(&s, &k);
@@ -699,13 +719,14 @@ mod tests {
         a.consumed += 5000;
         s.set(&k, &a.encode(), 0).unwrap();
         apply(&s, &k, &p, &pol(), &answer(0, 0, 0, false), 3 * S, 8).unwrap();
-        let Take::Miss(Some((bt, 0)), false) = take(&s, &k, &p, &pol(), 100, 3 * S, 8) else {
+        let Take::Miss(Some((bt, 0)), false) = take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true)
+        else {
             panic!("a block is asked");
         };
         assert_eq!(bt, 5000);
         // One ask at a time: a concurrent miss asks nothing.
         assert_eq!(
-            take(&s, &k, &p, &pol(), 100, 3 * S, 8),
+            take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true),
             Take::Miss(None, false)
         );
         // Redis granted 300 tokens beyond the request (all it had).
@@ -715,12 +736,12 @@ mod tests {
         );
         for _ in 0..3 {
             assert!(matches!(
-                take(&s, &k, &p, &pol(), 100, 3 * S, 8),
+                take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true),
                 Take::Hit(..)
             ));
         }
         assert!(matches!(
-            take(&s, &k, &p, &pol(), 100, 3 * S, 8),
+            take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true),
             Take::Miss(Some(_), false)
         ));
         assert_eq!(account(&s, &k).tokens, 0);
@@ -731,7 +752,7 @@ mod tests {
         let s = MemStore::new();
         let p = params(Some(600.0));
         let k = account_key("b");
-        take(&s, &k, &p, &pol(), 100, S, 8);
+        take(&s, &k, &p, &pol(), 100, S, 8, || true);
         assert_eq!(
             apply(&s, &k, &p, &pol(), &answer(0, 9_000, 50, false), S, 8),
             Some((0, 0))
@@ -750,7 +771,7 @@ mod tests {
         assert_eq!(debit(&s, &k, 20_000, 8), 10_000);
         // An account the leader does not walk takes no credit (it could not be given back).
         let k2 = account_key("c");
-        take(&s, &k2, &p, &pol(), 100, S, 8);
+        take(&s, &k2, &p, &pol(), 100, S, 8, || true);
         forbid(&s, &k2, 8);
         assert_eq!(credit(&s, &k2, &p, &pol(), 5, 8), 5);
         // No account: everything goes to Redis.
@@ -763,7 +784,7 @@ mod tests {
         let s = MemStore::new();
         let p = params(None);
         let k = account_key("b");
-        take(&s, &k, &p, &pol(), 100, S, 8);
+        take(&s, &k, &p, &pol(), 100, S, 8, || true);
         let mut a = account(&s, &k);
         a.rate = 4000.0;
         a.tokens = 3000;
@@ -773,7 +794,7 @@ mod tests {
         // Spending below half a block asks for a top-up, once.
         let mut refills = 0;
         for _ in 0..15 {
-            if let Take::Hit(_, true) = take(&s, &k, &p, &pol(), 100, S, 8) {
+            if let Take::Hit(_, true) = take(&s, &k, &p, &pol(), 100, S, 8, || true) {
                 refills += 1;
             }
         }
@@ -801,21 +822,38 @@ mod tests {
         let s = MemStore::new();
         let p = params(None);
         let k = account_key("b");
-        take(&s, &k, &p, &pol(), 100, S, 8);
+        take(&s, &k, &p, &pol(), 100, S, 8, || true);
         let mut a = account(&s, &k);
         a.rate = 4000.0;
         s.set(&k, &a.encode(), 0).unwrap();
         assert!(matches!(
-            take(&s, &k, &p, &pol(), 100, S, 8),
+            take(&s, &k, &p, &pol(), 100, S, 8, || true),
             Take::Miss(Some(_), _)
         ));
         abandon(&s, &k, 8);
         // Ten quiet seconds later the measured use is nil: a miss is charged on its own.
         assert_eq!(
-            take(&s, &k, &p, &pol(), 100, 11 * S, 8),
+            take(&s, &k, &p, &pol(), 100, 11 * S, 8, || true),
             Take::Miss(None, false)
         );
         assert!(account(&s, &k).rate < 1.0);
+    }
+
+    #[test]
+    fn no_account_is_made_beyond_the_bound_and_a_block_without_one_goes_back() {
+        let s = MemStore::new();
+        let p = params(None);
+        let k = account_key("b");
+        assert_eq!(
+            take(&s, &k, &p, &pol(), 100, S, 8, || false),
+            Take::Miss(None, false)
+        );
+        assert!(s.is_empty(), "no key made");
+        assert_eq!(
+            apply(&s, &k, &p, &pol(), &answer(100, 300, 2, true), S, 8),
+            Some((300, 2))
+        );
+        assert!(s.is_empty());
     }
 
     #[test]

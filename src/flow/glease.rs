@@ -66,7 +66,19 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
     let akey = glease::account_key(key);
     let now = cx.now();
     let retries = cx.cfg.cas_max_retries;
-    match glease::take(cx.store(), &akey, &rule.params, pol, cost, now, retries) {
+    let max = u64::from(cx.cfg.max_tenants);
+    let store = cx.store();
+    let may_create = || glease::registered(store) < max;
+    match glease::take(
+        store,
+        &akey,
+        &rule.params,
+        pol,
+        cost,
+        now,
+        retries,
+        may_create,
+    ) {
         Take::Hit(a, refill) => {
             cx.inc(Metric::GlobalLeased);
             if refill {

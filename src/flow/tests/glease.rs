@@ -281,3 +281,29 @@ fn without_lease_settings_every_request_is_charged_in_redis() {
     assert_eq!(e.metric(Metric::GlobalCharged), 30);
     assert_eq!(e.metric(Metric::GlobalLeased), 0);
 }
+
+#[test]
+fn accounts_are_bounded_by_max_tenants_and_beyond_it_requests_are_charged_one_by_one() {
+    let mut c = cfg(json!({}), json!({}), "closed");
+    c["max_tenants"] = json!(1);
+    let e = envoy(c);
+    let (mut first, _) = warm_up(&e);
+    e.reply(&mut first, 200, &admitted(800_000, 0, 0));
+    for _ in 0..30 {
+        e.advance_ms(10);
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", "other")],
+            &chat("m", "hi", 100),
+        );
+        let args = argv(&c.pending.as_ref().expect("charged in Redis").body);
+        assert_eq!(args[9], "0", "no block for a bucket beyond the bound");
+        e.reply(&mut c, 200, &admitted(900_000, 0, 0));
+        assert!(c.forwarded);
+    }
+    let other = glease::account_key("tg:gb:{g:other}:m");
+    assert!(crate::store::peek::<Account>(&e.store, &other)
+        .unwrap()
+        .0
+        .is_none());
+}
