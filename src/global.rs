@@ -22,16 +22,27 @@
 //! a spent global bucket costs Redis nothing. Only a credit given back in that window is missed, which
 //! errs towards limiting. A slot shared by two keys keeps the later one; the other asks Redis again.
 //!
-//! Reply: `[verdict, tokens × 1000, requests × 1000, µs]`, verdict 0 admitted, 1 admitted after a wait of
-//! `µs` (shaping), 2 tokens short (`µs` until they would be there), 3 requests/minute spent (same), 4 the
-//! cost exceeds the burst. The balances are after the charge (before it when refused).
+//! Reply: `[verdict, tokens × 1000, requests × 1000, µs, block tokens, block requests]`, verdict 0
+//! admitted, 1 admitted after a wait of `µs` (shaping), 2 tokens short (`µs` until they would be there),
+//! 3 requests/minute spent (same), 4 the cost exceeds the burst. The balances are after the charge (before
+//! it when refused).
+//!
+//! Leases (`global_buckets.lease`, see [`crate::glease`]): the same call can also take a *block* beyond
+//! the request's own cost — whole tokens (and requests) the bucket still holds after the charge, at most
+//! what was asked, none while the bucket is shaped into debt — which this Envoy then spends from shared
+//! data without a callout. A block is charged in Redis like any request, so what all Envoys admit never
+//! exceeds what the bucket allowed; a call with cost 0 and no request takes a block alone, and a credit
+//! can give requests back as well as tokens.
 
 use crate::bucket::{BucketParams, BucketState, Verdict};
 use crate::config::Rule;
 use crate::hash::{fnv1a, FNV_OFFSET};
 use crate::keys::{self, sanitize};
 use crate::store::{read_f64, read_u64, Codec};
-use crate::webdis::{command_body, parse_int_array, ScriptCall, ShimError, PROTOCOL_TAG};
+use crate::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimError};
+
+/// The last argument of every call of [`SCRIPT`] (a script of another version refuses it).
+pub const PROTOCOL_TAG: &str = "tg2";
 
 /// Shared-data slots of the refusal cache (`tg:gx:<n>`): a fixed number of keys, whatever the traffic.
 pub const SEEN_SLOTS: u64 = 1024;
@@ -102,16 +113,18 @@ pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
     }
 }
 
-/// The bucket script (charge, or credit when `ARGV[6]` ≠ 0: a negative credit is a debit, which may
-/// leave the bucket in debt down to −burst).
+/// The bucket script (charge, or credit when `ARGV[6]` or `ARGV[12]` ≠ 0: a negative credit is a debit,
+/// which may leave the bucket in debt down to −burst).
 ///
 /// KEYS: `bucket`. ARGV: `cost, tokens_per_second, burst, requests_per_minute (0 = none), max_wait_ms,
-/// credit (0 = charge, < 0 = debit), now_us (0 = Redis TIME; tests only), "tg1"`.
+/// credit (0 = charge, < 0 = debit), now_us (0 = Redis TIME; tests only), "tg2", requests charged with
+/// the cost (1 for a request, 0 for a block alone), block tokens wanted, block requests wanted, requests
+/// credited`.
 pub const SCRIPT: &str = include_str!("global.lua");
 
 /// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked by a unit test and against a real Redis in
 /// `tests/redis_live.rs`).
-pub const SHA1: &str = "75649e2d74ef0a2277d22781482edfb6de1dd102";
+pub const SHA1: &str = "0ca9394a17e7c88a3b20a4c0c6c894a429819ca2";
 
 /// The Redis key of `rule`'s bucket for (tenant, model).
 pub fn key(rule: &Rule, tenant: &str, model: &str) -> String {
@@ -137,8 +150,46 @@ pub fn argv(
     credit: i64,
     now_us: u64,
 ) -> Vec<String> {
+    lease_argv(p, cost, max_wait_ms, credit, now_us, &LeaseAsk::request())
+}
+
+/// What a call asks beyond a plain charge: how many requests the cost stands for, the block wanted, and
+/// the requests given back (credits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// Requests charged with the cost (1 for a request; 0 for a block alone).
+    pub requests: u64,
+    /// Block tokens wanted beyond the cost.
+    pub block_tokens: u64,
+    /// Block requests wanted beyond the request.
+    pub block_requests: u64,
+    /// Requests given back (with a credit).
+    pub credit_requests: u64,
+}
+
+impl LeaseAsk {
+    /// A plain request: one request, no block.
+    pub fn request() -> Self {
+        LeaseAsk {
+            requests: 1,
+            block_tokens: 0,
+            block_requests: 0,
+            credit_requests: 0,
+        }
+    }
+}
+
+/// [`SCRIPT`]'s full ARGV, in the script's order.
+pub fn lease_argv(
+    p: &BucketParams,
+    cost: u64,
+    max_wait_ms: u64,
+    credit: i64,
+    now_us: u64,
+    ask: &LeaseAsk,
+) -> Vec<String> {
     vec![
-        cost.to_string(),
+        lua_int(cost),
         num(p.tokens_per_second),
         num(p.burst),
         num(p.requests_per_minute.unwrap_or(0.0)),
@@ -146,6 +197,10 @@ pub fn argv(
         credit.to_string(),
         now_us.to_string(),
         PROTOCOL_TAG.to_string(),
+        lua_int(ask.requests),
+        lua_int(ask.block_tokens),
+        lua_int(ask.block_requests),
+        lua_int(ask.credit_requests),
     ]
 }
 
@@ -175,6 +230,50 @@ pub fn charge_request(
     )
 }
 
+/// Webdis body that charges `cost` tokens and one request and asks for a lease block beyond them
+/// (`ask.block_*`; no block while shaped), or (`cost` 0, `ask.requests` 0) a block alone.
+pub fn lease_request(
+    key: &str,
+    p: &BucketParams,
+    cost: u64,
+    max_wait_ms: u64,
+    ask: &LeaseAsk,
+    call: ScriptCall,
+) -> String {
+    command_body(
+        call,
+        SCRIPT,
+        SHA1,
+        &[key],
+        &lease_argv(p, cost, max_wait_ms, 0, 0, ask),
+    )
+}
+
+/// Webdis body that gives a lease back: `tokens` (never above the burst) and `requests` (never above
+/// requests/minute).
+pub fn give_back_request(
+    key: &str,
+    p: &BucketParams,
+    tokens: u64,
+    requests: u64,
+    call: ScriptCall,
+) -> String {
+    let ask = LeaseAsk {
+        requests: 0,
+        block_tokens: 0,
+        block_requests: 0,
+        credit_requests: requests,
+    };
+    let credit = i64::try_from(tokens).unwrap_or(i64::MAX);
+    command_body(
+        call,
+        SCRIPT,
+        SHA1,
+        &[key],
+        &lease_argv(p, 0, 0, credit, 0, &ask),
+    )
+}
+
 /// Webdis body that gives `amount` tokens back (never above the burst), or takes them when negative
 /// (never below −burst).
 pub fn credit_request(key: &str, p: &BucketParams, amount: i64, call: ScriptCall) -> String {
@@ -182,22 +281,30 @@ pub fn credit_request(key: &str, p: &BucketParams, amount: i64, call: ScriptCall
     command_body(call, SCRIPT, SHA1, &[key], &argv(p, 0, 0, amount, 0))
 }
 
-/// The script's answer: the verdict and the balances it left (tokens and requests; `updated_ns` 0).
+/// The script's answer: the verdict, the balances it left (tokens and requests; `updated_ns` 0) and
+/// the lease block it granted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reply {
     /// As [`crate::bucket::charge`] would say.
     pub verdict: Verdict,
-    /// The balances after the charge (before it when refused), for `x-ratelimit-*`.
+    /// The balances after the charge and the block (before them when refused), for `x-ratelimit-*`.
     pub state: BucketState,
+    /// Block tokens granted (charged in Redis, this Envoy's to spend).
+    pub block_tokens: u64,
+    /// Block requests granted.
+    pub block_requests: u64,
 }
 
 /// Parses Webdis' answer to [`charge_request`] or [`credit_request`]. Never panics.
 pub fn parse_reply(http_status: u32, body: &[u8]) -> Result<Reply, ShimError> {
-    let a = parse_int_array(http_status, body, 4)?;
-    let [verdict, tokens, requests, us] = a.as_slice() else {
+    let a = parse_int_array(http_status, body, 6)?;
+    let [verdict, tokens, requests, us, bt, br] = a.as_slice() else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
     let us = u64::try_from(*us).map_err(|_| ShimError::Garbage(format!("negative wait: {us}")))?;
+    let block =
+        |n: i64| u64::try_from(n).map_err(|_| ShimError::Garbage(format!("negative block: {n}")));
+    let (block_tokens, block_requests) = (block(*bt)?, block(*br)?);
     let secs = us as f64 / 1e6;
     let verdict = match verdict {
         0 => Verdict::Admit,
@@ -216,6 +323,8 @@ pub fn parse_reply(http_status: u32, body: &[u8]) -> Result<Reply, ShimError> {
             requests: *requests as f64 / 1000.0,
             updated_ns: 0,
         },
+        block_tokens,
+        block_requests,
     })
 }
 
@@ -249,7 +358,7 @@ mod tests {
     #[test]
     fn the_refusal_cache_refuses_only_until_one_token_could_be_back() {
         let r = rule(true);
-        let reply = parse_reply(200, br#"{"EVAL":[2,-500,0,3000000]}"#).unwrap();
+        let reply = parse_reply(200, br#"{"EVAL":[2,-500,0,3000000,0,0]}"#).unwrap();
         let key = key(&r, "acme", "m");
         let seen = seen_after_refusal(&key, &reply, 1_000_000_000);
         let bytes = seen.encode();
@@ -293,37 +402,63 @@ mod tests {
         let b = charge_request("k", &p, 42, 250, ScriptCall::EvalSha);
         assert_eq!(
             b,
-            format!("EVALSHA/{SHA1}/1/k/42/10%2E0/100%2E0/0%2E0/250/0/0/tg1")
+            format!("EVALSHA/{SHA1}/1/k/42/10%2E0/100%2E0/0%2E0/250/0/0/tg2/1/0/0/0")
         );
         let b = credit_request("k", &p, 7, ScriptCall::EvalSha);
-        assert!(b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/7/0/tg1"), "{b}");
+        assert!(
+            b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/7/0/tg2/1/0/0/0"),
+            "{b}"
+        );
+        let ask = LeaseAsk {
+            requests: 1,
+            block_tokens: 500,
+            block_requests: 3,
+            credit_requests: 0,
+        };
+        let b = lease_request("k", &p, 42, 0, &ask, ScriptCall::EvalSha);
+        assert!(
+            b.ends_with("/42/10%2E0/100%2E0/0%2E0/0/0/0/tg2/1/500/3/0"),
+            "{b}"
+        );
+        let b = give_back_request("k", &p, 70, 2, ScriptCall::EvalSha);
+        assert!(
+            b.ends_with("/0/10%2E0/100%2E0/0%2E0/0/70/0/tg2/0/0/0/2"),
+            "{b}"
+        );
         assert!(charge_request("k", &p, 1, 0, ScriptCall::Eval).starts_with("EVAL/"));
     }
 
     #[test]
     fn replies_parse_and_garbage_is_refused() {
-        let r = parse_reply(200, br#"{"EVALSHA":[0,40000,0,0]}"#).unwrap();
+        let r = parse_reply(200, br#"{"EVALSHA":[0,40000,0,0,0,0]}"#).unwrap();
         assert_eq!(r.verdict, Verdict::Admit);
+        assert_eq!((r.block_tokens, r.block_requests), (0, 0));
         assert_eq!(r.state.tokens, 40.0);
-        let r = parse_reply(200, br#"{"EVALSHA":[2,-1500,0,2500000]}"#).unwrap();
+        let r = parse_reply(200, br#"{"EVAL":[0,1000,2000,0,700,5]}"#).unwrap();
+        assert_eq!((r.block_tokens, r.block_requests), (700, 5));
+        let r = parse_reply(200, br#"{"EVALSHA":[2,-1500,0,2500000,0,0]}"#).unwrap();
         assert_eq!(r.verdict, Verdict::LimitTokens { reset_in_s: 2.5 });
         assert_eq!(r.state.tokens, -1.5);
-        let r = parse_reply(200, br#"{"EVAL":[1,0,0,1500]}"#).unwrap();
+        let r = parse_reply(200, br#"{"EVAL":[1,0,0,1500,0,0]}"#).unwrap();
         assert_eq!(r.verdict, Verdict::Wait { wait_ms: 2 });
         assert_eq!(
-            parse_reply(200, br#"{"EVAL":[3,0,0,1000000]}"#)
+            parse_reply(200, br#"{"EVAL":[3,0,0,1000000,0,0]}"#)
                 .unwrap()
                 .verdict,
             Verdict::LimitRequests { reset_in_s: 1.0 }
         );
         assert_eq!(
-            parse_reply(200, br#"{"EVAL":[4,0,0,0]}"#).unwrap().verdict,
+            parse_reply(200, br#"{"EVAL":[4,0,0,0,0,0]}"#)
+                .unwrap()
+                .verdict,
             Verdict::TooLarge
         );
         for (status, body) in [
-            (200, &br#"{"EVAL":[9,0,0,0]}"#[..]),
-            (200, br#"{"EVAL":[0,0,0,-1]}"#),
+            (200, &br#"{"EVAL":[9,0,0,0,0,0]}"#[..]),
+            (200, br#"{"EVAL":[0,0,0,-1,0,0]}"#),
             (200, br#"{"EVAL":[0,0,0]}"#),
+            (200, br#"{"EVAL":[0,0,0,0]}"#),
+            (200, br#"{"EVAL":[0,0,0,0,-1,0]}"#),
             (200, br#"{"EVAL":"x"}"#),
             (200, b"garbage"),
             (404, b""),

@@ -9,11 +9,14 @@
 //! tg:q:x:<tenant>                 exhausted    tg:q:{<tenant>}:settled:<id>         settlement marker
 //! tg:gx:<slot>                    refusals     tg:q:{<tenant>}:req:<id>             reservation record
 //! tg:n:buckets / breakers / markers  counts    tg:gb:{<rule>:<tenant>}[:<model>]    global bucket
+//! tg:gl:a:<global bucket key>     lease
+//! tg:gl:i:<n>, tg:n:gleases       lease registry
 //! ```
 //!
 //! Shared data never evicts a key, so every family on the left is bounded by its builder: buckets by
 //! `max_tenants` (then overflow buckets), breakers by `breaker.max_keys`, exhausted markers by
-//! `max_tenants` on their own count, refusal slots by [`crate::global::SEEN_SLOTS`]. The `tg:n:*` keys
+//! `max_tenants` on their own count, refusal slots by [`crate::global::SEEN_SLOTS`], global-bucket lease
+//! accounts by `max_tenants` on their own count ([`crate::glease`]). The `tg:n:*` keys
 //! hold those counts. Redis keys expire (month end + grace, idempotency window, marker TTL, bucket refill
 //! time), and their `{…}` hash tag keeps one tenant's quota keys (one rule × tenant's bucket) on one
 //! Redis Cluster slot.

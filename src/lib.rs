@@ -27,6 +27,7 @@ pub mod config;
 pub mod estimate;
 pub mod failover;
 pub mod flow;
+pub mod glease;
 pub mod global;
 pub mod hash;
 pub mod host;

@@ -13,7 +13,9 @@
 
 use std::path::Path;
 use tokengate::bucket::{self, BucketParams, BucketState, Verdict};
-use tokengate::global::{argv, charge_request, parse_reply, Reply, SCRIPT, SHA1};
+use tokengate::global::{
+    argv, charge_request, lease_argv, parse_reply, LeaseAsk, Reply, SCRIPT, SHA1,
+};
 use tokengate::quota::*;
 use tokengate::webdis::{command_body, ScriptCall, ShimError, MAX_LUA_INT};
 use wasm_test::{http, redis_cmd, RedisServer, RespValue, Webdis};
@@ -728,6 +730,99 @@ mod global_bucket {
                 }
             }
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lease_call(
+        st: &Stack,
+        key: &str,
+        p: &BucketParams,
+        cost: u64,
+        wait: u64,
+        credit: i64,
+        now_us: u64,
+        ask: LeaseAsk,
+    ) -> Reply {
+        let body = command_body(
+            ScriptCall::Eval,
+            SCRIPT,
+            SHA1,
+            &[key],
+            &lease_argv(p, cost, wait, credit, now_us, &ask),
+        );
+        let (status, reply) = st.post(&body);
+        parse_reply(status, &reply)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&reply)))
+    }
+
+    fn ask(requests: u64, bt: u64, br: u64, cr: u64) -> LeaseAsk {
+        LeaseAsk {
+            requests,
+            block_tokens: bt,
+            block_requests: br,
+            credit_requests: cr,
+        }
+    }
+
+    #[test]
+    fn a_block_is_granted_only_from_what_the_bucket_holds_after_the_charge() {
+        let Some(st) = Stack::start() else { return };
+        let p = BucketParams {
+            tokens_per_second: 10.0,
+            burst: 1000.0,
+            requests_per_minute: None,
+        };
+        // A request of 100 with a block of 500: both taken.
+        let r = lease_call(&st, "l", &p, 100, 0, 0, 1_000_000, ask(1, 500, 0, 0));
+        assert_eq!(
+            (r.verdict, r.block_tokens, r.state.tokens),
+            (Verdict::Admit, 500, 400.0)
+        );
+        // A block alone (no cost, no request) takes whole tokens, at most what is there.
+        let r = lease_call(&st, "l", &p, 0, 0, 0, 1_000_000, ask(0, 1000, 0, 0));
+        assert_eq!(
+            (r.verdict, r.block_tokens, r.state.tokens),
+            (Verdict::Admit, 400, 0.0)
+        );
+        // 0.55 s later 5.5 tokens are back: a request of 5 passes, its block gets the whole 0.
+        let r = lease_call(&st, "l", &p, 5, 0, 0, 1_550_000, ask(1, 100, 0, 0));
+        assert_eq!((r.verdict, r.block_tokens), (Verdict::Admit, 0));
+        assert!((r.state.tokens - 0.5).abs() < 1e-9, "{r:?}");
+        // Refused: no block either.
+        let r = lease_call(&st, "l", &p, 50, 0, 0, 1_550_000, ask(1, 100, 0, 0));
+        assert!(matches!(r.verdict, Verdict::LimitTokens { .. }), "{r:?}");
+        assert_eq!(r.block_tokens, 0);
+        // Shaped into debt: admitted after a wait, no block.
+        let r = lease_call(&st, "l", &p, 50, 10_000, 0, 1_550_000, ask(1, 100, 0, 0));
+        assert!(matches!(r.verdict, Verdict::Wait { .. }), "{r:?}");
+        assert_eq!(r.block_tokens, 0);
+        // Giving a lease back: tokens never above the burst.
+        let r = lease_call(&st, "l", &p, 0, 0, 2000, 1_550_000, ask(0, 0, 0, 0));
+        assert_eq!((r.state.tokens, r.block_tokens), (1000.0, 0));
+    }
+
+    #[test]
+    fn a_block_of_a_bucket_with_requests_per_minute_carries_requests_or_nothing() {
+        let Some(st) = Stack::start() else { return };
+        let p = BucketParams {
+            tokens_per_second: 1000.0,
+            burst: 100_000.0,
+            requests_per_minute: Some(10.0),
+        };
+        let r = lease_call(&st, "q", &p, 100, 0, 0, 1_000_000, ask(1, 1000, 4, 0));
+        assert_eq!((r.block_tokens, r.block_requests), (1000, 4));
+        assert_eq!(r.state.requests, 5.0);
+        // Only 5 requests left: a block asking 8 gets 5 of them.
+        let r = lease_call(&st, "q", &p, 0, 0, 0, 1_000_000, ask(0, 1000, 8, 0));
+        assert_eq!((r.block_tokens, r.block_requests), (1000, 5));
+        // No whole request left: tokens alone would serve nothing.
+        let r = lease_call(&st, "q", &p, 0, 0, 0, 1_000_000, ask(0, 1000, 1, 0));
+        assert_eq!((r.block_tokens, r.block_requests), (0, 0));
+        // Requests given back (never above requests/minute); a request is then admitted again.
+        let r = lease_call(&st, "q", &p, 0, 0, 0, 1_000_000, ask(0, 0, 0, 50));
+        assert_eq!(r.state.requests, 10.0);
+        let r = lease_call(&st, "q", &p, 100, 0, 0, 1_000_000, ask(1, 0, 0, 0));
+        assert_eq!((r.verdict, r.state.requests), (Verdict::Admit, 9.0));
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! `global_buckets`: the Webdis shim in front of the Redis that holds the buckets of `global` rules, and
-//! what such a request gets when Redis cannot answer: `"global_buckets": {"cluster": "webdis",
-//! "on_failure": "local"}`.
+//! `global_buckets`: the Webdis shim in front of the Redis that holds the buckets of `global` rules, what
+//! such a request gets when Redis cannot answer, and leases: `"global_buckets": {"cluster": "webdis",
+//! "on_failure": "local", "lease": {"horizon_ms": 1000, "max_share_percent": 10, "idle_ms": 2000}}`.
 
+use super::fields::in_range;
 use super::quota::QuotaSettings;
 use super::rules::Rule;
 use super::shim::{shim_breaker, shim_target, RawShimBreaker};
@@ -33,6 +34,8 @@ pub struct GlobalSettings {
     pub on_failure: GlobalFailure,
     /// Breaker on the shim itself (shared with the quota's when both use one cluster).
     pub shim_breaker: BreakerConfig,
+    /// Leases (`global_buckets.lease`, see [`crate::glease`]): off when `None`.
+    pub lease: Option<crate::glease::Policy>,
 }
 
 #[derive(Deserialize)]
@@ -43,6 +46,46 @@ pub(super) struct RawGlobal {
     timeout_ms: Option<u32>,
     on_failure: Option<String>,
     shim_breaker: Option<RawShimBreaker>,
+    lease: Option<RawLease>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct RawLease {
+    horizon_ms: Option<u64>,
+    max_share_percent: Option<u32>,
+    idle_ms: Option<u64>,
+}
+
+/// `global_buckets.lease`: every field optional (`{}` turns leases on with the defaults).
+fn lease(raw: RawLease, timeout_ms: u32) -> Result<crate::glease::Policy, ConfigError> {
+    let horizon_ms = in_range(
+        "global_buckets.lease.horizon_ms",
+        raw.horizon_ms.unwrap_or(1000),
+        10,
+        600_000,
+    )?;
+    let share = in_range(
+        "global_buckets.lease.max_share_percent",
+        raw.max_share_percent.unwrap_or(10),
+        1,
+        100,
+    )?;
+    let idle_ms = in_range(
+        "global_buckets.lease.idle_ms",
+        raw.idle_ms.unwrap_or(2000),
+        100,
+        3_600_000,
+    )?;
+    Ok(crate::glease::Policy {
+        horizon_s: horizon_ms as f64 / 1000.0,
+        max_share: f64::from(share) / 100.0,
+        idle_ns: idle_ms.saturating_mul(1_000_000),
+        ask_timeout_ns: u64::from(timeout_ms)
+            .saturating_mul(2)
+            .max(1000)
+            .saturating_mul(1_000_000),
+    })
 }
 
 /// Validates the `global_buckets` section.
@@ -66,6 +109,7 @@ pub(super) fn global(raw: RawGlobal) -> Result<GlobalSettings, ConfigError> {
         timeout_ms,
         on_failure,
         shim_breaker: shim_breaker("global_buckets.shim_breaker", raw.shim_breaker)?,
+        lease: raw.lease.map(|l| lease(l, timeout_ms)).transpose()?,
     })
 }
 
@@ -126,6 +170,7 @@ mod tests {
         );
         assert_eq!((g.timeout_ms, g.on_failure), (50, GlobalFailure::Local));
         assert_eq!(g.shim_breaker.failure_threshold, 3);
+        assert_eq!(g.lease, None, "leases are off unless asked for");
         assert!(c.needs_tick());
         assert!(!parse_str(MIN).unwrap().rules[0].global);
         for (cfg, field) in [
@@ -149,10 +194,58 @@ mod tests {
                 r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","redis":1}}"#,
                 "global_buckets.redis",
             ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","lease":{"horizon_ms":5}}}"#,
+                "global_buckets.lease.horizon_ms",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","lease":{"max_share_percent":0}}}"#,
+                "global_buckets.lease.max_share_percent",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","lease":{"max_share_percent":101}}}"#,
+                "global_buckets.lease.max_share_percent",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","lease":{"idle_ms":99}}}"#,
+                "global_buckets.lease.idle_ms",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","lease":{"idle_s":9}}}"#,
+                "global_buckets.lease.idle_s",
+            ),
+            (
+                r#"{"rules":[{"tokens_per_second":10,"burst":100}],"global_buckets":{"cluster":"w","lease":true}}"#,
+                "global_buckets.lease",
+            ),
         ] {
             let e = parse_str(cfg).unwrap_err();
             assert_eq!(e.field, field, "{cfg}: {e}");
         }
+    }
+
+    #[test]
+    fn global_leases_take_their_defaults_from_an_empty_object() {
+        let c = parse_str(
+            r#"{"rules":[{"tokens_per_second":10,"burst":100,"global":true}],
+                "global_buckets":{"cluster":"webdis","timeout_ms":800,"lease":{}}}"#,
+        )
+        .unwrap();
+        let l = c.global.as_ref().unwrap().lease.unwrap();
+        assert_eq!(l.horizon_s, 1.0);
+        assert_eq!(l.max_share, 0.1);
+        assert_eq!(l.idle_ns, 2_000_000_000);
+        assert_eq!(l.ask_timeout_ns, 1_600_000_000);
+        let c = parse_str(
+            r#"{"rules":[{"tokens_per_second":10,"burst":100,"global":true}],
+                "global_buckets":{"cluster":"webdis","lease":{"horizon_ms":250,"max_share_percent":25,"idle_ms":500}}}"#,
+        )
+        .unwrap();
+        let l = c.global.as_ref().unwrap().lease.unwrap();
+        assert_eq!(
+            (l.horizon_s, l.max_share, l.idle_ns),
+            (0.25, 0.25, 500_000_000)
+        );
     }
 
     #[test]

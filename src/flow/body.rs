@@ -320,6 +320,7 @@ impl Request {
                     used_eval: false,
                     shim_probe: false,
                     started: false,
+                    block: None,
                 });
                 self.start_global(cx, plan)
             }
@@ -655,6 +656,26 @@ impl Request {
         let Step::Global(gc) = &mut plan.step else {
             return self.after_buckets(cx, plan);
         };
+        if let Some(pol) = g.lease {
+            // From this Envoy's lease when it holds the cost (also while Redis is down); otherwise the
+            // charge below asks for a block too.
+            match super::glease::take(cx, &pol, gc.rule, &gc.key, gc.cost) {
+                super::glease::Taken::Hit(snapshot) => {
+                    let charge = Charge {
+                        rule: gc.rule,
+                        key: std::mem::take(&mut gc.key),
+                        cost: gc.cost,
+                    };
+                    if let Some(rule) = cx.cfg.rule(charge.rule) {
+                        plan.bind(rule, snapshot, 0);
+                    }
+                    plan.charges.global.push(charge);
+                    plan.step = Step::Done;
+                    return self.next_global(cx, plan);
+                }
+                super::glease::Taken::Miss(block) => gc.block = block,
+            }
+        }
         match shim::admit(cx, &g.cluster, &g.shim_breaker) {
             Ok(probe) => gc.shim_probe = probe,
             Err(_) => {
@@ -681,7 +702,17 @@ impl Request {
         };
         gc.used_eval = call == ScriptCall::Eval;
         gc.started = true;
-        let body = global::charge_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, call);
+        let body = match gc.block {
+            Some((block_tokens, block_requests)) => {
+                let ask = global::LeaseAsk {
+                    block_tokens,
+                    block_requests,
+                    ..global::LeaseAsk::request()
+                };
+                global::lease_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, &ask, call)
+            }
+            None => global::charge_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, call),
+        };
         cx.fx.push(Effect::Dispatch(shim::callout(
             Purpose::GlobalCharge,
             &g.cluster,
@@ -705,7 +736,12 @@ impl Request {
         let cfg = cx.cfg;
         cx.inc(Metric::GlobalShimErrors);
         let idx = match &plan.step {
-            Step::Global(gc) => gc.rule,
+            Step::Global(gc) => {
+                if gc.block.is_some() {
+                    super::glease::abandon(cx, &gc.key);
+                }
+                gc.rule
+            }
             _ => usize::MAX,
         };
         plan.step = Step::Done;

@@ -60,7 +60,8 @@ impl Request {
         let Step::Global(gc) = &plan.step else {
             return;
         };
-        let (idx, used_eval, probe, cost) = (gc.rule, gc.used_eval, gc.shim_probe, gc.cost);
+        let (idx, used_eval, probe, cost, block) =
+            (gc.rule, gc.used_eval, gc.shim_probe, gc.cost, gc.block);
         let Some(rule) = cfg.rule(idx) else {
             return;
         };
@@ -91,6 +92,13 @@ impl Request {
                     Step::Global(gc) => gc.key,
                     _ => String::new(),
                 };
+                let mut r = r;
+                if let Some(pol) = g.lease {
+                    super::glease::answered(cx, &pol, idx, &key, cost, &r, block.is_some());
+                    // What this Envoy now holds counts in what is left for `x-ratelimit-*`.
+                    r.state.tokens += r.block_tokens as f64;
+                    r.state.requests += r.block_requests as f64;
+                }
                 if matches!(
                     r.verdict,
                     Verdict::LimitTokens { .. } | Verdict::LimitRequests { .. }
@@ -127,6 +135,7 @@ impl Request {
                             used_eval,
                             shim_probe: probe,
                             started: true,
+                            block: None,
                         });
                         self.global_unavailable(cx, plan, "unexpected verdict");
                     }

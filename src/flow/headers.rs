@@ -405,7 +405,19 @@ pub(super) fn global_refused_from_cache(
 ) -> Option<Refusal> {
     let (bytes, _) = cx.store().get(&global::seen_slot(key)).ok()??;
     let state = global::Seen::for_key(&bytes, key)?;
-    admission::refusal_for(&state, rule, cost, cx.now())
+    let refusal = admission::refusal_for(&state, rule, cost, cx.now())?;
+    // Redis refused, but this Envoy's lease of the bucket may still hold the request.
+    if cx.cfg.global.as_ref().is_some_and(|g| g.lease.is_some())
+        && crate::glease::covers(
+            cx.store(),
+            &crate::glease::account_key(key),
+            &rule.params,
+            cost,
+        )
+    {
+        return None;
+    }
+    Some(refusal)
 }
 
 /// Seconds since the epoch for month arithmetic (host clock plus the configured skew).

@@ -36,6 +36,7 @@ mod callout;
 mod end;
 #[cfg(test)]
 pub mod fake;
+mod glease;
 mod headers;
 mod lease;
 pub mod logs;
@@ -138,6 +139,8 @@ pub enum Purpose {
     Probe,
     /// A quota lease sync, by lease id of the VM.
     Lease(u64),
+    /// A global-bucket lease top-up or give-back, by id of the VM.
+    GlobalLease(u64),
 }
 
 /// One HTTP callout to a Webdis shim (`POST /` with a form-encoded command body).

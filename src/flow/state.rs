@@ -218,6 +218,8 @@ pub(super) struct GlobalCharge {
     pub used_eval: bool,
     pub shim_probe: bool,
     pub started: bool,
+    /// The lease block (tokens, requests) asked with this charge (`global_buckets.lease`).
+    pub block: Option<(u64, u64)>,
 }
 
 /// One request's quota reservation.

@@ -7,6 +7,9 @@
 //! * **Credits** of global buckets (a later step refused the request, `refund_unused`) are sent the same
 //!   way, best effort: one Redis does not take is dropped and counted (the bucket keeps the charge, erring
 //!   towards limiting).
+//! * **Global leases** (`global_buckets.lease`, see `glease.rs`): top-ups of accounts that ran low and
+//!   give-backs of idle ones, sent from the tick; credits of a leased bucket go to this Envoy's lease
+//!   first, to Redis only beyond it.
 //! * Nothing is sent while the shim's breaker is open.
 
 use super::{shim, CalloutReply, Cx, Effect, Level, Metric, Purpose};
@@ -61,6 +64,8 @@ pub struct Worker {
     pub settle: super::settle::Sender,
     /// The VM's lease syncs.
     pub leases: super::lease::Leases,
+    /// The VM's global-bucket lease calls.
+    pub gleases: super::glease::GLeases,
     credits: Vec<Credit>,
     credits_inflight: HashMap<u64, Credit, FnvBuild>,
     next_id: u64,
@@ -107,8 +112,12 @@ pub fn enqueue_settlement(cx: &mut Cx, job: Job) {
     super::settle::enqueue(cx, job);
 }
 
-/// Queues a global credit, counting a drop.
-pub fn enqueue_credit(cx: &mut Cx, credit: Credit) {
+/// Queues a global credit, counting a drop. With leases, the credit goes to this Envoy's lease of the
+/// bucket first (a debit is taken from it first); only the rest goes to Redis.
+pub fn enqueue_credit(cx: &mut Cx, mut credit: Credit) {
+    if let Some(pol) = cx.cfg.global.as_ref().and_then(|g| g.lease) {
+        credit.amount = super::glease::absorb(cx, &pol, &credit);
+    }
     if cx.worker.enqueue_credit(credit) {
         cx.inc(Metric::GlobalCreditsDropped);
     }
@@ -136,6 +145,9 @@ pub fn on_tick(cx: &mut Cx) {
         }
     }
     if let Some(g) = cx.cfg.global.as_ref() {
+        if let Some(pol) = g.lease {
+            super::glease::tick(cx, g, &pol);
+        }
         tick_credits(cx, g);
     }
     for (cause, n) in cx.worker.logs.summaries(now) {
@@ -194,6 +206,11 @@ pub fn on_callout_reply(cx: &mut Cx, purpose: Purpose, reply: CalloutReply) {
                 .and_then(|q| q.lease.as_ref().map(|l| (q, l)))
             {
                 super::lease::on_reply(cx, q, l, id, reply);
+            }
+        }
+        Purpose::GlobalLease(id) => {
+            if let Some((g, pol)) = cx.cfg.global.as_ref().and_then(|g| g.lease.map(|l| (g, l))) {
+                super::glease::on_reply(cx, g, &pol, id, reply);
             }
         }
         Purpose::GlobalCharge | Purpose::Reserve => {}

@@ -176,7 +176,7 @@ fn a_global_charge_admits_refuses_and_retries_with_eval_after_noscript() {
         c.pending.as_ref().unwrap().body.starts_with("EVAL/"),
         "first call loads the script"
     );
-    e.reply(&mut c, 200, &eval(&[0, 900_000, 0, 0]));
+    e.reply(&mut c, 200, &eval(&[0, 900_000, 0, 0, 0, 0]));
     assert!(c.forwarded);
     e.respond(&mut c, 200, &[], &["{}"]);
     assert_eq!(c.header("x-ratelimit-remaining-tokens"), Some("900"));
@@ -190,7 +190,7 @@ fn a_global_charge_admits_refuses_and_retries_with_eval_after_noscript() {
     );
     assert!(c.pending.as_ref().unwrap().body.starts_with("EVAL/"));
     // Refused: 429 and the balances are cached: the next request is refused without a callout.
-    e.reply(&mut c, 200, &eval(&[2, 0, 0, 5_000_000]));
+    e.reply(&mut c, 200, &eval(&[2, 0, 0, 5_000_000, 0, 0]));
     assert_eq!(c.status(), Some(429));
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     assert_eq!(c.status(), Some(429));

@@ -237,14 +237,14 @@ fn global_limits_are_charged_one_after_another_and_a_refusal_gives_the_first_bac
         first.iter().any(|s| s.contains("{provider:%7Eall}")),
         "{first:?}"
     );
-    e.reply(&mut c, 200, &eval(&[0, 90_000_000, 0, 0]));
+    e.reply(&mut c, 200, &eval(&[0, 90_000_000, 0, 0, 0, 0]));
     assert!(!c.forwarded, "the second limit is charged next");
     let second = segments(&c.pending.as_ref().unwrap().body);
     assert!(
         second.iter().any(|s| s.contains("{user:acme}")),
         "{second:?}"
     );
-    e.reply(&mut c, 200, &eval(&[0, 500_000, 0, 0]));
+    e.reply(&mut c, 200, &eval(&[0, 500_000, 0, 0, 0, 0]));
     assert!(c.forwarded);
     e.respond(&mut c, 200, &[], &["{}"]);
     // The binding limit: the user's 500 left, not the provider's 90,000 nor the local one.
@@ -254,7 +254,7 @@ fn global_limits_are_charged_one_after_another_and_a_refusal_gives_the_first_bac
     // bucket's at once.
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     let cost = estimated_pending(&e, &mut c);
-    e.reply(&mut c, 200, &eval(&[2, 0, 0, 1_000_000]));
+    e.reply(&mut c, 200, &eval(&[2, 0, 0, 1_000_000, 0, 0]));
     assert_eq!(c.status(), Some(429));
     assert_eq!(c.reply_header("x-tokengate-limit"), Some("user"));
     assert_eq!(
@@ -279,7 +279,7 @@ fn global_limits_are_charged_one_after_another_and_a_refusal_gives_the_first_bac
 
 /// Answers the first global charge of `c` admitting; returns the estimate it was charged.
 fn estimated_pending(e: &FakeEnvoy, c: &mut Call) -> u64 {
-    e.reply(c, 200, &eval(&[0, 90_000_000, 0, 0]));
+    e.reply(c, 200, &eval(&[0, 90_000_000, 0, 0, 0, 0]));
     let body = segments(&c.pending.as_ref().unwrap().body);
     // EVALSHA/<sha>/<nkeys>/<key>/<cost>/…
     body[4].parse().unwrap()

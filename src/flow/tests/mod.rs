@@ -5,6 +5,7 @@ mod breaker;
 mod budgets;
 mod contract;
 mod failures;
+mod glease;
 mod lease;
 mod limits;
 mod settlement;
