@@ -393,7 +393,7 @@ impl EnvoyOpts {
             with_filter: true,
             route_timeout_ms: 15_000,
             stream_idle_timeout_ms: 30_000,
-            ready_timeout: Duration::from_secs(20),
+            ready_timeout: Duration::from_secs(60),
         }
     }
 
