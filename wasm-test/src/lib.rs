@@ -374,7 +374,8 @@ pub struct EnvoyOpts {
     pub route_timeout_ms: u64,
     /// HCM `stream_idle_timeout`.
     pub stream_idle_timeout_ms: u64,
-    /// How long [`Envoy::start`] waits for `/ready` to say LIVE.
+    /// How long [`Envoy::start`] waits for `/ready` to say LIVE (60 s: V8 compiles the module slowly
+    /// on a loaded 2-core machine; a healthy start takes about a second).
     pub ready_timeout: Duration,
 }
 
