@@ -410,6 +410,24 @@ pub fn record(
     }
 }
 
+/// Counts `n` outcomes that were plain successes (not probes), reported together by one worker
+/// (see `crate::failover`: a worker gathers them and reports them in one write). The same as `n`
+/// calls of [`record`] with [`Outcome::Success`] and `was_probe = false` at `now_ns`: only CLOSED with a
+/// failure-rate threshold counts them; a success never opens or closes anything.
+pub fn record_successes(
+    state: &BreakerState,
+    cfg: &BreakerConfig,
+    n: u32,
+    now_ns: u64,
+) -> Option<BreakerState> {
+    if n == 0 || state.state != State::Closed || cfg.failure_rate_percent.is_none() {
+        return None;
+    }
+    let mut next = *state;
+    next.window.add_successes(cfg, now_ns, n);
+    Some(next)
+}
+
 /// Gives back a probe permit taken by [`admit`] for a request that was then not sent (a bucket or the
 /// quota refused it after the breaker admitted it), so the next request can probe at once instead of
 /// waiting for `probe_timeout_ms`. Only in HALF_OPEN, and never below the probes already answered.

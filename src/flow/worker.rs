@@ -61,6 +61,8 @@ pub struct Worker {
     pub settle: super::settle::Sender,
     /// The VM's lease syncs.
     pub leases: super::lease::Leases,
+    /// Successes of failure-rate breakers not written yet.
+    pub breakers: crate::failover::VmBreakers,
     credits: Vec<Credit>,
     credits_inflight: HashMap<u64, Credit, FnvBuild>,
     next_id: u64,
@@ -138,6 +140,7 @@ pub fn on_tick(cx: &mut Cx) {
     if let Some(g) = cx.cfg.global.as_ref() {
         tick_credits(cx, g);
     }
+    super::breakers::flush(cx, now, true);
     for (cause, n) in cx.worker.logs.summaries(now) {
         cx.fx.push(Effect::Log(
             Level::Warn,
