@@ -90,6 +90,14 @@ pub fn peek_chain(
     now_ns: u64,
     retries: u32,
 ) -> Result<Choice, u64> {
+    if !view.may_be_open(scope, primary) {
+        return Ok(Choice {
+            target: primary.to_string(),
+            from: None,
+            route: None,
+            closed: true,
+        });
+    }
     let mut name = primary.to_string();
     let mut route = None;
     let mut primary_reset = None;

@@ -69,8 +69,7 @@ pub(super) fn check_cluster(
         b.cluster_fallback(c)
             .map(|f| (f.to.clone(), Some(f.route.clone())))
     };
-    let now = cx.now();
-    let retries = cx.cfg.cas_max_retries;
+    let (now, retries) = (cx.now(), cx.cfg.cas_max_retries);
     match failover::peek_chain(cx.store(), b, &v, "cluster", &cluster, &next, now, retries) {
         Ok(choice) => {
             if let (Some(from), Some(route)) = (&choice.from, &choice.route) {
@@ -93,9 +92,18 @@ pub(super) fn check_cluster(
 }
 
 /// Body phase: the model breaker (and its fallbacks), read the exact way only when the set of open
-/// breakers names it.
+/// breakers names it. (The set is read again rather than kept from the headers phase: keeping it would
+/// need the time of that read, and asking the host for the time costs about what this read costs.)
 pub(super) fn check_model(cx: &mut Cx, b: &BreakerSettings, model: &str) -> Result<Choice, u64> {
     let v = view(cx);
+    if !v.may_be_open("model", model) {
+        return Ok(Choice {
+            target: model.to_string(),
+            from: None,
+            route: None,
+            closed: true,
+        });
+    }
     let next = |m: &str| b.model_fallback(m).map(|t| (t.to_string(), None));
     let (now, retries) = (cx.now(), cx.cfg.cas_max_retries);
     failover::peek_chain(cx.store(), b, &v, "model", model, &next, now, retries)
@@ -177,6 +185,14 @@ pub(super) fn release(cx: &mut Cx, held: Vec<Held>) {
     }
 }
 
+/// The response reached its end of stream: a 2xx/3xx is judged now, from what the response showed (no
+/// property is read for it, in `on_log` either), so that `on_log` has nothing left to do for it.
+pub(super) fn at_end_of_stream(cx: &mut Cx, f: &mut Forwarded) {
+    if f.resp.ended && (200..400).contains(&f.resp.status) {
+        record(cx, f);
+    }
+}
+
 /// Reports this request's outcome to the breakers that admitted it.
 pub(super) fn record(cx: &mut Cx, f: &mut Forwarded) {
     if f.charges.breakers.is_empty() {
@@ -229,7 +245,8 @@ pub(super) fn record(cx: &mut Cx, f: &mut Forwarded) {
             &resets,
         ))
     };
-    let now = cx.now();
+    // The time is asked for only when an outcome is written or gathered (a host call).
+    let mut now = None;
     for held in std::mem::take(&mut f.charges.breakers) {
         // A plain success changes nothing unless successes are counted for a failure rate: no
         // shared-data access, and the breaker need not even be named.
@@ -249,6 +266,7 @@ pub(super) fn record(cx: &mut Cx, f: &mut Forwarded) {
                 None => continue,
             },
         };
+        let now = *now.get_or_insert_with(|| cx.now());
         let r = {
             let mut ctx = Ctx {
                 store: cx.host.store(),
@@ -275,7 +293,9 @@ pub(super) fn record(cx: &mut Cx, f: &mut Forwarded) {
             );
         }
     }
-    flush(cx, now, false);
+    if let Some(now) = now {
+        flush(cx, now, false);
+    }
 }
 
 /// Writes the successes this VM gathered for failure-rate breakers: the due ones, or all (`all`: the
