@@ -861,6 +861,31 @@ mod tests {
     }
 
     #[test]
+    fn successes_reported_together_count_as_the_same_number_reported_one_by_one() {
+        let c = BreakerConfig {
+            failure_rate_percent: Some(50),
+            ..cfg()
+        };
+        let mut one_by_one = BreakerState::default();
+        rec(&mut one_by_one, &c, fail(), false, T0);
+        let together = one_by_one;
+        for _ in 0..7 {
+            rec(&mut one_by_one, &c, Outcome::Success, false, T0 + S);
+        }
+        let together = record_successes(&together, &c, 7, T0 + S).unwrap();
+        assert_eq!(together, one_by_one);
+        assert_eq!(together.window_counts(&c, T0 + S), (7, 1));
+        // Nothing to count: none reported, no rate rule, or not CLOSED.
+        assert_eq!(record_successes(&together, &c, 0, T0), None);
+        assert_eq!(record_successes(&together, &cfg(), 7, T0), None);
+        let open = BreakerState {
+            state: State::Open,
+            ..together
+        };
+        assert_eq!(record_successes(&open, &c, 7, T0), None);
+    }
+
+    #[test]
     fn unvalidated_zero_config_does_not_panic() {
         let c = BreakerConfig {
             failure_threshold: 0,
