@@ -1,10 +1,11 @@
 //! The request breakers (one per upstream cluster, one per model) as a request meets them: which upstream
 //! it goes to when breakers are open, the admissions it holds, and the outcome it reports — built so that
-//! a request through closed breakers costs one cheap shared-data read and nothing else.
+//! a request through closed breakers costs one cheap shared-data read per phase and nothing else.
 //!
 //! # One read while every breaker is closed
 //! [`view`] reads the set of breakers that are not CLOSED ([`crate::breaker::open_set`]): one value,
-//! empty while all are closed, which the host returns without handing over any bytes. A breaker the set
+//! empty while all are closed, which the host returns without handing over any bytes. The flow reads it in
+//! the headers phase (cluster breaker) and again once the body is read (model breaker). A breaker the set
 //! does not name is CLOSED: the request is admitted on it with no read of its key, no key built, and no
 //! key created (a breaker key is created by the first outcome recorded on it). Only breakers the set
 //! names (or every breaker, when the set cannot be read) go the exact way below. The cluster breaker
@@ -13,7 +14,9 @@
 //!
 //! A breaker that opens is seen by the next request whose read of the set comes after the opening
 //! worker's two CAS writes (the breaker's, then the set's): a few microseconds, as when a request read
-//! the breaker key just before the CAS that opened it.
+//! the breaker key just before the CAS that opened it. No worker keeps a copy of the set. (As before, a
+//! cluster breaker seen CLOSED in the headers phase is taken without another read when the body follows
+//! within 1 s.)
 //!
 //! # The exact way, for breakers the set names
 //! 1. [`peek_chain`] (read-only): starting from the primary, follow fallbacks while the breaker would
@@ -32,8 +35,9 @@
 //! it), once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request ends), and at every tick
 //! of the VM ([`flush`]). **Bound:** a success reaches shared data at most [`SUCCESS_FLUSH_MS`] after it
 //! was counted while its VM serves requests, at most one tick period after the VM's last request
-//! otherwise; a failure recorded by another worker in between sees a failure rate that lacks at most
-//! those successes (it can only be higher than the exact one, never lower).
+//! otherwise (1 s without shaping, quota or global buckets); a failure recorded by another worker in
+//! between sees a failure rate that lacks at most those successes (it can only be higher than the exact
+//! one, never lower). Successes gathered by a VM that restarts are lost.
 //!
 //! Keys are `tg:cb:<scope>=<name>`; their number is bounded by `breaker.max_keys` through a shared count
 //! (`tg:n:breakers`): a name beyond it is not tracked (admitted, never recorded).

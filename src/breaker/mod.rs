@@ -2,8 +2,10 @@
 //! in Envoy shared data, so every worker sees the same breaker.
 //!
 //! Nothing here reads a clock or talks to Envoy: time comes in as `now_ns` (nanoseconds since the epoch)
-//! and shared data is reached through [`SharedStore`]. The host adapter calls [`admit_shared`] before it
-//! sends a request to a key, [`classify`] + [`retry_after_ms`] on the response, then [`record_shared`].
+//! and shared data is reached through [`SharedStore`]. The flow calls [`admit_shared`] before it sends a
+//! request to a key, [`classify`] + [`retry_after_ms`] on the response, then [`record_shared`] (or
+//! [`record_batch_shared`], which also adds the successes a worker gathered). For the request breakers,
+//! `crate::failover` reads a breaker's key only when [`open_set`] names it.
 //!
 //! # Transitions
 //!

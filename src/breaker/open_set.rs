@@ -29,7 +29,9 @@
 //!
 //! Between the breaker's CAS and the set's, for a few microseconds, a request can still see the old
 //! set: that is the same as a request that read the breaker key just before its CAS. A lost add hides
-//! an open breaker until one more outcome is recorded on it (the next request sent to it).
+//! an open breaker until one more outcome is recorded on it (the next request sent to it). Changes go
+//! through [`store::update`], so the first one creates the key empty and then applies itself by CAS
+//! (the create race of `crate::store` applies, once per process).
 //!
 //! The set names only request breakers (`cluster=…`, `model=…`); it is bounded by `breaker.max_keys`
 //! like the keys it names.
@@ -37,9 +39,9 @@
 pub use super::shared::key_tail_matches;
 use super::shared::KEY_PREFIX_LEN;
 use super::{BreakerState, State};
-use crate::store::{self, SharedStore, StoreError, UpdateError};
+use crate::store::{self, Codec, SharedStore, StoreError, UpdateError};
 
-/// Shared-data key of the set (no breaker key can be named so: theirs always hold a `=`).
+/// Shared-data key of the set (`tg:open:breakers`, outside the `tg:cb:` prefix of the breaker keys).
 pub const OPEN_SET_KEY: &str = crate::keys::BREAKER_OPEN_SET;
 
 /// Version byte of a non-empty set.
@@ -114,51 +116,6 @@ impl OpenSet {
         })
     }
 
-    /// The encoding above (empty for an empty set).
-    pub fn encode(&self) -> Vec<u8> {
-        if self.entries.is_empty() {
-            return Vec::new();
-        }
-        let len: usize = self.entries.iter().map(|e| 1 + e.len()).sum();
-        let mut v = Vec::with_capacity(HEADER_LEN + len);
-        v.push(VERSION);
-        v.extend_from_slice(
-            &u32::try_from(self.entries.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
-        for e in &self.entries {
-            // Tails are at most MAX_SCOPE_BYTES + 1 + MAX_NAME_BYTES (161) bytes: see `insert`.
-            v.push(u8::try_from(e.len()).unwrap_or(u8::MAX));
-            v.extend_from_slice(e.as_bytes());
-        }
-        v
-    }
-
-    /// Decodes; `None` when corrupt.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        if bytes.is_empty() {
-            return Some(OpenSet::default());
-        }
-        if bytes.first() != Some(&VERSION) {
-            return None;
-        }
-        let n = store::read_u32(bytes, 1)?;
-        let mut at = HEADER_LEN;
-        // Every entry takes at least 2 bytes: a count beyond that is corrupt (and bounds the Vec).
-        if usize::try_from(n).ok()? > bytes.len() / 2 {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(usize::try_from(n).ok()?);
-        for _ in 0..n {
-            let len = usize::from(*bytes.get(at)?);
-            let e = bytes.get(at + 1..at + 1 + len)?;
-            entries.push(String::from_utf8(e.to_vec()).ok()?);
-            at += 1 + len;
-        }
-        (at == bytes.len()).then_some(OpenSet { entries })
-    }
-
     /// Adds a full breaker key; false when it was there already (or cannot be encoded).
     fn insert(&mut self, key: &str) -> bool {
         let Some(tail) = key.get(KEY_PREFIX_LEN..) else {
@@ -180,6 +137,54 @@ impl OpenSet {
     }
 }
 
+/// Not fixed-width: the empty set is the empty value (no version byte), the point of the encoding.
+impl Codec for OpenSet {
+    /// The encoding above (empty for an empty set).
+    fn encode(&self) -> Vec<u8> {
+        if self.entries.is_empty() {
+            return Vec::new();
+        }
+        let len: usize = self.entries.iter().map(|e| 1 + e.len()).sum();
+        let mut v = Vec::with_capacity(HEADER_LEN + len);
+        v.push(VERSION);
+        v.extend_from_slice(
+            &u32::try_from(self.entries.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
+        for e in &self.entries {
+            // Tails are at most MAX_SCOPE_BYTES + 1 + MAX_NAME_BYTES (161) bytes: see `insert`.
+            v.push(u8::try_from(e.len()).unwrap_or(u8::MAX));
+            v.extend_from_slice(e.as_bytes());
+        }
+        v
+    }
+
+    /// Decodes; `None` when corrupt.
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.is_empty() {
+            return Some(OpenSet::default());
+        }
+        if bytes.first() != Some(&VERSION) {
+            return None;
+        }
+        let n = store::read_u32(bytes, 1)?;
+        let mut at = HEADER_LEN;
+        // Every entry takes at least 2 bytes: a count beyond that is corrupt (and bounds the Vec).
+        if usize::try_from(n).ok()? > bytes.len() / 2 {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(usize::try_from(n).ok()?);
+        for _ in 0..n {
+            let len = usize::from(*bytes.get(at)?);
+            let e = bytes.get(at + 1..at + 1 + len)?;
+            entries.push(String::from_utf8(e.to_vec()).ok()?);
+            at += 1 + len;
+        }
+        (at == bytes.len()).then_some(OpenSet { entries })
+    }
+}
+
 /// Reads the set: one host call, which hands over no bytes while every breaker is closed.
 pub fn read(store: &dyn SharedStore) -> View {
     match store.get(OPEN_SET_KEY) {
@@ -192,36 +197,22 @@ pub fn read(store: &dyn SharedStore) -> View {
     }
 }
 
-/// One CAS read-modify-write of the set: `f` changes it and says whether it did.
+/// One bounded CAS read-modify-write of the set ([`store::update`]): `f` changes it and says whether it
+/// did (nothing is written otherwise). A corrupt value is replaced.
 fn update(
     store: &dyn SharedStore,
     max_retries: u32,
     mut f: impl FnMut(&mut OpenSet) -> bool,
 ) -> Result<bool, UpdateError> {
-    let mut conflicts = 0u32;
-    loop {
-        let (mut set, cas) = match store.get(OPEN_SET_KEY) {
-            Ok(Some((bytes, cas))) => (OpenSet::decode(&bytes).unwrap_or_default(), cas),
-            // A missing key is written unconditionally by Envoy whatever the CAS (see `crate::store`):
-            // two workers creating it at once can lose one entry, which the next outcome recorded on
-            // that breaker puts back.
-            Ok(None) => (OpenSet::default(), 0),
-            Err(_) => return Err(UpdateError::Host),
-        };
-        if !f(&mut set) {
-            return Ok(false);
+    store::update(store, OPEN_SET_KEY, max_retries, &OpenSet::default(), |s| {
+        let mut next = s.clone();
+        if f(&mut next) {
+            (true, Some(next))
+        } else {
+            (false, None)
         }
-        match store.set(OPEN_SET_KEY, &set.encode(), cas) {
-            Ok(()) => return Ok(true),
-            Err(StoreError::CasMismatch) => {
-                conflicts += 1;
-                if conflicts > max_retries {
-                    return Err(UpdateError::CasExhausted);
-                }
-            }
-            Err(StoreError::Host) => return Err(UpdateError::Host),
-        }
-    }
+    })
+    .map(|(changed, _)| changed)
 }
 
 /// Names breaker `key` in the set (nothing is written when it is named already).
