@@ -329,6 +329,44 @@ mod tests {
         assert!(store.get(OPEN_SET_KEY).unwrap().unwrap().0.is_empty());
     }
 
+    /// A store that lets "the other worker" run once, right after our first read.
+    struct Racing<'a, F: FnMut(&MemStore)> {
+        inner: &'a MemStore,
+        other: std::cell::RefCell<Option<F>>,
+    }
+
+    impl<F: FnMut(&MemStore)> SharedStore for Racing<'_, F> {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, StoreError> {
+            let r = self.inner.get(key);
+            if let Some(mut other) = self.other.borrow_mut().take() {
+                other(self.inner);
+            }
+            r
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            self.inner.set(key, value, cas)
+        }
+    }
+
+    #[test]
+    fn two_workers_naming_breakers_at_once_both_stay_named() {
+        let store = MemStore::new();
+        // The key exists (empty), as after any earlier open and close.
+        store.set(OPEN_SET_KEY, &[], 0).unwrap();
+        let racing = Racing {
+            inner: &store,
+            other: std::cell::RefCell::new(Some(|s: &MemStore| {
+                mark(s, &key("cluster", "b"), 8).unwrap();
+            })),
+        };
+        mark(&racing, &key("model", "a"), 8).unwrap();
+        let View::Known(set) = read(&store) else {
+            panic!("unknown")
+        };
+        assert!(set.contains("model", "a") && set.contains("cluster", "b"));
+        assert_eq!(set.len(), 2);
+    }
+
     #[test]
     fn a_removal_based_on_a_stale_closed_read_does_not_hide_a_breaker_that_reopened() {
         let store = MemStore::new();
