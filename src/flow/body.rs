@@ -399,6 +399,8 @@ impl Request {
         };
         for (scope, name, seen_closed) in
             super::breakers::targets(b, &plan.meta, &plan.model, model_closed, now)
+                .into_iter()
+                .flatten()
         {
             match super::breakers::admit(cx, b, scope, name.as_deref(), seen_closed, now) {
                 Ok(Some(held)) => plan.charges.breakers.push(held),

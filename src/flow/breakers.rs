@@ -109,30 +109,32 @@ pub(super) fn check_model(cx: &mut Cx, b: &BreakerSettings, model: &str) -> Resu
     failover::peek_chain(cx.store(), b, &v, "model", model, &next, now, retries)
 }
 
+/// One admission to take: `(scope, name, seen closed)`; a breaker seen closed needs no shared data.
+pub(super) type Target = (&'static str, Option<String>, bool);
+
 /// The admissions to take, in order: the cluster, then the model (`model_closed`: the model breaker
-/// peeked CLOSED). Each is `(scope, name, seen closed)`; a breaker seen closed needs no shared data.
+/// peeked CLOSED).
 pub(super) fn targets(
     b: &BreakerSettings,
     meta: &Meta,
     model: &str,
     model_closed: Option<&str>,
     now: u64,
-) -> Vec<(&'static str, Option<String>, bool)> {
-    let mut targets = Vec::with_capacity(2);
-    match &meta.cluster {
-        Some(ClusterSeen::Closed) => targets.push(("cluster", None, true)),
+) -> [Option<Target>; 2] {
+    let cluster = match &meta.cluster {
+        Some(ClusterSeen::Closed) => Some(("cluster", None, true)),
         Some(ClusterSeen::Named { name, closed_at }) => {
             let closed = closed_at.is_some_and(|t| now.saturating_sub(t) < CLUSTER_SEEN_CLOSED_NS);
-            targets.push(("cluster", Some(name.clone()), closed));
+            Some(("cluster", Some(name.clone()), closed))
         }
-        None => {}
-    }
-    if b.keys.model && !model.is_empty() {
+        None => None,
+    };
+    let model = (b.keys.model && !model.is_empty()).then(|| {
         let closed = model_closed == Some(model);
         // A model seen closed is named at the end by the request's model.
-        targets.push(("model", (!closed).then(|| model.to_string()), closed));
-    }
-    targets
+        ("model", (!closed).then(|| model.to_string()), closed)
+    });
+    [cluster, model]
 }
 
 /// Takes the admission on one target: `Ok(Some(held))`, `Ok(None)` (untracked), or `Err(reset_in_ms)`.
@@ -253,16 +255,16 @@ pub(super) fn record(cx: &mut Cx, f: &mut Forwarded) {
         if breaker::record_is_noop(&b.cfg, outcome, held.probe) {
             continue;
         }
-        let name = match (held.name, held.scope) {
-            (Some(n), _) => n,
-            (None, "model") => f.model.clone(),
+        let name: Cow<str> = match (held.name, held.scope) {
+            (Some(n), _) => Cow::Owned(n),
+            (None, "model") => Cow::Borrowed(f.model.as_str()),
             (None, _) => match cx
                 .host
                 .property(&["xds", "cluster_name"])
                 .and_then(|v| String::from_utf8(v).ok())
                 .filter(|c| !c.is_empty())
             {
-                Some(c) => c,
+                Some(c) => Cow::Owned(c),
                 None => continue,
             },
         };
