@@ -1,29 +1,69 @@
-//! Which upstream (cluster or model) a request goes to when circuit breakers are open: pure chain
-//! walking over [`crate::breaker`] states, plus taking the admission (and probe permit) once the request
-//! is certain to be sent.
+//! The request breakers (one per upstream cluster, one per model) as a request meets them: which upstream
+//! it goes to when breakers are open, the admissions it holds, and the outcome it reports — built so that
+//! a request through closed breakers costs one cheap shared-data read per phase and nothing else.
 //!
-//! Two steps, so that a probe permit is never taken by a request that a bucket then rejects:
+//! # One read while every breaker is closed
+//! [`view`] reads the set of breakers that are not CLOSED ([`crate::breaker::open_set`]): one value,
+//! empty while all are closed, which the host returns without handing over any bytes. The flow reads it in
+//! the headers phase (cluster breaker) and again once the body is read (model breaker). A breaker the set
+//! does not name is CLOSED: the request is admitted on it with no read of its key, no key built, and no
+//! key created (a breaker key is created by the first outcome recorded on it). Only breakers the set
+//! names (or every breaker, when the set cannot be read) go the exact way below. The cluster breaker
+//! needs the cluster's name (`xds.cluster_name`, a property read) only when the set names a cluster;
+//! otherwise the flow reads it at the end, and only when there is an outcome to record.
+//!
+//! A breaker that opens is seen by the next request whose read of the set comes after the opening
+//! worker's two CAS writes (the breaker's, then the set's): a few microseconds, as when a request read
+//! the breaker key just before the CAS that opened it. No worker keeps a copy of the set. (As before, a
+//! cluster breaker seen CLOSED in the headers phase is taken without another read when the body follows
+//! within 1 s.)
+//!
+//! # The exact way, for breakers the set names
 //! 1. [`peek_chain`] (read-only): starting from the primary, follow fallbacks while the breaker would
-//!    reject now, at most `max_fallback_hops` times. Gives the target, or the primary's `reset_in` when the
-//!    whole chain is open.
+//!    reject now, at most `max_fallback_hops` times. Gives the target, or the primary's `reset_in` when
+//!    the whole chain is open.
 //! 2. [`admit`] (after the bucket admitted): one CAS on the target's breaker; this is what moves
 //!    OPEN → HALF_OPEN and takes a probe permit. If it rejects (another worker took the last permit in
 //!    between), the caller refunds the bucket and answers 503.
 //!
-//! Keys are `tg:cb:<scope>=<name>`; their number is bounded by `breaker.max_keys` through a shared
-//! count (`tg:n:breakers`): a name beyond it is not tracked (admitted, counted).
+//! # Outcomes
+//! [`record`]: a failure or a probe's outcome is one CAS on the breaker key (then the set is kept
+//! true: see [`crate::breaker::open_set`]). A plain success changes nothing without a failure-rate
+//! threshold and is not written at all; with `failure_rate_percent` it must be counted, and to keep that
+//! off the request path each worker VM gathers its successes per breaker ([`Pending`]) and adds them in
+//! one write: with the next failure or probe outcome it records on that breaker (in the same CAS, before
+//! it), once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request ends), and at every tick
+//! of the VM ([`flush`]). **Bound:** a success reaches shared data at most [`SUCCESS_FLUSH_MS`] after it
+//! was counted while its VM serves requests, at most one tick period after the VM's last request
+//! otherwise (1 s without shaping, quota or global buckets); a failure recorded by another worker in
+//! between sees a failure rate that lacks at most those successes (it can only be higher than the exact
+//! one, never lower). Successes gathered by a VM that restarts are lost.
+//!
+//! Keys are `tg:cb:<scope>=<name>`; their number is bounded by `breaker.max_keys` through a shared count
+//! (`tg:n:breakers`): a name beyond it is not tracked (admitted, never recorded).
 
-use crate::admission::claim_slot;
-use crate::admission::KeySet;
-use crate::breaker::{self, Admission, State, Transition};
+use crate::admission::{claim_slot, KeySet};
+use crate::breaker::{self, open_set, Admission, Outcome, State, Transition, View};
 use crate::config::BreakerSettings;
-use crate::store::{self, SharedStore};
+use crate::store::{self, SharedStore, UpdateError};
 
 /// Shared count of created breaker keys ([`crate::keys::BREAKER_COUNTER`]).
 pub const BREAKER_KEY_COUNTER: &str = crate::keys::BREAKER_COUNTER;
 
+/// Longest a success waits in its VM before it is written while the VM serves requests (ms).
+pub const SUCCESS_FLUSH_MS: u64 = 100;
+/// Breakers with successes waiting in one VM before all of them are written at once.
+pub const MAX_PENDING_KEYS: usize = 64;
+
+const NS_PER_MS: u64 = 1_000_000;
+
 /// Gives the fallback of a name and, for clusters, the route-header value that selects it.
 pub type NextFn<'a> = &'a dyn Fn(&str) -> Option<(String, Option<String>)>;
+
+/// Reads the set of breakers that are not CLOSED (one host call; no bytes while all are closed).
+pub fn view(store: &dyn SharedStore) -> View {
+    open_set::read(store)
+}
 
 /// The target chosen by [`peek_chain`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,33 +74,60 @@ pub struct Choice {
     pub from: Option<String>,
     /// Route-header value for a cluster fallback.
     pub route: Option<String>,
-    /// The target's breaker was read CLOSED: [`admit`] may take the admission without reading it again.
+    /// The target's breaker was seen CLOSED (not named by the set, or its key read CLOSED): [`admit`]
+    /// is not needed for it.
     pub closed: bool,
 }
 
 /// Follows fallbacks while breakers would reject. `next(name)` gives the fallback and its route value.
-/// `Err(reset_in_ms)` of the primary when every candidate is open.
+/// Reads only the keys of breakers `view` names; a key it names that reads CLOSED (or missing) is taken
+/// out of the set (a removal that was lost). `Err(reset_in_ms)` of the primary when every candidate is
+/// open.
+#[allow(clippy::too_many_arguments)]
 pub fn peek_chain(
     store: &dyn SharedStore,
     settings: &BreakerSettings,
+    view: &View,
     scope: &str,
     primary: &str,
     next: NextFn<'_>,
     now_ns: u64,
+    retries: u32,
 ) -> Result<Choice, u64> {
+    if !view.may_be_open(scope, primary) {
+        return Ok(Choice {
+            target: primary.to_string(),
+            from: None,
+            route: None,
+            closed: true,
+        });
+    }
     let mut name = primary.to_string();
     let mut route = None;
     let mut primary_reset = None;
     let mut seen = vec![name.clone()];
     for hop in 0..=settings.max_fallback_hops {
-        let key = breaker::key(scope, &name);
-        let (reset, closed) = match store::peek::<breaker::BreakerState>(store, &key) {
-            Ok((Some(st), _)) => (
-                breaker::peek_state(&st, &settings.cfg, now_ns).1,
-                st.state() == State::Closed,
-            ),
-            // Missing, corrupt or unreadable: nothing says it is open.
-            _ => (0, false),
+        let (reset, closed) = if view.may_be_open(scope, &name) {
+            let key = breaker::key(scope, &name);
+            match store::peek::<breaker::BreakerState>(store, &key) {
+                Ok((Some(st), _)) => {
+                    let closed = st.state() == State::Closed;
+                    if closed && matches!(view, View::Known(_)) {
+                        let _ = open_set::unmark(store, &key, retries);
+                    }
+                    (breaker::peek_state(&st, &settings.cfg, now_ns).1, closed)
+                }
+                Ok((None, false)) => {
+                    if matches!(view, View::Known(_)) {
+                        let _ = open_set::unmark(store, &key, retries);
+                    }
+                    (0, true)
+                }
+                // Corrupt or unreadable: nothing says it is open; `admit` reads (and repairs) it.
+                _ => (0, false),
+            }
+        } else {
+            (0, true)
         };
         if reset == 0 {
             return Ok(Choice {
@@ -83,43 +150,44 @@ pub fn peek_chain(
     Err(primary_reset.unwrap_or(1))
 }
 
-/// The result of [`admit`].
+/// What a request holds on one breaker until its outcome is reported ([`record`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Admitted {
-    /// The breaker key, `None` when the name was beyond `max_keys` (untracked).
-    pub key: Option<String>,
+pub struct Held {
+    /// `cluster` or `model`.
+    pub scope: &'static str,
+    /// The breaker's name; `None` when it is named at the end (the cluster by its `xds.cluster_name`,
+    /// the model by the request's model): a breaker seen CLOSED without reading its key.
+    pub name: Option<String>,
     /// This request holds a HALF_OPEN probe permit.
     pub probe: bool,
 }
 
-/// Takes the admission on `name`'s breaker. `Err(reset_in_ms)` when it rejects.
-///
-/// `seen_closed`: the caller read this breaker CLOSED a moment ago ([`Choice::closed`]). A CLOSED
-/// breaker admits without a state change, so when its key is known to exist the admission is taken
-/// without reading it again (one shared-data read less per request). A breaker that opened in between
-/// lets this one request through, as if it had arrived a moment earlier.
+impl Held {
+    /// A breaker seen CLOSED, named at the end.
+    pub fn closed(scope: &'static str) -> Self {
+        Held {
+            scope,
+            name: None,
+            probe: false,
+        }
+    }
+}
+
+/// Takes the admission on `name`'s breaker the exact way (its key is read in one CAS, and created when
+/// missing). `Err(reset_in_ms)` when it rejects. `Ok(None)`: the name is beyond `max_keys`, or the store
+/// failed (the breaker cannot say no): the request goes untracked.
 #[allow(clippy::too_many_arguments)]
 pub fn admit(
     store: &dyn SharedStore,
     settings: &BreakerSettings,
-    scope: &str,
+    scope: &'static str,
     name: &str,
     now_ns: u64,
     retries: u32,
     known: &mut KeySet,
     cache_limit: usize,
-    seen_closed: bool,
-) -> (Result<Admitted, u64>, Option<Transition>) {
+) -> (Result<Option<Held>, u64>, Option<Transition>) {
     let key = breaker::key(scope, name);
-    if seen_closed && known.contains(&key) {
-        return (
-            Ok(Admitted {
-                key: Some(key),
-                probe: false,
-            }),
-            None,
-        );
-    }
     if !claim_slot(
         store,
         BREAKER_KEY_COUNTER,
@@ -129,39 +197,219 @@ pub fn admit(
         cache_limit,
         &key,
     ) {
-        return (
-            Ok(Admitted {
-                key: None,
-                probe: false,
-            }),
-            None,
-        );
+        return (Ok(None), None);
     }
+    let held = |probe| {
+        Ok(Some(Held {
+            scope,
+            name: Some(name.to_string()),
+            probe,
+        }))
+    };
     match breaker::admit_shared(store, &key, &settings.cfg, now_ns, retries) {
-        Ok((Admission::Allowed, t, _)) => (
-            Ok(Admitted {
-                key: Some(key),
-                probe: false,
-            }),
-            t,
-        ),
-        Ok((Admission::Probe, t, _)) => (
-            Ok(Admitted {
-                key: Some(key),
-                probe: true,
-            }),
-            t,
-        ),
+        Ok((Admission::Allowed, t, _)) => (held(false), t),
+        Ok((Admission::Probe, t, _)) => (held(true), t),
         Ok((Admission::Rejected { reset_in_ms }, t, _)) => (Err(reset_in_ms.max(1)), t),
-        // The store failed: the breaker cannot say no; let the request through untracked.
-        Err(_) => (
-            Ok(Admitted {
-                key: None,
-                probe: false,
-            }),
-            None,
-        ),
+        Err(_) => (Ok(None), None),
     }
+}
+
+/// Gives back the probe permit of a request that was not sent after all.
+pub fn release(store: &dyn SharedStore, held: &Held, retries: u32) {
+    if let (true, Some(name)) = (held.probe, held.name.as_deref()) {
+        let key = breaker::key(held.scope, name);
+        let _ = breaker::release_probe_shared(store, &key, retries);
+    }
+}
+
+/// Plain successes one VM gathered per breaker, not written yet (see the module docs).
+#[derive(Debug, Default)]
+pub struct Pending {
+    entries: Vec<PendingEntry>,
+}
+
+#[derive(Debug)]
+struct PendingEntry {
+    key: String,
+    successes: u32,
+    since_ns: u64,
+}
+
+impl Pending {
+    /// Counts one success of breaker `key(scope, name)` (the key is built once per flush interval).
+    fn add(&mut self, scope: &str, name: &str, now_ns: u64) {
+        let tail = crate::keys::BREAKER.len();
+        let found = self.entries.iter_mut().find(|e| {
+            e.key
+                .get(tail..)
+                .is_some_and(|t| breaker::open_set::key_tail_matches(t, scope, name))
+        });
+        match found {
+            Some(e) => e.successes = e.successes.saturating_add(1),
+            None => self.entries.push(PendingEntry {
+                key: breaker::key(scope, name),
+                successes: 1,
+                since_ns: now_ns,
+            }),
+        }
+    }
+
+    /// Takes the successes waiting for `key`.
+    fn take(&mut self, key: &str) -> u32 {
+        match self.entries.iter().position(|e| e.key == key) {
+            Some(i) => self.entries.swap_remove(i).successes,
+            None => 0,
+        }
+    }
+
+    /// Successes waiting in this VM, over every breaker.
+    pub fn total(&self) -> u64 {
+        self.entries.iter().map(|e| u64::from(e.successes)).sum()
+    }
+
+    /// True when something waits for `now_ns` (or must be written anyway: too many breakers waiting).
+    fn due(&self, now_ns: u64) -> bool {
+        self.entries.len() >= MAX_PENDING_KEYS
+            || self
+                .entries
+                .iter()
+                .any(|e| now_ns.saturating_sub(e.since_ns) >= SUCCESS_FLUSH_MS * NS_PER_MS)
+    }
+}
+
+/// Per-VM breaker state.
+#[derive(Debug, Default)]
+pub struct VmBreakers {
+    /// Plain successes not written yet (failure-rate breakers only).
+    pub pending: Pending,
+}
+
+/// What [`record`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The breaker key written, when one was.
+    pub key: Option<String>,
+    /// The transition the outcome caused.
+    pub transition: Option<Transition>,
+    /// A shared-data update failed (the outcome, or the set of open breakers).
+    pub error: Option<UpdateError>,
+}
+
+/// Where [`record`] and [`flush`] keep their per-VM state and key cache.
+pub struct Ctx<'a> {
+    /// Shared data.
+    pub store: &'a dyn SharedStore,
+    /// Breaker settings.
+    pub settings: &'a BreakerSettings,
+    /// This VM's breaker state.
+    pub vm: &'a mut VmBreakers,
+    /// Keys known to exist (for the `max_keys` bound).
+    pub known: &'a mut KeySet,
+    /// Bound of `known`.
+    pub cache_limit: usize,
+    /// CAS retries.
+    pub retries: u32,
+}
+
+/// Reports one request's `outcome` to breaker `key(scope, name)`: nothing for a plain success without
+/// a failure-rate threshold; gathered in this VM for a plain success with one; otherwise one CAS on the
+/// key carrying the successes gathered for it first, then the set of open breakers kept true.
+pub fn record(
+    cx: &mut Ctx<'_>,
+    scope: &str,
+    name: &str,
+    outcome: Outcome,
+    probe: bool,
+    now_ns: u64,
+) -> Recorded {
+    if breaker::record_is_noop(&cx.settings.cfg, outcome, probe) {
+        return Recorded::default();
+    }
+    if outcome == Outcome::Success && !probe {
+        cx.vm.pending.add(scope, name, now_ns);
+        return Recorded::default();
+    }
+    let key = breaker::key(scope, name);
+    let successes = cx.vm.pending.take(&key);
+    if !claim_slot(
+        cx.store,
+        BREAKER_KEY_COUNTER,
+        cx.settings.max_keys,
+        cx.retries,
+        cx.known,
+        cx.cache_limit,
+        &key,
+    ) {
+        return Recorded::default();
+    }
+    let mut out = Recorded::default();
+    match breaker::record_batch_shared(
+        cx.store,
+        &key,
+        &cx.settings.cfg,
+        successes,
+        Some((outcome, probe)),
+        now_ns,
+        cx.retries,
+    ) {
+        Ok((t, after, _)) => {
+            out.transition = t;
+            let kept = if after != State::Closed {
+                // Opened, or still not closed (its entry may have been lost): make sure it is named.
+                open_set::mark(cx.store, &key, cx.retries)
+            } else if t.is_some_and(|t| t.to == State::Closed) {
+                open_set::unmark(cx.store, &key, cx.retries)
+            } else {
+                Ok(())
+            };
+            out.error = kept.err();
+        }
+        Err(e) => out.error = Some(e),
+    }
+    out.key = Some(key);
+    out
+}
+
+/// Writes the successes this VM gathered: those waiting [`SUCCESS_FLUSH_MS`] or more (or all of them
+/// when too many breakers wait), or everything with `all` (the VM's tick). Returns the failed writes.
+pub fn flush(cx: &mut Ctx<'_>, now_ns: u64, all: bool) -> Vec<(String, UpdateError)> {
+    let mut failed = Vec::new();
+    if !all && !cx.vm.pending.due(now_ns) {
+        return failed;
+    }
+    let everything = all || cx.vm.pending.entries.len() >= MAX_PENDING_KEYS;
+    let due_ns = SUCCESS_FLUSH_MS * NS_PER_MS;
+    let mut i = 0;
+    while let Some(e) = cx.vm.pending.entries.get(i) {
+        if !everything && now_ns.saturating_sub(e.since_ns) < due_ns {
+            i += 1;
+            continue;
+        }
+        let e = cx.vm.pending.entries.swap_remove(i);
+        if !claim_slot(
+            cx.store,
+            BREAKER_KEY_COUNTER,
+            cx.settings.max_keys,
+            cx.retries,
+            cx.known,
+            cx.cache_limit,
+            &e.key,
+        ) {
+            continue;
+        }
+        if let Err(err) = breaker::record_batch_shared(
+            cx.store,
+            &e.key,
+            &cx.settings.cfg,
+            e.successes,
+            None,
+            now_ns,
+            cx.retries,
+        ) {
+            failed.push((e.key, err));
+        }
+    }
+    failed
 }
 
 /// Gauge value of a state (0 closed, 1 open, 2 half-open).
@@ -172,7 +420,6 @@ pub fn gauge(state: State) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::breaker::Outcome;
     use crate::config;
     use crate::store::MemStore;
 
@@ -189,21 +436,50 @@ mod tests {
         .unwrap()
     }
 
+    fn rate_settings() -> BreakerSettings {
+        config::parse(
+            br#"{"breaker":{"failure_rate_percent":50,"min_requests":4,"window_ms":60000},
+                "rules":[{"tokens_per_second":1,"burst":1}]}"#,
+        )
+        .unwrap()
+        .breaker
+        .unwrap()
+    }
+
+    fn fail() -> Outcome {
+        Outcome::Failure {
+            retry_after_ms: None,
+        }
+    }
+
+    struct Vm {
+        vm: VmBreakers,
+        known: KeySet,
+    }
+
+    impl Vm {
+        fn new() -> Self {
+            Vm {
+                vm: VmBreakers::default(),
+                known: KeySet::default(),
+            }
+        }
+        fn cx<'a>(&'a mut self, store: &'a MemStore, st: &'a BreakerSettings) -> Ctx<'a> {
+            Ctx {
+                store,
+                settings: st,
+                vm: &mut self.vm,
+                known: &mut self.known,
+                cache_limit: 100,
+                retries: 8,
+            }
+        }
+    }
+
     fn open(s: &MemStore, st: &BreakerSettings, name: &str, now: u64) {
-        let key = breaker::key("model", name);
+        let mut vm = Vm::new();
         for _ in 0..2 {
-            breaker::record_shared(
-                s,
-                &key,
-                &st.cfg,
-                Outcome::Failure {
-                    retry_after_ms: None,
-                },
-                false,
-                now,
-                8,
-            )
-            .unwrap();
+            record(&mut vm.cx(s, st), "model", name, fail(), false, now);
         }
     }
 
@@ -211,14 +487,23 @@ mod tests {
         move |m| st.model_fallback(m).map(|t| (t.to_string(), None))
     }
 
+    fn chain(s: &MemStore, st: &BreakerSettings, now: u64) -> Result<Choice, u64> {
+        peek_chain(s, st, &view(s), "model", "a", &next(st), now, 8)
+    }
+
     #[test]
-    fn closed_primary_is_chosen_without_fallback() {
+    fn closed_breakers_cost_one_read_of_an_empty_value_and_create_nothing() {
         let s = MemStore::new();
         let st = settings();
-        let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
-        assert_eq!(c.target, "a");
-        assert_eq!(c.from, None);
+        let c = chain(&s, &st, 0).unwrap();
+        assert_eq!((c.target.as_str(), c.from, c.closed), ("a", None, true));
+        assert_eq!(s.reads(), 1, "only the set was read");
         assert!(s.is_empty(), "peeking must not create keys");
+        // Another breaker open: the set names it, this one still needs no read of its own.
+        open(&s, &st, "z", 0);
+        let reads = s.reads();
+        assert!(chain(&s, &st, 0).unwrap().closed);
+        assert_eq!(s.reads(), reads + 1);
     }
 
     #[test]
@@ -226,42 +511,78 @@ mod tests {
         let s = MemStore::new();
         let st = settings();
         open(&s, &st, "a", 0);
-        let c = peek_chain(&s, &st, "model", "a", &next(&st), MS).unwrap();
+        let c = chain(&s, &st, MS).unwrap();
         assert_eq!((c.target.as_str(), c.from.as_deref()), ("b", Some("a")));
         open(&s, &st, "b", 0);
         // b's own fallback c is two hops away: not followed with max_fallback_hops = 1
-        let r = peek_chain(&s, &st, "model", "a", &next(&st), MS).unwrap_err();
+        let r = chain(&s, &st, MS).unwrap_err();
         assert!(r > 900 && r <= 1000, "{r}");
     }
 
     #[test]
-    fn a_breaker_seen_closed_admits_without_a_read_only_once_its_key_is_known() {
+    fn opening_names_the_breaker_in_the_set_and_a_probe_success_takes_it_out() {
         let s = MemStore::new();
         let st = settings();
-        let mut known = KeySet::default();
-        // Missing key: peek does not call it closed; admit creates and caches the key.
-        let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
-        assert!(!c.closed);
-        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed)
-            .0
-            .unwrap();
-        assert_eq!(a.key.as_deref(), Some(breaker::key("model", "a").as_str()));
-        let c = peek_chain(&s, &st, "model", "a", &next(&st), 0).unwrap();
-        assert!(c.closed);
-        let reads = s.reads();
-        let a = admit(&s, &st, "model", "a", 0, 8, &mut known, 100, c.closed)
-            .0
-            .unwrap();
-        assert!(!a.probe);
-        assert_eq!(
-            s.reads(),
-            reads,
-            "no shared-data read for a breaker seen closed"
+        let mut vm = Vm::new();
+        let r = record(&mut vm.cx(&s, &st), "model", "a", fail(), false, 0);
+        assert_eq!(r.transition, None);
+        assert!(!view(&s).may_be_open("model", "a"));
+        let r = record(&mut vm.cx(&s, &st), "model", "a", fail(), false, 0);
+        assert_eq!(r.transition.map(|t| t.to), Some(State::Open));
+        assert!(view(&s).may_be_open("model", "a"));
+        // Recovery over: the probe is taken the exact way, and its success closes and unnames it.
+        let (held, t) = admit(&s, &st, "model", "a", 1001 * MS, 8, &mut vm.known, 100);
+        assert_eq!(t.map(|t| t.to), Some(State::HalfOpen));
+        assert!(held.unwrap().unwrap().probe);
+        let r = record(
+            &mut vm.cx(&s, &st),
+            "model",
+            "a",
+            Outcome::Success,
+            true,
+            1002 * MS,
         );
-        // An open breaker is never reported closed.
+        assert_eq!(r.transition.map(|t| t.to), Some(State::Closed));
+        assert_eq!(view(&s), View::Known(breaker::OpenSet::default()));
+        assert!(s.get(breaker::OPEN_SET_KEY).unwrap().unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn a_lost_add_is_put_back_by_the_next_outcome_and_a_lost_removal_by_the_next_reader() {
+        let s = MemStore::new();
+        let st = settings();
         open(&s, &st, "a", 0);
-        let c = peek_chain(&s, &st, "model", "a", &next(&st), MS).unwrap();
-        assert_eq!((c.target.as_str(), c.closed), ("b", false));
+        // The set is lost (an older build, a failed write): the open breaker is hidden…
+        s.set(breaker::OPEN_SET_KEY, &[], 0).unwrap();
+        assert!(chain(&s, &st, MS).unwrap().closed);
+        // …until the next outcome recorded on it.
+        let mut vm = Vm::new();
+        record(&mut vm.cx(&s, &st), "model", "a", fail(), false, MS);
+        assert_eq!(chain(&s, &st, MS).unwrap().target, "b");
+        // A stale entry for a closed breaker: the reader reads its key, finds it closed, takes it out.
+        let k = breaker::key("model", "q");
+        open_set::mark(&s, &k, 8).unwrap();
+        let c = peek_chain(&s, &st, &view(&s), "model", "q", &next(&st), MS, 8).unwrap();
+        assert!(c.closed);
+        assert!(!view(&s).may_be_open("model", "q"));
+        assert!(view(&s).may_be_open("model", "a"));
+    }
+
+    #[test]
+    fn an_unreadable_set_means_every_key_is_read() {
+        let s = MemStore::new();
+        let st = settings();
+        s.set(breaker::OPEN_SET_KEY, b"junk", 0).unwrap();
+        let v = view(&s);
+        assert_eq!(v, View::Unknown { corrupt: true });
+        let reads = s.reads();
+        let c = peek_chain(&s, &st, &v, "model", "a", &next(&st), 0, 8).unwrap();
+        assert_eq!(s.reads(), reads + 1, "the key itself was read");
+        assert!(c.closed, "a breaker never recorded is closed");
+        open(&s, &st, "a", 0);
+        s.set(breaker::OPEN_SET_KEY, b"junk", 0).unwrap();
+        let c = peek_chain(&s, &st, &view(&s), "model", "a", &next(&st), MS, 8).unwrap();
+        assert_eq!(c.target, "b", "an open breaker is still seen");
     }
 
     #[test]
@@ -273,8 +594,8 @@ mod tests {
         let mut probes = 0;
         let mut rejected = 0;
         for _ in 0..5 {
-            match admit(&s, &st, "model", "a", 1001 * MS, 8, &mut known, 100, false).0 {
-                Ok(a) if a.probe => probes += 1,
+            match admit(&s, &st, "model", "a", 1001 * MS, 8, &mut known, 100).0 {
+                Ok(Some(a)) if a.probe => probes += 1,
                 Ok(_) => panic!("half-open must only admit probes"),
                 Err(_) => rejected += 1,
             }
@@ -288,13 +609,121 @@ mod tests {
         let mut st = settings();
         st.max_keys = 1;
         let mut known = KeySet::default();
-        let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100, false)
+        let a = admit(&s, &st, "model", "x", 0, 8, &mut known, 100)
             .0
             .unwrap();
-        assert!(a.key.is_some());
-        let b = admit(&s, &st, "model", "y", 0, 8, &mut known, 100, false)
+        assert!(a.is_some());
+        let b = admit(&s, &st, "model", "y", 0, 8, &mut known, 100)
             .0
             .unwrap();
-        assert_eq!(b.key, None);
+        assert_eq!(b, None);
+        // Outcomes of an untracked name are not recorded either.
+        let mut vm = Vm::new();
+        for _ in 0..3 {
+            let r = record(&mut vm.cx(&s, &st), "model", "y", fail(), false, 0);
+            assert_eq!(r, Recorded::default());
+        }
+        assert!(s.get(&breaker::key("model", "y")).unwrap().is_none());
+    }
+
+    #[test]
+    fn plain_successes_are_written_only_with_a_rate_rule_and_then_in_batches() {
+        let s = MemStore::new();
+        let count = settings();
+        let mut vm = Vm::new();
+        record(
+            &mut vm.cx(&s, &count),
+            "model",
+            "a",
+            Outcome::Success,
+            false,
+            0,
+        );
+        assert_eq!(
+            vm.vm.pending.total(),
+            0,
+            "nothing to count without a rate rule"
+        );
+        assert_eq!(s.reads(), 0);
+
+        let st = rate_settings();
+        for i in 0..10 {
+            record(
+                &mut vm.cx(&s, &st),
+                "model",
+                "a",
+                Outcome::Success,
+                false,
+                i * MS,
+            );
+            assert!(flush(&mut vm.cx(&s, &st), i * MS, false).is_empty());
+        }
+        assert_eq!(s.reads(), 0, "gathered in the VM");
+        assert_eq!(vm.vm.pending.total(), 10);
+        // Due once the oldest waited SUCCESS_FLUSH_MS: one write for all ten.
+        assert!(flush(&mut vm.cx(&s, &st), SUCCESS_FLUSH_MS * MS, false).is_empty());
+        assert_eq!(vm.vm.pending.total(), 0);
+        let (b, _) = store::peek::<breaker::BreakerState>(&s, &breaker::key("model", "a")).unwrap();
+        assert_eq!(
+            b.unwrap().window_counts(&st.cfg, SUCCESS_FLUSH_MS * MS),
+            (10, 0)
+        );
+    }
+
+    #[test]
+    fn a_failure_carries_the_successes_its_vm_gathered_before_it() {
+        let s = MemStore::new();
+        let st = rate_settings();
+        let mut vm = Vm::new();
+        // 3 successes then 2 failures: 40 % < 50 %, stays closed although 2 failures ≥ min 4 requests
+        // would be 100 % without the successes.
+        for _ in 0..3 {
+            record(
+                &mut vm.cx(&s, &st),
+                "model",
+                "a",
+                Outcome::Success,
+                false,
+                0,
+            );
+        }
+        for _ in 0..2 {
+            let r = record(&mut vm.cx(&s, &st), "model", "a", fail(), false, MS);
+            assert_eq!(r.transition, None);
+        }
+        let (b, _) = store::peek::<breaker::BreakerState>(&s, &breaker::key("model", "a")).unwrap();
+        assert_eq!(b.unwrap().window_counts(&st.cfg, MS), (3, 2));
+        // One more failure: 3 of 6 = 50 % opens it.
+        let r = record(&mut vm.cx(&s, &st), "model", "a", fail(), false, MS);
+        assert_eq!(r.transition.map(|t| t.reason), Some("failure_rate"));
+    }
+
+    #[test]
+    fn the_tick_writes_every_success_whatever_its_age() {
+        let s = MemStore::new();
+        let st = rate_settings();
+        let mut vm = Vm::new();
+        record(
+            &mut vm.cx(&s, &st),
+            "cluster",
+            "p",
+            Outcome::Success,
+            false,
+            0,
+        );
+        record(
+            &mut vm.cx(&s, &st),
+            "model",
+            "a",
+            Outcome::Success,
+            false,
+            0,
+        );
+        assert!(flush(&mut vm.cx(&s, &st), MS, true).is_empty());
+        assert_eq!(vm.vm.pending.total(), 0);
+        for k in [breaker::key("cluster", "p"), breaker::key("model", "a")] {
+            let (b, _) = store::peek::<breaker::BreakerState>(&s, &k).unwrap();
+            assert_eq!(b.unwrap().window_counts(&st.cfg, MS), (1, 0), "{k}");
+        }
     }
 }

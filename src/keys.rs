@@ -6,17 +6,20 @@
 //! tg:b:<rule>:<tenant>[:<model>]  bucket       tg:q:{<tenant>}:<month>[:m:<model>]  quota counters
 //! tg:b:<rule>:~overflow<N>        overflow     tg:q:{<tenant>}:limit[:m:<model>]    limit overrides
 //! tg:cb:<scope>=<name>            breaker      tg:q:{<tenant>}:idem:<key>           idempotency record
-//! tg:q:x:<tenant>                 exhausted    tg:q:{<tenant>}:settled:<id>         settlement marker
-//! tg:gx:<slot>                    refusals     tg:q:{<tenant>}:req:<id>             reservation record
-//! tg:n:buckets / breakers / markers  counts    tg:gb:{<rule>:<tenant>}[:<model>]    global bucket
+//! tg:open:breakers                not CLOSED   tg:q:{<tenant>}:settled:<id>         settlement marker
+//! tg:q:x:<tenant>                 exhausted    tg:q:{<tenant>}:req:<id>             reservation record
+//! tg:gx:<slot>                    refusals     tg:gb:{<rule>:<tenant>}[:<model>]    global bucket
+//! tg:n:buckets / breakers / markers  counts
 //! tg:gl:a:<global bucket key>     lease
 //! tg:gl:i:<n>, tg:n:gleases       lease registry
+//! tg:if:<limit>:<subject>         in flight
 //! ```
 //!
 //! Shared data never evicts a key, so every family on the left is bounded by its builder: buckets by
 //! `max_tenants` (then overflow buckets), breakers by `breaker.max_keys`, exhausted markers by
 //! `max_tenants` on their own count, refusal slots by [`crate::global::SEEN_SLOTS`], global-bucket lease
-//! accounts by `max_tenants` on their own count ([`crate::glease`]). The `tg:n:*` keys
+//! accounts by `max_tenants` on their own count ([`crate::glease`]), in-flight semaphores with the bucket
+//! keys; `tg:open:breakers` is one key, whose value names at most `breaker.max_keys` breakers. The `tg:n:*` keys
 //! hold those counts. Redis keys expire (month end + grace, idempotency window, marker TTL, bucket refill
 //! time), and their `{…}` hash tag keeps one tenant's quota keys (one rule × tenant's bucket) on one
 //! Redis Cluster slot.
@@ -36,6 +39,9 @@
 pub const BUCKET: &str = "tg:b:";
 /// Shared data: a circuit breaker, `tg:cb:<scope>=<name>` (scopes `cluster`, `model`, `shim`).
 pub const BREAKER: &str = "tg:cb:";
+/// Shared data: the request breakers that are not CLOSED, one value for all of them (see
+/// [`crate::breaker::OPEN_SET_KEY`]).
+pub const BREAKER_OPEN_SET: &str = "tg:open:breakers";
 /// Shared data: a tenant's quota-exhausted marker, `tg:q:x:<sanitized tenant>` (never clashes with the
 /// Redis quota keys: those continue with `{`, and live in another store anyway).
 pub const QUOTA_EXHAUSTED: &str = "tg:q:x:";
@@ -122,6 +128,7 @@ mod tests {
             BUCKET_COUNTER,
             BREAKER_COUNTER,
             MARKER_COUNTER,
+            BREAKER_OPEN_SET,
         ];
         for (i, a) in shared.iter().enumerate() {
             assert!(a.starts_with("tg:"), "{a}");

@@ -3,7 +3,7 @@
 //! wasm build kills the worker's VM, so "never panic" is checked here for each entry point the host feeds
 //! with request, response, callout or shared-data bytes.
 
-use tokengate::breaker::BreakerState;
+use tokengate::breaker::{BreakerState, OpenSet};
 use tokengate::bucket::BucketState;
 use tokengate::estimate::{self, ApiKind, OutputLimits};
 use tokengate::quota::{self, ExhaustedMarker};
@@ -220,7 +220,16 @@ fn shared_state_decoders_reject_garbage_without_panicking() {
         let _ = BucketState::decode(&bytes);
         let _ = BreakerState::decode(&bytes);
         let _ = ExhaustedMarker::decode(&bytes);
+        let _ = OpenSet::decode(&bytes);
         let blob = tokengate::host::abi::HeaderBlob::from_bytes(bytes.clone());
         let _ = blob.find(":status");
+    }
+    // The set of open breakers is variable-length: mutations of a valid one reach its length checks.
+    let set = [&[1u8, 2, 0, 0, 0, 7][..], b"model=a", &[9], b"cluster=b"].concat();
+    assert!(OpenSet::decode(&set).is_some_and(|s| s.contains("cluster", "b")));
+    for _ in 0..50_000 {
+        if let Some(s) = OpenSet::decode(&mutate(&mut rng, &set)) {
+            let _ = (s.contains("model", "a"), s.has_scope("cluster"));
+        }
     }
 }

@@ -410,6 +410,24 @@ pub fn record(
     }
 }
 
+/// Counts `n` outcomes that were plain successes (not probes), reported together by one worker
+/// (see `crate::failover`: a worker gathers them and reports them in one write). The same as `n`
+/// calls of [`record`] with [`Outcome::Success`] and `was_probe = false` at `now_ns`: only CLOSED with a
+/// failure-rate threshold counts them; a success never opens or closes anything.
+pub fn record_successes(
+    state: &BreakerState,
+    cfg: &BreakerConfig,
+    n: u32,
+    now_ns: u64,
+) -> Option<BreakerState> {
+    if n == 0 || state.state != State::Closed || cfg.failure_rate_percent.is_none() {
+        return None;
+    }
+    let mut next = *state;
+    next.window.add_successes(cfg, now_ns, n);
+    Some(next)
+}
+
 /// Gives back a probe permit taken by [`admit`] for a request that was then not sent (a bucket or the
 /// quota refused it after the breaker admitted it), so the next request can probe at once instead of
 /// waiting for `probe_timeout_ms`. Only in HALF_OPEN, and never below the probes already answered.
@@ -840,6 +858,31 @@ mod tests {
             [State::Closed, State::Open, State::HalfOpen].map(|s| (s.as_str(), s.as_gauge())),
             [("closed", 0), ("open", 1), ("half_open", 2)]
         );
+    }
+
+    #[test]
+    fn successes_reported_together_count_as_the_same_number_reported_one_by_one() {
+        let c = BreakerConfig {
+            failure_rate_percent: Some(50),
+            ..cfg()
+        };
+        let mut one_by_one = BreakerState::default();
+        rec(&mut one_by_one, &c, fail(), false, T0);
+        let together = one_by_one;
+        for _ in 0..7 {
+            rec(&mut one_by_one, &c, Outcome::Success, false, T0 + S);
+        }
+        let together = record_successes(&together, &c, 7, T0 + S).unwrap();
+        assert_eq!(together, one_by_one);
+        assert_eq!(together.window_counts(&c, T0 + S), (7, 1));
+        // Nothing to count: none reported, no rate rule, or not CLOSED.
+        assert_eq!(record_successes(&together, &c, 0, T0), None);
+        assert_eq!(record_successes(&together, &cfg(), 7, T0), None);
+        let open = BreakerState {
+            state: State::Open,
+            ..together
+        };
+        assert_eq!(record_successes(&open, &c, 7, T0), None);
     }
 
     #[test]

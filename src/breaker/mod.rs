@@ -2,8 +2,10 @@
 //! in Envoy shared data, so every worker sees the same breaker.
 //!
 //! Nothing here reads a clock or talks to Envoy: time comes in as `now_ns` (nanoseconds since the epoch)
-//! and shared data is reached through [`SharedStore`]. The host adapter calls [`admit_shared`] before it
-//! sends a request to a key, [`classify`] + [`retry_after_ms`] on the response, then [`record_shared`].
+//! and shared data is reached through [`SharedStore`]. The flow calls [`admit_shared`] before it sends a
+//! request to a key, [`classify`] + [`retry_after_ms`] on the response, then [`record_shared`] (or
+//! [`record_batch_shared`], which also adds the successes a worker gathered). For the request breakers,
+//! `crate::failover` reads a breaker's key only when [`open_set`] names it.
 //!
 //! # Transitions
 //!
@@ -76,28 +78,32 @@
 //! distinct names (configured models/clusters), never derives them from request data without a bound.
 //!
 //! # Parts
-//! `machine.rs` (config, states, [`admit`], [`record`], [`peek_state`]), `window.rs` (the sliding
-//! window), `codec.rs` (the encoding above), `shared.rs` (the CAS wrappers and [`key`]) and `outcome.rs`
-//! ([`classify`], [`retry_after_ms`]); everything is re-exported here.
+//! `machine.rs` (config, states, [`admit`], [`record`], [`record_successes`], [`peek_state`]),
+//! `window.rs` (the sliding window), `codec.rs` (the encoding above), `shared.rs` (the CAS wrappers and
+//! [`key`]), [`open_set`] (one shared value naming the breakers that are not CLOSED, so that a request
+//! through closed breakers reads nothing else) and `outcome.rs` ([`classify`], [`retry_after_ms`]);
+//! everything is re-exported here.
 //!
 //! [`SharedStore`]: crate::store::SharedStore
 //! [`store::update`]: crate::store::update
 
 mod codec;
 mod machine;
+pub mod open_set;
 mod outcome;
 mod shared;
 mod window;
 
 pub use codec::{ENCODED_LEN, VERSION};
 pub use machine::{
-    admit, peek_state, record, release_probe, Admission, BreakerConfig, BreakerState, Outcome,
-    State, Transition, HALF_OPEN_RETRY_MS,
+    admit, peek_state, record, record_successes, release_probe, Admission, BreakerConfig,
+    BreakerState, Outcome, State, Transition, HALF_OPEN_RETRY_MS,
 };
+pub use open_set::{OpenSet, View, OPEN_SET_KEY};
 pub use outcome::{classify, cut_after_response_started, retry_after_ms, FailurePolicy};
 pub use shared::{
-    admit_shared, key, record_is_noop, record_shared, release_probe_shared, MAX_NAME_BYTES,
-    MAX_SCOPE_BYTES,
+    admit_shared, key, record_batch_shared, record_is_noop, record_shared, release_probe_shared,
+    MAX_NAME_BYTES, MAX_SCOPE_BYTES,
 };
 pub use window::BUCKETS;
 

@@ -3,7 +3,8 @@
 //! value repaired once, and the key names (`tg:cb:<scope>=<name>`).
 
 use super::machine::{
-    admit, record, release_probe, Admission, BreakerConfig, BreakerState, Outcome, Transition,
+    admit, record, record_successes, release_probe, Admission, BreakerConfig, BreakerState,
+    Outcome, State, Transition,
 };
 use crate::store::{self, SharedStore, UpdateError, UpdateStats};
 
@@ -84,6 +85,34 @@ pub fn record_shared(
     Ok((transition, stats))
 }
 
+/// `successes` plain successes ([`record_successes`]), then the outcome of one request if given
+/// (`(outcome, was_probe)`, [`record`]), as one bounded CAS read-modify-write of `key` (created CLOSED
+/// when missing). Returns the transition, the state the key holds afterwards and the CAS statistics.
+pub fn record_batch_shared(
+    store: &dyn SharedStore,
+    key: &str,
+    cfg: &BreakerConfig,
+    successes: u32,
+    outcome: Option<(Outcome, bool)>,
+    now_ns: u64,
+    max_retries: u32,
+) -> Result<(Option<Transition>, State, UpdateStats), UpdateError> {
+    let ((transition, after), stats) =
+        store::update(store, key, max_retries, &BreakerState::default(), |s| {
+            let counted = record_successes(s, cfg, successes, now_ns);
+            let base = counted.unwrap_or(*s);
+            let (next, t) = match outcome {
+                Some((o, probe)) => record(&base, cfg, o, probe, now_ns),
+                None => (None, None),
+            };
+            let next = next.or(counted);
+            let after = next.map_or(s.state(), |n| n.state());
+            ((t, after), next)
+        })?;
+    repair_if_corrupt(store, key, &stats, max_retries);
+    Ok((transition, after, stats))
+}
+
 /// Shared-data key of a breaker: `tg:cb:<scope>=<name>`. Bytes other than ASCII letters, digits and
 /// `-._:/@+` become `_`; the scope is cut to [`MAX_SCOPE_BYTES`] and the name to [`MAX_NAME_BYTES`]
 /// (two names equal in their first 128 characters share a breaker).
@@ -96,18 +125,37 @@ pub fn key(scope: &str, name: &str) -> String {
     k
 }
 
-fn push_sanitized(out: &mut String, s: &str, max: usize) {
-    for c in s.chars().take(max) {
+/// Length of the prefix every breaker key starts with (`tg:cb:`).
+pub(super) const KEY_PREFIX_LEN: usize = crate::keys::BREAKER.len();
+
+/// The characters of `s` as a key keeps them: at most `max`, unsafe ones as `_`.
+fn sanitized_chars(s: &str, max: usize) -> impl Iterator<Item = char> + '_ {
+    s.chars().take(max).map(|c| {
         let keep =
             c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':' | '/' | '@' | '+');
-        out.push(if keep { c } else { '_' });
-    }
+        if keep {
+            c
+        } else {
+            '_'
+        }
+    })
+}
+
+fn push_sanitized(out: &mut String, s: &str, max: usize) {
+    out.extend(sanitized_chars(s, max));
+}
+
+/// Whether `tail` is what follows `tg:cb:` in [`key`]`(scope, name)`, without building the key.
+pub fn key_tail_matches(tail: &str, scope: &str, name: &str) -> bool {
+    sanitized_chars(scope, MAX_SCOPE_BYTES)
+        .chain(std::iter::once('='))
+        .chain(sanitized_chars(name, MAX_NAME_BYTES))
+        .eq(tail.chars())
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use super::super::*;
     use super::*;
     use crate::store::MemStore;
     use std::cell::{Cell, RefCell};

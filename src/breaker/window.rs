@@ -58,6 +58,19 @@ impl Window {
 
     /// Adds one outcome to the sub-window of `now_ns`, resetting it first if it held an older epoch.
     pub(super) fn count(&mut self, cfg: &BreakerConfig, now_ns: u64, success: bool) {
+        if success {
+            self.add_successes(cfg, now_ns, 1);
+        } else {
+            self.add(cfg, now_ns, 0, 1);
+        }
+    }
+
+    /// Adds `n` successes to the sub-window of `now_ns`.
+    pub(super) fn add_successes(&mut self, cfg: &BreakerConfig, now_ns: u64, n: u32) {
+        self.add(cfg, now_ns, n, 0);
+    }
+
+    fn add(&mut self, cfg: &BreakerConfig, now_ns: u64, successes: u32, failures: u32) {
         let bucket_ns = bucket_ns(cfg);
         if self.bucket_ns != bucket_ns {
             // The window was counted with another width (config changed): its epochs mean nothing now.
@@ -73,11 +86,8 @@ impl Window {
                     ..Bucket::default()
                 };
             }
-            if success {
-                b.successes = b.successes.saturating_add(1);
-            } else {
-                b.failures = b.failures.saturating_add(1);
-            }
+            b.successes = b.successes.saturating_add(successes);
+            b.failures = b.failures.saturating_add(failures);
         }
     }
 

@@ -11,11 +11,10 @@ use super::worker::{self, Credit, KNOWN_KEYS_CACHE};
 use super::{Body, Cx, Effect, Level, Metric, Next, Purpose};
 use crate::accounting::Reserved;
 use crate::admission::{self, Decision};
-use crate::breaker;
 use crate::calendar;
 use crate::config::{GlobalFailure, InvalidBody, QuotaFailure, StoreFailure};
 use crate::estimate::{self, ApiKind};
-use crate::failover::{self, Choice};
+use crate::failover::Choice;
 use crate::global;
 use crate::quota::{self, ReserveArgs};
 use crate::reply::Refusal;
@@ -125,8 +124,7 @@ impl Request {
             .as_ref()
             .filter(|b| b.keys.model && !model.is_empty())
         {
-            let next = |m: &str| b.model_fallback(m).map(|t| (t.to_string(), None));
-            match failover::peek_chain(cx.store(), b, "model", &model, &next, cx.now()) {
+            match super::breakers::check_model(cx, b, &model) {
                 Ok(Choice {
                     target,
                     from: Some(from),
@@ -519,52 +517,23 @@ impl Request {
         let Some(b) = &cfg.breaker else {
             return Ok(());
         };
-        // A cluster read CLOSED in the headers phase counts as seen closed for a second (long uploads
-        // read it again).
-        let cluster_closed = plan
-            .meta
-            .cluster_closed_at
-            .is_some_and(|t| now.saturating_sub(t) < 1_000_000_000);
-        let mut targets: Vec<(&str, String, bool)> = Vec::new();
-        if let Some(c) = plan.meta.cluster.clone() {
-            targets.push(("cluster", c, cluster_closed));
-        }
-        if b.keys.model && !plan.model.is_empty() {
-            let seen = model_closed == Some(plan.model.as_str());
-            targets.push(("model", plan.model.clone(), seen));
-        }
-        for (scope, name, seen_closed) in targets {
-            let (res, t) = failover::admit(
-                cx.host.store(),
-                b,
-                scope,
-                &name,
-                now,
-                cfg.cas_max_retries,
-                &mut cx.worker.known_keys,
-                KNOWN_KEYS_CACHE,
-                seen_closed,
-            );
-            if let Some(t) = t {
-                super::end::transition(cx, &breaker::key(scope, &name), t);
-            }
-            match res {
-                Ok(a) => {
-                    if a.probe {
-                        cx.inc(Metric::BreakerProbes);
-                    }
-                    if let Some(k) = a.key {
-                        plan.charges.breakers.push((k, a.probe));
-                    }
-                }
+        for (scope, name, seen_closed) in
+            super::breakers::targets(b, &plan.meta, &plan.model, model_closed, now)
+                .into_iter()
+                .flatten()
+        {
+            match super::breakers::admit(cx, b, scope, name.as_deref(), seen_closed, now) {
+                Ok(Some(held)) => plan.charges.breakers.push(held),
+                Ok(None) => {}
                 Err(reset) => {
+                    let name = name.unwrap_or_default();
                     cx.inc(Metric::BreakerShortCircuited);
                     refund(cx, &mut plan.charges);
-                    let (meta, audit_model) = (plan.meta.clone(), name.clone());
+                    let meta = plan.meta.clone();
                     return Err(self.refuse(
                         cx,
                         &meta,
-                        &audit_model,
+                        &name,
                         "circuit_open",
                         answers::circuit_open(scope, &name, reset),
                         "tokengate_circuit_open",
@@ -1128,11 +1097,7 @@ fn above_cap(
 /// Gives the bucket charges and any breaker probe permits back (the request was not sent after all).
 pub(super) fn refund(cx: &mut Cx, charges: &mut Charges) {
     let cfg = cx.cfg;
-    for (key, probe) in std::mem::take(&mut charges.breakers) {
-        if probe {
-            let _ = breaker::release_probe_shared(cx.store(), &key, cfg.cas_max_retries);
-        }
-    }
+    super::breakers::release(cx, std::mem::take(&mut charges.breakers));
     release_slots(cx, charges);
     for c in std::mem::take(&mut charges.local) {
         if let Some(rule) = cfg.rule(c.rule) {

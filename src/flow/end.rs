@@ -10,7 +10,7 @@ use crate::admission;
 use crate::breaker::{self, Transition};
 use crate::failover;
 use crate::quota::{SettleArgs, SettleMode};
-use crate::usage::{self, SseScanner};
+use crate::usage;
 
 impl Request {
     /// Envoy's `on_log`: the request is over (completed, failed or aborted by the client).
@@ -23,7 +23,7 @@ impl Request {
             return;
         }
         if let Stage::Forwarded(f) | Stage::Held(f) = &mut self.stage {
-            record_breakers(cx, f);
+            super::breakers::record(cx, f);
         }
         self.finish(cx, false);
     }
@@ -286,84 +286,6 @@ fn refund_one(cx: &mut Cx, charge: &Charge, global: bool, amount: i64) {
         if let Ok(taken) = admission::debit(cx.store(), cfg, rule, &charge.key, amount, now) {
             // What the bucket really lost (its debt stops one burst deep).
             cx.add(Metric::TokensDebited, taken);
-        }
-    }
-}
-
-/// Reports this request's outcome to the breakers that admitted it.
-fn record_breakers(cx: &mut Cx, f: &mut Forwarded) {
-    if f.charges.breakers.is_empty() {
-        return;
-    }
-    let cfg = cx.cfg;
-    let Some(b) = &cfg.breaker else {
-        return;
-    };
-    let status = if f.resp.status != 0 {
-        f.resp.status
-    } else {
-        cx.host
-            .property(&["response", "code"])
-            .and_then(|v| crate::store::read_u64(&v, 0))
-            .map(|c| u32::try_from(c).unwrap_or(0))
-            .unwrap_or(0)
-    };
-    // A 2xx/3xx that reached its end of stream came whole from the upstream ("via_upstream"): its
-    // details cannot change the outcome, so the property is not read.
-    let details = if f.resp.ended && (200..400).contains(&status) {
-        None
-    } else {
-        cx.host
-            .property(&["response", "code_details"])
-            .and_then(|v| String::from_utf8(v).ok())
-    };
-    let completed = if b.count_incomplete_streams {
-        f.resp.stream.as_ref().map(SseScanner::completed)
-    } else {
-        None
-    };
-    if !b.count_incomplete_streams
-        && f.resp.stream.is_some()
-        && breaker::cut_after_response_started(status, details.as_deref())
-    {
-        // A stream the upstream cut after it had started: that is what the option turns off (the
-        // reset would otherwise count as one).
-        return;
-    }
-    let Some(outcome) = breaker::classify(status, details.as_deref(), completed, &b.policy) else {
-        return;
-    };
-    let resets: Vec<&str> = f.resp.reset_headers.iter().map(String::as_str).collect();
-    let outcome = outcome.with_retry_after(breaker::retry_after_ms(
-        f.resp.retry_after.as_deref(),
-        &resets,
-    ));
-    let now = cx.now();
-    for (key, probe) in std::mem::take(&mut f.charges.breakers) {
-        // A plain success changes nothing unless successes are counted for a failure rate: no
-        // shared-data access at all.
-        if breaker::record_is_noop(&b.cfg, outcome, probe) {
-            continue;
-        }
-        match breaker::record_shared(
-            cx.host.store(),
-            &key,
-            &b.cfg,
-            outcome,
-            probe,
-            now,
-            cfg.cas_max_retries,
-        ) {
-            Ok((Some(t), _)) => transition(cx, &key, t),
-            Ok(_) => {}
-            Err(e) => {
-                cx.inc(Metric::StoreErrors);
-                cx.log_failure(
-                    Level::Warn,
-                    "breaker_store",
-                    format!("breaker update failed at {key}: {e:?}"),
-                );
-            }
         }
     }
 }

@@ -6,7 +6,6 @@ use super::state::{Audit, Meta, Replied, Request, Stage};
 use super::{Cx, Effect, Headers, Metric, Next};
 use crate::admission;
 use crate::estimate::ApiKind;
-use crate::failover;
 use crate::global;
 use crate::identity;
 use crate::quota::ExhaustedMarker;
@@ -191,45 +190,16 @@ impl Request {
             // The body may be rewritten (model fallback).
             drop_length |= !b.model_fallbacks.is_empty();
             if b.keys.cluster {
-                if let Some(cluster) = cx
-                    .host
-                    .property(&["xds", "cluster_name"])
-                    .and_then(|v| String::from_utf8(v).ok())
-                    .filter(|c| !c.is_empty())
-                {
-                    let next = |c: &str| {
-                        b.cluster_fallback(c)
-                            .map(|f| (f.to.clone(), Some(f.route.clone())))
-                    };
-                    let now = cx.now();
-                    match failover::peek_chain(cx.store(), b, "cluster", &cluster, &next, now) {
-                        Ok(choice) => {
-                            if choice.closed {
-                                meta.cluster_closed_at = Some(now);
-                            }
-                            if let (Some(from), Some(route)) = (&choice.from, &choice.route) {
-                                // Envoy re-picks the route when a header changes in this phase.
-                                cx.fx.push(Effect::SetRequestHeader(
-                                    Cow::Owned(b.route_header.clone()),
-                                    route.clone(),
-                                ));
-                                cx.inc(Metric::BreakerFallbacks);
-                                meta.fallbacks.push(format!("{from} -> {}", choice.target));
-                            }
-                            meta.cluster = Some(choice.target);
-                        }
-                        Err(reset) => {
-                            cx.inc(Metric::BreakerShortCircuited);
-                            return self.refuse(
-                                cx,
-                                &meta,
-                                &cluster,
-                                "circuit_open",
-                                answers::circuit_open("cluster", &cluster, reset),
-                                "tokengate_circuit_open",
-                            );
-                        }
-                    }
+                if let Err((cluster, reset)) = super::breakers::check_cluster(cx, b, &mut meta) {
+                    cx.inc(Metric::BreakerShortCircuited);
+                    return self.refuse(
+                        cx,
+                        &meta,
+                        &cluster,
+                        "circuit_open",
+                        answers::circuit_open("cluster", &cluster, reset),
+                        "tokengate_circuit_open",
+                    );
                 }
             }
         }

@@ -32,6 +32,7 @@
 
 mod answers;
 mod body;
+mod breakers;
 mod callout;
 mod end;
 #[cfg(test)]

@@ -195,6 +195,7 @@ impl Request {
             }
         }
         if end_of_stream {
+            super::breakers::at_end_of_stream(cx, f);
             self.finish(cx, true);
         }
         Next::Continue

@@ -133,9 +133,8 @@ pub(super) struct Meta {
     pub model_hint: Option<String>,
     /// Names the quota settlement (`<client x-request-id>-<context>-<ns>`).
     pub request_id: String,
-    /// Upstream cluster chosen (after any fallback) and when its breaker was read CLOSED.
-    pub cluster: Option<String>,
-    pub cluster_closed_at: Option<u64>,
+    /// The cluster breaker as the headers phase saw it (`None`: no cluster breaker).
+    pub cluster: Option<super::breakers::ClusterSeen>,
     /// `x-tokengate-fallback` hops.
     pub fallbacks: Vec<String>,
     /// The `content-length` the upstream was promised (kept): a rewritten body must have this length.
@@ -164,8 +163,8 @@ pub(super) struct Charges {
     pub global: Vec<Charge>,
     /// In-flight slots held: (semaphore key, owner).
     pub slots: Vec<(String, u64)>,
-    /// Breakers that admitted it: (key, holds a probe permit).
-    pub breakers: Vec<(String, bool)>,
+    /// Breakers that admitted it.
+    pub breakers: Vec<crate::failover::Held>,
 }
 
 /// The request once its body was read: the estimate, the model, the charges, and the admission steps

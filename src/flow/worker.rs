@@ -66,6 +66,8 @@ pub struct Worker {
     pub leases: super::lease::Leases,
     /// The VM's global-bucket lease calls.
     pub gleases: super::glease::GLeases,
+    /// Successes of failure-rate breakers not written yet.
+    pub breakers: crate::failover::VmBreakers,
     credits: Vec<Credit>,
     credits_inflight: HashMap<u64, Credit, FnvBuild>,
     next_id: u64,
@@ -150,6 +152,7 @@ pub fn on_tick(cx: &mut Cx) {
         }
         tick_credits(cx, g);
     }
+    super::breakers::flush(cx, now, true);
     for (cause, n) in cx.worker.logs.summaries(now) {
         cx.fx.push(Effect::Log(
             Level::Warn,

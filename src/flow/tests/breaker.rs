@@ -1,7 +1,9 @@
 //! Circuit breakers: fallbacks through Envoy routing and body rewrites, half-open probes, outcomes.
 
 use super::*;
+use crate::breaker;
 use crate::flow::Metric;
+use crate::store::SharedStore;
 
 fn cfg(breaker: Value) -> Value {
     json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)], "breaker": breaker})
@@ -147,5 +149,173 @@ fn a_client_abort_does_not_count_as_a_failure_but_an_upstream_reset_does() {
         e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5))
             .status(),
         Some(503)
+    );
+}
+
+/// The stored record of breaker `key(scope, name)`, if any.
+fn stored(e: &FakeEnvoy, scope: &str, name: &str) -> Option<breaker::BreakerState> {
+    crate::store::peek::<breaker::BreakerState>(&e.store, &breaker::key(scope, name))
+        .unwrap()
+        .0
+}
+
+/// One request for `model` on worker `w`, answered `status` by the upstream.
+fn one(e: &FakeEnvoy, w: usize, model: &str, status: u32) {
+    let mut c = e.send_on(w, "/v1/chat/completions", &[TENANT], &chat(model, "hi", 5));
+    assert!(c.forwarded, "{:?}", c.reply_json());
+    e.respond(&mut c, status, &[], &["{}"]);
+}
+
+#[test]
+fn requests_through_closed_breakers_read_only_the_set_of_open_breakers_and_create_no_key() {
+    let buckets = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)]}));
+    let with = envoy(cfg(json!({"keys": ["cluster", "model"]})));
+    for e in [&buckets, &with] {
+        one(e, 0, "m", 200);
+    }
+    let (b0, w0) = (buckets.store.reads(), with.store.reads());
+    for _ in 0..10 {
+        one(&buckets, 0, "m", 200);
+        one(&with, 0, "m", 200);
+    }
+    let per_request = ((with.store.reads() - w0) - (buckets.store.reads() - b0)) as f64 / 10.0;
+    assert_eq!(
+        per_request, 2.0,
+        "one read of the set per phase, nothing else"
+    );
+    assert!(stored(&with, "model", "m").is_none());
+    assert!(stored(&with, "cluster", "provider").is_none());
+    assert!(
+        with.store.get(breaker::OPEN_SET_KEY).unwrap().is_none(),
+        "no breaker was ever open"
+    );
+}
+
+#[test]
+fn the_cluster_breaker_is_named_only_when_an_outcome_is_recorded() {
+    // Without the cluster name at hand (as if the property could not be read), closed breakers
+    // admit as usual: the name is needed only for a failure, at the end.
+    let mut e = envoy(cfg(json!({"keys": ["cluster"], "failure_threshold": 1})));
+    e.props.remove("xds.cluster_name");
+    one(&e, 0, "m", 200);
+    one(&e, 0, "m", 500);
+    assert_eq!(
+        e.metric(Metric::BreakerOpened),
+        0,
+        "no name, nothing to record"
+    );
+    e.props
+        .insert("xds.cluster_name".into(), b"provider".to_vec());
+    one(&e, 0, "m", 500);
+    assert!(e.logged("breaker tg:cb:cluster=provider: closed -> open"));
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5));
+    assert_eq!(c.status(), Some(503));
+}
+
+#[test]
+fn a_breaker_opened_on_one_worker_refuses_the_next_request_on_the_other() {
+    let e = FakeEnvoy::new(
+        &cfg(json!({"keys": ["model"], "failure_threshold": 3})).to_string(),
+        2,
+    );
+    one(&e, 1, "m", 200);
+    for _ in 0..3 {
+        one(&e, 0, "m", 500);
+    }
+    let c = e.send_on(1, "/v1/chat/completions", &[TENANT], &chat("m", "hi", 5));
+    assert_eq!(c.status(), Some(503), "worker 1 sees it at once");
+    // Closing it again (probe success on worker 0) is seen by worker 1 at once too.
+    e.advance_ms(30_001);
+    one(&e, 0, "m", 200);
+    assert!(e.logged("half_open -> closed"));
+    one(&e, 1, "m", 200);
+    assert!(e
+        .store
+        .get(breaker::OPEN_SET_KEY)
+        .unwrap()
+        .unwrap()
+        .0
+        .is_empty());
+}
+
+fn rate_cfg() -> Value {
+    cfg(json!({"keys": ["model"], "failure_rate_percent": 50, "min_requests": 4}))
+}
+
+#[test]
+fn successes_of_a_rate_breaker_are_written_with_the_next_failure_of_their_worker() {
+    let e = envoy(rate_cfg());
+    for _ in 0..3 {
+        one(&e, 0, "m", 200);
+    }
+    assert!(stored(&e, "model", "m").is_none(), "gathered, not written");
+    one(&e, 0, "m", 500);
+    let s = stored(&e, "model", "m").unwrap();
+    assert_eq!(
+        s.window_counts(&e.cfg.breaker.as_ref().unwrap().cfg, e.now.get()),
+        (3, 1)
+    );
+    // 3 of 6 = 50 %: the second and third failures open it, not the first two alone.
+    one(&e, 0, "m", 500);
+    assert_eq!(e.metric(Metric::BreakerOpened), 0);
+    one(&e, 0, "m", 500);
+    assert!(e.logged("closed -> open (failure_rate)"));
+}
+
+#[test]
+fn gathered_successes_are_written_after_the_flush_interval_or_by_the_tick() {
+    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
+    let rate = e.cfg.breaker.as_ref().unwrap().cfg.clone();
+    one(&e, 0, "m", 200);
+    e.advance_ms(crate::failover::SUCCESS_FLUSH_MS - 1);
+    one(&e, 0, "m", 200);
+    assert!(stored(&e, "model", "m").is_none());
+    e.advance_ms(1);
+    // The first one waited SUCCESS_FLUSH_MS: the next request's end writes all three.
+    one(&e, 0, "m", 200);
+    let s = stored(&e, "model", "m").unwrap();
+    assert_eq!(s.window_counts(&rate, e.now.get()), (3, 0));
+    // An idle worker writes at its tick.
+    one(&e, 1, "m", 200);
+    assert_eq!(
+        stored(&e, "model", "m")
+            .unwrap()
+            .window_counts(&rate, e.now.get()),
+        (3, 0)
+    );
+    e.tick(1);
+    assert_eq!(
+        stored(&e, "model", "m")
+            .unwrap()
+            .window_counts(&rate, e.now.get()),
+        (4, 0)
+    );
+}
+
+#[test]
+fn another_workers_failures_lack_at_most_the_successes_not_written_yet() {
+    // Worker 0 served 6 successes. Until they are written, worker 1's 4 failures read as 4 of 4
+    // (the documented bound: a rate read high, never low); once they are, as 4 of 10.
+    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
+    for _ in 0..6 {
+        one(&e, 0, "m", 200);
+    }
+    e.tick(0);
+    for _ in 0..4 {
+        one(&e, 1, "m", 500);
+    }
+    assert_eq!(e.metric(Metric::BreakerOpened), 0, "4 of 10 is below 50 %");
+
+    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
+    for _ in 0..6 {
+        one(&e, 0, "m", 200);
+    }
+    for _ in 0..4 {
+        one(&e, 1, "m", 500);
+    }
+    assert_eq!(
+        e.metric(Metric::BreakerOpened),
+        1,
+        "the 6 were not written yet"
     );
 }

@@ -16,6 +16,8 @@
 //! - `tokengate (buckets)`: the built filter with buckets on and a rule so generous that nothing is rejected;
 //! - `tokengate + breaker`: the same plus the circuit breaker on keys cluster and model (thresholds so high
 //!   that nothing opens);
+//! - `tokengate + breaker (rate)`: the breaker as shipped, opening on a failure rate, which counts every
+//!   success (nothing fails here either);
 //! - `tokengate + quota`: buckets plus the monthly quota through Webdis + Redis (started here on free
 //!   ports), limit 10^15: one reservation callout per request and the settlements of the root's tick;
 //! - `tokengate + global`: the same rule kept in Redis (`"global": true`, through the same Webdis): one
@@ -200,6 +202,19 @@ fn breaker_config() -> String {
     cfg.to_string()
 }
 
+/// Buckets plus the circuit breaker as shipped in envoy/envoy.yaml: opening on a failure rate (50 % of at
+/// least 20 requests in 30 s), which counts every success; no bench request fails.
+fn breaker_rate_config() -> String {
+    let mut cfg = tokengate_config();
+    cfg["breaker"] = serde_json::json!({
+        "keys": ["cluster", "model"],
+        "failure_rate_percent": 50u64,
+        "min_requests": 20u64,
+        "window_ms": 30_000u64
+    });
+    cfg.to_string()
+}
+
 /// Buckets plus the monthly quota through the `webdis` cluster, a limit no bench run can reach.
 fn quota_config() -> String {
     let mut cfg = tokengate_config();
@@ -279,6 +294,11 @@ fn variants() -> Vec<Variant> {
         empty_row(FLOOR, "floor"),
         tg(BUCKETS, &tokengate, tokengate_config().to_string()),
         tg("tokengate + breaker", &tokengate, breaker_config()),
+        tg(
+            "tokengate + breaker (rate)",
+            &tokengate,
+            breaker_rate_config(),
+        ),
     ];
     let mut quota = tg("tokengate + quota", &tokengate, quota_config());
     quota.needs_webdis = true;
