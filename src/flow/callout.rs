@@ -1,8 +1,9 @@
 //! Phase 3, callout replies: the global bucket charge and the quota reservation answered (or the host
 //! refused to send them); the admission resumes where it paused.
 
+use super::admit::refund;
 use super::answers;
-use super::body::{output_field, refund};
+use super::body::output_field;
 use super::headers::unix_s;
 use super::shim;
 use super::state::{Audit, Charge, Plan, QuotaReq, Request, Stage, Step};
@@ -120,7 +121,7 @@ impl Request {
                         self.next_global(cx, plan);
                     }
                     Decision::Reject(_) if rule.shadow => {
-                        super::body::shadow_refusal(cx, rule, &plan.meta.tenant);
+                        super::admit::shadow_refusal(cx, rule, &plan.meta.tenant);
                         self.next_global(cx, plan);
                     }
                     Decision::Reject(refusal) => {
@@ -205,7 +206,7 @@ impl Request {
                             // No thinking budget fits below what is left: Anthropic would refuse
                             // the request; refuse it here and give the reservations back.
                             refund(cx, &mut plan.charges);
-                            super::body::give_back_quotas(cx, &mut plan.quotas);
+                            super::reserve::give_back_quotas(cx, &mut plan.quotas);
                             let mut qr = qr;
                             super::end::refund_reservation(cx, &mut qr);
                             let audit = Audit {

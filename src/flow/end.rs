@@ -52,7 +52,7 @@ impl Request {
                     return;
                 }
             };
-        super::body::refund(cx, &mut charges);
+        super::admit::refund(cx, &mut charges);
         if let Some(super::state::Step::Quota(mut qr)) = step {
             if qr.started {
                 qr.uncertain = true;
@@ -67,7 +67,7 @@ impl Request {
             &quotas,
             cx.cfg,
         );
-        super::body::give_back_quotas(cx, &mut quotas);
+        super::reserve::give_back_quotas(cx, &mut quotas);
         cx.fx.push(Effect::Audit(record));
     }
 
@@ -77,7 +77,7 @@ impl Request {
             Stage::Forwarded(f) | Stage::Held(f) => {
                 settle(cx, f, ending_complete);
                 refund_unused(cx, f);
-                super::body::release_slots(cx, &mut f.charges);
+                super::admit::release_slots(cx, &mut f.charges);
             }
             Stage::Replied(r) => {
                 if let Some(mut qr) = r.reconcile.take() {

@@ -249,9 +249,9 @@ impl Request {
         let now = cx.now();
         for idx in idxs {
             let rule = cfg.rule(idx)?;
-            let who = super::body::subject(cfg, rule, meta);
+            let who = super::admit::subject(cfg, rule, meta);
             if let Some(max) = rule.max_in_flight {
-                let key = super::body::slot_key(rule, &who);
+                let key = super::admit::slot_key(rule, &who);
                 if crate::inflight::in_flight(cx.store(), &key, now)
                     .is_ok_and(|n| n >= usize::try_from(max).unwrap_or(usize::MAX))
                 {

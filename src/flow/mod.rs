@@ -30,6 +30,7 @@
 //! through [`Host`] and [`Headers`]; tests drive every branch with `fake::FakeEnvoy`, which follows
 //! Envoy 1.40's rules.
 
+mod admit;
 mod answers;
 mod body;
 mod breakers;
@@ -38,10 +39,12 @@ mod end;
 #[cfg(test)]
 pub mod fake;
 mod glease;
+mod global_step;
 mod headers;
 mod lease;
 pub mod logs;
 pub mod metric;
+mod reserve;
 mod response;
 mod settle;
 mod shim;
