@@ -231,7 +231,20 @@ impl Request {
                     // Nothing was reserved here: nothing to settle; earlier ones are given back.
                     cx.inc(Metric::QuotaRejected);
                     let account = qr.args.tenant.as_str();
-                    if r.reason == Reason::TenantLimit && r.remaining() < q.exhausted_below {
+                    // Not while this Envoy still holds part of the account in a lease: that part goes
+                    // back to Redis at the next sync and the next request may get it.
+                    let leased = q.lease.is_some()
+                        && crate::store::peek::<crate::lease::Account>(
+                            cx.store(),
+                            &crate::lease::account_key(account, qr.args.model.as_deref()),
+                        )
+                        .ok()
+                        .and_then(|(a, _)| a)
+                        .is_some_and(|a| a.held > 0);
+                    if r.reason == Reason::TenantLimit
+                        && r.remaining() < q.exhausted_below
+                        && !leased
+                    {
                         mark_exhausted(cx, q, account, limit, r.remaining());
                     }
                     let what = if r.reason == Reason::ModelLimit {

@@ -2055,7 +2055,7 @@ fn a_leased_tenant_is_never_served_beyond_its_limit() {
     let tenant = "leased-limit";
     let key = used_key(tenant, &month_label(now_unix()));
     let body = chat_body(300, false, None);
-    let (mut served, mut refused) = (0u64, 0);
+    let (mut served, mut refused, mut estimate) = (0u64, 0, 0i64);
     for _ in 0..200 {
         let r = post(
             &envoy,
@@ -2064,10 +2064,15 @@ fn a_leased_tenant_is_never_served_beyond_its_limit() {
             &body,
         );
         match r.status {
-            200 => served += reported_usage(&r),
+            200 => {
+                served += reported_usage(&r);
+                estimate = estimate.max(header_u64(&r, "x-tokengate-estimated-tokens") as i64);
+            }
             429 => {
                 assert_quota_exceeded(&r);
                 refused += 1;
+                // A lease this Envoy still holds goes back to Redis at its next sync.
+                thread::sleep(Duration::from_millis(100));
             }
             s => panic!("unexpected {s}: {}", r.text()),
         }
@@ -2081,9 +2086,12 @@ fn a_leased_tenant_is_never_served_beyond_its_limit() {
         served as i64 <= limit,
         "served {served} beyond the limit {limit}"
     );
+    // Left unused at most: less than one reservation in Redis (else it would have reserved it), and less
+    // than one in the lease when it is back (the refusals wait for it; the tenant is not marked exhausted
+    // while this Envoy holds a lease of it).
     assert!(
-        served as i64 > limit - 2 * 310,
-        "the limit is used up to one request: {served}"
+        served as i64 > limit - 2 * estimate,
+        "the limit is used up to two reservations of {estimate}: {served}"
     );
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline && get_i64(s.redis(), &key) as u64 != served {

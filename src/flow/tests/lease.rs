@@ -140,3 +140,30 @@ fn an_idle_lease_is_given_back() {
         "target 0: {calls:?}"
     );
 }
+
+#[test]
+fn a_refusal_while_this_envoy_holds_a_lease_does_not_mark_the_tenant_exhausted() {
+    let e = envoy(cfg(json!({"min_tokens": 100})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(200, 1060, 1, 0));
+    // A request the lease cannot cover goes per request; Redis refuses it with little left (the
+    // lease's 200 are counted there as used).
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 500));
+    assert!(
+        c.pending.is_some(),
+        "per request: the lease holds less than its cost"
+    );
+    e.reply(&mut c, 200, &eval(&[0, 999_900, 1_000_000, 0, -1, 0, 0, 1]));
+    assert_eq!(c.status(), Some(429));
+    // Not marked exhausted: the lease goes back at the next sync and a later request may fit; the
+    // next one is asked of Redis (here covered by the lease again), not refused from the marker.
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.forwarded, "{:?}", c.status());
+    assert_eq!(e.metric(Metric::QuotaRejectedCached), 0);
+}
