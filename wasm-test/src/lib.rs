@@ -301,6 +301,41 @@ impl MockProvider {
             .count()
     }
 
+    /// Requests of `x-mock-concurrency: <group>` at the mock at once (see `src/bin/mock-provider.rs`):
+    /// answering now, the most at once since start or [`reset_concurrency`](Self::reset_concurrency),
+    /// and how many arrived. All 0 for a group never seen.
+    pub fn concurrency(&self, group: &str) -> Concurrency {
+        let r = http::get(self.port, "/_mock/concurrency", &[])
+            .unwrap_or_else(|e| panic!("mock /_mock/concurrency: {e}"));
+        let v: Value = serde_json::from_slice(&r.body)
+            .unwrap_or_else(|e| panic!("mock /_mock/concurrency body is not JSON: {e}"));
+        let n = |k: &str| v[group][k].as_u64().unwrap_or(0);
+        let spans = v[group]["spans"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| Span {
+                from_us: s[0].as_u64().unwrap_or(0),
+                to_us: s[1].as_u64(),
+                gone: s[2] == "gone",
+                tag: s[3].as_str().unwrap_or("").to_string(),
+            })
+            .collect();
+        Concurrency {
+            active: n("active"),
+            max: n("max"),
+            total: n("total"),
+            spans,
+        }
+    }
+
+    /// Clears every `x-mock-concurrency` group.
+    pub fn reset_concurrency(&self) {
+        let r = http::post(self.port, "/_mock/concurrency/reset", &[], b"")
+            .unwrap_or_else(|e| panic!("mock concurrency reset: {e}"));
+        assert_eq!(r.status, 200, "mock concurrency reset");
+    }
+
     /// Clears the recorded requests.
     pub fn reset(&self) {
         let r = http::post(self.port, "/_mock/reset", &[], b"")
@@ -333,6 +368,61 @@ impl MockProvider {
             })
             .unwrap_or_default()
     }
+}
+
+/// One `x-mock-concurrency` group of the mock (see [`MockProvider::concurrency`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Concurrency {
+    /// Requests being answered now.
+    pub active: u64,
+    /// The most answered at once.
+    pub max: u64,
+    /// Requests counted in the group.
+    pub total: u64,
+    /// Each request's time at the mock, in arrival order.
+    pub spans: Vec<Span>,
+}
+
+/// One request's time at the mock provider, in microseconds since the Unix epoch (comparable with
+/// [`unix_micros`] taken by the test's clients).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    /// Its body was complete.
+    pub from_us: u64,
+    /// The last bytes of its answer were about to be written (or a write failed), or its peer closed
+    /// the connection; `None`: not yet.
+    pub to_us: Option<u64>,
+    /// It ended because the peer closed the connection (a client abort passed on by Envoy).
+    pub gone: bool,
+    /// Its `x-mock-tag`.
+    pub tag: String,
+}
+
+impl Concurrency {
+    /// The most requests at the mock at once when each request ends at `end(span)` (its `to_us`, or
+    /// earlier when the test knows better: the moment its client went away, say); `None` counts as
+    /// still running. At equal times an end comes before a start.
+    pub fn max_at_once(&self, end: impl Fn(&Span) -> Option<u64>) -> usize {
+        let mut edges: Vec<(u64, i32)> = Vec::with_capacity(2 * self.spans.len());
+        for s in &self.spans {
+            edges.push((s.from_us, 1));
+            edges.push((end(s).unwrap_or(u64::MAX).max(s.from_us), -1));
+        }
+        edges.sort_unstable();
+        let (mut now, mut most) = (0i32, 0i32);
+        for (_, d) in edges {
+            now += d;
+            most = most.max(now);
+        }
+        usize::try_from(most).unwrap_or(0)
+    }
+}
+
+/// Now, in microseconds since the Unix epoch (the clock of the mock's [`Span`]s).
+pub fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 fn str_of(v: &Value, k: &str) -> String {

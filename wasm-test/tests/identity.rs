@@ -8,18 +8,20 @@
 //! (`tenant_header: x-tenant-id`, `api_key_tenants: true`, monthly quotas in Redis behind Webdis).
 //!
 //! Charges are read where they land: the quota counters in Redis (`tg:q:{<tenant>}:<month>`) and the
-//! audit record of the access log (`tenant=…`). Test tokens are HS256, minted here with the demo key of
-//! the shipped `local_jwks`.
+//! audit record of the access log (`tenant=…`). Test tokens are HS256, minted (tests/jwt) with the demo
+//! key of the shipped `local_jwks`.
 
+mod jwt;
 mod shipped;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Value};
+use jwt::{base64url, base64url_decode, hex, hmac_sha256, mint, shipped_demo_key};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use shipped::ShippedEnvoy;
 use wasm_test::{
-    free_port, mock_provider, redis_cmd, repo_root, MockProvider, RedisServer, RespValue, Webdis,
+    free_port, mock_provider, redis_cmd, MockProvider, RedisServer, RespValue, Webdis,
 };
 
 /// The whole stack: mock provider, Redis, Webdis and the shipped Envoy.
@@ -75,101 +77,9 @@ impl Stack {
 // Tenants and tokens
 // ---------------------------------------------------------------------------------------------
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The tenant the filter derives from an API key: `key:<first 16 hex of SHA-256(key)>`.
 fn key_tenant(key: &str) -> String {
     format!("key:{}", &hex(&Sha256::digest(key.as_bytes()))[..16])
-}
-
-fn base64url(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
-        }
-    }
-    out
-}
-
-fn base64url_decode(s: &str) -> Vec<u8> {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let vals: Vec<u32> = s
-        .bytes()
-        .map(|c| ABC.iter().position(|&a| a == c).expect("base64url") as u32)
-        .collect();
-    let mut out = Vec::new();
-    for chunk in vals.chunks(4) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &v)| n | v << (18 - 6 * i));
-        for i in 0..chunk.len() - 1 {
-            out.push((n >> (16 - 8 * i)) as u8);
-        }
-    }
-    out
-}
-
-fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
-    let mut k = [0u8; 64];
-    if key.len() > 64 {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let inner = Sha256::new()
-        .chain_update(k.map(|b| b ^ 0x36))
-        .chain_update(msg)
-        .finalize();
-    Sha256::new()
-        .chain_update(k.map(|b| b ^ 0x5c))
-        .chain_update(inner)
-        .finalize()
-        .to_vec()
-}
-
-/// The HS256 demo key of the shipped `jwt_authn` provider (its `local_jwks`, key `k`, base64url).
-fn shipped_demo_key() -> Vec<u8> {
-    let yaml = std::fs::read_to_string(repo_root().join("envoy/envoy.yaml")).expect("envoy.yaml");
-    let line = yaml
-        .lines()
-        .find(|l| l.trim_start().starts_with("inline_string:") && l.contains("\"kty\":\"oct\""))
-        .expect("envoy.yaml: no local_jwks inline_string with an oct key");
-    let jwks = line
-        .trim_start()
-        .trim_start_matches("inline_string:")
-        .trim();
-    let jwks: Value = serde_json::from_str(jwks.trim_matches('\'')).expect("local_jwks is JSON");
-    base64url_decode(jwks["keys"][0]["k"].as_str().expect("k"))
-}
-
-/// An HS256 JWT for the shipped provider (issuer `tokengate-demo`, audience `tokengate`).
-fn mint(key: &[u8], claims: Value) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let mut claims = claims;
-    let obj = claims.as_object_mut().expect("claims object");
-    obj.entry("iss").or_insert(json!("tokengate-demo"));
-    obj.entry("aud").or_insert(json!("tokengate"));
-    obj.entry("exp").or_insert(json!(now + 300));
-    let header = json!({"alg": "HS256", "typ": "JWT", "kid": "tokengate-demo"});
-    let signing = format!(
-        "{}.{}",
-        base64url(header.to_string().as_bytes()),
-        base64url(claims.to_string().as_bytes())
-    );
-    let sig = base64url(&hmac_sha256(key, signing.as_bytes()));
-    format!("{signing}.{sig}")
 }
 
 /// The tenant of an access log line's audit record (`… audit=tenant=<t> model=…`).

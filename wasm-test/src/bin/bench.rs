@@ -20,8 +20,21 @@
 //!   success (nothing fails here either);
 //! - `tokengate + quota`: buckets plus the monthly quota through Webdis + Redis (started here on free
 //!   ports), limit 10^15: one reservation callout per request and the settlements of the root's tick;
+//! - `tokengate, 1 limit (tenant)` / `2 limits (+team)` / `3 limits (+shared)`: no `rules`, the same
+//!   generous bucket as `limits` (issue 13), at tenant scope, then also per team (`group_header`, from the
+//!   request's `x-tokengate-team`), then also one bucket shared by everyone: what checking 1, 2 and 3
+//!   limits per request costs, side by side with `tokengate (buckets)` (one rule);
+//! - `tokengate + quota leased`: the quota row with `quota.lease: {}` (issue 14): a busy tenant's
+//!   requests are reserved from this Envoy's lease in shared data, Redis is called by the lease syncs;
 //! - `tokengate + global`: the same rule kept in Redis (`"global": true`, through the same Webdis): one
 //!   charge callout per request instead of the shared-data read and CAS.
+//!
+//! Every request carries `x-tenant-id: bench` and `x-tokengate-team: eng` (read only by the rows with
+//! groups). For the rows behind Redis the throughput table also gives Redis script calls (`EVAL` +
+//! `EVALSHA`, from `INFO commandstats`) per request: counted over each round's load and latency phases
+//! and the settlements they leave (until Redis has been quiet for 100 ms), summed over the rounds. Idle
+//! rows' background work (a lease renewed every 20 s, given back after 10 s idle) lands in whichever row
+//! is measured then: a few calls in tens of thousands of requests.
 //!
 //! Extra rows for cost attribution: `BENCH_EXTRA="label=/path/a.wasm;other=/path/b.wasm|config"` adds one
 //! `tg:<label>` row per wasm (`;`-separated), run with the buckets configuration or with the plugin
@@ -71,7 +84,7 @@
 //! `EMPTY_WASM` (default `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`),
 //! `BENCH_SECONDS`, `BENCH_LATENCY_SECONDS`, `BENCH_CLIENTS`, `BENCH_ROUNDS` (default 2), `BENCH_PIN`,
 //! `BENCH_EXTRA`, `BENCH_VARIANTS` (comma-separated name prefixes to run, default all). Defaults keep a
-//! full run (6 rows) under ~90 s. A variant whose wasm is not built is skipped with a note; the quota row
+//! full run (12 rows) under ~3 min. A variant whose wasm is not built is skipped with a note; the quota row
 //! is skipped when `redis-server` or `webdis` is not installed. Every process started here is killed by
 //! PID on exit, including on error (Drop).
 
@@ -107,6 +120,14 @@ const EMPTY: &str = "empty wasm";
 const EMPTY_BUFFER: &str = "empty wasm (buffer body)";
 const FLOOR: &str = "host-call floor";
 const BUCKETS: &str = "tokengate (buckets)";
+const LIMITS: [&str; 3] = [
+    "tokengate, 1 limit (tenant)",
+    "tokengate, 2 limits (+team)",
+    "tokengate, 3 limits (+shared)",
+];
+const QUOTA: &str = "tokengate + quota";
+const QUOTA_LEASED: &str = "tokengate + quota leased";
+const GLOBAL: &str = "tokengate + global";
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -226,6 +247,43 @@ fn quota_config() -> String {
     cfg.to_string()
 }
 
+/// The quota configuration with leases on (`quota.lease: {}`, the defaults).
+fn quota_leased_config() -> String {
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&quota_config()).unwrap_or(serde_json::Value::Null);
+    cfg["quota"]["lease"] = serde_json::json!({});
+    cfg.to_string()
+}
+
+/// The trusted team header of the limits rows (every bench request carries it).
+const TEAM_HEADER: &str = "x-tokengate-team";
+
+/// `limits` instead of `rules`: the first `n` of tenant, team (from [`TEAM_HEADER`]) and shared scope,
+/// each with the generous bucket of [`tokengate_config`].
+fn limits_config(n: usize) -> String {
+    let mut cfg = tokengate_config();
+    let bucket = |name: &str, scope: &str| {
+        serde_json::json!({"name": name, "scope": scope, "model": "*", "per_model": true,
+                           "tokens_per_second": 100_000_000u64, "burst": 1_000_000_000u64})
+    };
+    let limits: Vec<serde_json::Value> = [
+        bucket("user", "tenant"),
+        bucket("team", "group"),
+        bucket("provider", "shared"),
+    ]
+    .into_iter()
+    .take(n)
+    .collect();
+    if let Some(o) = cfg.as_object_mut() {
+        o.remove("rules");
+        o.insert("limits".into(), limits.into());
+        if n >= 2 {
+            o.insert("group_header".into(), TEAM_HEADER.into());
+        }
+    }
+    cfg.to_string()
+}
+
 /// The buckets configuration with its rule kept in Redis (`global_buckets` on the `webdis` cluster).
 fn global_config() -> String {
     let mut cfg = tokengate_config();
@@ -299,8 +357,11 @@ fn variants() -> Vec<Variant> {
             &tokengate,
             breaker_rate_config(),
         ),
+        tg(LIMITS[0], &tokengate, limits_config(1)),
+        tg(LIMITS[1], &tokengate, limits_config(2)),
+        tg(LIMITS[2], &tokengate, limits_config(3)),
     ];
-    let mut quota = tg("tokengate + quota", &tokengate, quota_config());
+    let mut quota = tg(QUOTA, &tokengate, quota_config());
     quota.needs_webdis = true;
     quota.expect_header = Some("x-tokengate-quota-remaining");
     if quota.skip.is_none() {
@@ -309,10 +370,15 @@ fn variants() -> Vec<Variant> {
             .find(|p| !installed(p))
             .map(|p| format!("{p} not installed (make deps)"));
     }
-    let mut global = tg("tokengate + global", &tokengate, global_config());
+    let mut leased = tg(QUOTA_LEASED, &tokengate, quota_leased_config());
+    leased.needs_webdis = true;
+    leased.expect_header = quota.expect_header;
+    leased.skip.clone_from(&quota.skip);
+    let mut global = tg(GLOBAL, &tokengate, global_config());
     global.needs_webdis = true;
     global.skip.clone_from(&quota.skip);
     rows.push(quota);
+    rows.push(leased);
     rows.push(global);
     // Attribution rows: other builds of the filter with the buckets configuration.
     if let Ok(extra) = std::env::var("BENCH_EXTRA") {
@@ -666,8 +732,8 @@ fn spawn_logged(name: &str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
 }
 
 /// Redis and Webdis on free loopback ports, Webdis with the ACL of envoy/webdis.json.
-/// Returns Webdis's port and both processes (killed on drop).
-fn start_webdis(work: &Path) -> Result<(u16, Vec<Proc>)> {
+/// Returns Webdis's port, Redis's port and both processes (killed on drop).
+fn start_webdis(work: &Path) -> Result<(u16, u16, Vec<Proc>)> {
     let redis_port = free_port()?;
     let mut redis = spawn_logged(
         "redis-server",
@@ -698,7 +764,47 @@ fn start_webdis(work: &Path) -> Result<(u16, Vec<Proc>)> {
         work.join("webdis.stdout.log"),
     )?;
     wait_port(&mut webdis, webdis_port)?;
-    Ok((webdis_port, vec![webdis, redis]))
+    Ok((webdis_port, redis_port, vec![webdis, redis]))
+}
+
+/// Script calls Redis has served so far (`calls` of `cmdstat_eval` + `cmdstat_evalsha` in
+/// `INFO commandstats`); `None` when Redis cannot tell.
+fn script_calls(redis_port: u16) -> Option<u64> {
+    let mut s = TcpStream::connect(("127.0.0.1", redis_port)).ok()?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    s.write_all(b"INFO commandstats\r\n").ok()?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+    let mut text = vec![0u8; len];
+    std::io::Read::read_exact(&mut r, &mut text).ok()?;
+    let text = String::from_utf8_lossy(&text);
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+            .filter_map(|l| {
+                l.split([':', ','])
+                    .find_map(|kv| kv.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .sum(),
+    )
+}
+
+/// [`script_calls`] once Redis has been quiet for 100 ms (at most 2 s): the settlements the root
+/// context's tick sends after the load are counted with it.
+fn script_calls_settled(redis_port: u16) -> Option<u64> {
+    let mut last = script_calls(redis_port)?;
+    for _ in 0..20 {
+        thread::sleep(Duration::from_millis(100));
+        let now = script_calls(redis_port)?;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    Some(last)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -817,7 +923,7 @@ impl Conn {
         let reader = BufReader::new(stream.try_clone().map_err(|e| format!("clone: {e}"))?);
         let request = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
-             x-tenant-id: bench\r\ncontent-length: {}\r\n\r\n{body}",
+             x-tenant-id: bench\r\n{TEAM_HEADER}: eng\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         )
         .into_bytes();
@@ -1049,6 +1155,17 @@ struct Best {
     cpu_us_per_req: Option<f64>,
     /// Unloaded round with the lowest p50.
     latency: Option<Measurement>,
+    /// Redis script calls over every round (rows behind Redis) …
+    script_calls: u64,
+    /// … and the requests sent meanwhile.
+    script_requests: u64,
+}
+
+impl Best {
+    /// Redis script calls per request (rows behind Redis).
+    fn calls_per_request(&self) -> Option<f64> {
+        (self.script_requests > 0).then(|| self.script_calls as f64 / self.script_requests as f64)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1129,11 +1246,11 @@ fn run() -> Result<()> {
         let needs_webdis = selected
             .iter()
             .any(|&i| all[i].needs_webdis && all[i].skip.is_none());
-        let (webdis_port, _aux) = if needs_webdis {
-            let (port, procs) = start_webdis(&work.path)?;
-            (Some(port), procs)
+        let (webdis_port, redis_port, _aux) = if needs_webdis {
+            let (port, redis, procs) = start_webdis(&work.path)?;
+            (Some(port), Some(redis), procs)
         } else {
-            (None, Vec::new())
+            (None, None, Vec::new())
         };
         // The variants that can run (a note for each one that cannot), and how to start one.
         let runnable: Vec<usize> = selected
@@ -1247,11 +1364,16 @@ fn run() -> Result<()> {
                     ));
                 }
                 let pid = e.proc.child.id();
+                let redis = redis_port.filter(|_| all[e.variant].needs_webdis);
+                let calls0 = redis.and_then(script_calls_settled);
                 let m = load(e.port, s.clients, Duration::from_secs_f64(s.seconds), pid);
                 let lat = (s.latency_seconds > 0.0)
                     .then(|| load(e.port, 1, Duration::from_secs_f64(s.latency_seconds), pid));
+                let calls = calls0
+                    .zip(redis.and_then(script_calls_settled))
+                    .map(|(a, b)| b.saturating_sub(a));
                 eprintln!(
-                    "bench: round {round} {:<26} {:>7.0} req/s  envoy {:>5.1} us/req  bench cpu {:>3.0}%  mean {:.3} ms  p50 {:.3}  p99 {:.3}  | 1 client p50 {:.3} p99 {:.3} ms  errors {}",
+                    "bench: round {round} {:<30} {:>7.0} req/s  envoy {:>5.1} us/req  bench cpu {:>3.0}%  mean {:.3} ms  p50 {:.3}  p99 {:.3}  | 1 client p50 {:.3} p99 {:.3} ms  errors {}{}",
                     all[e.variant].name,
                     m.rps(),
                     m.envoy_us_per_req(),
@@ -1262,8 +1384,14 @@ fn run() -> Result<()> {
                     lat.as_ref().map_or(f64::NAN, |l| l.percentile_ms(50.0)),
                     lat.as_ref().map_or(f64::NAN, |l| l.percentile_ms(99.0)),
                     m.errors + lat.as_ref().map_or(0, |l| l.errors),
+                    calls.map_or(String::new(), |c| format!("  redis script calls {c}")),
                 );
                 let b = &mut best[e.variant];
+                if let Some(c) = calls {
+                    b.script_calls += c;
+                    b.script_requests += (m.requests + m.errors) as u64
+                        + lat.as_ref().map_or(0, |l| (l.requests + l.errors) as u64);
+                }
                 let cpu = m.envoy_us_per_req();
                 if cpu.is_finite() && b.cpu_us_per_req.is_none_or(|c| cpu < c) {
                     b.cpu_us_per_req = Some(cpu);
@@ -1528,15 +1656,17 @@ fn print_callgrind(all: &[Variant], counts: &[(usize, f64)], n: usize) {
         "Envoy instructions per request (callgrind, --concurrency 1, {n} sequential requests after {CALLGRIND_WARMUP} warm-up)"
     );
     println!();
-    println!("| variant | instructions/request | x empty wasm (throughput if CPU-bound) | added over empty wasm (buffer body) |");
-    println!("|---|---:|---:|---:|");
+    let buckets = of(BUCKETS);
+    println!("| variant | instructions/request | x empty wasm (throughput if CPU-bound) | added over empty wasm (buffer body) | added over tokengate (buckets) |");
+    println!("|---|---:|---:|---:|---:|");
     for (i, c) in counts {
         println!(
-            "| {} | {:.0} | {} | {} |",
+            "| {} | {:.0} | {} | {} | {} |",
             all[*i].name,
             c,
             ratio(empty, Some(*c)),
             diff(Some(*c), buffer, 0),
+            diff(Some(*c), buckets, 0),
         );
     }
 }
@@ -1592,18 +1722,18 @@ fn print_tables(all: &[Variant], rows: &[(usize, Best)], s: &Settings) {
     );
     println!();
     println!(
-        "| config | req/s | x empty | x empty+body | x buckets | Envoy CPU us/req | +CPU vs empty+body us | loaded p50 ms | loaded p99 ms | bench CPU | errors |"
+        "| config | req/s | x empty | x empty+body | x buckets | Envoy CPU us/req | +CPU vs empty+body us | loaded p50 ms | loaded p99 ms | bench CPU | errors | Redis script calls/req |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, b) in rows {
         let name = &all[*i].name;
         let Some(m) = &b.throughput else {
             let why = all[*i].skip.as_deref().unwrap_or("not run");
-            println!("| {name} | - | - | - | - | - | - | - | - | - | skipped: {why} |");
+            println!("| {name} | - | - | - | - | - | - | - | - | - | skipped: {why} | - |");
             continue;
         };
         println!(
-            "| {name} | {:.0} | {} | {} | {} | {:.1} | {} | {:.3} | {:.3} | {:.0}% | {} |",
+            "| {name} | {:.0} | {} | {} | {} | {:.1} | {} | {:.3} | {:.3} | {:.0}% | {} | {} |",
             m.rps(),
             ratio(Some(m.rps()), rps(empty)),
             ratio(Some(m.rps()), rps(buffer)),
@@ -1614,8 +1744,12 @@ fn print_tables(all: &[Variant], rows: &[(usize, Best)], s: &Settings) {
             m.percentile_ms(99.0),
             m.bench_share() * 100.0,
             m.errors,
+            b.calls_per_request()
+                .map_or("-".to_string(), |c| format!("{c:.3}")),
         );
     }
+    print_limits(all, rows);
+    print_redis_rows(all, rows);
     if s.latency_seconds <= 0.0 {
         return;
     }
@@ -1646,6 +1780,91 @@ fn print_tables(all: &[Variant], rows: &[(usize, Best)], s: &Settings) {
             diff(p99, lat(none, 99.0), 3),
             diff(p50, lat(buffer, 50.0), 3),
             m.errors,
+        );
+    }
+}
+
+/// The cost of checking 1, 2 and 3 limits per request next to one rule (issue 13).
+fn print_limits(all: &[Variant], rows: &[(usize, Best)]) {
+    let find = |name: &str| {
+        rows.iter()
+            .find(|(i, _)| all[*i].name == name)
+            .map(|(_, b)| b)
+    };
+    let Some(buckets) = find(BUCKETS) else {
+        return;
+    };
+    let picked: Vec<(&str, &Best)> = std::iter::once(BUCKETS)
+        .chain(LIMITS)
+        .filter_map(|n| Some((n, find(n)?)))
+        .filter(|(_, b)| b.throughput.is_some())
+        .collect();
+    if picked.len() < 2 {
+        return;
+    }
+    let rps = |b: &Best| b.throughput.as_ref().map(Measurement::rps);
+    let p50 = |b: &Best| b.latency.as_ref().map(|m| m.percentile_ms(50.0));
+    println!();
+    println!(
+        "Limits per request (issue 13): the rows above next to `tokengate (buckets)` (one rule)."
+    );
+    println!();
+    println!("| config | req/s | x buckets | Envoy CPU us/req | +CPU vs buckets us | 1-client p50 ms | p50 added vs buckets ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, b) in picked {
+        println!(
+            "| {name} | {:.0} | {} | {:.1} | {} | {} | {} |",
+            rps(b).unwrap_or(f64::NAN),
+            ratio(rps(b), rps(buckets)),
+            b.cpu_us_per_req.unwrap_or(f64::NAN),
+            diff(b.cpu_us_per_req, buckets.cpu_us_per_req, 1),
+            p50(b).map_or("-".to_string(), |v| format!("{v:.3}")),
+            diff(p50(b), p50(buckets), 3),
+        );
+    }
+}
+
+/// Buckets only / quota per request / quota leased / global bucket (issue 14): requests/s ratio,
+/// latency added, Redis script calls per request.
+fn print_redis_rows(all: &[Variant], rows: &[(usize, Best)]) {
+    let find = |name: &str| {
+        rows.iter()
+            .find(|(i, _)| all[*i].name == name)
+            .map(|(_, b)| b)
+    };
+    let Some(buckets) = find(BUCKETS) else {
+        return;
+    };
+    let picked: Vec<(&str, &Best)> = [BUCKETS, QUOTA, QUOTA_LEASED, GLOBAL]
+        .into_iter()
+        .filter_map(|n| Some((n, find(n)?)))
+        .filter(|(_, b)| b.throughput.is_some())
+        .collect();
+    if picked.len() < 2 {
+        return;
+    }
+    let rps = |b: &Best| b.throughput.as_ref().map(Measurement::rps);
+    let unloaded = |b: &Best, p: f64| b.latency.as_ref().map(|m| m.percentile_ms(p));
+    let loaded = |b: &Best, p: f64| b.throughput.as_ref().map(|m| m.percentile_ms(p));
+    println!();
+    println!(
+        "Behind Redis (issue 14): added latency against `tokengate (buckets)`, unloaded (1 client) and \
+         under the closed-loop load; Redis script calls (EVAL + EVALSHA) per request over every round."
+    );
+    println!();
+    println!("| config | req/s | x buckets | 1-client p50 added ms | 1-client p99 added ms | loaded p50 added ms | loaded p99 added ms | Redis script calls/req |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, b) in picked {
+        println!(
+            "| {name} | {:.0} | {} | {} | {} | {} | {} | {} |",
+            rps(b).unwrap_or(f64::NAN),
+            ratio(rps(b), rps(buckets)),
+            diff(unloaded(b, 50.0), unloaded(buckets, 50.0), 3),
+            diff(unloaded(b, 99.0), unloaded(buckets, 99.0), 3),
+            diff(loaded(b, 50.0), loaded(buckets, 50.0), 3),
+            diff(loaded(b, 99.0), loaded(buckets, 99.0), 3),
+            b.calls_per_request()
+                .map_or("-".to_string(), |c| format!("{c:.3}")),
         );
     }
 }

@@ -59,6 +59,16 @@
 //! outcome, cut_by, status, prompt, completion, output_sent, content_bytes, body_bytes, tokens}]}`
 //! (`outcome`: complete | cut | reset | error; `cut_by`: injected | peer); `POST /_mock/ledger/reset`
 //! clears it (`/_mock/reset` does not).
+//!
+//! Requests at the provider at once: an LLM request carrying `x-mock-concurrency: <group>[,<group>…]`
+//! counts in each group from the moment its body is complete (what a provider starts working on; a request Envoy
+//! reset before its body ended never does) until the last bytes of its answer are about to be written
+//! (recorded first, so that nothing Envoy does once it has them can come before) or its peer has gone (a
+//! thread waits on the connection without reading from it, so a client abort that makes Envoy close the
+//! upstream connection ends the request when the mock sees the close, not at its next write).
+//! `GET /_mock/concurrency` returns `{<group>: {"active", "max", "total", "spans"}}` (`spans`: per
+//! request `[from_us, to_us or null, "answered" | "gone", <x-mock-tag>]`, microseconds since the Unix
+//! epoch); `POST /_mock/concurrency/reset` clears it.
 
 use serde_json::{json, Map, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -76,6 +86,38 @@ struct Recorder {
     served: u64,
     /// Usage served per LLM answer (`/_mock/ledger`).
     ledger: Vec<Served>,
+    /// Requests at the provider at once, per `x-mock-concurrency` group (`/_mock/concurrency`).
+    concurrency: std::collections::BTreeMap<String, Gauge>,
+}
+
+/// One `x-mock-concurrency` group: requests being answered now, the most at once, how many ever, and
+/// each request's time at the mock.
+#[derive(Default, Clone)]
+struct Gauge {
+    active: u64,
+    max: u64,
+    total: u64,
+    /// Per request: when its body was complete, when it ended (`None`: not yet), how (`answered`: its
+    /// last bytes were about to be written, or a write failed; `gone`: the peer closed the connection
+    /// first), and its `x-mock-tag`.
+    spans: Vec<Span>,
+}
+
+/// One request of a [`Gauge`]; times in microseconds since the Unix epoch (so that a test can compare
+/// them with what its clients saw).
+#[derive(Clone)]
+struct Span {
+    from: u64,
+    to: Option<u64>,
+    how: &'static str,
+    tag: String,
+}
+
+/// Now, in microseconds since the Unix epoch.
+fn micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 type Shared = Arc<Mutex<Recorder>>;
@@ -336,6 +378,29 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
             lock(shared).ledger.clear();
             return write_response(out, 200, "application/json", &extra, b"{\"ok\":true}");
         }
+        ("GET", "/_mock/concurrency") => {
+            let body: Map<String, Value> = lock(shared)
+                .concurrency
+                .iter()
+                .map(|(k, g)| {
+                    let spans: Vec<Value> = g
+                        .spans
+                        .iter()
+                        .map(|s| json!([s.from, s.to, s.how, s.tag]))
+                        .collect();
+                    (
+                        k.clone(),
+                        json!({"active": g.active, "max": g.max, "total": g.total, "spans": spans}),
+                    )
+                })
+                .collect();
+            let body = Value::Object(body).to_string();
+            return write_response(out, 200, "application/json", &extra, body.as_bytes());
+        }
+        ("POST", "/_mock/concurrency/reset") => {
+            lock(shared).concurrency.clear();
+            return write_response(out, 200, "application/json", &extra, b"{\"ok\":true}");
+        }
         ("POST", "/_mock/reset") => {
             let mut rec = lock(shared);
             rec.complete.clear();
@@ -348,20 +413,110 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
     lock(shared).complete.push(req.to_record());
     let llm = req.method == "POST" && Endpoint::of(bare_path).is_some();
     let mut served = Served::of(req, bare_path);
-    let keep = answer(req, out, &mut extra, &mut served);
+    let active = req
+        .header("x-mock-concurrency")
+        .filter(|_| llm)
+        .map(|group| Active::start(shared, group, req.header("x-mock-tag").unwrap_or(""), out));
+    let last = || {
+        if let Some(a) = &active {
+            a.end(shared);
+        }
+    };
+    let keep = answer(req, out, &mut extra, &mut served, &last);
+    last();
     if llm {
         lock(shared).ledger.push(served);
     }
     keep
 }
 
+/// A request counted in its `x-mock-concurrency` groups until [`Active::end`] or until its peer goes.
+struct Active {
+    /// Each group with the index of this request's span in it.
+    spans: Arc<Vec<(String, usize)>>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Active {
+    /// Counts the request in each of `groups` (comma-separated) and starts the thread that ends it when
+    /// the peer closes `conn`.
+    fn start(shared: &Shared, groups: &str, tag: &str, conn: &TcpStream) -> Active {
+        let mut spans = Vec::new();
+        {
+            let mut rec = lock(shared);
+            let now = micros();
+            for group in groups.split(',').map(str::trim).filter(|g| !g.is_empty()) {
+                let g = rec.concurrency.entry(group.to_string()).or_default();
+                g.active += 1;
+                g.total += 1;
+                g.max = g.max.max(g.active);
+                g.spans.push(Span {
+                    from: now,
+                    to: None,
+                    how: "",
+                    tag: tag.to_string(),
+                });
+                spans.push((group.to_string(), g.spans.len() - 1));
+            }
+        }
+        let a = Active {
+            spans: Arc::new(spans),
+            ended: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        };
+        if let Ok(watch) = conn.try_clone() {
+            let (shared, spans, ended) = (shared.clone(), a.spans.clone(), a.ended.clone());
+            thread::spawn(move || {
+                // `peek` never takes bytes from the connection: it returns when the peer sends the next
+                // request (this one is over; nothing to do) or closes or resets the connection.
+                let mut byte = [0u8; 1];
+                if matches!(watch.peek(&mut byte), Ok(0) | Err(_)) {
+                    Active::finish(&shared, &spans, &ended, "gone");
+                }
+            });
+        }
+        a
+    }
+
+    /// The answer's last bytes are about to be written (or the connection closed): no longer at the
+    /// provider. Recorded before they are sent, so that nothing Envoy does once it has them can come
+    /// before it.
+    fn end(&self, shared: &Shared) {
+        Active::finish(shared, &self.spans, &self.ended, "answered");
+    }
+
+    fn finish(
+        shared: &Shared,
+        spans: &[(String, usize)],
+        ended: &std::sync::atomic::AtomicBool,
+        how: &'static str,
+    ) {
+        if ended.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let mut rec = lock(shared);
+        let now = micros();
+        for (group, i) in spans {
+            // A group cleared (`/_mock/concurrency/reset`) since is left alone.
+            if let Some(g) = rec.concurrency.get_mut(group) {
+                if let Some(span) = g.spans.get_mut(*i).filter(|s| s.to.is_none()) {
+                    span.to = Some(now);
+                    span.how = how;
+                    g.active = g.active.saturating_sub(1);
+                }
+            }
+        }
+    }
+}
+
 /// Writes the answer to a recorded request (failure injection, then the LLM answer) and fills in
-/// `served` with what was sent. Returns false when the connection must be closed.
+/// `served` with what was sent; `last` is called just before its last bytes are written (or the
+/// connection is closed). Returns false when the connection must be closed.
 fn answer(
     req: &Request,
     out: &mut TcpStream,
     extra: &mut Vec<(String, String)>,
     served: &mut Served,
+    last: &dyn Fn(),
 ) -> bool {
     let bare_path = req.path.split('?').next().unwrap_or("");
     let anthropic = bare_path.ends_with("/messages");
@@ -370,6 +525,7 @@ fn answer(
     }
     if req.header("x-mock-reset").is_some_and(|v| v.trim() == "1") {
         served.outcome = "reset";
+        last();
         let _ = out.shutdown(Shutdown::Both);
         return false;
     }
@@ -400,6 +556,7 @@ fn answer(
             } else {
                 json!({"error": {"message": message, "type": etype, "param": null, "code": code}})
             };
+            last();
             return write_response(
                 out,
                 status,
@@ -433,6 +590,7 @@ fn answer(
             served.status = 400;
             let body = json!({"error": {"message": "mock-provider: request body is not a JSON object",
                 "type": "invalid_request_error", "param": null, "code": "invalid_json"}});
+            last();
             return write_response(
                 out,
                 400,
@@ -464,9 +622,9 @@ fn answer(
         let (events, at) = stream_events(kind, &model, &usage, include_usage);
         let end = if wants_gzip(req) {
             extra.push(("content-encoding".into(), "gzip".into()));
-            write_stream(out, extra, &gzip_events(&events), delay, cut_after)
+            write_stream(out, extra, &gzip_events(&events), delay, cut_after, last)
         } else {
-            write_stream(out, extra, &events, delay, cut_after)
+            write_stream(out, extra, &events, delay, cut_after, last)
         };
         // The generated text of the events written whole: what the provider streamed.
         for (piece, i) in pieces(usage.completion).iter().zip(at) {
@@ -494,6 +652,7 @@ fn answer(
     if wants_gzip(req) && cut_after.is_none() {
         extra.push(("content-encoding".into(), "gzip".into()));
         let gz = gzip_events(&[body]).concat();
+        last();
         let ok = write_response(out, 200, "application/json", extra, &gz);
         served.finish_json(ok, gz.len());
         return ok;
@@ -504,12 +663,14 @@ fn answer(
         let _ = out.write_all(head.as_bytes());
         let _ = out.write_all(body.as_bytes().get(..half).unwrap_or_default());
         let _ = out.flush();
+        last();
         let _ = out.shutdown(Shutdown::Both);
         served.outcome = "cut";
         served.cut_by = "injected";
         served.body_bytes = half as u64;
         return false;
     }
+    last();
     let ok = write_response(out, 200, "application/json", extra, body.as_bytes());
     served.finish_json(ok, body.len());
     ok
@@ -1074,6 +1235,7 @@ fn write_stream<E: AsRef<[u8]>>(
     events: &[E],
     delay: Duration,
     cut_after: Option<usize>,
+    last: &dyn Fn(),
 ) -> StreamEnd {
     let mut extra = extra.to_vec();
     extra.push(("cache-control".into(), "no-cache".into()));
@@ -1088,6 +1250,7 @@ fn write_stream<E: AsRef<[u8]>>(
     for (i, e) in events.iter().enumerate() {
         if cut_after.is_some_and(|n| i >= n) {
             let _ = out.flush();
+            last();
             let _ = out.shutdown(Shutdown::Both);
             return end;
         }
@@ -1103,6 +1266,7 @@ fn write_stream<E: AsRef<[u8]>>(
         }
         end.sent = i + 1;
     }
+    last();
     if cut_after.is_some() {
         // Asked to cut after more events than exist: still never send the terminating chunk.
         let _ = out.shutdown(Shutdown::Both);

@@ -44,6 +44,40 @@ pub fn set_marked_port(yaml: &str, marker: &str, port: u16) -> String {
     out.join("\n") + "\n"
 }
 
+/// `yaml` (envoy/envoy.yaml or a file derived from it) with the plugin configuration between the
+/// `# tokengate:plugin-config-begin` and `-end` markers replaced by `config`; the filter chain around it
+/// (identity filters, routes, clusters) stays as shipped.
+pub fn with_plugin_config(yaml: &str, config: &Value) -> String {
+    let mut out = Vec::new();
+    let mut inside = false;
+    let mut found = 0;
+    for line in yaml.lines() {
+        if line.trim_end().ends_with("# tokengate:plugin-config-begin") {
+            inside = true;
+            found += 1;
+            out.push(line.to_string());
+            let indent = &line[..line.len() - line.trim_start().len()];
+            // A JSON string literal is a valid YAML double-quoted scalar.
+            out.push(format!(
+                "{indent}value: {}",
+                Value::String(config.to_string())
+            ));
+            continue;
+        }
+        if line.trim_end().ends_with("# tokengate:plugin-config-end") {
+            inside = false;
+        }
+        if !inside {
+            out.push(line.to_string());
+        }
+    }
+    assert_eq!(
+        found, 1,
+        "envoy.yaml: expected one plugin-config-begin marker"
+    );
+    out.join("\n") + "\n"
+}
+
 /// Envoy running the shipped envoy/envoy.yaml (killed by PID on drop).
 pub struct ShippedEnvoy {
     /// Listener port.
