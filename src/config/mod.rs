@@ -37,7 +37,7 @@ mod shim;
 mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
-pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO};
+pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;

@@ -138,7 +138,7 @@ pub fn as_budget(mut r: Refusal, b: &crate::config::Budget, currency: &str) -> R
         r.message = format!(
             "The monthly budget '{}' is spent ({} {currency}); it resets at the start of next month.",
             b.name,
-            crate::reply::money(q.limit)
+            crate::reply::amount(q.limit, currency)
         );
     }
     r.limit_name = Some(b.name.clone());

@@ -256,7 +256,7 @@ impl Request {
                         answers::quota_exceeded(limit, remaining, qr.reset_s, unix_s(cx, q), &what);
                     let (refusal, decision) = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
                         Some(b) => (
-                            answers::as_budget(refusal, b, &q.budgets.currency),
+                            answers::as_budget(refusal, b, q.budgets.unit(b)),
                             "budget_exceeded",
                         ),
                         None => (refusal, "quota_exceeded"),

@@ -188,3 +188,39 @@ fn a_budget_shim_failure_follows_the_budgets_own_policy() {
         "{s:?}"
     );
 }
+
+#[test]
+fn a_token_budget_is_a_monthly_token_quota_at_group_scope() {
+    let mut c = cfg(
+        None,
+        json!([{"name": "team-tokens", "scope": "group", "unit": "tokens", "monthly_limit": 100000}]),
+    );
+    c["quota"]["weights"] = json!({"gpt-4.1": {"output": 4}});
+    let e = envoy(c);
+    let mut c = send(&e, "alice", "red", 100);
+    let seg = pending(&c);
+    assert!(
+        seg.iter().any(|s| s == "tg:q:{%7Eb:team-tokens:group%3Dred}:2026-11"),
+        "{seg:?}"
+    );
+    // Reserved at the quota's weights: output 100 × 4.
+    let nkeys: usize = seg[2].parse().unwrap();
+    assert_eq!(seg[3 + nkeys + 1], "400", "{seg:?}");
+    e.reply(&mut c, 200, &reserved(2_000, 100_000));
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"usage":{"prompt_tokens":10,"completion_tokens":20}}"#],
+    );
+    assert_eq!(c.header("x-tokengate-budget-limit"), Some("100000"));
+    assert_eq!(c.header("x-tokengate-budget-remaining"), Some("98000"));
+    // 10 + 20 × 4 weighted tokens.
+    assert_eq!(c.audit_field("budget.team-tokens.actual").as_deref(), Some("90"));
+    // Spent: 429 in tokens.
+    let mut c = send(&e, "bob", "red", 100);
+    e.reply(&mut c, 200, &eval(&[0, 99_990, 100_000, 0, -1, 0, 0, 1]));
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(c.reply_header("x-tokengate-budget-remaining"), Some("10"));
+    assert_eq!(c.reply_json()["tokengate"]["budget"]["currency"], "tokens");
+}
