@@ -276,7 +276,12 @@ pub(super) fn budgets(
         if m == "*" {
             star = Some(w);
         } else {
-            super::fields::exact_model(&format!("quota.prices.{m}"), &m)?;
+            if m.contains('*') {
+                return Err(err(
+                    format!("quota.prices.{m}"),
+                    format!("'{m}' is not a model: prices name exact models, and \"*\" the others"),
+                ));
+            }
             out.prices.push((m, w));
         }
     }
@@ -371,6 +376,14 @@ mod tests {
             (
                 r#""prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 1, "scope": "team"}]"#,
                 "quota.budgets[0].scope: must be \"tenant\", \"shared\" or a level of groups, got \"team\"",
+            ),
+            (
+                r#""prices": {"gpt-*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 1}]"#,
+                "quota.prices.gpt-*: 'gpt-*' is not a model: prices name exact models, and \"*\" the others",
+            ),
+            (
+                r#""prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"name": "rule0", "monthly_limit": 1}]"#,
+                "quota.budgets[0].name: 'rule0' is also a rule or limit name: x-tokengate-limit must name one thing",
             ),
             (r#""monthly_limit": 5, "currency": "US$""#, "quota.currency: 'US$' is not a currency code: 1-8 letters (USD, EUR)"),
             (
