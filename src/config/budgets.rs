@@ -147,6 +147,7 @@ pub(super) fn budgets(
             format!("must hold at most {MAX_BUDGETS} budgets, got {}", raw.len()),
         ));
     }
+    let currency_given = currency.is_some();
     let currency = currency.unwrap_or_else(|| "USD".to_string());
     if !(1..=8).contains(&currency.len()) || !currency.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(err(
@@ -285,7 +286,15 @@ pub(super) fn budgets(
             out.prices.push((m, w));
         }
     }
-    if out.list.iter().any(|b| !b.tokens) && out.prices.is_empty() && star.is_none() {
+    let money = out.list.iter().any(|b| !b.tokens);
+    if !money && (currency_given || !out.prices.is_empty() || star.is_some()) {
+        let field = if currency_given { "quota.currency" } else { "quota.prices" };
+        return Err(err(
+            field,
+            "applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+        ));
+    }
+    if money && out.prices.is_empty() && star.is_none() {
         return Err(err(
             "quota.prices",
             "is required with budgets: the price per million tokens of each model (a \"*\" entry for the others)",
@@ -389,6 +398,14 @@ mod tests {
             (
                 r#""prices": {"*": {"input": 1, "output": 1}}"#,
                 "quota.monthly_limit: is required (or give budgets: a quota of money only)",
+            ),
+            (
+                r#""monthly_limit": 5, "currency": "EUR""#,
+                "quota.currency: applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+            ),
+            (
+                r#""monthly_limit": 5, "prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 9, "unit": "tokens"}]"#,
+                "quota.prices: applies to budgets in money only, and quota.budgets has none: add one or remove this field",
             ),
         ] {
             let cfg = format!(
