@@ -288,7 +288,11 @@ pub(super) fn budgets(
     }
     let money = out.list.iter().any(|b| !b.tokens);
     if !money && (currency_given || !out.prices.is_empty() || star.is_some()) {
-        let field = if currency_given { "quota.currency" } else { "quota.prices" };
+        let field = if currency_given {
+            "quota.currency"
+        } else {
+            "quota.prices"
+        };
         return Err(err(
             field,
             "applies to budgets in money only, and quota.budgets has none: add one or remove this field",
