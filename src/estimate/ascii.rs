@@ -19,8 +19,9 @@
 //! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
 //! about as fast (its words and single spaces take a fast path), goes back to it for a while.
 
-use super::text::{bump, Counts};
+use super::text::{bump, punct_before, Counts};
 use super::weights::feature;
+use super::words::known;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -156,6 +157,16 @@ pub(super) struct Tally {
     newline_16: u64,
     tabs: u64,
     indent_tabs: u64,
+    /// Words the table knows, after a space and not (see `words.rs`).
+    known: [u64; 2],
+    /// What the known words would have counted otherwise, taken off the counts above: words by
+    /// length (index: letters, 11 = 11 or more), letters of the long ones, capitals.
+    known_len: [u64; 12],
+    known_long_letters: u64,
+    known_upper: u64,
+    /// Line-break runs right after punctuation; tabs right before a letter.
+    punct_newlines: u64,
+    tab_words: u64,
 }
 
 impl Tally {
@@ -167,22 +178,34 @@ impl Tally {
         bump(f, feature::PUNCT_RUNS, runs);
         bump(f, feature::NEWLINE_RUNS, newlines);
         bump(f, feature::OTHER, controls);
-        bump(f, feature::UPPER, uppers);
+        bump(f, feature::UPPER, uppers.saturating_sub(self.known_upper));
         bump(f, feature::SPACE_BEFORE_DIGIT, before_digit);
         bump(f, feature::SPACE_RUNS, space_runs);
         bump(f, feature::PUNCT_WORD, punct_words);
         // Words of each length 1..=8, 9 or 10, 11 or more (each count at least the next: every word
         // of k + 1 letters or more has k or more).
-        for (k, (a, b)) in [w1, w2, w3, w4, w5, w6, w7, w8]
+        // Known words are counted as such instead (all of five letters or more).
+        let [_, _, _, _, _, k5, k6, k7, k8, k9, k10, k11] = self.known_len;
+        for (k, ((a, b), known)) in [w1, w2, w3, w4, w5, w6, w7, w8]
             .iter()
             .zip([w2, w3, w4, w5, w6, w7, w8, w9])
+            .zip([0, 0, 0, 0, k5, k6, k7, k8])
             .enumerate()
         {
-            bump(f, feature::WORD_1 + k, a - b);
+            bump(f, feature::WORD_1 + k, (a - b).saturating_sub(known));
         }
-        bump(f, feature::WORD_9_10, w9 - w11);
-        bump(f, feature::WORD_LONG, w11);
-        bump(f, feature::WORD_LONG_CHARS, self.long_letters);
+        bump(f, feature::WORD_9_10, (w9 - w11).saturating_sub(k9 + k10));
+        bump(f, feature::WORD_LONG, w11.saturating_sub(k11));
+        bump(
+            f,
+            feature::WORD_LONG_CHARS,
+            self.long_letters.saturating_sub(self.known_long_letters),
+        );
+        bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
+        bump(f, feature::TAB_WORD, self.tab_words);
+        let [known_space, known_bare] = self.known;
+        bump(f, feature::LATIN_KNOWN, known_space);
+        bump(f, feature::LATIN_KNOWN_BARE, known_bare);
         bump(f, feature::CAPS_WORD_CHARS, self.caps_letters);
         bump(f, feature::DIGIT_GROUPS, self.digit_groups);
         bump(f, feature::HUMP, humps);
@@ -300,6 +323,8 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         letter: before.is_ascii_alphabetic(),
         digit: before.is_ascii_digit(),
         newline: before == b'\n' || before == b'\r',
+        space: before == b' ',
+        punct: punct_before(bytes, i),
     };
     match count(&planes, src, len, len == rest.len(), before, tabs, t) {
         Some((end, single, prose)) => Step::Counted {
@@ -352,6 +377,10 @@ struct Before {
     digit: bool,
     /// Its last byte is LF or CR.
     newline: bool,
+    /// Its last byte is a space.
+    space: bool,
+    /// It ends in punctuation or a symbol (see `punct_before`).
+    punct: bool,
 }
 
 /// The counting part of [`window`], on the classes of its first `len` bytes (of `src`).
@@ -370,6 +399,8 @@ fn count(
         letter: letter_before,
         digit: digit_before,
         newline: newline_before,
+        space: space_before,
+        punct: punct_before,
     } = before;
     let valid = u64::MAX >> (WINDOW - len);
     let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
@@ -421,11 +452,14 @@ fn count(
     // Letters and digits before each byte (bit 0: the byte before the window).
     let letter_prev = (letter << 1) | u64::from(letter_before);
     let digit_prev = (digit << 1) | u64::from(digit_before);
+    // Punctuation before each byte: line breaks right after it belong to its piece.
+    let punct_prev = (punct << 1) | u64::from(punct_before);
+    t.punct_newlines += u64::from((newline_start & punct_prev & counted).count_ones());
     // In the order of `Tally::n`.
     let masks = [
         punct & counted,
         punct_start & counted,
-        newline_start & counted,
+        newline_start & !punct_prev & counted,
         control & counted,
         upper & counted,
         last_space & (digit >> 1) & counted,
@@ -449,12 +483,44 @@ fn count(
     for (c, m) in n.iter_mut().zip(masks) {
         *c = u64::from(m.count_ones());
     }
-    let [_, runs, newlines, ..] = n;
+    let [_, runs, ..] = n;
+    let newlines = (newline_start & counted) != 0;
     if let Some(punct_words) = n.get_mut(7) {
         *punct_words += u64::from(after_punct && word_start & 1 != 0);
     }
     for (sum, c) in t.n.iter_mut().zip(n) {
         *sum += c;
+    }
+
+    // Words of five letters or more that the table knows (see `words.rs`): counted as such, and
+    // taken off their length, capitals and long letters (in `Tally::add_to`).
+    let blank = space & !tabs;
+    let mut known_starts = 0u64;
+    let mut long5 = r5;
+    while long5 != 0 {
+        let first = long5.trailing_zeros();
+        long5 &= long5 - 1;
+        let len = (word_end >> first).trailing_zeros() + 1;
+        let space = if first == 0 {
+            space_before
+        } else {
+            (blank >> (first - 1)) & 1 != 0
+        };
+        let (from, len) = (first as usize, len as usize);
+        if known(src, from, from + len, space) {
+            known_starts |= 1 << first;
+            if let Some(k) = t.known.get_mut(usize::from(!space)) {
+                *k += 1;
+            }
+            if let Some(k) = t.known_len.get_mut(len.min(11)) {
+                *k += 1;
+            }
+            if len >= 11 {
+                t.known_long_letters += len as u64;
+            }
+            let span = (u64::MAX >> (64 - len)) << first;
+            t.known_upper += u64::from((upper & span).count_ones());
+        }
     }
 
     // Rarer: letters of long words; all-capital words of two letters or more; digit groups.
@@ -472,7 +538,9 @@ fn count(
         caps &= caps - 1;
         // The word's start: the last one up to its end (there is one).
         let first = 63u32.saturating_sub((word_start & (u64::MAX >> (63 - last))).leading_zeros());
-        t.caps_letters += u64::from(last - first + 1);
+        if (known_starts >> first) & 1 == 0 {
+            t.caps_letters += u64::from(last - first + 1);
+        }
     }
     if digit != 0 {
         let (mut starts, mut ends) = (digit_start & counted, digit & !(digit >> 1) & counted);
@@ -508,6 +576,7 @@ fn count(
     // the text from their last byte back, doubling the reach each step.
     let tabs = tabs & counted;
     if tabs != 0 {
+        t.tab_words += u64::from((tabs & (letter >> 1)).count_ones());
         let (mut ahead, mut back) = (space, space);
         let mut indent = space & !(space << 1) & ((newline << 1) | u64::from(newline_before));
         let mut before_newline = last_space & ((newline >> 1) | before_end);
@@ -536,5 +605,5 @@ fn count(
 
     // Whether the piece before `end` is a single punctuation character.
     let single = end < 64 && (single_punct_before >> end) & 1 != 0;
-    Some((end, single, runs <= 2 && newlines == 0 && digit == 0))
+    Some((end, single, runs <= 2 && !newlines && digit == 0))
 }

@@ -6,8 +6,9 @@ use super::classes::{
     run_of, thai_feature, Cls, Run,
 };
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
-use super::text::{bump, is_latin_ext, scan_word, scan_words, Counts};
+use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
+use super::words::known;
 
 /// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
 /// None if no UTF-8 character starts at `i`.
@@ -210,24 +211,55 @@ pub(super) fn alpha_at(bytes: &[u8], j: usize) -> Option<(u8, usize)> {
 /// A run of an alphabetic script from the letter at `i` (`first`: its [`alpha_at`]), and the runs
 /// after it that only single spaces separate (a single space between words has no feature of its
 /// own, see `count_features`); returns the index after the last. Counts what `scan_run` and the
-/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers.
+/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers,
+/// except that a run of two letters or more that the word table knows (see `words.rs`) is counted as
+/// one known word instead of by its letters.
 #[inline(never)]
 fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usize {
     let mut letters_of = [0u64; 6];
     let mut runs_of = [0u64; 6];
     let mut long = 0u64;
+    // Known runs after a space and not.
+    let mut known_runs = [0u64; 2];
+    // The run being read: where it starts, whether a space comes before it, its letters per class,
+    // the class of its first letter, all its letters, and whether all are of the tight loop.
+    let mut from = i;
+    let mut space = space_before(bytes, i);
+    let mut run = [0u64; 6];
     let (k, n) = first;
-    let k = usize::from(k);
-    if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
+    let mut class = usize::from(k);
+    if let Some(l) = run.get_mut(class) {
         *l += 1;
-        *r += 1;
     }
     let mut letters = 1u64;
+    let mut plain = true;
     // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
     let mut j = i + n;
+    // Counts the run that ends at `j`.
+    let mut end_run = |j: usize,
+                       from: usize,
+                       space: bool,
+                       run: &[u64; 6],
+                       class: usize,
+                       letters: u64,
+                       plain: bool| {
+        if plain && letters >= 2 && known(bytes, from, j, space) {
+            if let Some(k) = known_runs.get_mut(usize::from(!space)) {
+                *k += 1;
+            }
+            return;
+        }
+        for (total, n) in letters_of.iter_mut().zip(run) {
+            *total += n;
+        }
+        if let Some(r) = runs_of.get_mut(class) {
+            *r += 1;
+        }
+        long += letters.saturating_sub(ALPHA_WORD);
+    };
     loop {
         while let Some((k, n)) = alpha_at(bytes, j) {
-            if let Some(l) = letters_of.get_mut(usize::from(k)) {
+            if let Some(l) = run.get_mut(usize::from(k)) {
                 *l += 1;
             }
             letters += 1;
@@ -241,6 +273,7 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                     bump(f, idx, 1);
                 }
                 letters += 1;
+                plain = false;
                 j += n;
                 continue;
             }
@@ -249,20 +282,23 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
         // A single space and another letter: the next run.
         if bytes.get(j) == Some(&b' ') {
             if let Some((k, n)) = alpha_at(bytes, j + 1) {
-                long += letters.saturating_sub(ALPHA_WORD);
-                let k = usize::from(k);
-                if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
+                end_run(j, from, space, &run, class, letters, plain);
+                from = j + 1;
+                space = true;
+                run = [0; 6];
+                class = usize::from(k);
+                if let Some(l) = run.get_mut(class) {
                     *l += 1;
-                    *r += 1;
                 }
                 letters = 1;
+                plain = true;
                 j += 1 + n;
                 continue;
             }
         }
         break;
     }
-    long += letters.saturating_sub(ALPHA_WORD);
+    end_run(j, from, space, &run, class, letters, plain);
     bump(f, feature::ALPHA_LONG, long);
     for ((n, r), (&fl, &fr)) in letters_of
         .iter()
@@ -272,6 +308,9 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
         bump(f, fl, *n);
         bump(f, fr, *r);
     }
+    let [known_space, known_bare] = known_runs;
+    bump(f, feature::ALPHA_KNOWN, known_space);
+    bump(f, feature::ALPHA_KNOWN_BARE, known_bare);
     j
 }
 

@@ -1,9 +1,10 @@
 //! Text → tokens: one pass over the characters that mimics o200k_base's pre-tokenizer and counts
 //! features, then the weighted sum.
 
-use super::classes::cp3;
+use super::classes::{classify, cp3, decode, Cls};
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
+use super::words::{known, known_short, MIN_ASCII};
 
 /// Feature counters of one text: the [`NUM_FEATURES`] features.
 pub(super) type Counts = [u64; NUM_FEATURES];
@@ -169,6 +170,19 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     if letters == 0 {
         return start + 1; // not called on a non-letter; guarantees progress anyway
     }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    // A word the table knows is one token (see `words.rs`): plain ASCII words of five letters or
+    // more, words with accented letters of two or more.
+    let accented = ext_a + ext_other > 0;
+    if letters >= if accented { 2 } else { MIN_ASCII } {
+        let space = space_before(bytes, start);
+        if known(bytes, start, i, space) {
+            bump(f, known_feature(space), 1);
+            return i;
+        }
+    }
     if mixed {
         bump(f, feature::LATIN_EXT_A, ext_a);
         bump(f, feature::LATIN_EXT, ext_other);
@@ -182,10 +196,42 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
             bump(f, feature::CAPS_WORD_CHARS, upper);
         }
     }
-    if after_punct {
-        bump(f, feature::PUNCT_WORD, 1);
-    }
     i
+}
+
+/// Whether the byte before `i` is a space (a word there is looked up with its leading space).
+#[inline(always)]
+pub(super) fn space_before(bytes: &[u8], i: usize) -> bool {
+    bytes.get(i.wrapping_sub(1)) == Some(&b' ')
+}
+
+/// The feature of a Latin word the table knows: [`feature::LATIN_KNOWN`] after a space, else
+/// [`feature::LATIN_KNOWN_BARE`].
+#[inline(always)]
+pub(super) fn known_feature(space: bool) -> usize {
+    if space {
+        feature::LATIN_KNOWN
+    } else {
+        feature::LATIN_KNOWN_BARE
+    }
+}
+
+/// Counts a word of `len` ASCII lower-case letters at `i` (not after an ASCII letter): one known
+/// word, or by its length. `w`: the eight bytes at `i` if the word is shorter than eight letters.
+#[inline(always)]
+fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usize, w: Option<u64>) {
+    if len >= MIN_ASCII {
+        let space = space_before(bytes, i);
+        let is_known = match w {
+            Some(w) => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            None => known(bytes, i, i + len, space),
+        };
+        if is_known {
+            bump(f, known_feature(space), 1);
+            return;
+        }
+    }
+    count_word(f, len);
 }
 
 /// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
@@ -333,6 +379,33 @@ pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
             bump(f, feature::TAB, runs);
         }
     }
+}
+
+/// Whether the character before `i` is punctuation or a symbol (ASCII or not): line breaks right
+/// after one belong to its piece in o200k's pre-tokenizer (`[^\s\p{L}\p{N}]+[\r\n/]*`).
+#[inline(always)]
+pub(super) fn punct_before(bytes: &[u8], i: usize) -> bool {
+    match bytes.get(i.wrapping_sub(1)) {
+        Some(&b) if b < 0x80 => byte_class(b) & B_PUNCT != 0,
+        Some(_) => wide_punct_before(bytes, i),
+        None => false,
+    }
+}
+
+/// [`punct_before`] of a character of two to four bytes ending at `i`.
+#[inline(never)]
+fn wide_punct_before(bytes: &[u8], i: usize) -> bool {
+    (2..=4).any(|len| {
+        i.checked_sub(len)
+            .and_then(|start| decode(bytes, start))
+            .is_some_and(|(cp, n)| {
+                n == len
+                    && matches!(
+                        classify(cp),
+                        Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
+                    )
+            })
+    })
 }
 
 /// Number of bytes from `i` on whose class is in `classes`.
@@ -512,7 +585,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             i = scan_words(bytes, i, f, was_punct);
                             break;
                         }
-                        bump(f, feature::WORD_1 + len - 1, 1);
+                        count_lower_word(bytes, f, i, len, Some(w));
                         if was_punct {
                             bump(f, feature::PUNCT_WORD, 1);
                         }
@@ -544,7 +617,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                     i = scan_words(bytes, i, f, was_punct);
                     break;
                 }
-                count_word(f, len);
+                count_lower_word(bytes, f, i, len, None);
                 if was_punct {
                     bump(f, feature::PUNCT_WORD, 1);
                 }
@@ -590,6 +663,9 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             if after == AfterSpaces::Digit {
                                 bump(f, feature::SPACE_BEFORE_DIGIT, 1);
                             }
+                            if next.is_ascii_alphabetic() {
+                                bump(f, feature::TAB_WORD, 1);
+                            }
                         }
                     }
                     continue;
@@ -597,6 +673,11 @@ pub(super) fn count_features<const WINDOWS: bool>(
             }
             let len = run_of_class(bytes, i, B_SPACE);
             let after = after_spaces(bytes, i + len);
+            if bytes.get(i + len - 1) == Some(&b'\t')
+                && bytes.get(i + len).is_some_and(u8::is_ascii_alphabetic)
+            {
+                bump(f, feature::TAB_WORD, 1);
+            }
             if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
                 let run = Tabs {
                     indent: prev_class(bytes, i) & B_NEWLINE != 0,
@@ -644,9 +725,14 @@ pub(super) fn count_features<const WINDOWS: bool>(
             i += len;
             bump(f, feature::DIGIT_GROUPS, len.div_ceil(3) as u64);
         } else if class & B_NEWLINE != 0 {
+            let newline = if punct_before(bytes, i) {
+                feature::PUNCT_NEWLINE
+            } else {
+                feature::NEWLINE_RUNS
+            };
             let len = run_of_class(bytes, i, B_NEWLINE);
             i += len;
-            bump(f, feature::NEWLINE_RUNS, 1);
+            bump(f, newline, 1);
             bump(f, feature::NEWLINE_16, (len / 16) as u64);
         } else if class & B_HIGH != 0 {
             match scan_non_ascii(bytes, i, f, was_punct) {

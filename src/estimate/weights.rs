@@ -1,7 +1,7 @@
 //! The features the text estimate counts and their weights (fitted against o200k_base).
 
 /// Number of features [`text_features`](super::text_features) counts.
-pub const NUM_FEATURES: usize = 68;
+pub const NUM_FEATURES: usize = 76;
 // `utf8_tokens` weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
@@ -141,6 +141,27 @@ pub mod feature {
     /// One per text (an intercept: each text is pre-tokenized on its own, and short texts are
     /// rounded up).
     pub const TEXT: usize = 67;
+    /// Latin words (plain ASCII of at least five letters, or with accented letters) after a space
+    /// that the word table knows as one o200k token with that space (see `words.rs`): counted
+    /// here instead of by their length, accented letters and capitals.
+    pub const LATIN_KNOWN: usize = 68;
+    /// Latin words not after a space that the word table knows as one token without a space
+    /// (at the start of a line or text, after punctuation, camelCase humps).
+    pub const LATIN_KNOWN_BARE: usize = 69;
+    /// Words of the alphabetic scripts (Cyrillic, Greek, Hebrew, Arabic, Indic) after a space that
+    /// the word table knows as one token: counted here instead of by their letters and run.
+    pub const ALPHA_KNOWN: usize = 70;
+    /// Words of the alphabetic scripts not after a space that the word table knows as one token.
+    pub const ALPHA_KNOWN_BARE: usize = 71;
+    /// Runs of line breaks right after punctuation or a symbol, which o200k takes into the
+    /// punctuation's piece (`.\n`, `});\n`, `。\n\n` are one token each): counted here instead of
+    /// as [`NEWLINE_RUNS`].
+    pub const PUNCT_NEWLINE: usize = 72;
+    /// Tabs right before an ASCII letter, which o200k takes into the word's piece (`\tfmt`,
+    /// tab-separated words): counted on top of the tab features (the fit gives it a weight below 0).
+    pub const TAB_WORD: usize = 73;
+    pub const RESERVED_74: usize = 74;
+    pub const RESERVED_75: usize = 75;
 }
 
 /// Weight (tokens) of each feature.
@@ -228,4 +249,12 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "tab_indent",
     "halfwidth_kana",
     "text",
+    "latin_known",
+    "latin_known_bare",
+    "alpha_known",
+    "alpha_known_bare",
+    "punct_newline",
+    "tab_word",
+    "reserved_74",
+    "reserved_75",
 ];

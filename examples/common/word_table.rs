@@ -1,0 +1,110 @@
+//! Which o200k_base tokens the estimator's word table holds (shared by `examples/gen-word-table.rs`,
+//! which writes the table, and the estimator's tests, which check it against the vocabulary).
+//!
+//! A token is taken when it is a word the estimator looks up (see `src/estimate/words.rs`) — with
+//! one leading space or none — and its rank is below the limit of its group. o200k's ranks are the
+//! order of its merges, so a low rank is a frequent word; the limits trade coverage for size.
+#![allow(dead_code)]
+
+/// The kind of word, as the estimator's scanner reads it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
+pub enum Script {
+    /// Plain ASCII letters: capitals then lower case (`Word`, `word`, `WORD`, `IOException`), at
+    /// least `MIN_ASCII` of them.
+    Ascii,
+    /// ASCII capitals, then lower-case and accented Latin letters, at least one accented (`été`,
+    /// `Über`, `người`), two letters or more.
+    Latin,
+    /// Letters of one alphabetic run (Cyrillic, Greek, Hebrew, Arabic, Indic), two or more.
+    Alpha,
+}
+
+/// Rank limits per group: (script, with a leading space, tokens of lower rank taken).
+pub const LIMITS: &[(Script, bool, u32)] = &[
+    (Script::Ascii, true, 80_000),
+    (Script::Ascii, false, 40_000),
+    (Script::Latin, true, 200_000),
+    (Script::Latin, false, 80_000),
+    (Script::Alpha, true, 200_000),
+    (Script::Alpha, false, 80_000),
+];
+
+/// Longest word in bytes (`MAX_WORD` in `src/estimate/words.rs`).
+pub const MAX_WORD: usize = 32;
+/// Fewest letters of a plain ASCII word (`MIN_ASCII` there).
+pub const MIN_ASCII: usize = 5;
+
+/// An accented Latin letter as the scanner has it (`is_latin_ext` in `src/estimate/text.rs`).
+fn latin_ext(c: char) -> bool {
+    matches!(u32::from(c), 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
+}
+
+/// A letter of the alphabetic scripts' tight loop (`alpha_at` in `src/estimate/scripts.rs`).
+fn alpha(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x370..=0x3FF | 0x400..=0x52F | 0x590..=0x5FF | 0x600..=0x6FF | 0x750..=0x77F | 0x900..=0xDFF
+    )
+}
+
+/// The kind of `word` (without its leading space), if the estimator looks it up.
+pub fn script(word: &str) -> Option<Script> {
+    if word.is_empty() || word.len() > MAX_WORD {
+        return None;
+    }
+    let chars: Vec<char> = word.chars().collect();
+    if chars.iter().all(|&c| alpha(c)) {
+        return (chars.len() >= 2).then_some(Script::Alpha);
+    }
+    // Capitals, then lower case (accented letters count as lower case).
+    let caps = chars.iter().take_while(|c| c.is_ascii_uppercase()).count();
+    let rest = &chars[caps..];
+    if !rest.iter().all(|&c| c.is_ascii_lowercase() || latin_ext(c)) {
+        return None;
+    }
+    if rest.iter().any(|&c| latin_ext(c)) {
+        return (chars.len() >= 2).then_some(Script::Latin);
+    }
+    (chars.len() >= MIN_ASCII).then_some(Script::Ascii)
+}
+
+/// One word of the table.
+pub struct Entry {
+    pub rank: u32,
+    pub space: bool,
+    pub word: String,
+    pub script: Script,
+}
+
+/// The words of the table, in rank order.
+pub fn select(bpe: &tiktoken_rs::CoreBPE) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for rank in 0..200_000u32 {
+        let Ok(bytes) = bpe.decode_bytes(&[rank]) else {
+            continue;
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            continue;
+        };
+        let (space, word) = match text.strip_prefix(' ') {
+            Some(w) => (true, w),
+            None => (false, text.as_str()),
+        };
+        let Some(script) = script(word) else {
+            continue;
+        };
+        let limit = LIMITS
+            .iter()
+            .find(|(s, sp, _)| *s == script && *sp == space)
+            .map_or(0, |l| l.2);
+        if rank < limit {
+            out.push(Entry {
+                rank,
+                space,
+                word: word.to_string(),
+                script,
+            });
+        }
+    }
+    out
+}
