@@ -437,8 +437,12 @@ fn count(
     // the end of the text.
     let last_space = space & !(space >> 1);
     let before_end = if end_of_text { 1u64 << (len - 1) } else { 0 };
-    // Words right after a single punctuation character (the first one: after the piece before).
-    let single_punct_before = (punct << 1) & !(punct << 2);
+    // Spaces (not tabs).
+    let blank = space & !tabs;
+    // Words right after a single punctuation character that no space comes before (the first one:
+    // after the piece before).
+    let single_punct_before =
+        (punct << 1) & !(punct << 2) & !(blank << 2) & !(u64::from(space_before) << 1);
     // Starts of words of at least `k` letters (`at_least[k - 1]`, up to 11): the word goes on over
     // the `k - 1` bytes after its start.
     let go_on = letter & !word_start;
@@ -494,7 +498,6 @@ fn count(
 
     // Words of five letters or more that the table knows (see `words.rs`): counted as such, and
     // taken off their length, capitals and long letters (in `Tally::add_to`).
-    let blank = space & !tabs;
     let mut known_starts = 0u64;
     let mut long5 = r5;
     while long5 != 0 {

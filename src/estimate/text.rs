@@ -705,8 +705,10 @@ pub(super) fn count_features<const WINDOWS: bool>(
                     punct_mix(bytes.get(i..i + len).unwrap_or(&[])),
                 );
             }
+            // A single punctuation character merges into a word right after it, unless a space
+            // comes before it (o200k then takes the space and the character as one piece).
+            after_punct = len == 1 && !space_before(bytes, i);
             i += len;
-            after_punct = len == 1;
             bump(f, feature::PUNCT, len as u64);
             bump(f, feature::PUNCT_RUNS, 1);
         } else if class & B_UPPER != 0 {

@@ -63,7 +63,8 @@ pub mod feature {
     pub const SPACE_BEFORE_DIGIT: usize = 33;
     /// Upper-case ASCII letters (capitals and acronyms split more).
     pub const UPPER: usize = 34;
-    /// Words preceded by a single punctuation character, which merges into the word.
+    /// Words right after a single punctuation character that no space comes before: o200k takes
+    /// the character into the word's piece (`.split`, `"type`; but ` "` + `type`).
     pub const PUNCT_WORD: usize = 35;
     /// CJK ideographs that are not a token of their own (encoded as bytes, ~2 tokens each).
     pub const HAN_RARE: usize = 36;
