@@ -361,15 +361,21 @@ fn main() {
     // FIT_WORST=<class>: the samples of that class furthest from o200k with the new weights.
     if let Ok(name) = std::env::var("FIT_WORST") {
         for c in classes.iter().filter(|c| c.name == name) {
-            let mut v: Vec<(f64, &corpus::Sample)> = c
+            // By the error the targets score (see `corpus::stats`), worst first.
+            let mut v: Vec<(f64, f64, &corpus::Sample)> = c
                 .samples
                 .iter()
-                .map(|s| (estimate(&text_features(&s.text), &w) / s.real, s))
+                .map(|s| {
+                    let e = estimate(&text_features(&s.text), &w);
+                    let scored = corpus::stats(&c.name, &[(e, s.real)]).p95;
+                    (scored, e / s.real, s)
+                })
                 .collect();
-            v.sort_by(|a, b| a.0.total_cmp(&b.0));
-            for (ratio, s) in v.iter().take(4).chain(v.iter().rev().take(4)) {
-                let t: String = s.text.chars().take(160).collect();
-                println!("{ratio:.2} real {} {t:?}", s.real);
+            v.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (scored, ratio, s) in v.iter().take(8) {
+                let t: String = s.text.chars().take(150).collect();
+                let split = if s.fitted() { "fitted" } else { "held-out" };
+                println!("{scored:5.1} % {ratio:.2} real {} {split} {t:?}", s.real);
             }
         }
     }

@@ -111,10 +111,7 @@ fn main() {
     }
     let mut summary = String::new();
     for ((script, space), n) in &groups {
-        let limit = word_table::LIMITS
-            .iter()
-            .find(|(s, sp, _)| s == script && sp == space)
-            .map_or(0, |l| l.2);
+        let limit = word_table::limit(*script, *space);
         let line = format!(
             "//! - {script:?}, {}: {n} words (rank < {limit})\n",
             if *space { "after a space" } else { "bare" }

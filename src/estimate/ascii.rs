@@ -456,6 +456,8 @@ fn count(
     // Letters and digits before each byte (bit 0: the byte before the window).
     let letter_prev = (letter << 1) | u64::from(letter_before);
     let digit_prev = (digit << 1) | u64::from(digit_before);
+    // Tabs with no space or tab on either side: a piece of their own, before a digit too.
+    let lone_tab = tabs & !(space << 1) & !(space >> 1);
     // Punctuation before each byte: line breaks right after it belong to its piece.
     let punct_prev = (punct << 1) | u64::from(punct_before);
     t.punct_newlines += u64::from((newline_start & punct_prev & counted).count_ones());
@@ -466,7 +468,7 @@ fn count(
         newline_start & !punct_prev & counted,
         control & counted,
         upper & counted,
-        last_space & (digit >> 1) & counted,
+        last_space & !lone_tab & (digit >> 1) & counted,
         last_space & (space << 1) & !(newline >> 1) & !before_end & counted,
         word_start & single_punct_before & counted,
         r1,
@@ -592,7 +594,9 @@ fn count(
         let tabs_in = tabs & !before_newline;
         t.indent_tabs += u64::from((tabs_in & indent).count_ones());
         // Runs of tabs (a tab after a tab is in the counted part too, or is not a tab).
-        t.tabs += u64::from((tabs_in & !(tabs << 1) & !indent).count_ones());
+        // Runs of tabs, and again those of two tabs or more (o200k sets their last tab apart).
+        let tab_runs = tabs_in & !(tabs << 1) & !indent;
+        t.tabs += u64::from(tab_runs.count_ones() + (tab_runs & (tabs >> 1)).count_ones());
         // One per 16 tabs of each run (rare: runs of 16 or more).
         let mut long = tabs & (tabs >> 1);
         long &= long >> 2;

@@ -354,8 +354,9 @@ pub(super) struct Tabs {
     pub(super) before_newline: bool,
 }
 
-/// The tab features of one run of spaces and tabs: [`feature::TAB`] one per run of tabs plus one per
-/// 16 tabs in it (o200k's longest tab tokens); in a run that starts a line [`feature::TAB_INDENT`]
+/// The tab features of one run of spaces and tabs: [`feature::TAB`] one per run of tabs (two for a
+/// run of two or more) plus one per 16 tabs in it (o200k's longest tab tokens); in a run that starts
+/// a line [`feature::TAB_INDENT`]
 /// per tab instead; before a line break or the end of the text only the one per 16.
 #[inline(never)]
 pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
@@ -366,7 +367,9 @@ pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
             len += 1;
         } else if len > 0 {
             tabs += len;
-            runs += 1;
+            // o200k sets the last tab of a run of two or more apart (a piece of its own, or with the
+            // word after it).
+            runs += 1 + u64::from(len >= 2);
             sixteens += len / 16;
             len = 0;
         }
@@ -491,9 +494,12 @@ pub(super) fn derive(f: &mut Counts) {
             .get(feature::WORD_1..=feature::WORD_LONG)
             .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
         if accented.saturating_mul(20) >= words {
-            // Capitalised words too: German nouns split more than English ones.
-            let upper = count(f, feature::UPPER);
-            bump(f, feature::LATIN_EXT_A_TEXT, words.saturating_add(upper));
+            // The words of five letters or more that the word table does not know: rarer in o200k
+            // than English ones of their length.
+            let long = f
+                .get(feature::WORD_1 + 4..=feature::WORD_LONG)
+                .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
+            bump(f, feature::LATIN_EXT_A_TEXT, long);
         }
     }
 }
@@ -653,16 +659,15 @@ pub(super) fn count_features<const WINDOWS: bool>(
                     i += 1;
                     match after_spaces(bytes, i) {
                         AfterSpaces::Newline => {}
-                        after => {
+                        _ => {
                             let tab = if prev_class(bytes, i - 1) & B_NEWLINE != 0 {
                                 feature::TAB_INDENT
                             } else {
                                 feature::TAB
                             };
+                            // A lone tab is a piece of its own, before a digit too (there is
+                            // no space to set apart).
                             bump(f, tab, 1);
-                            if after == AfterSpaces::Digit {
-                                bump(f, feature::SPACE_BEFORE_DIGIT, 1);
-                            }
                             if next.is_ascii_alphabetic() {
                                 bump(f, feature::TAB_WORD, 1);
                             }

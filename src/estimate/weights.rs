@@ -128,12 +128,14 @@ pub mod feature {
     pub const CYRILLIC_UK_TEXT: usize = 61;
     /// Latin Extended-A letters (Polish, Czech, Hungarian, Turkish, … but not Vietnamese `đ`).
     pub const LATIN_EXT_A: usize = 62;
-    /// ASCII words of a text with at least one accented Latin letter per 20 words: French, German,
-    /// Spanish, Polish, … whose unaccented words are also rarer in o200k than English ones. Derived:
+    /// ASCII words of five letters or more that the word table does not know, in a text with at
+    /// least one accented Latin letter (of words it does not know) per 20 words: French, German,
+    /// Spanish, Polish, … whose unknown words split into more tokens than English ones. Derived:
     /// see `derive`.
     pub const LATIN_EXT_A_TEXT: usize = 63;
     /// Runs of tabs in a run of spaces and tabs that does not start a line (tab-separated tables,
-    /// alignment): about one o200k token each (o200k merges consecutive tabs: empty cells are cheap).
+    /// alignment), counted twice when two tabs long or more: o200k merges consecutive tabs (empty
+    /// cells are cheap) but sets the last one apart (a piece of its own, or with the word after it).
     pub const TAB: usize = 64;
     /// Tabs in a run of spaces and tabs right after a line break (indentation), which o200k merges.
     pub const TAB_INDENT: usize = 65;

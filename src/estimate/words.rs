@@ -37,14 +37,19 @@ const K2: u64 = 0x94D0_49BB_1331_11EB;
 fn load(bytes: &[u8], at: usize) -> u64 {
     match bytes.get(at..at.saturating_add(8)) {
         Some(c) => u64::from_le_bytes(<[u8; 8]>::try_from(c).unwrap_or([0; 8])),
-        None => {
-            let mut buf = [0u8; 8];
-            for (d, s) in buf.iter_mut().zip(bytes.get(at..).unwrap_or(&[])) {
-                *d = *s;
-            }
-            u64::from_le_bytes(buf)
-        }
+        None => load_tail(bytes, at),
     }
+}
+
+/// [`load`] within eight bytes of the end.
+#[cold]
+#[inline(never)]
+fn load_tail(bytes: &[u8], at: usize) -> u64 {
+    let mut buf = [0u8; 8];
+    for (d, s) in buf.iter_mut().zip(bytes.get(at..).unwrap_or(&[])) {
+        *d = *s;
+    }
+    u64::from_le_bytes(buf)
 }
 
 /// One 8-byte chunk into the hash state.
@@ -121,7 +126,18 @@ fn has(h: u64) -> bool {
 #[inline(always)]
 pub(super) fn known(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
     let len = to.wrapping_sub(from);
-    (1..=MAX_WORD).contains(&len) && has(word_hash(bytes, from, to, space, SEED))
+    if len <= 8 {
+        // Most words: one load.
+        len != 0 && known_short(load(bytes, from) & (u64::MAX >> (64 - 8 * len)), len, space)
+    } else {
+        len <= MAX_WORD && known_long(bytes, from, to, space)
+    }
+}
+
+/// [`known`] for a word of 9..=[`MAX_WORD`] bytes.
+#[inline(never)]
+fn known_long(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
+    has(word_hash(bytes, from, to, space, SEED))
 }
 
 /// [`known`] for a word of 1..=8 bytes given as a little-endian word with zeros past it.
