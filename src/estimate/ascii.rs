@@ -326,7 +326,7 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         space: before == b' ',
         punct: punct_before(bytes, i),
     };
-    match count(&planes, src, len, len == rest.len(), before, tabs, t) {
+    match count(&planes, src, rest, len == rest.len(), before, tabs, t) {
         Some((end, single, prose)) => Step::Counted {
             next: i + end,
             after_punct: single,
@@ -383,12 +383,13 @@ struct Before {
     punct: bool,
 }
 
-/// The counting part of [`window`], on the classes of its first `len` bytes (of `src`).
+/// The counting part of [`window`], on the classes of its first `len` bytes (of `src`, the first
+/// bytes of `rest`, the text from the window on).
 #[inline(always)]
 fn count(
     planes: &Planes,
     src: &[u8; WINDOW],
-    len: usize,
+    rest: &[u8],
     end_of_text: bool,
     before: Before,
     tabs: u64,
@@ -402,6 +403,7 @@ fn count(
         space: space_before,
         punct: punct_before,
     } = before;
+    let len = rest.len().min(WINDOW);
     let valid = u64::MAX >> (WINDOW - len);
     let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
     let lower = p0 & !p1 & !p2;
@@ -512,7 +514,7 @@ fn count(
             (blank >> (first - 1)) & 1 != 0
         };
         let (from, len) = (first as usize, len as usize);
-        if known(src, from, from + len, space) {
+        if known(rest, from, from + len, space) {
             known_starts |= 1 << first;
             if let Some(k) = t.known.get_mut(usize::from(!space)) {
                 *k += 1;

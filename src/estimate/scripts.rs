@@ -221,84 +221,66 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut long = 0u64;
     // Known runs after a space and not.
     let mut known_runs = [0u64; 2];
-    // The run being read: where it starts, whether a space comes before it, its letters per class,
-    // the class of its first letter, all its letters, and whether all are of the tight loop.
+    // The run being read: where it starts, whether a space comes before it, its first letter.
     let mut from = i;
     let mut space = space_before(bytes, i);
-    let mut run = [0u64; 6];
-    let (k, n) = first;
-    let mut class = usize::from(k);
-    if let Some(l) = run.get_mut(class) {
-        *l += 1;
-    }
-    let mut letters = 1u64;
-    let mut plain = true;
+    let mut first = first;
     // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
-    let mut j = i + n;
-    // Counts the run that ends at `j`.
-    let mut end_run = |j: usize,
-                       from: usize,
-                       space: bool,
-                       run: &[u64; 6],
-                       class: usize,
-                       letters: u64,
-                       plain: bool| {
+    let mut j = i;
+    loop {
+        // The counts before the run, put back if the table knows it.
+        let before = letters_of;
+        let class = usize::from(first.0);
+        let mut letters = 0u64;
+        // All its letters are of the tight loop (the others are counted straight into `f`).
+        let mut plain = true;
+        let mut next = Some(first);
+        loop {
+            while let Some((k, n)) = next {
+                if let Some(l) = letters_of.get_mut(usize::from(k)) {
+                    *l += 1;
+                }
+                letters += 1;
+                j += n;
+                next = alpha_at(bytes, j);
+            }
+            // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
+            match decode(bytes, j) {
+                Some((cp, n)) if run_of(classify(cp)) == Some(Run::Alpha) => {
+                    if let Some(idx) = char_feature(classify(cp)) {
+                        bump(f, idx, 1);
+                    }
+                    letters += 1;
+                    plain = false;
+                    j += n;
+                    next = alpha_at(bytes, j);
+                }
+                _ => break,
+            }
+        }
         if plain && letters >= 2 && known(bytes, from, j, space) {
+            letters_of = before;
             if let Some(k) = known_runs.get_mut(usize::from(!space)) {
                 *k += 1;
             }
-            return;
-        }
-        for (total, n) in letters_of.iter_mut().zip(run) {
-            *total += n;
-        }
-        if let Some(r) = runs_of.get_mut(class) {
-            *r += 1;
-        }
-        long += letters.saturating_sub(ALPHA_WORD);
-    };
-    loop {
-        while let Some((k, n)) = alpha_at(bytes, j) {
-            if let Some(l) = run.get_mut(usize::from(k)) {
-                *l += 1;
+        } else {
+            if let Some(r) = runs_of.get_mut(class) {
+                *r += 1;
             }
-            letters += 1;
-            j += n;
-        }
-        // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
-        if let Some((cp, n)) = decode(bytes, j) {
-            let c = classify(cp);
-            if run_of(c) == Some(Run::Alpha) {
-                if let Some(idx) = char_feature(c) {
-                    bump(f, idx, 1);
-                }
-                letters += 1;
-                plain = false;
-                j += n;
-                continue;
-            }
-            break;
+            long += letters.saturating_sub(ALPHA_WORD);
         }
         // A single space and another letter: the next run.
         if bytes.get(j) == Some(&b' ') {
-            if let Some((k, n)) = alpha_at(bytes, j + 1) {
-                end_run(j, from, space, &run, class, letters, plain);
-                from = j + 1;
+            if let Some(letter) = alpha_at(bytes, j + 1) {
+                j += 1;
+                from = j;
                 space = true;
-                run = [0; 6];
-                class = usize::from(k);
-                if let Some(l) = run.get_mut(class) {
-                    *l += 1;
-                }
-                letters = 1;
-                plain = true;
-                j += 1 + n;
+                first = letter;
                 continue;
             }
         }
         break;
     }
-    end_run(j, from, space, &run, class, letters, plain);
     bump(f, feature::ALPHA_LONG, long);
     for ((n, r), (&fl, &fr)) in letters_of
         .iter()
@@ -316,7 +298,7 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
 
 /// Rest of a run of kana and ideographs from `j` (the first character is counted); returns the index
 /// after the run. `kata`: the first character is katakana.
-#[inline(always)]
+#[inline(never)]
 pub(super) fn scan_cjk(bytes: &[u8], mut j: usize, kata: bool, f: &mut Counts) -> usize {
     let mut prev_kata = kata;
     let mut kata_runs = u64::from(kata);
@@ -369,7 +351,7 @@ pub(super) fn scan_cjk(bytes: &[u8], mut j: usize, kata: bool, f: &mut Counts) -
 }
 
 /// Rest of a run of Hangul from `j` (the first character is counted); returns the index after it.
-#[inline(always)]
+#[inline(never)]
 pub(super) fn scan_hangul(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     let mut runs = 0u64;
     loop {
@@ -411,7 +393,7 @@ pub(super) fn scan_hangul(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
 }
 
 /// Rest of a run of Thai from `j` (the first character is counted); returns the index after it.
-#[inline(always)]
+#[inline(never)]
 pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     let mut runs = 0u64;
     // U+0E00..=U+0E7F is E0 B8 80..=E0 B9 BF; nothing else is in a Thai run.

@@ -73,27 +73,39 @@ fn start(seed: u64, len: usize, space: bool) -> u64 {
 }
 
 /// Hash of the word `bytes[from..to]` (1..=[`MAX_WORD`] bytes), with a leading space or not, under
-/// `seed`: its bytes eight at a time, the last chunk masked to the word.
+/// `seed`: a word of up to eight bytes as one chunk masked to the word; a longer one as its eight-byte
+/// chunks from the start, the last chunk ending where the word ends (overlapping the one before it).
 #[doc(hidden)]
 #[inline(always)]
 pub fn word_hash(bytes: &[u8], from: usize, to: usize, space: bool, seed: u64) -> u64 {
     let len = to.saturating_sub(from);
-    let mut h = start(seed, len, space);
-    let mut at = from;
-    // `at + 8 < to` ≤ `bytes.len()`: no overflow.
-    while at + 8 < to {
-        h = mix(h, load(bytes, at));
-        at += 8;
-    }
-    let rest = to.saturating_sub(at).clamp(1, 8);
-    h = mix(h, load(bytes, at) & (u64::MAX >> (64 - 8 * rest)));
+    let h = start(seed, len, space);
+    let h = if len <= 8 {
+        mix(h, load(bytes, from) & mask(len))
+    } else {
+        // `from + 16 < to` and `to - 8 >= from` where used: the loads are within the word.
+        let mut h = mix(h, load(bytes, from));
+        if len > 16 {
+            h = mix(h, load(bytes, from + 8));
+        }
+        if len > 24 {
+            h = mix(h, load(bytes, from + 16));
+        }
+        mix(h, load(bytes, to - 8))
+    };
     finish(h)
+}
+
+/// The low `len` bytes of a word set (1..=8; 0 is taken as 1).
+#[inline(always)]
+fn mask(len: usize) -> u64 {
+    u64::MAX >> (64 - 8 * len.clamp(1, 8))
 }
 
 /// [`word_hash`] of a word of 1..=8 bytes given as a little-endian word with zeros past the word
 /// (the same hash).
 #[inline(always)]
-pub(super) fn short_hash(w: u64, len: usize, space: bool, seed: u64) -> u64 {
+fn short_hash(w: u64, len: usize, space: bool, seed: u64) -> u64 {
     finish(mix(start(seed, len, space), w))
 }
 
@@ -126,18 +138,7 @@ fn has(h: u64) -> bool {
 #[inline(always)]
 pub(super) fn known(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
     let len = to.wrapping_sub(from);
-    if len <= 8 {
-        // Most words: one load.
-        len != 0 && known_short(load(bytes, from) & (u64::MAX >> (64 - 8 * len)), len, space)
-    } else {
-        len <= MAX_WORD && known_long(bytes, from, to, space)
-    }
-}
-
-/// [`known`] for a word of 9..=[`MAX_WORD`] bytes.
-#[inline(never)]
-fn known_long(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
-    has(word_hash(bytes, from, to, space, SEED))
+    (1..=MAX_WORD).contains(&len) && has(word_hash(bytes, from, to, space, SEED))
 }
 
 /// [`known`] for a word of 1..=8 bytes given as a little-endian word with zeros past it.
