@@ -154,6 +154,7 @@ pub(super) struct Tally {
     caps_letters: u64,
     digit_groups: u64,
     punct_mix: u64,
+    punct_repeat: u64,
     newline_16: u64,
     tabs: u64,
     indent_tabs: u64,
@@ -211,6 +212,7 @@ impl Tally {
         bump(f, feature::HUMP, humps);
         bump(f, feature::ALNUM_SWITCH, switches);
         bump(f, feature::PUNCT_MIX, self.punct_mix);
+        bump(f, feature::PUNCT_REPEAT, self.punct_repeat);
         bump(f, feature::NEWLINE_16, self.newline_16);
         bump(f, feature::TAB, self.tabs);
         bump(f, feature::TAB_INDENT, self.indent_tabs);
@@ -336,17 +338,21 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
     }
 }
 
-/// How many of the bytes of `src` at the bits of `at` (none at bit 0) differ from the byte before.
+/// How many of the bytes of `src` at the bits of `at` (none at bit 0) differ from the byte before,
+/// and how many of those the byte after repeats where `same` (the bytes of the same run) has it.
 #[inline(never)]
-fn mixed(src: &[u8; WINDOW], mut at: u64) -> u64 {
-    let mut n = 0;
+fn mixed(src: &[u8; WINDOW], mut at: u64, same: u64) -> (u64, u64) {
+    let (mut mix, mut repeat) = (0, 0);
     while at != 0 {
         let k = at.trailing_zeros() as usize;
         at &= at - 1;
-        let pair = src.get(k.wrapping_sub(1)..=k);
-        n += u64::from(pair.is_some_and(|p| p.first() != p.get(1)));
+        let (prev, c, next) = (src.get(k.wrapping_sub(1)), src.get(k), src.get(k + 1));
+        if prev != c {
+            mix += 1;
+            repeat += u64::from(next == c && (same >> (k + 1)) & 1 != 0);
+        }
     }
-    n
+    (mix, repeat)
 }
 
 /// Whether `bytes` looks mostly ASCII: at most one of eight words spread over it has a byte that is
@@ -458,8 +464,6 @@ fn count(
     // Letters and digits before each byte (bit 0: the byte before the window).
     let letter_prev = (letter << 1) | u64::from(letter_before);
     let digit_prev = (digit << 1) | u64::from(digit_before);
-    // Tabs with no space or tab on either side: a piece of their own, before a digit too.
-    let lone_tab = tabs & !(space << 1) & !(space >> 1);
     // Punctuation before each byte: line breaks right after it belong to its piece.
     let punct_prev = (punct << 1) | u64::from(punct_before);
     t.punct_newlines += u64::from((newline_start & punct_prev & counted).count_ones());
@@ -470,7 +474,7 @@ fn count(
         newline_start & !punct_prev & counted,
         control & counted,
         upper & counted,
-        last_space & !lone_tab & (digit >> 1) & counted,
+        last_space & blank & (digit >> 1) & counted,
         last_space & (space << 1) & !(newline >> 1) & !before_end & counted,
         word_start & single_punct_before & counted,
         r1,
@@ -564,7 +568,9 @@ fn count(
     // Mixed punctuation runs: characters from the fourth of a run on that differ from the one before.
     let deep = punct & (punct << 1) & (punct << 2) & (punct << 3) & counted;
     if deep != 0 {
-        t.punct_mix += mixed(src, deep);
+        let (mix, repeat) = mixed(src, deep, punct & valid);
+        t.punct_mix += mix;
+        t.punct_repeat += repeat;
     }
     // Newline runs of 16 or more: bit `k` of `long` is set iff bytes `k..k + 16` are line breaks.
     let mut long = newline & (newline >> 1);
@@ -596,9 +602,7 @@ fn count(
         let tabs_in = tabs & !before_newline;
         t.indent_tabs += u64::from((tabs_in & indent).count_ones());
         // Runs of tabs (a tab after a tab is in the counted part too, or is not a tab).
-        // Runs of tabs, and again those of two tabs or more (o200k sets their last tab apart).
-        let tab_runs = tabs_in & !(tabs << 1) & !indent;
-        t.tabs += u64::from(tab_runs.count_ones() + (tab_runs & (tabs >> 1)).count_ones());
+        t.tabs += u64::from((tabs_in & !(tabs << 1) & !indent).count_ones());
         // One per 16 tabs of each run (rare: runs of 16 or more).
         let mut long = tabs & (tabs >> 1);
         long &= long >> 2;

@@ -337,12 +337,19 @@ pub(super) fn prev_class(bytes: &[u8], i: usize) -> u8 {
     bytes.get(i.wrapping_sub(1)).map_or(0, |&b| byte_class(b))
 }
 
-/// [`feature::PUNCT_MIX`] of one run of ASCII punctuation: its characters from the fourth on that
-/// differ from the one before.
+/// [`feature::PUNCT_MIX`] and [`feature::PUNCT_REPEAT`] of one run of ASCII punctuation: its
+/// characters from the fourth on that differ from the one before, and of those the ones that the
+/// character after repeats.
 #[inline(never)]
-pub(crate) fn punct_mix(run: &[u8]) -> u64 {
-    let pairs = run.windows(2).skip(2);
-    pairs.filter(|p| p.first() != p.get(1)).count() as u64
+pub(crate) fn punct_mix(run: &[u8]) -> (u64, u64) {
+    let (mut mix, mut repeat) = (0, 0);
+    for (k, w) in run.windows(2).enumerate().skip(2) {
+        if w.first() != w.get(1) {
+            mix += 1;
+            repeat += u64::from(run.get(k + 2).is_some_and(|c| Some(c) == w.get(1)));
+        }
+    }
+    (mix, repeat)
 }
 
 /// Where a run of spaces and tabs lies, as far as its tabs care.
@@ -354,9 +361,8 @@ pub(super) struct Tabs {
     pub(super) before_newline: bool,
 }
 
-/// The tab features of one run of spaces and tabs: [`feature::TAB`] one per run of tabs (two for a
-/// run of two or more) plus one per 16 tabs in it (o200k's longest tab tokens); in a run that starts
-/// a line [`feature::TAB_INDENT`]
+/// The tab features of one run of spaces and tabs: [`feature::TAB`] one per run of tabs plus one per
+/// 16 tabs in it (o200k's longest tab tokens); in a run that starts a line [`feature::TAB_INDENT`]
 /// per tab instead; before a line break or the end of the text only the one per 16.
 #[inline(never)]
 pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
@@ -367,9 +373,7 @@ pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
             len += 1;
         } else if len > 0 {
             tabs += len;
-            // o200k sets the last tab of a run of two or more apart (a piece of its own, or with the
-            // word after it).
-            runs += 1 + u64::from(len >= 2);
+            runs += 1;
             sixteens += len / 16;
             len = 0;
         }
@@ -381,6 +385,29 @@ pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
         } else {
             bump(f, feature::TAB, runs);
         }
+    }
+}
+
+/// Whether a letter (of any script) starts at `i`.
+#[inline(always)]
+pub(super) fn letter_at(bytes: &[u8], i: usize) -> bool {
+    match bytes.get(i) {
+        Some(b) if b.is_ascii_alphabetic() => true,
+        Some(&b) if b >= 0xC3 => decode(bytes, i).is_some_and(|(cp, _)| {
+            !matches!(
+                classify(cp),
+                Cls::Punct
+                    | Cls::WidePunct
+                    | Cls::Symbol
+                    | Cls::Emoji
+                    | Cls::Other
+                    | Cls::ZeroWidth
+                    | Cls::Space
+                    | Cls::Newline
+                    | Cls::Digit
+            )
+        }),
+        _ => false,
     }
 }
 
@@ -668,7 +695,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             // A lone tab is a piece of its own, before a digit too (there is
                             // no space to set apart).
                             bump(f, tab, 1);
-                            if next.is_ascii_alphabetic() {
+                            if letter_at(bytes, i) {
                                 bump(f, feature::TAB_WORD, 1);
                             }
                         }
@@ -678,9 +705,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
             }
             let len = run_of_class(bytes, i, B_SPACE);
             let after = after_spaces(bytes, i + len);
-            if bytes.get(i + len - 1) == Some(&b'\t')
-                && bytes.get(i + len).is_some_and(u8::is_ascii_alphabetic)
-            {
+            if bytes.get(i + len - 1) == Some(&b'\t') && letter_at(bytes, i + len) {
                 bump(f, feature::TAB_WORD, 1);
             }
             if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
@@ -693,7 +718,13 @@ pub(super) fn count_features<const WINDOWS: bool>(
             i += len;
             bump(f, feature::SPACE_128, (len / 128) as u64);
             match after {
-                AfterSpaces::Digit => bump(f, feature::SPACE_BEFORE_DIGIT, 1),
+                // The last space before a digit is a piece of its own (a last tab is counted by
+                // `count_tabs`).
+                AfterSpaces::Digit => {
+                    if bytes.get(i - 1) == Some(&b' ') {
+                        bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                    }
+                }
                 // Spaces before a newline or at the end belong to the newline piece.
                 AfterSpaces::Newline => continue,
                 AfterSpaces::Other => {}
@@ -704,11 +735,9 @@ pub(super) fn count_features<const WINDOWS: bool>(
         } else if class & B_PUNCT != 0 {
             let len = run_of_class(bytes, i, B_PUNCT);
             if len >= 4 {
-                bump(
-                    f,
-                    feature::PUNCT_MIX,
-                    punct_mix(bytes.get(i..i + len).unwrap_or(&[])),
-                );
+                let (mix, repeat) = punct_mix(bytes.get(i..i + len).unwrap_or(&[]));
+                bump(f, feature::PUNCT_MIX, mix);
+                bump(f, feature::PUNCT_REPEAT, repeat);
             }
             // A single punctuation character merges into a word right after it, unless a space
             // comes before it (o200k then takes the space and the character as one piece).

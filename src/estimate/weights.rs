@@ -59,7 +59,8 @@ pub mod feature {
     pub const NEWLINE_RUNS: usize = 31;
     /// Runs of 2 or more spaces/tabs not touching a newline (indentation, alignment).
     pub const SPACE_RUNS: usize = 32;
-    /// Spaces directly before a digit (o200k never merges a space into a number).
+    /// Spaces directly before a digit (o200k never merges a space into a number: a piece of its
+    /// own; a tab there is counted as [`TAB`]).
     pub const SPACE_BEFORE_DIGIT: usize = 33;
     /// Upper-case ASCII letters (capitals and acronyms split more).
     pub const UPPER: usize = 34;
@@ -134,8 +135,8 @@ pub mod feature {
     /// see `derive`.
     pub const LATIN_EXT_A_TEXT: usize = 63;
     /// Runs of tabs in a run of spaces and tabs that does not start a line (tab-separated tables,
-    /// alignment), counted twice when two tabs long or more: o200k merges consecutive tabs (empty
-    /// cells are cheap) but sets the last one apart (a piece of its own, or with the word after it).
+    /// alignment): o200k sets the last tab of a run apart (a piece of its own, or with the word after
+    /// it, see [`TAB_WORD`]); the tabs before it are the run's piece ([`SPACE_RUNS`]).
     pub const TAB: usize = 64;
     /// Tabs in a run of spaces and tabs right after a line break (indentation), which o200k merges.
     pub const TAB_INDENT: usize = 65;
@@ -160,10 +161,13 @@ pub mod feature {
     /// punctuation's piece (`.\n`, `});\n`, `。\n\n` are one token each): counted here instead of
     /// as [`NEWLINE_RUNS`].
     pub const PUNCT_NEWLINE: usize = 72;
-    /// Tabs right before an ASCII letter, which o200k takes into the word's piece (`\tfmt`,
-    /// tab-separated words): counted on top of the tab features (the fit gives it a weight below 0).
+    /// Tabs right before a letter, which o200k takes into the word's piece (`\tfmt`, tab-separated
+    /// words): counted on top of the tab features (the fit gives it a weight below 0).
     pub const TAB_WORD: usize = 73;
-    pub const RESERVED_74: usize = 74;
+    /// Characters of [`PUNCT_MIX`] that the next character of the run repeats: the starts of
+    /// repeated stretches (`|---|---|`), which o200k keeps as one token each where a mixed run
+    /// (`!?.,;:`) merges about two characters to a token.
+    pub const PUNCT_REPEAT: usize = 74;
     pub const RESERVED_75: usize = 75;
 }
 
@@ -258,6 +262,6 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "alpha_known_bare",
     "punct_newline",
     "tab_word",
-    "reserved_74",
+    "punct_repeat",
     "reserved_75",
 ];
