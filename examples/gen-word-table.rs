@@ -125,6 +125,16 @@ fn main() {
         fp.len(),
         fp.len() as f64 / entries.len() as f64
     );
+    let (pair, prefix) = word_table::thai_pairs(&bpe, &entries);
+    let (hira, kata) = word_table::kana_pairs(&bpe);
+    let bits = |b: &[u64; 144]| {
+        b.chunks(4)
+            .map(|c| {
+                let row: Vec<String> = c.iter().map(|x| format!("{x:#018x}")).collect();
+                format!("    {},\n", row.join(", "))
+            })
+            .collect::<String>()
+    };
     let src = format!(
         "//! The word table of `words.rs`, written by `cargo run --release --example gen-word-table`\n\
          //! from o200k_base: do not edit, regenerate. {} words in {} bytes:\n\
@@ -134,9 +144,25 @@ fn main() {
          /// Bytes per block (the table has three).\n\
          pub(super) const BLOCK: usize = {block};\n\
          /// The filter's fingerprint bytes.\n\
-         pub(super) static FINGERPRINTS: [u8; 3 * BLOCK] = *include_bytes!(\"words.bin\");\n",
+         pub(super) static FINGERPRINTS: [u8; 3 * BLOCK] = *include_bytes!(\"words.bin\");\n\n\
+         /// Pairs of Thai characters (codes from U+0E00, bit `96 a + b`) that are an o200k token.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static THAI_PAIR: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of Thai characters that begin a Thai word of the table (three or four characters).\n\
+         #[rustfmt::skip]\n\
+         pub(super) static THAI_PREFIX: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of hiragana (codes from U+3040, bit `96 a + b`) that are an o200k token.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static HIRA_PAIR: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of katakana (codes from U+30A0, bit `96 a + b`) that are an o200k token.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static KATA_PAIR: [u64; 144] = [\n{}];\n",
         entries.len(),
-        fp.len()
+        fp.len(),
+        bits(&pair),
+        bits(&prefix),
+        bits(&hira),
+        bits(&kata),
     );
     let dir = root.join("src/estimate");
     for (name, bytes) in [

@@ -17,6 +17,11 @@ pub enum Script {
     Latin,
     /// Letters of one alphabetic run (Cyrillic, Greek, Hebrew, Arabic, Indic), two or more.
     Alpha,
+    /// Three or four Thai characters, without a space (for the estimator's greedy Thai tokens; the
+    /// Thai pairs are bitmaps, see [`thai_pairs`]).
+    Thai,
+    /// Two to ten katakana (U+30A0..=U+30FF), loanwords.
+    Kata,
 }
 
 /// Rank limits per group: (script, with a leading space, tokens of lower rank taken).
@@ -34,6 +39,9 @@ pub const LIMITS: &[(Script, bool, u32)] = &[
     (Script::Latin, false, 0),
     (Script::Alpha, true, 200_000),
     (Script::Alpha, false, 0),
+    (Script::Thai, false, 200_000),
+    (Script::Kata, false, 200_000),
+    (Script::Kata, true, 200_000),
 ];
 
 /// Longest word in bytes (`MAX_WORD` in `src/estimate/words.rs`).
@@ -54,12 +62,30 @@ fn alpha(c: char) -> bool {
     )
 }
 
+/// A character of the Thai block, as the estimator's Thai runs have them (U+0E00..=U+0E5F: the
+/// codes of its pair bitmaps).
+pub fn thai(c: char) -> bool {
+    (0xE00..0xE00 + THAI_CODES).contains(&u32::from(c))
+}
+
+/// Thai characters the pair bitmaps cover (codes 0..96 from U+0E00).
+pub const THAI_CODES: u32 = 96;
+
 /// The kind of `word` (without its leading space), if the estimator looks it up.
 pub fn script(word: &str) -> Option<Script> {
     if word.is_empty() || word.len() > MAX_WORD {
         return None;
     }
     let chars: Vec<char> = word.chars().collect();
+    if chars.iter().all(|&c| thai(c)) {
+        return (3..=4).contains(&chars.len()).then_some(Script::Thai);
+    }
+    if chars
+        .iter()
+        .all(|&c| ('\u{30A0}'..='\u{30FF}').contains(&c))
+    {
+        return (chars.len() >= 2).then_some(Script::Kata);
+    }
     if chars.iter().all(|&c| alpha(c)) {
         return (chars.len() >= 2).then_some(Script::Alpha);
     }
@@ -93,6 +119,61 @@ pub fn limit(script: Script, space: bool) -> u32 {
         .iter()
         .find(|(s, sp, _)| *s == script && *sp == space)
         .map_or(0, |l| l.2)
+}
+
+/// The Thai pair bitmaps (bit `96 a + b` for the pair of codes `a`, `b`): pairs that are an o200k
+/// token without a space, and pairs that begin a Thai word of the table (three or four characters).
+pub fn thai_pairs(bpe: &tiktoken_rs::CoreBPE, entries: &[Entry]) -> ([u64; 144], [u64; 144]) {
+    let code = |c: char| u32::from(c) - 0xE00;
+    let set = |bits: &mut [u64; 144], a: u32, b: u32| {
+        let k = (a * THAI_CODES + b) as usize;
+        bits[k / 64] |= 1 << (k % 64);
+    };
+    let (mut pair, mut prefix) = ([0u64; 144], [0u64; 144]);
+    for rank in 0..200_000u32 {
+        let Ok(bytes) = bpe.decode_bytes(&[rank]) else {
+            continue;
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            continue;
+        };
+        let chars: Vec<char> = text.chars().collect();
+        if let [a, b] = chars[..] {
+            if thai(a) && thai(b) {
+                set(&mut pair, code(a), code(b));
+            }
+        }
+    }
+    for e in entries.iter().filter(|e| e.script == Script::Thai) {
+        let chars: Vec<char> = e.word.chars().collect();
+        set(&mut prefix, code(chars[0]), code(chars[1]));
+    }
+    (pair, prefix)
+}
+
+/// The kana pair bitmaps (bit `96 a + b` for the pair of codes `a`, `b` from U+3040 for hiragana,
+/// from U+30A0 for katakana): pairs of hiragana, and pairs of katakana, that are an o200k token
+/// without a space.
+pub fn kana_pairs(bpe: &tiktoken_rs::CoreBPE) -> ([u64; 144], [u64; 144]) {
+    let (mut hira, mut kata) = ([0u64; 144], [0u64; 144]);
+    for rank in 0..200_000u32 {
+        let Ok(bytes) = bpe.decode_bytes(&[rank]) else {
+            continue;
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            continue;
+        };
+        let chars: Vec<u32> = text.chars().map(u32::from).collect();
+        if let [a, b] = chars[..] {
+            for (base, bits) in [(0x3040, &mut hira), (0x30A0, &mut kata)] {
+                if (base..base + 96).contains(&a) && (base..base + 96).contains(&b) {
+                    let k = ((a - base) * 96 + (b - base)) as usize;
+                    bits[k / 64] |= 1 << (k % 64);
+                }
+            }
+        }
+    }
+    (hira, kata)
 }
 
 /// One word of the table.

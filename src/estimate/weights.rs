@@ -1,7 +1,7 @@
 //! The features the text estimate counts and their weights (fitted against o200k_base).
 
 /// Number of features [`text_features`](super::text_features) counts.
-pub const NUM_FEATURES: usize = 76;
+pub const NUM_FEATURES: usize = 80;
 // `utf8_tokens` weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
@@ -168,7 +168,17 @@ pub mod feature {
     /// repeated stretches (`|---|---|`), which o200k keeps as one token each where a mixed run
     /// (`!?.,;:`) merges about two characters to a token.
     pub const PUNCT_REPEAT: usize = 74;
-    pub const RESERVED_75: usize = 75;
+    /// o200k tokens of Thai runs by greedy longest match over the Thai words of the word table and
+    /// the Thai pairs that are tokens (see `thai_tokens` in `scripts.rs`).
+    pub const THAI_TOKENS: usize = 75;
+    /// Runs of katakana (two characters or more) that the word table knows as one o200k token
+    /// (loanwords): counted here instead of as [`KATAKANA`] and [`KATAKANA_RUNS`].
+    pub const KATA_KNOWN: usize = 76;
+    /// Pairs of hiragana, or of katakana, that are an o200k token, taken greedily from the left in
+    /// runs of kana: each merges two characters into one token.
+    pub const KANA_PAIRS: usize = 77;
+    pub const RESERVED_78: usize = 78;
+    pub const RESERVED_79: usize = 79;
 }
 
 /// Weight (tokens) of each feature.
@@ -263,5 +273,9 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "punct_newline",
     "tab_word",
     "punct_repeat",
-    "reserved_75",
+    "thai_tokens",
+    "kata_known",
+    "kana_pairs",
+    "reserved_78",
+    "reserved_79",
 ];

@@ -234,7 +234,7 @@ fn counts_are_pinned_to_the_calibrated_model() {
             eat(text_tokens(&s));
         }
     }
-    assert_eq!((lines, hash), (1488, 0x8c8a_5181_9630_7120));
+    assert_eq!((lines, hash), (1488, 0xd826_fb41_a819_9125));
 }
 
 #[test]
@@ -296,15 +296,23 @@ fn the_word_table_knows_every_word_it_was_built_from_where_the_scanner_reads_it(
             e.word.clone()
         };
         let f = text_features(&text);
+        if e.script == word_table::Script::Thai {
+            // A Thai word of the table is one greedy token (its characters are counted too).
+            assert_eq!(f[feature::THAI_TOKENS], 1, "{text:?}");
+            continue;
+        }
         let want = match (e.script, e.space) {
+            (word_table::Script::Thai, _) => continue,
+            (word_table::Script::Kata, _) => feature::KATA_KNOWN,
             (word_table::Script::Alpha, true) => feature::ALPHA_KNOWN,
             (word_table::Script::Alpha, false) => feature::ALPHA_KNOWN_BARE,
             (_, true) => feature::LATIN_KNOWN,
             (_, false) => feature::LATIN_KNOWN_BARE,
         };
         assert_eq!(f[want], 1, "{text:?}");
-        // Beyond the known word, only the text itself (and the space's own feature: none).
-        let rest: u64 = f.iter().sum::<u64>() - f[want] - f[feature::TEXT];
+        // Beyond the known word, only the text itself (and the space's own feature: none; a
+        // katakana word is a run of kana and ideographs too).
+        let rest: u64 = f.iter().sum::<u64>() - f[want] - f[feature::TEXT] - f[feature::CJK_RUNS];
         assert_eq!(rest, 0, "{text:?}: {f:?}");
     }
 }
