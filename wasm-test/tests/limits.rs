@@ -749,10 +749,6 @@ fn in_flight_limits_hold_at_the_provider_under_client_aborts_and_free_every_slot
         assert!(served(e) > 0, "no request ended {e:?}");
     }
     assert!(refused("conc") > 0 && refused("per-user") > 0);
-    assert_eq!(
-        envoy.stat("tokengate_requests_limited_in_flight"),
-        (refused("conc") + refused("per-user")) as u64
-    );
     // Everything ended: Envoy has no stream left and the mock no request.
     wait_until("Envoy streams ended", || {
         envoy.stat("http.ingress.downstream_rq_active") == 0
@@ -781,6 +777,22 @@ fn in_flight_limits_hold_at_the_provider_under_client_aborts_and_free_every_slot
         (to, _) => to,
     };
     let all = mock.concurrency("all");
+    // Every refusal a client saw is counted; so may be a request whose client gave up before any answer
+    // (after 150 ms: on a loaded machine the refusal can come later) and that never reached the mock.
+    let at_mock: std::collections::BTreeSet<&str> =
+        all.spans.iter().map(|s| s.tag.as_str()).collect();
+    let unknown = seen
+        .iter()
+        .filter(|s| {
+            matches!(s, Seen::Served { end: End::AbortBeforeResponse, tag, .. } if !at_mock.contains(tag.as_str()))
+        })
+        .count() as u64;
+    let counted = envoy.stat("tokengate_requests_limited_in_flight");
+    let seen_refused = (refused("conc") + refused("per-user")) as u64;
+    assert!(
+        counted >= seen_refused && counted <= seen_refused + unknown,
+        "refusals counted {counted}, seen {seen_refused}, gave up unanswered and never at the mock {unknown}"
+    );
     println!(
         "at the mock at once: {} until the mock saw the end, {} until the client went away",
         all.max,
