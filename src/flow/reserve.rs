@@ -173,7 +173,6 @@ impl Request {
             min_output_cost: quota::min_clamped_output_cost(&w, plan.choices),
         };
         QuotaReq {
-            keys: args.keys(),
             expire_at: args.expire_at_unix,
             reserved: Reserved {
                 prompt_cost: args.prompt_cost,

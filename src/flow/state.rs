@@ -12,7 +12,7 @@ use super::response::Resp;
 use crate::accounting::{Reserved, UsageSource};
 use crate::bucket::Snapshot;
 use crate::estimate::ApiKind;
-use crate::quota::{QuotaKeys, ReserveArgs};
+use crate::quota::ReserveArgs;
 use crate::store::Seen;
 
 /// One request's context.
@@ -224,8 +224,9 @@ pub(super) struct GlobalCharge {
 /// One request's quota reservation.
 #[derive(Debug, Clone)]
 pub(super) struct QuotaReq {
+    /// What a reservation callout sends (its Redis keys are built from it when needed, never for a
+    /// request served from a lease).
     pub args: ReserveArgs,
-    pub keys: QuotaKeys,
     pub reserved: Reserved,
     pub expire_at: i64,
     pub limit: u64,
