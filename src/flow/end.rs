@@ -182,21 +182,13 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
     };
     let mut settled_any = false;
     for qr in f.quotas.iter_mut().filter(|q| !q.settled) {
-        if qr.leased {
+        if let Some(key) = qr.lease.as_deref() {
             // Settled into this Envoy's lease; reported to Redis by the next sync.
-            qr.settled = true;
             let st = accounting::settle(&qr.reserved, ending);
+            super::lease::settle(cx, key, qr.reserved.total(), st.actual);
+            qr.settled = true;
             qr.actual = Some(st.actual);
             qr.source = Some(st.source);
-            let model = qr.args.model.clone();
-            let tenant = qr.args.tenant.clone();
-            super::lease::settle(
-                cx,
-                &tenant,
-                model.as_deref(),
-                qr.reserved.total(),
-                st.actual,
-            );
         } else if qr.uncertain || qr.fail_open {
             // No reservation is known: charge what it cost (sent when the shim answers again).
             reconcile(cx, qr, ending);

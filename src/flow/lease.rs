@@ -48,15 +48,11 @@ fn month_label(code: u32) -> String {
     format!("{:04}-{:02}", code / 100, code % 100)
 }
 
-/// Reserves `qr` from its account's lease. `Some(account)` when it was; otherwise the request takes
-/// the per-request path and the account asks for a sync.
-pub(super) fn take(
-    cx: &mut Cx,
-    l: &LeaseSettings,
-    tenant: &str,
-    model: Option<&str>,
-    qr: &QuotaReq,
-) -> Option<Account> {
+/// Reserves `qr` from its account's lease. `Some((account, key))` when it was (`key`: the account's
+/// shared-data key, where the request settles); otherwise the request takes the per-request path and
+/// the account asks for a sync.
+pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Account, String)> {
+    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
     let key = lease::account_key(tenant, model);
     let cost = qr.reserved.total();
     let month = lease::month_code(&qr.args.month);
@@ -75,7 +71,7 @@ pub(super) fn take(
             if a.wants_sync() {
                 mark(cx, tenant, model, cost);
             }
-            Some(a)
+            Some((a, key))
         }
         Take::Miss(why) => {
             if why == Miss::Cold {
@@ -113,10 +109,9 @@ fn mark(cx: &mut Cx, tenant: &str, model: Option<&str>, cost: u64) {
     d.push((tenant.to_string(), model.map(str::to_string), cost));
 }
 
-/// A leased request ended: its reservation is replaced by its usage in the account.
-pub(super) fn settle(cx: &mut Cx, tenant: &str, model: Option<&str>, reserved: u64, actual: u64) {
-    let key = lease::account_key(tenant, model);
-    if !lease::settle(cx.store(), &key, reserved, actual, cx.cfg.cas_max_retries) {
+/// A leased request ended: its reservation is replaced by its usage in the account at `key`.
+pub(super) fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
+    if !lease::settle(cx.store(), key, reserved, actual, cx.cfg.cas_max_retries) {
         cx.inc(Metric::StoreErrors);
         cx.log_failure(
             Level::Warn,

@@ -244,8 +244,9 @@ pub(super) struct QuotaReq {
     /// The reservation callout failed in a way that may still have reserved (timeout, garbage): the
     /// request is reconciled instead of settled.
     pub uncertain: bool,
-    /// Reserved from this Envoy's lease (settled into it, not through Redis).
-    pub leased: bool,
+    /// Reserved from this Envoy's lease: the account's shared-data key (settled into it, not through
+    /// Redis).
+    pub lease: Option<String>,
     /// The budget (index in `quota.budgets`) this reservation is for; `None`: the token quota.
     pub budget: Option<usize>,
 }
