@@ -66,9 +66,13 @@ fn a_cold_tenant_reserves_per_request_then_spends_from_a_lease_without_callouts(
         let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
         clean(&c);
         assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+        assert_eq!(c.audits, 0, "the record is written once, at the settlement");
         usage_answer(&e, &mut c, 40);
         total += 40;
         assert!(c.header("x-tokengate-quota-remaining").is_some());
+        assert_eq!(c.audits, 1);
+        assert_eq!(c.audit_field("actual").as_deref(), Some("40"));
+        assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
     }
     assert_eq!(e.metric(Metric::QuotaLeased), 5);
     let key = crate::lease::account_key("acme", Some("m"));
