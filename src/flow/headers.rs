@@ -168,7 +168,14 @@ impl Request {
 
         let mut drop_length = false;
         if let Some(q) = &cfg.quota {
-            if let Some(reply) = exhausted_cached(cx, q, &meta.tenant) {
+            let now = cx.now();
+            // A tenant this VM is serving from a lease is not refused from its marker (one shared-data
+            // read less per request; see `Leases::served_recently`).
+            let leased = q.lease.is_some() && cx.worker.leases.served_recently(&meta.tenant, now);
+            if let Some(reply) = (!leased)
+                .then(|| exhausted_cached(cx, q, &meta.tenant))
+                .flatten()
+            {
                 cx.inc(Metric::QuotaRejectedCached);
                 return self.refuse(
                     cx,
@@ -182,7 +189,7 @@ impl Request {
             // Names this request's settlement (retries reuse it). Clients can send `x-request-id`, so it
             // is made unique with the context id and the time.
             let rid = h.get("x-request-id").unwrap_or_default();
-            meta.request_id = settlement_id(rid, self.id, cx.now());
+            meta.request_id = settlement_id(rid, self.id, now);
             // The body may be rewritten (include_usage, max_tokens clamp).
             drop_length = true;
         }

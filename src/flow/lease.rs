@@ -21,6 +21,11 @@ pub const DIRTY_PER_TICK: usize = 16;
 pub const SCAN_PER_TICK: u64 = 32;
 /// Accounts remembered as needing a sync, per VM.
 pub const MAX_DIRTY: usize = 1024;
+/// For this long after this VM served a tenant's request from a lease, the headers phase does not read
+/// the tenant's exhausted marker (see [`Leases::served_recently`]).
+pub const SERVED_SKIPS_MARKER_NS: u64 = 100_000_000;
+/// Tenants remembered as served from a lease, per VM (the map is cleared when it is full).
+pub const MAX_SERVED: usize = 4096;
 
 /// A sync in flight.
 struct Pending {
@@ -42,6 +47,35 @@ pub struct Leases {
     next_id: u64,
     /// Redis has the lease script cached.
     pub loaded: bool,
+    /// Tenants whose token quota this VM last served from a lease, and when (ns).
+    served: HashMap<String, u64, FnvBuild>,
+}
+
+impl Leases {
+    /// True when this VM served a request of `tenant`'s token quota from a lease less than
+    /// [`SERVED_SKIPS_MARKER_NS`] before `now`. The headers phase then does not read the tenant's
+    /// exhausted marker (a shared-data read per request): while a lease serves the tenant no marker is
+    /// written (see `callout.rs`), and a request let through anyway meets the lease, or Redis, in the
+    /// body phase — the marker only saves refused requests a callout, it never admits one. The cost of
+    /// a tenant that becomes exhausted within that time: its requests on this VM are refused in the
+    /// body phase (a reservation callout each) instead of the headers phase, for at most that time.
+    pub fn served_recently(&self, tenant: &str, now: u64) -> bool {
+        self.served
+            .get(tenant)
+            .is_some_and(|at| now.saturating_sub(*at) < SERVED_SKIPS_MARKER_NS)
+    }
+
+    /// Notes that `tenant`'s token quota was served from a lease at `now`.
+    fn served(&mut self, tenant: &str, now: u64) {
+        if let Some(at) = self.served.get_mut(tenant) {
+            *at = now;
+            return;
+        }
+        if self.served.len() >= MAX_SERVED {
+            self.served.clear();
+        }
+        self.served.insert(tenant.to_string(), now);
+    }
 }
 
 fn month_label(code: u32) -> String {
@@ -57,17 +91,21 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
     let cost = qr.reserved.total();
     let month = lease::month_code(&qr.args.month);
     let low = l.policy.min_tokens / 2;
+    let now = cx.now();
     match lease::take(
         cx.store(),
         &key,
         cost,
         month,
-        cx.now(),
+        now,
         low,
         cx.cfg.cas_max_retries,
     ) {
         Take::Hit(a) => {
             cx.inc(Metric::QuotaLeased);
+            if qr.budget.is_none() {
+                cx.worker.leases.served(tenant, now);
+            }
             if a.wants_sync() {
                 mark(cx, tenant, model, cost);
             }
