@@ -823,9 +823,65 @@ data: [DONE]\n\n";
             b"null",
             b"[]",
             br#""usage""#,
+            br#"{"usage":{"prompt_tokens":null,"completion_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":-0,"completion_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":5.0,"completion_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":1e2,"completion_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":18446744073709551616}}"#,
+            br#"{"usage":{"prompt_tokens":[1],"completion_tokens":{"a":1}}}"#,
+            br#"{"usage":{"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":9}}}"#,
+            br#"{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":9},"prompt_tokens_details":[]}}"#,
+            br#"{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":9,"cached_tokens":"x"}}}"#,
+            br#"{"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":90},"completion_tokens_details":{"reasoning_tokens":2}}}"#,
+            br#"{"usage":{"input_tokens":4,"output_tokens":-2}}"#,
+            br#"{"usage":{"input_tokens":4,"cache_read_input_tokens":"7","cache_creation_input_tokens":2.5}}"#,
+            br#"{"usage":{"input_tokens":4,"cache_read_input_tokens":7,"input_tokens_details":{"cached_tokens":1},"output_tokens_details":{"reasoning_tokens":9},"output_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":1,"input_tokens":"x"}}"#,
+            br#"{"usage":{"output_tokens":1,"completion_tokens_details":{"reasoning_tokens":1}}}"#,
+            br#"{"usage":{"prompt_tokens":1,"prompt_tokens":true}}"#,
+            br#"{"usage":{"prompt_tokens":1,"x":{"prompt_tokens":5,"y":[{"z":null}]}}}"#,
         ];
         for b in bodies {
             assert_eq!(from_json(b), whole(b), "{}", String::from_utf8_lossy(b));
+        }
+        // Every combination of a few values for the members read, in both families.
+        let values = ["7", "0", "null", "\"3\"", "-1", "2.5", "{}", "[1]"];
+        for (i, a) in values.iter().enumerate() {
+            for b in &values[i..] {
+                for (p, c, d, k) in [
+                    (
+                        "prompt_tokens",
+                        "completion_tokens",
+                        "prompt_tokens_details",
+                        "cached_tokens",
+                    ),
+                    (
+                        "input_tokens",
+                        "output_tokens",
+                        "output_tokens_details",
+                        "reasoning_tokens",
+                    ),
+                    (
+                        "cache_read_input_tokens",
+                        "output_tokens",
+                        "input_tokens_details",
+                        "cached_tokens",
+                    ),
+                ] {
+                    for details in [format!("{{\"{k}\":{a}}}"), b.to_string()] {
+                        let body = format!(
+                            r#"{{"choices":[{{"text":"{{\"usage\":1}}"}}],"usage":{{"{p}":{a},"{c}":{b},"{d}":{details}}}}}"#
+                        );
+                        let body = body.as_bytes();
+                        assert_eq!(
+                            from_json(body),
+                            whole(body),
+                            "{}",
+                            String::from_utf8_lossy(body)
+                        );
+                    }
+                }
+            }
         }
         assert_eq!(
             from_json(bodies[0]),
