@@ -43,7 +43,7 @@ impl Root {
             let vm = &mut *vm;
             let mut cx = Cx {
                 cfg: &cfg,
-                host: &EnvoyHost,
+                host: &EnvoyHost::new(),
                 worker: &mut vm.worker,
                 fx: &mut vm.fx,
             };
@@ -89,7 +89,7 @@ fn worker_reply(cfg: &Config, purpose: Purpose, reply: CalloutReply) -> Vec<Effe
         let vm = &mut *vm;
         let mut cx = Cx {
             cfg,
-            host: &EnvoyHost,
+            host: &EnvoyHost::new(),
             worker: &mut vm.worker,
             fx: &mut vm.fx,
         };
