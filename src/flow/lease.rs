@@ -10,7 +10,7 @@ use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
 use crate::calendar;
 use crate::config::{LeaseSettings, QuotaSettings};
 use crate::hash::FnvBuild;
-use crate::lease::{self, Account, Miss, Synced, Take};
+use crate::lease::{self, Account, Miss, Settled, Synced, Take};
 use crate::quota::{self, LeaseArgs, QuotaKeys};
 use crate::webdis::{ScriptCall, ShimError};
 use std::collections::HashMap;
@@ -26,6 +26,8 @@ pub const MAX_DIRTY: usize = 1024;
 pub const SERVED_SKIPS_MARKER_NS: u64 = 100_000_000;
 /// Tenants remembered as served from a lease, per VM (the map is cleared when it is full).
 pub const MAX_SERVED: usize = 4096;
+/// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
+pub const MAX_UNSETTLED: usize = 64;
 
 /// A sync in flight.
 struct Pending {
@@ -49,6 +51,9 @@ pub struct Leases {
     pub loaded: bool,
     /// Tenants whose token quota this VM last served from a lease, and when (ns).
     served: HashMap<String, u64, FnvBuild>,
+    /// Leased requests that ended on this VM, by account key, not written into their account yet
+    /// (see [`settle`]).
+    unsettled: Vec<(String, Settled)>,
 }
 
 impl Leases {
@@ -92,15 +97,26 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
     let month = lease::month_code(&qr.args.month);
     let low = l.policy.min_tokens / 2;
     let now = cx.now();
-    match lease::take(
+    // This VM's ended requests of the account are written in the same CAS.
+    let unsettled = &cx.worker.leases.unsettled;
+    let at = unsettled.iter().position(|(k, _)| *k == key);
+    let done = at
+        .and_then(|i| unsettled.get(i))
+        .map_or(Settled::default(), |(_, d)| *d);
+    let (took, written) = lease::take_after(
         cx.store(),
         &key,
+        done,
         cost,
         month,
         now,
         low,
         cx.cfg.cas_max_retries,
-    ) {
+    );
+    if let Some(i) = at.filter(|_| written) {
+        cx.worker.leases.unsettled.swap_remove(i);
+    }
+    match took {
         Take::Hit(a) => {
             cx.inc(Metric::QuotaLeased);
             if qr.budget.is_none() {
@@ -147,20 +163,51 @@ fn mark(cx: &mut Cx, tenant: &str, model: Option<&str>, cost: u64) {
     d.push((tenant.to_string(), model.map(str::to_string), cost));
 }
 
-/// A leased request ended: its reservation is replaced by its usage in the account at `key`.
+/// A leased request ended: its reservation is to be replaced by its usage in the account at `key`.
+/// Kept by the VM and written with the next request this VM reserves from that account (in the same
+/// CAS, [`lease::take_after`]) or at the VM's next tick ([`flush`]), whichever comes first: one
+/// shared-data read and write less per leased request. Until then the account counts the reservation
+/// as in flight (other workers see less available, never more) and a sync reports the usage a tick
+/// later.
 pub(super) fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
-    if !lease::settle(cx.store(), key, reserved, actual, cx.cfg.cas_max_retries) {
+    let unsettled = &mut cx.worker.leases.unsettled;
+    if let Some((_, d)) = unsettled.iter_mut().find(|(k, _)| k == key) {
+        d.add(reserved, actual);
+        return;
+    }
+    if unsettled.len() >= MAX_UNSETTLED {
+        flush(cx);
+    }
+    let mut d = Settled::default();
+    d.add(reserved, actual);
+    cx.worker.leases.unsettled.push((key.to_string(), d));
+}
+
+/// Writes every ended leased request this VM keeps into its account (the tick, and [`settle`] when
+/// [`MAX_UNSETTLED`] accounts wait). One the store refuses is kept for the next tick.
+pub(super) fn flush(cx: &mut Cx) {
+    let retries = cx.cfg.cas_max_retries;
+    for (key, d) in std::mem::take(&mut cx.worker.leases.unsettled) {
+        if lease::settle(cx.store(), &key, d.reserved, d.actual, retries) {
+            continue;
+        }
         cx.inc(Metric::StoreErrors);
         cx.log_failure(
             Level::Warn,
             "lease_store",
-            format!("cannot settle a leased request into {key}: its lease stands as used until the next sync"),
+            format!("cannot settle leased requests into {key}: tried again at the next tick"),
         );
+        if cx.worker.leases.unsettled.len() < MAX_UNSETTLED {
+            cx.worker.leases.unsettled.push((key, d));
+        }
     }
 }
 
-/// The root's tick: syncs of accounts this VM saw miss, then (on the leader) a slice of all accounts.
+/// The root's tick: writes this VM's ended leased requests ([`flush`]), then syncs of accounts this VM
+/// saw miss, then (on the leader) a slice of all accounts.
 pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
+    // Before any sync reads the accounts: this VM's usage is in what they report.
+    flush(cx);
     if shim::is_open(cx, &q.cluster, &q.shim_breaker) {
         return;
     }
