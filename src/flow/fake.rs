@@ -577,6 +577,28 @@ impl FakeEnvoy {
         self.apply_root(w, fx);
     }
 
+    /// Envoy tears down worker `w`'s plugin (its root context's `on_done`).
+    pub fn done(&self, w: usize) {
+        let mut fx = Vec::new();
+        {
+            let view = View {
+                now: self.now.get(),
+                store: &self.store,
+                props: &self.props,
+                body: None,
+            };
+            let mut wk = self.workers[w].borrow_mut();
+            let mut cx = Cx {
+                cfg: &self.cfg,
+                host: &view,
+                worker: &mut wk,
+                fx: &mut fx,
+            };
+            worker::on_done(&mut cx);
+        }
+        self.apply_root(w, fx);
+    }
+
     fn apply_root(&self, w: usize, fx: Vec<Effect>) {
         let mut queue: std::collections::VecDeque<Effect> = fx.into();
         while let Some(e) = queue.pop_front() {

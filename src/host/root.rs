@@ -112,6 +112,11 @@ impl Context for Root {
         let reply = call_reply(body_size);
         self.run(|cx| flow::worker::on_callout_reply(cx, purpose, reply));
     }
+
+    fn on_done(&mut self) -> bool {
+        self.run(flow::worker::on_done);
+        true
+    }
 }
 
 impl RootContext for Root {

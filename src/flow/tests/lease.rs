@@ -299,3 +299,27 @@ fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tic
         Some("135".to_string())
     );
 }
+
+#[test]
+fn a_worker_torn_down_writes_the_leased_requests_it_kept() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.pending.is_none(), "served from the lease");
+    usage_answer(&e, &mut c, 40);
+    let key = crate::lease::account_key("acme", Some("m"));
+    let account = || {
+        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+        a.unwrap()
+    };
+    assert!(account().inflight > 0);
+    e.done(0);
+    assert_eq!((account().consumed, account().inflight), (40, 0));
+}
