@@ -14,7 +14,7 @@
 //!
 //! Exits non-zero when a class misses a target on either split: aggregate ratio within
 //! [`corpus::AGG_MIN`]..=[`corpus::AGG_MAX`], p95 |error| at most [`corpus::P95_MAX`] % (for
-//! `short`: beyond 3 tokens). Speed is printed, never gated: absolute times depend on the machine and
+//! short messages of at most 30 tokens: beyond 3 tokens). Speed is printed, never gated: absolute times depend on the machine and
 //! its load (the target is ≤ 2 µs/KB natively); compare the µs/KB column with the `serde_json`
 //! column of the same run.
 #[path = "common/corpus.rs"]

@@ -5,7 +5,7 @@
 
 Through the stack's Envoy on 127.0.0.1 (mocks, Redis and Webdis behind it), checks the answers of the
 shipped configuration: admitted (with the quota reserved in Redis through Webdis), rate-limited (demo-small),
-global bucket (demo-global, in Redis), monthly quota (demo-quota), circuit breaker (open after 5 upstream
+global bucket (demo-global, in Redis), monthly quota (demo-quota), circuit breaker (open after 20 upstream
 failures: 503 circuit_open for the model, the fallback cluster for others), identity (a client-sent
 x-tenant-id does not pick the tenant; a bad token is refused with 401) and the metrics. Demo tokens are minted
 with scripts/demo-token.py from envoy/envoy-docker.yaml's jwt_authn example. Every request has a 15 s timeout.
@@ -41,12 +41,13 @@ def chat(headers, model="gpt-4.1", max_tokens=64):
 
 
 def error(body):
-    """(type, code) of an OpenAI-shaped error body, or (None, None)."""
+    """(type, code, tokengate.reason) of an OpenAI-shaped error body, or (None, None, None)."""
     try:
-        err = json.loads(body).get("error", {})
-        return err.get("type"), err.get("code")
+        doc = json.loads(body)
+        err = doc.get("error", {})
+        return err.get("type"), err.get("code"), doc.get("tokengate", {}).get("reason")
     except (ValueError, AttributeError):
-        return None, None
+        return None, None, None
 
 
 def check(name, ok, detail=""):
@@ -80,9 +81,9 @@ check("global bucket (demo-global: 200 then 429)",
 # 4. Monthly quota: tenant demo-quota (2000 a month): 200, then 429 insufficient_quota.
 t_quota = token("demo-quota")
 codes = [chat({"x-tokengate-jwt": t_quota}, max_tokens=1500) for _ in range(2)]
-check("monthly quota (demo-quota: 200 then 429 insufficient_quota / monthly_quota_exceeded)",
+check("monthly quota (demo-quota: 200 then 429 insufficient_quota, reason monthly_quota_exceeded)",
       [c[0] for c in codes] == [200, 429]
-      and error(codes[1][2]) == ("insufficient_quota", "monthly_quota_exceeded"),
+      and error(codes[1][2]) == ("insufficient_quota", "insufficient_quota", "monthly_quota_exceeded"),
       f"{[(c[0], c[2][:160]) for c in codes]}")
 
 # 5. Identity: a client naming the exhausted tenant in x-tenant-id is not charged to it (header removed);
@@ -93,12 +94,13 @@ bad = t_quota[:-2] + ("AA" if not t_quota.endswith("AA") else "BB")
 st, _, body = chat({"x-tokengate-jwt": bad})
 check("bad token signature (401 from jwt_authn)", st == 401 and body.startswith("Jwt"), f"{st} {body[:200]}")
 
-# 6. Circuit breaker: 5 upstream 500s open the breakers of model claude-sonnet-4.5 and cluster provider.
+# 6. Circuit breaker: the shipped breaker opens at 50 % failures of at least 20 requests in 30 s, so 20
+#    upstream 500s open the breakers of model claude-sonnet-4.5 and cluster provider.
 fails = [chat({"authorization": "Bearer sk-smoke-c", "x-mock-status": "500"}, model="claude-sonnet-4.5")[0]
-         for _ in range(5)]
+         for _ in range(20)]
 st, h, body = chat({"authorization": "Bearer sk-smoke-c"}, model="claude-sonnet-4.5")
-check("breaker open (503 circuit_open after 5 failures)",
-      fails == [500] * 5 and st == 503 and "circuit_open" in error(body), f"{fails} {st} {body[:200]}")
+check("breaker open (503 circuit_open after 20 failures)",
+      fails == [500] * 20 and st == 503 and error(body)[1] == "circuit_open", f"{fails} {st} {body[:200]}")
 st, h, body = chat({"authorization": "Bearer sk-smoke-c"})
 h = lower(h)
 check("cluster fallback (gpt-4.1 served by mock2:8082)",

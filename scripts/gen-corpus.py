@@ -3,7 +3,7 @@
 
   python3 scripts/gen-corpus.py
 
-short.jsonl        48 short chat messages (<= 30 o200k tokens): 24 written by hand in 16 languages, 24
+short.jsonl        72 short chat messages (<= 30 o200k tokens): 36 written by hand in 20 languages, 36
                    sentences of the hand-written classes
 tables.jsonl       tab-separated, comma-separated and Markdown tables of words (every script) and numbers
 urls.jsonl         prose in several scripts with URLs, file paths, query strings and e-mail addresses
@@ -18,6 +18,9 @@ fit on the even lines. Truth is o200k_base, counted at test/bench time (benches/
 """
 import json, os, random, re
 
+# Lines per generated class (as many as each hand-written class has).
+N = 72
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'corpus')
 
 def load(name):
@@ -25,7 +28,7 @@ def load(name):
         return [json.loads(l)['text'] for l in f if l.strip()]
 
 def write(name, texts):
-    assert len(texts) == 48, (name, len(texts))
+    assert len(texts) == N, (name, len(texts))
     with open(os.path.join(ROOT, name + '.jsonl'), 'w', encoding='utf-8') as f:
         for t in texts:
             f.write(json.dumps({'text': t}, ensure_ascii=False) + '\n')
@@ -72,6 +75,11 @@ SHORT = [
     "좀 더 짧게 써 주세요.", "감사합니다 😊", "👍", "ok 👌 thanks!!", "SELECT count(*) FROM users;",
     "npm ERR! code ERESOLVE", "see https://example.com/docs", "path: /etc/nginx/nginx.conf",
     "pip install -U tiktoken", "Run it on port 8080?", "ETA?",
+    "Can you check my grammar?", "Merci beaucoup !", "¿Puedes repetirlo más despacio?", "Wie spät ist es?",
+    "Спасибо, понятно.", "Mulțumesc!", "Ευχαριστώ πολύ!", "धन्यवाद!", "ขอบคุณครับ", "ありがとう！",
+    "谢谢！", "고마워요", "git status shows nothing?", "cargo build --release fails", "Why 502?",
+    "Make it a table.", "curl -I https://example.org", "What's 15% of 240?", "Tôi không hiểu.",
+    "תודה!", "لا أفهم", "Dzięki!", "Obrigado!", "TL;DR please",
 ]
 
 def gen_short():
@@ -79,7 +87,7 @@ def gen_short():
     # class of the same parity.
     out = []
     hand = iter(SHORT)
-    for i in range(48):
+    for i in range(N):
         if i % 4 < 2:
             out.append(next(hand))
             continue
@@ -112,7 +120,7 @@ def num(rng):
 
 def gen_tables():
     out = []
-    for i in range(48):
+    for i in range(N):
         rng = random.Random(1000 + i)
         p = i % 2
         script = SCRIPTS[(i // 2) % len(SCRIPTS)]
@@ -177,7 +185,7 @@ def path(rng):
 
 def gen_urls():
     out = []
-    for i in range(48):
+    for i in range(N):
         rng = random.Random(2000 + i)
         p = i % 2
         script = SCRIPTS[(i // 2) % len(SCRIPTS)]
@@ -229,7 +237,7 @@ def ident(rng, ws):
 
 def gen_identifiers():
     out = []
-    for i in range(48):
+    for i in range(N):
         rng = random.Random(3000 + i)
         ws = [w for w in words('english', i % 2) if w.isascii() and w.isalpha() and len(w) > 2]
         items = []
@@ -254,7 +262,7 @@ def gen_mixed_web():
     out = []
     asian = ['thai', 'japanese', 'chinese', 'korean', 'cyrillic', 'hindi']
     code = SRC['code']
-    for i in range(48):
+    for i in range(N):
         rng = random.Random(4000 + i)
         p = i % 2
         script = asian[(i // 2) % len(asian)]

@@ -174,15 +174,19 @@ fn limited(v: Verdict, snap: &Snapshot, rule: &Rule) -> Option<Refusal> {
             Class::TokensPerSecond,
             reset_in_s,
             format!(
-                "Rate limit reached for tokens (rule '{}'): limit {} tokens, refilling at {}/s.",
-                rule.name, rule.params.burst, rule.params.tokens_per_second
+                "Rate limit reached for tokens ({} '{}'): limit {} tokens, refilling at {}/s.",
+                rule.kind(),
+                rule.name,
+                rule.params.burst,
+                rule.params.tokens_per_second
             ),
         ),
         Verdict::LimitRequests { reset_in_s } => (
             Class::RequestsPerMinute,
             reset_in_s,
             format!(
-                "Rate limit reached for requests (rule '{}'): limit {} requests per minute.",
+                "Rate limit reached for requests ({} '{}'): limit {} requests per minute.",
+                rule.kind(),
                 rule.name,
                 rule.params.requests_per_minute.unwrap_or(0.0)
             ),
@@ -268,8 +272,8 @@ pub fn decision(v: Verdict, snap: Snapshot, rule: &Rule, cost: u64) -> Decision 
             let mut r = Refusal::new(
                 Class::CostExceedsBurst,
                 format!(
-                    "This request's estimated cost of {cost} tokens exceeds the burst of {} tokens of rule '{}'; it can never be admitted. Lower max_tokens or shorten the prompt.",
-                    rule.params.burst, rule.name
+                    "This request's estimated cost of {cost} tokens exceeds the burst of {} tokens of {} '{}'; it can never be admitted. Lower max_tokens or shorten the prompt.",
+                    rule.params.burst, rule.kind(), rule.name
                 ),
             );
             r.limit_name = Some(rule.name.clone());

@@ -210,8 +210,11 @@ pub enum Take {
     /// Admitted from the lease; the account as it is now, and whether it asks for a top-up.
     Hit(Account, bool),
     /// Not covered: the request is charged in Redis, with this block asked beyond it (`None`: none,
-    /// another ask is in flight or the bucket is not worth leasing). `true`: the account was new.
-    Miss(Option<(u64, u64)>, bool),
+    /// another ask is in flight or the bucket is not worth leasing). `true`: the account was new. The
+    /// `u64`: tokens of the cost taken from the account (all it held, short of the cost): Redis is
+    /// charged only the rest, so a bucket never refuses a request it and this lease could cover
+    /// together (the caller gives them back if the request is not admitted).
+    Miss(Option<(u64, u64)>, bool, u64),
     /// Shared data failed: the request is charged in Redis on its own.
     Store,
 }
@@ -240,7 +243,7 @@ pub fn take(
         return Take::Store;
     };
     if seen.is_none() && !may_create() {
-        return Take::Miss(None, false);
+        return Take::Miss(None, false, 0);
     }
     let r = crate::store::update_from(store, key, retries, &init, seen, |a: &Account| {
         let mut n = *a;
@@ -276,10 +279,12 @@ pub fn take(
             n.asking_since_ns = now.max(1);
             n.flags &= !WANTS_REFILL;
         }
-        (Take::Miss(ask, false), Some(n))
+        let from = n.tokens.min(cost);
+        n.tokens -= from;
+        (Take::Miss(ask, false, from), Some(n))
     });
     match r {
-        Ok((Take::Miss(ask, _), stats)) => Take::Miss(ask, stats.created),
+        Ok((Take::Miss(ask, _, from), stats)) => Take::Miss(ask, stats.created, from),
         Ok((t, _)) => t,
         Err(_) => Take::Store,
     }
@@ -357,6 +362,9 @@ pub fn apply(
             );
             n.tokens = keep_t;
             n.requests = keep_r;
+            if ans.asked {
+                backoff(&mut n, p, pol, now);
+            }
             n.seen_tokens = ans.seen.tokens;
             n.seen_requests = ans.seen.requests;
             n.seen_ns = now;
@@ -364,6 +372,26 @@ pub fn apply(
         },
     );
     r.ok().map(|(x, _)| x)
+}
+
+/// After an ask that left the account still low (Redis had little or nothing to give), no new ask
+/// until the bucket can have refilled what is missing (at least 100 ms, at most 10 s): the account is
+/// marked as asking until then. Without this a spent bucket would be asked every tick.
+fn backoff(n: &mut Account, p: &BucketParams, pol: &Policy, now: u64) {
+    let Some((t, _)) = target(n, p, pol, n.last_cost) else {
+        return;
+    };
+    if n.tokens >= t / 2 {
+        return;
+    }
+    let missing = (t / 2 - n.tokens) as f64;
+    let secs = (missing / p.tokens_per_second).clamp(0.1, 10.0);
+    let wait_ns = (secs * 1e9) as u64;
+    // An ask counts as in flight for `ask_timeout_ns` after `asking_since_ns`.
+    n.asking_since_ns = now
+        .saturating_add(wait_ns)
+        .saturating_sub(pol.ask_timeout_ns)
+        .max(1);
 }
 
 /// Updates the use rates from what was consumed since the last measure (an exponential average with a
@@ -708,7 +736,7 @@ mod tests {
         // Cold: a miss that asks nothing (no rate yet); the account was created.
         assert_eq!(
             take(&s, &k, &p, &pol(), 100, S, 8, || true),
-            Take::Miss(None, true)
+            Take::Miss(None, true, 0)
         );
         // Redis admitted the request per request; a second later the rate shows 100/s.
         apply(&s, &k, &p, &pol(), &answer(100, 0, 0, false), 2 * S, 8).unwrap();
@@ -719,7 +747,7 @@ mod tests {
         a.consumed += 5000;
         s.set(&k, &a.encode(), 0).unwrap();
         apply(&s, &k, &p, &pol(), &answer(0, 0, 0, false), 3 * S, 8).unwrap();
-        let Take::Miss(Some((bt, 0)), false) = take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true)
+        let Take::Miss(Some((bt, 0)), false, 0) = take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true)
         else {
             panic!("a block is asked");
         };
@@ -727,7 +755,7 @@ mod tests {
         // One ask at a time: a concurrent miss asks nothing.
         assert_eq!(
             take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true),
-            Take::Miss(None, false)
+            Take::Miss(None, false, 0)
         );
         // Redis granted 300 tokens beyond the request (all it had).
         assert_eq!(
@@ -740,9 +768,15 @@ mod tests {
                 Take::Hit(..)
             ));
         }
+        // Spent; Redis gave only 300 of the 5000 asked: no new ask until the bucket can have
+        // refilled what is missing (the request itself is charged in Redis).
         assert!(matches!(
             take(&s, &k, &p, &pol(), 100, 3 * S, 8, || true),
-            Take::Miss(Some(_), false)
+            Take::Miss(None, false, 0)
+        ));
+        assert!(matches!(
+            take(&s, &k, &p, &pol(), 100, 6 * S, 8, || true),
+            Take::Miss(Some(_), false, 0)
         ));
         assert_eq!(account(&s, &k).tokens, 0);
     }
@@ -818,6 +852,62 @@ mod tests {
     }
 
     #[test]
+    fn an_ask_that_got_little_waits_for_the_bucket_to_refill_before_the_next() {
+        let s = MemStore::new();
+        let p = params(None);
+        let pol = Policy {
+            idle_ns: 60 * S,
+            ..pol()
+        };
+        let k = account_key("b");
+        take(&s, &k, &p, &pol, 100, S, 8, || true);
+        let mut a = account(&s, &k);
+        a.rate = 4000.0;
+        a.tokens = 100;
+        s.set(&k, &a.encode(), 0).unwrap();
+        let Some(Plan::TopUp(..)) = plan(&s, &k, &p, &pol, S, 8) else {
+            panic!("a low account asks");
+        };
+        // Redis had nothing to give: half the target (2000) is missing, 1.9 s at 1000 tokens/s.
+        apply(&s, &k, &p, &pol, &answer(0, 0, 0, true), S, 8).unwrap();
+        // Still busy (requests charged per request keep the measured use up).
+        let busy = |s: &MemStore, at: u64| {
+            let mut a = account(s, &k);
+            a.consumed += 4000;
+            a.last_use_ns = at;
+            s.set(&k, &a.encode(), 0).unwrap();
+        };
+        busy(&s, 2 * S);
+        assert_eq!(
+            plan(&s, &k, &p, &pol, 2 * S, 8),
+            None,
+            "not asked again at once"
+        );
+        busy(&s, 3 * S);
+        assert!(matches!(
+            plan(&s, &k, &p, &pol, 3 * S, 8),
+            Some(Plan::TopUp(..))
+        ));
+    }
+
+    #[test]
+    fn a_miss_takes_what_the_account_holds_toward_the_cost() {
+        let s = MemStore::new();
+        let p = params(None);
+        let k = account_key("b");
+        take(&s, &k, &p, &pol(), 100, S, 8, || true);
+        let mut a = account(&s, &k);
+        a.tokens = 60;
+        s.set(&k, &a.encode(), 0).unwrap();
+        // 60 held, 100 asked: the 60 go with the request (Redis is charged 40), the account is empty.
+        assert!(matches!(
+            take(&s, &k, &p, &pol(), 100, S, 8, || true),
+            Take::Miss(_, false, 60)
+        ));
+        assert_eq!(account(&s, &k).tokens, 0);
+    }
+
+    #[test]
     fn a_bucket_that_went_quiet_asks_for_no_block() {
         let s = MemStore::new();
         let p = params(None);
@@ -828,13 +918,13 @@ mod tests {
         s.set(&k, &a.encode(), 0).unwrap();
         assert!(matches!(
             take(&s, &k, &p, &pol(), 100, S, 8, || true),
-            Take::Miss(Some(_), _)
+            Take::Miss(Some(_), _, _)
         ));
         abandon(&s, &k, 8);
         // Ten quiet seconds later the measured use is nil: a miss is charged on its own.
         assert_eq!(
             take(&s, &k, &p, &pol(), 100, 11 * S, 8, || true),
-            Take::Miss(None, false)
+            Take::Miss(None, false, 0)
         );
         assert!(account(&s, &k).rate < 1.0);
     }
@@ -846,7 +936,7 @@ mod tests {
         let k = account_key("b");
         assert_eq!(
             take(&s, &k, &p, &pol(), 100, S, 8, || false),
-            Take::Miss(None, false)
+            Take::Miss(None, false, 0)
         );
         assert!(s.is_empty(), "no key made");
         assert_eq!(

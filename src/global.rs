@@ -102,6 +102,17 @@ pub fn seen_slot(key: &str) -> String {
     format!("{}{}", keys::GLOBAL_SEEN, key_hash(key) % SEEN_SLOTS)
 }
 
+/// Forgets a refusal cached for `key` (tokens were given back to its bucket: what was cached no longer
+/// bounds it). A slot holding another key is left alone.
+pub fn forget_refusal(store: &dyn crate::store::SharedStore, key: &str) {
+    let slot = seen_slot(key);
+    if let Ok(Some((bytes, cas))) = store.get(&slot) {
+        if Seen::for_key(&bytes, key).is_some() {
+            let _ = store.set(&slot, &[], cas);
+        }
+    }
+}
+
 /// What to cache after Redis refused a request on `key` at `now_ns` (this Envoy's clock).
 pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
     Seen {
@@ -350,6 +361,7 @@ mod tests {
             scope: crate::config::Scope::Tenant,
             group: None,
             has_bucket: true,
+            is_limit: false,
             max_in_flight: None,
             shadow: false,
         }

@@ -76,8 +76,8 @@
 mod family;
 
 pub use family::{
-    limit_headers, merge_provider_headers, merge_with, money, render, Class, Family, HeaderEdits,
-    Limits, QuotaView, Refusal, Trio,
+    amount, limit_headers, merge_provider_headers, merge_with, money, render, Class, Family,
+    HeaderEdits, Limits, QuotaView, Refusal, Trio,
 };
 
 use crate::bucket::Snapshot;

@@ -21,6 +21,8 @@ use serde::Deserialize;
 
 /// Most budgets.
 pub const MAX_BUDGETS: usize = 16;
+/// The unit of a token budget's amounts (whole weighted tokens, not micro-units).
+pub const TOKENS: &str = "tokens";
 /// Micro-units per currency unit.
 pub const MICRO: f64 = 1e6;
 
@@ -35,8 +37,10 @@ pub struct Budget {
     pub tenant: Option<String>,
     /// Only this group (exact), when set.
     pub group: Option<String>,
-    /// Monthly limit, micro-units.
-    pub limit_micros: u64,
+    /// Monthly limit: micro-units of the currency, or weighted tokens for a token budget.
+    pub limit: u64,
+    /// A budget of weighted tokens (`"unit": "tokens"`, priced by `quota.weights`) rather than money.
+    pub tokens: bool,
     /// What a request does when the shim cannot answer.
     pub on_failure: super::QuotaFailure,
 }
@@ -86,6 +90,16 @@ pub struct Budgets {
 }
 
 impl Budgets {
+    /// What a budget's amounts are counted in, for headers and messages: the currency, or
+    /// [`TOKENS`].
+    pub fn unit<'a>(&'a self, b: &Budget) -> &'a str {
+        if b.tokens {
+            TOKENS
+        } else {
+            &self.currency
+        }
+    }
+
     /// A model's price, micro-units per token.
     pub fn price(&self, model: &str) -> Weights {
         self.prices
@@ -104,6 +118,7 @@ pub(super) struct RawBudget {
     group: Option<String>,
     monthly_limit: Option<f64>,
     on_failure: Option<String>,
+    unit: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -132,6 +147,7 @@ pub(super) fn budgets(
             format!("must hold at most {MAX_BUDGETS} budgets, got {}", raw.len()),
         ));
     }
+    let currency_given = currency.is_some();
     let currency = currency.unwrap_or_else(|| "USD".to_string());
     if !(1..=8).contains(&currency.len()) || !currency.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(err(
@@ -177,16 +193,37 @@ pub(super) fn budgets(
                 }
             }
         }
+        let tokens = match b.unit.as_deref() {
+            None | Some("money") => false,
+            Some("tokens") => true,
+            Some(o) => {
+                return Err(err(
+                    f("unit"),
+                    format!("'{o}' is not one of \"money\", \"tokens\""),
+                ))
+            }
+        };
         let limit = b
             .monthly_limit
-            .ok_or_else(|| err(f("monthly_limit"), "is required (in currency units)"))?;
-        let micros = (limit * MICRO).round();
-        if !limit.is_finite() || !(1.0..=MAX_MICROS).contains(&micros) {
-            return Err(err(
-                f("monthly_limit"),
-                format!("must be between 0.000001 and 9007199254 (currency units, counted in millionths), got {limit}"),
-            ));
-        }
+            .ok_or_else(|| err(f("monthly_limit"), "is required"))?;
+        let limit = if tokens {
+            if !(limit.is_finite() && limit.fract() == 0.0 && (1.0..=MAX_MICROS).contains(&limit)) {
+                return Err(err(
+                    f("monthly_limit"),
+                    format!("must be a whole number of tokens between 1 and 9007199254740991, got {limit}"),
+                ));
+            }
+            limit as u64
+        } else {
+            let micros = (limit * MICRO).round();
+            if !limit.is_finite() || !(1.0..=MAX_MICROS).contains(&micros) {
+                return Err(err(
+                    f("monthly_limit"),
+                    format!("must be between 0.000001 and 9007199254 (currency units, counted in millionths), got {limit}"),
+                ));
+            }
+            micros as u64
+        };
         let on_failure = match b.on_failure.as_deref() {
             None => default_failure,
             Some("open") => super::QuotaFailure::Open,
@@ -203,7 +240,8 @@ pub(super) fn budgets(
             scope,
             tenant: b.tenant,
             group: b.group,
-            limit_micros: micros as u64,
+            limit,
+            tokens,
             on_failure,
         });
     }
@@ -239,11 +277,28 @@ pub(super) fn budgets(
         if m == "*" {
             star = Some(w);
         } else {
-            super::fields::exact_model(&format!("quota.prices.{m}"), &m)?;
+            if m.contains('*') {
+                return Err(err(
+                    format!("quota.prices.{m}"),
+                    format!("'{m}' is not a model: prices name exact models, and \"*\" the others"),
+                ));
+            }
             out.prices.push((m, w));
         }
     }
-    if !out.list.is_empty() && out.prices.is_empty() && star.is_none() {
+    let money = out.list.iter().any(|b| !b.tokens);
+    if !money && (currency_given || !out.prices.is_empty() || star.is_some()) {
+        let field = if currency_given {
+            "quota.currency"
+        } else {
+            "quota.prices"
+        };
+        return Err(err(
+            field,
+            "applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+        ));
+    }
+    if money && out.prices.is_empty() && star.is_none() {
         return Err(err(
             "quota.prices",
             "is required with budgets: the price per million tokens of each model (a \"*\" entry for the others)",
@@ -290,7 +345,7 @@ mod tests {
         );
         let b = &q.budgets;
         assert_eq!(b.currency, "EUR");
-        assert_eq!(b.list[0].limit_micros, 500_250_000);
+        assert_eq!(b.list[0].limit, 500_250_000);
         assert_eq!(b.list[0].scope, super::Scope::Group(0));
         assert_eq!(b.price("a").cached_input, 0.5);
         let other = b.price("zzz");
@@ -320,6 +375,14 @@ mod tests {
                 "quota.budgets[0].monthly_limit: must be between 0.000001 and 9007199254 (currency units, counted in millionths), got 0",
             ),
             (
+                r#""budgets": [{"monthly_limit": 1.5, "unit": "tokens"}]"#,
+                "quota.budgets[0].monthly_limit: must be a whole number of tokens between 1 and 9007199254740991, got 1.5",
+            ),
+            (
+                r#""budgets": [{"monthly_limit": 1, "unit": "eur"}]"#,
+                "quota.budgets[0].unit: 'eur' is not one of \"money\", \"tokens\"",
+            ),
+            (
                 r#""prices": {"*": {"input": 1, "output": -1}}, "budgets": [{"monthly_limit": 1}]"#,
                 "quota.prices.*.output: must be a number >= 0",
             ),
@@ -327,10 +390,26 @@ mod tests {
                 r#""prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 1, "scope": "team"}]"#,
                 "quota.budgets[0].scope: must be \"tenant\", \"shared\" or a level of groups, got \"team\"",
             ),
+            (
+                r#""prices": {"gpt-*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 1}]"#,
+                "quota.prices.gpt-*: 'gpt-*' is not a model: prices name exact models, and \"*\" the others",
+            ),
+            (
+                r#""prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"name": "rule0", "monthly_limit": 1}]"#,
+                "quota.budgets[0].name: 'rule0' is also a rule or limit name: x-tokengate-limit must name one thing",
+            ),
             (r#""monthly_limit": 5, "currency": "US$""#, "quota.currency: 'US$' is not a currency code: 1-8 letters (USD, EUR)"),
             (
                 r#""prices": {"*": {"input": 1, "output": 1}}"#,
                 "quota.monthly_limit: is required (or give budgets: a quota of money only)",
+            ),
+            (
+                r#""monthly_limit": 5, "currency": "EUR""#,
+                "quota.currency: applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+            ),
+            (
+                r#""monthly_limit": 5, "prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 9, "unit": "tokens"}]"#,
+                "quota.prices: applies to budgets in money only, and quota.budgets has none: add one or remove this field",
             ),
         ] {
             let cfg = format!(

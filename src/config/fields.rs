@@ -89,7 +89,7 @@ pub(super) fn exact_model(field: &str, name: &str) -> Result<(), ConfigError> {
     if name.contains('*') {
         return Err(err(
             field,
-            format!("'{name}' must be an exact model name here ('*' patterns are only for rules[].model and models)"),
+            format!("'{name}' must be an exact model name here ('*' patterns are only for rules[].model, limits[].model and models)"),
         ));
     }
     Ok(())

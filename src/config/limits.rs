@@ -157,9 +157,13 @@ pub(super) fn limits(
             has_bucket,
             max_in_flight,
             shadow: r.shadow.unwrap_or(false),
+            is_limit: true,
         };
         if limit.max_wait_ms > 0 && !has_bucket {
             return Err(err(f("max_wait_ms"), "needs a token bucket"));
+        }
+        if limit.refund_unused && !has_bucket {
+            return Err(err(f("refund_unused"), "needs a token bucket"));
         }
         out.push(limit);
     }
@@ -209,6 +213,10 @@ mod tests {
             (
                 r#"[{"max_in_flight": 0}]"#,
                 "limits[0].max_in_flight: must be between 1 and 4096, got 0",
+            ),
+            (
+                r#"[{"max_in_flight": 3, "refund_unused": true}]"#,
+                "limits[0].refund_unused: needs a token bucket",
             ),
             (
                 r#"[{"max_in_flight": 3, "global": true}]"#,

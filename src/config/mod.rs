@@ -37,7 +37,7 @@ mod shim;
 mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
-pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO};
+pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
@@ -280,6 +280,19 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let quota = quota.map(|q| quota::quota(q, &groups.levels)).transpose()?;
     let global = global_buckets.map(global::global).transpose()?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
+    if let Some(q) = &quota {
+        for (i, b) in q.budgets.list.iter().enumerate() {
+            if rules.iter().chain(limits.iter()).any(|r| r.name == b.name) {
+                return Err(err(
+                    format!("quota.budgets[{i}].name"),
+                    format!(
+                        "'{}' is also a rule or limit name: x-tokengate-limit must name one thing",
+                        b.name
+                    ),
+                ));
+            }
+        }
+    }
     let reads_responses = breaker.is_some()
         || quota.is_some()
         || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);

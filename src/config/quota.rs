@@ -108,7 +108,7 @@ impl QuotaSettings {
     /// token quota.
     pub fn account_limit(&self, account: &str) -> u64 {
         match self.budget_of(account) {
-            Some((_, b)) => b.limit_micros,
+            Some((_, b)) => b.limit,
             None => self.tenant(account).monthly_limit,
         }
     }

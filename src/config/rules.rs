@@ -144,9 +144,20 @@ pub struct Rule {
     pub max_in_flight: Option<u32>,
     /// Evaluated and counted, never refusing (`limits` only).
     pub shadow: bool,
+    /// An entry of `limits` (not of `rules`): named "limit" in messages.
+    pub is_limit: bool,
 }
 
 impl Rule {
+    /// "rule" or "limit", for messages.
+    pub fn kind(&self) -> &'static str {
+        if self.is_limit {
+            "limit"
+        } else {
+            "rule"
+        }
+    }
+
     /// True when the rule applies to `tenant` (model not considered).
     pub fn matches_tenant(&self, tenant: &str) -> bool {
         self.tenant.as_deref().is_none_or(|t| t == tenant)
@@ -390,6 +401,7 @@ fn rule(i: usize, r: RawRule, earlier: &[Rule]) -> Result<Rule, ConfigError> {
         scope: Scope::Tenant,
         group: None,
         has_bucket: true,
+        is_limit: false,
         max_in_flight: None,
         shadow: false,
     })

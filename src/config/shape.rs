@@ -172,6 +172,10 @@ mod tests {
                 "rules[0].max_wait_ms: invalid type: floating point `1.5`, expected an integer >= 0",
             ),
             (
+                r#"{"limits": [{"name": "l", "max_in_flight": 1.5}]}"#.to_string(),
+                "limits[0].max_in_flight: invalid type: floating point `1.5`, expected an integer between 0 and 4294967295",
+            ),
+            (
                 with(r#","refund_unused":1"#, ""),
                 "rules[0].refund_unused: invalid type: integer `1`, expected a boolean",
             ),

@@ -19,8 +19,9 @@
 //! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
 //! about as fast (its words and single spaces take a fast path), goes back to it for a while.
 
-use super::text::{bump, Counts};
+use super::text::{bump, punct_before, Counts};
 use super::weights::feature;
+use super::words::known;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -153,9 +154,20 @@ pub(super) struct Tally {
     caps_letters: u64,
     digit_groups: u64,
     punct_mix: u64,
+    punct_repeat: u64,
     newline_16: u64,
     tabs: u64,
     indent_tabs: u64,
+    /// Words the table knows, after a space and not (see `words.rs`).
+    known: [u64; 2],
+    /// What the known words would have counted otherwise, taken off the counts above: words by
+    /// length (index: letters, 11 = 11 or more), letters of the long ones, capitals.
+    known_len: [u64; 12],
+    known_long_letters: u64,
+    known_upper: u64,
+    /// Line-break runs right after punctuation; tabs right before a letter.
+    punct_newlines: u64,
+    tab_words: u64,
 }
 
 impl Tally {
@@ -167,27 +179,40 @@ impl Tally {
         bump(f, feature::PUNCT_RUNS, runs);
         bump(f, feature::NEWLINE_RUNS, newlines);
         bump(f, feature::OTHER, controls);
-        bump(f, feature::UPPER, uppers);
+        bump(f, feature::UPPER, uppers.saturating_sub(self.known_upper));
         bump(f, feature::SPACE_BEFORE_DIGIT, before_digit);
         bump(f, feature::SPACE_RUNS, space_runs);
         bump(f, feature::PUNCT_WORD, punct_words);
         // Words of each length 1..=8, 9 or 10, 11 or more (each count at least the next: every word
         // of k + 1 letters or more has k or more).
-        for (k, (a, b)) in [w1, w2, w3, w4, w5, w6, w7, w8]
+        // Known words are counted as such instead (all of five letters or more).
+        let [_, _, _, _, _, k5, k6, k7, k8, k9, k10, k11] = self.known_len;
+        for (k, ((a, b), known)) in [w1, w2, w3, w4, w5, w6, w7, w8]
             .iter()
             .zip([w2, w3, w4, w5, w6, w7, w8, w9])
+            .zip([0, 0, 0, 0, k5, k6, k7, k8])
             .enumerate()
         {
-            bump(f, feature::WORD_1 + k, a - b);
+            bump(f, feature::WORD_1 + k, (a - b).saturating_sub(known));
         }
-        bump(f, feature::WORD_9_10, w9 - w11);
-        bump(f, feature::WORD_LONG, w11);
-        bump(f, feature::WORD_LONG_CHARS, self.long_letters);
+        bump(f, feature::WORD_9_10, (w9 - w11).saturating_sub(k9 + k10));
+        bump(f, feature::WORD_LONG, w11.saturating_sub(k11));
+        bump(
+            f,
+            feature::WORD_LONG_CHARS,
+            self.long_letters.saturating_sub(self.known_long_letters),
+        );
+        bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
+        bump(f, feature::TAB_WORD, self.tab_words);
+        let [known_space, known_bare] = self.known;
+        bump(f, feature::LATIN_KNOWN, known_space);
+        bump(f, feature::LATIN_KNOWN_BARE, known_bare);
         bump(f, feature::CAPS_WORD_CHARS, self.caps_letters);
         bump(f, feature::DIGIT_GROUPS, self.digit_groups);
         bump(f, feature::HUMP, humps);
         bump(f, feature::ALNUM_SWITCH, switches);
         bump(f, feature::PUNCT_MIX, self.punct_mix);
+        bump(f, feature::PUNCT_REPEAT, self.punct_repeat);
         bump(f, feature::NEWLINE_16, self.newline_16);
         bump(f, feature::TAB, self.tabs);
         bump(f, feature::TAB_INDENT, self.indent_tabs);
@@ -300,8 +325,10 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         letter: before.is_ascii_alphabetic(),
         digit: before.is_ascii_digit(),
         newline: before == b'\n' || before == b'\r',
+        space: before == b' ',
+        punct: punct_before(bytes, i),
     };
-    match count(&planes, src, len, len == rest.len(), before, tabs, t) {
+    match count(&planes, src, rest, len == rest.len(), before, tabs, t) {
         Some((end, single, prose)) => Step::Counted {
             next: i + end,
             after_punct: single,
@@ -311,17 +338,21 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
     }
 }
 
-/// How many of the bytes of `src` at the bits of `at` (none at bit 0) differ from the byte before.
+/// How many of the bytes of `src` at the bits of `at` (none at bit 0) differ from the byte before,
+/// and how many of those the byte after repeats where `same` (the bytes of the same run) has it.
 #[inline(never)]
-fn mixed(src: &[u8; WINDOW], mut at: u64) -> u64 {
-    let mut n = 0;
+fn mixed(src: &[u8; WINDOW], mut at: u64, same: u64) -> (u64, u64) {
+    let (mut mix, mut repeat) = (0, 0);
     while at != 0 {
         let k = at.trailing_zeros() as usize;
         at &= at - 1;
-        let pair = src.get(k.wrapping_sub(1)..=k);
-        n += u64::from(pair.is_some_and(|p| p.first() != p.get(1)));
+        let (prev, c, next) = (src.get(k.wrapping_sub(1)), src.get(k), src.get(k + 1));
+        if prev != c {
+            mix += 1;
+            repeat += u64::from(next == c && (same >> (k + 1)) & 1 != 0);
+        }
     }
-    n
+    (mix, repeat)
 }
 
 /// Whether `bytes` looks mostly ASCII: at most one of eight words spread over it has a byte that is
@@ -352,14 +383,19 @@ struct Before {
     digit: bool,
     /// Its last byte is LF or CR.
     newline: bool,
+    /// Its last byte is a space.
+    space: bool,
+    /// It ends in punctuation or a symbol (see `punct_before`).
+    punct: bool,
 }
 
-/// The counting part of [`window`], on the classes of its first `len` bytes (of `src`).
+/// The counting part of [`window`], on the classes of its first `len` bytes (of `src`, the first
+/// bytes of `rest`, the text from the window on).
 #[inline(always)]
 fn count(
     planes: &Planes,
     src: &[u8; WINDOW],
-    len: usize,
+    rest: &[u8],
     end_of_text: bool,
     before: Before,
     tabs: u64,
@@ -370,7 +406,10 @@ fn count(
         letter: letter_before,
         digit: digit_before,
         newline: newline_before,
+        space: space_before,
+        punct: punct_before,
     } = before;
+    let len = rest.len().min(WINDOW);
     let valid = u64::MAX >> (WINDOW - len);
     let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
     let lower = p0 & !p1 & !p2;
@@ -406,8 +445,12 @@ fn count(
     // the end of the text.
     let last_space = space & !(space >> 1);
     let before_end = if end_of_text { 1u64 << (len - 1) } else { 0 };
-    // Words right after a single punctuation character (the first one: after the piece before).
-    let single_punct_before = (punct << 1) & !(punct << 2);
+    // Spaces (not tabs).
+    let blank = space & !tabs;
+    // Words right after a single punctuation character that no space comes before (the first one:
+    // after the piece before).
+    let single_punct_before =
+        (punct << 1) & !(punct << 2) & !(blank << 2) & !(u64::from(space_before) << 1);
     // Starts of words of at least `k` letters (`at_least[k - 1]`, up to 11): the word goes on over
     // the `k - 1` bytes after its start.
     let go_on = letter & !word_start;
@@ -421,14 +464,17 @@ fn count(
     // Letters and digits before each byte (bit 0: the byte before the window).
     let letter_prev = (letter << 1) | u64::from(letter_before);
     let digit_prev = (digit << 1) | u64::from(digit_before);
+    // Punctuation before each byte: line breaks right after it belong to its piece.
+    let punct_prev = (punct << 1) | u64::from(punct_before);
+    t.punct_newlines += u64::from((newline_start & punct_prev & counted).count_ones());
     // In the order of `Tally::n`.
     let masks = [
         punct & counted,
         punct_start & counted,
-        newline_start & counted,
+        newline_start & !punct_prev & counted,
         control & counted,
         upper & counted,
-        last_space & (digit >> 1) & counted,
+        last_space & blank & (digit >> 1) & counted,
         last_space & (space << 1) & !(newline >> 1) & !before_end & counted,
         word_start & single_punct_before & counted,
         r1,
@@ -449,12 +495,43 @@ fn count(
     for (c, m) in n.iter_mut().zip(masks) {
         *c = u64::from(m.count_ones());
     }
-    let [_, runs, newlines, ..] = n;
+    let [_, runs, ..] = n;
+    let newlines = (newline_start & counted) != 0;
     if let Some(punct_words) = n.get_mut(7) {
         *punct_words += u64::from(after_punct && word_start & 1 != 0);
     }
     for (sum, c) in t.n.iter_mut().zip(n) {
         *sum += c;
+    }
+
+    // Words of five letters or more that the table knows (see `words.rs`): counted as such, and
+    // taken off their length, capitals and long letters (in `Tally::add_to`).
+    let mut known_starts = 0u64;
+    let mut long5 = r5;
+    while long5 != 0 {
+        let first = long5.trailing_zeros();
+        long5 &= long5 - 1;
+        let len = (word_end >> first).trailing_zeros() + 1;
+        let space = if first == 0 {
+            space_before
+        } else {
+            (blank >> (first - 1)) & 1 != 0
+        };
+        let (from, len) = (first as usize, len as usize);
+        if known(rest, from, from + len, space) {
+            known_starts |= 1 << first;
+            if let Some(k) = t.known.get_mut(usize::from(!space)) {
+                *k += 1;
+            }
+            if let Some(k) = t.known_len.get_mut(len.min(11)) {
+                *k += 1;
+            }
+            if len >= 11 {
+                t.known_long_letters += len as u64;
+            }
+            let span = (u64::MAX >> (64 - len)) << first;
+            t.known_upper += u64::from((upper & span).count_ones());
+        }
     }
 
     // Rarer: letters of long words; all-capital words of two letters or more; digit groups.
@@ -472,7 +549,9 @@ fn count(
         caps &= caps - 1;
         // The word's start: the last one up to its end (there is one).
         let first = 63u32.saturating_sub((word_start & (u64::MAX >> (63 - last))).leading_zeros());
-        t.caps_letters += u64::from(last - first + 1);
+        if (known_starts >> first) & 1 == 0 {
+            t.caps_letters += u64::from(last - first + 1);
+        }
     }
     if digit != 0 {
         let (mut starts, mut ends) = (digit_start & counted, digit & !(digit >> 1) & counted);
@@ -489,7 +568,9 @@ fn count(
     // Mixed punctuation runs: characters from the fourth of a run on that differ from the one before.
     let deep = punct & (punct << 1) & (punct << 2) & (punct << 3) & counted;
     if deep != 0 {
-        t.punct_mix += mixed(src, deep);
+        let (mix, repeat) = mixed(src, deep, punct & valid);
+        t.punct_mix += mix;
+        t.punct_repeat += repeat;
     }
     // Newline runs of 16 or more: bit `k` of `long` is set iff bytes `k..k + 16` are line breaks.
     let mut long = newline & (newline >> 1);
@@ -508,6 +589,7 @@ fn count(
     // the text from their last byte back, doubling the reach each step.
     let tabs = tabs & counted;
     if tabs != 0 {
+        t.tab_words += u64::from((tabs & (letter >> 1)).count_ones());
         let (mut ahead, mut back) = (space, space);
         let mut indent = space & !(space << 1) & ((newline << 1) | u64::from(newline_before));
         let mut before_newline = last_space & ((newline >> 1) | before_end);
@@ -536,5 +618,5 @@ fn count(
 
     // Whether the piece before `end` is a single punctuation character.
     let single = end < 64 && (single_punct_before >> end) & 1 != 0;
-    Some((end, single, runs <= 2 && newlines == 0 && digit == 0))
+    Some((end, single, runs <= 2 && !newlines && digit == 0))
 }

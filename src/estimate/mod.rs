@@ -84,6 +84,8 @@ mod text;
 mod tools;
 mod top;
 mod weights;
+mod words;
+mod words_table;
 
 use output::{choices, requested_output};
 use shape::Seed;
@@ -96,6 +98,7 @@ pub use tools::{
     PROPERTIES_INIT, PROPERTY_KEY,
 };
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
+pub use words::{word_hash, word_slots, MAX_WORD, MIN_ASCII, WORD_TABLE};
 
 /// Fixed cost of one image input (`image_url`, `input_image`, Anthropic `image` block): the "low detail"
 /// price of OpenAI vision models. High-detail images cost more; this is an estimate, not a bill.

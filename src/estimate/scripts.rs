@@ -6,8 +6,10 @@ use super::classes::{
     run_of, thai_feature, Cls, Run,
 };
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
-use super::text::{bump, is_latin_ext, scan_word, scan_words, Counts};
+use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
+use super::words::{known, MAX_WORD};
+use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_PAIR, THAI_PREFIX};
 
 /// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
 /// None if no UTF-8 character starts at `i`.
@@ -34,7 +36,7 @@ pub(super) fn scan_non_ascii(
     if han < HAN_COUNT {
         bump(f, feature::CJK_RUNS, 1);
         bump(f, han_feature(han), 1);
-        return Some(scan_cjk(bytes, j, false, f));
+        return Some(scan_cjk(bytes, i, j, false, f));
     }
     let hangul = cp.wrapping_sub(0xAC00);
     if hangul < HANGUL_COUNT {
@@ -46,7 +48,9 @@ pub(super) fn scan_non_ascii(
     if thai < 0x80 {
         bump(f, feature::THAI_RUNS, 1);
         bump(f, thai_feature(thai), 1);
-        return Some(scan_thai(bytes, j, f));
+        let end = scan_thai(bytes, j, f);
+        bump(f, feature::THAI_TOKENS, thai_tokens(bytes, i, end));
+        return Some(end);
     }
     let cls = classify(cp);
     Some(match cls {
@@ -110,7 +114,7 @@ pub(super) fn scan_non_ascii(
             match run_of(cls) {
                 Some(Run::Cjk) => {
                     bump(f, feature::CJK_RUNS, 1);
-                    scan_cjk(bytes, j, cls == Cls::Katakana, f)
+                    scan_cjk(bytes, i, j, cls == Cls::Katakana, f)
                 }
                 Some(Run::Hangul) => {
                     bump(f, feature::HANGUL_RUNS, 1);
@@ -210,59 +214,76 @@ pub(super) fn alpha_at(bytes: &[u8], j: usize) -> Option<(u8, usize)> {
 /// A run of an alphabetic script from the letter at `i` (`first`: its [`alpha_at`]), and the runs
 /// after it that only single spaces separate (a single space between words has no feature of its
 /// own, see `count_features`); returns the index after the last. Counts what `scan_run` and the
-/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers.
+/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers,
+/// except that a run of two letters or more that the word table knows (see `words.rs`) is counted as
+/// one known word instead of by its letters.
 #[inline(never)]
 fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usize {
     let mut letters_of = [0u64; 6];
     let mut runs_of = [0u64; 6];
     let mut long = 0u64;
-    let (k, n) = first;
-    let k = usize::from(k);
-    if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
-        *l += 1;
-        *r += 1;
-    }
-    let mut letters = 1u64;
+    // Known runs after a space and not.
+    let mut known_runs = [0u64; 2];
+    // The run being read: where it starts, whether a space comes before it, its first letter.
+    let mut from = i;
+    let mut space = space_before(bytes, i);
+    let mut first = first;
     // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
-    let mut j = i + n;
+    let mut j = i;
     loop {
-        while let Some((k, n)) = alpha_at(bytes, j) {
-            if let Some(l) = letters_of.get_mut(usize::from(k)) {
-                *l += 1;
-            }
-            letters += 1;
-            j += n;
-        }
-        // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
-        if let Some((cp, n)) = decode(bytes, j) {
-            let c = classify(cp);
-            if run_of(c) == Some(Run::Alpha) {
-                if let Some(idx) = char_feature(c) {
-                    bump(f, idx, 1);
+        // The counts before the run, put back if the table knows it.
+        let before = letters_of;
+        let class = usize::from(first.0);
+        let mut letters = 0u64;
+        // All its letters are of the tight loop (the others are counted straight into `f`).
+        let mut plain = true;
+        let mut next = Some(first);
+        loop {
+            while let Some((k, n)) = next {
+                if let Some(l) = letters_of.get_mut(usize::from(k)) {
+                    *l += 1;
                 }
                 letters += 1;
                 j += n;
-                continue;
+                next = alpha_at(bytes, j);
             }
-            break;
+            // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
+            match decode(bytes, j) {
+                Some((cp, n)) if run_of(classify(cp)) == Some(Run::Alpha) => {
+                    if let Some(idx) = char_feature(classify(cp)) {
+                        bump(f, idx, 1);
+                    }
+                    letters += 1;
+                    plain = false;
+                    j += n;
+                    next = alpha_at(bytes, j);
+                }
+                _ => break,
+            }
+        }
+        if plain && letters >= 2 && known(bytes, from, j, space) {
+            letters_of = before;
+            if let Some(k) = known_runs.get_mut(usize::from(!space)) {
+                *k += 1;
+            }
+        } else {
+            if let Some(r) = runs_of.get_mut(class) {
+                *r += 1;
+            }
+            long += letters.saturating_sub(ALPHA_WORD);
         }
         // A single space and another letter: the next run.
         if bytes.get(j) == Some(&b' ') {
-            if let Some((k, n)) = alpha_at(bytes, j + 1) {
-                long += letters.saturating_sub(ALPHA_WORD);
-                let k = usize::from(k);
-                if let (Some(l), Some(r)) = (letters_of.get_mut(k), runs_of.get_mut(k)) {
-                    *l += 1;
-                    *r += 1;
-                }
-                letters = 1;
-                j += 1 + n;
+            if let Some(letter) = alpha_at(bytes, j + 1) {
+                j += 1;
+                from = j;
+                space = true;
+                first = letter;
                 continue;
             }
         }
         break;
     }
-    long += letters.saturating_sub(ALPHA_WORD);
     bump(f, feature::ALPHA_LONG, long);
     for ((n, r), (&fl, &fr)) in letters_of
         .iter()
@@ -272,16 +293,53 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
         bump(f, fl, *n);
         bump(f, fr, *r);
     }
+    let [known_space, known_bare] = known_runs;
+    bump(f, feature::ALPHA_KNOWN, known_space);
+    bump(f, feature::ALPHA_KNOWN_BARE, known_bare);
     j
 }
 
-/// Rest of a run of kana and ideographs from `j` (the first character is counted); returns the index
-/// after the run. `kata`: the first character is katakana.
-#[inline(always)]
-pub(super) fn scan_cjk(bytes: &[u8], mut j: usize, kata: bool, f: &mut Counts) -> usize {
+/// Rest of a run of kana and ideographs from `j` (the first character, at `i`, is counted); returns
+/// the index after the run. `kata`: the first character is katakana. A run of katakana (two
+/// characters or more, a loanword as a rule) that the word table knows counts as one known word
+/// instead of by its characters.
+#[inline(never)]
+pub(super) fn scan_cjk(bytes: &[u8], i: usize, mut j: usize, kata: bool, f: &mut Counts) -> usize {
     let mut prev_kata = kata;
     let mut kata_runs = u64::from(kata);
+    // Where the katakana run being read starts (`usize::MAX` when it started outside the kana
+    // loop: not looked up).
+    let mut kata_from = if kata { i } else { usize::MAX };
     let (mut hiragana, mut katakana) = (0u64, 0u64);
+    // Kana pairs that are a token, and their count where the katakana run being read starts; the
+    // last kana (where, its code, whether it ended a pair), from the first character if it is one.
+    let (mut pairs, mut pairs_from) = (0u64, 0u64);
+    let (mut last_kana, mut last_code) = match bytes.get(i..) {
+        Some(&[0xE3, b1 @ 0x81..=0x83, b2 @ 0x80..=0xBF, ..]) => {
+            let cp = cp3(0xE3, b1, b2);
+            (
+                i,
+                cp.wrapping_sub(if kata { 0x30A0 } else { 0x3040 }) as usize,
+            )
+        }
+        _ => (usize::MAX - 3, 0usize),
+    };
+    let mut last_paired = false;
+    // A katakana run `from..to` the table knows counts as one word: its characters, its run and its
+    // pairs (`pairs_in`) are taken back.
+    let end_kata = |from: usize, to: usize, pairs_in: u64, acc: &mut [u64; 3]| {
+        // 2..=10 characters (3 bytes each).
+        if from < to
+            && (6..=MAX_WORD).contains(&(to - from))
+            && known(bytes, from, to, space_before(bytes, from))
+        {
+            acc[0] += 1;
+            acc[1] += ((to - from) / 3) as u64;
+            acc[2] += pairs_in;
+        }
+    };
+    // Known katakana runs, their characters and their pairs.
+    let mut acc = [0u64; 3];
     loop {
         let start = j;
         // Consecutive ideographs (U+4E00..=U+9FFF is E4 B8 80..=E9 BF BF), the bulk of Chinese.
@@ -295,14 +353,38 @@ pub(super) fn scan_cjk(bytes: &[u8], mut j: usize, kata: bool, f: &mut Counts) -
             j += 3;
         }
         if j != start {
+            if prev_kata {
+                end_kata(kata_from, start, pairs - pairs_from, &mut acc);
+            }
             prev_kata = false;
         }
         // Consecutive kana (U+3040..=U+30FF is E3 81 80..=E3 83 BF; katakana from U+30A0).
         while let Some(&[0xE3, b1 @ 0x81..=0x83, b2 @ 0x80..=0xBF, ..]) = bytes.get(j..) {
-            let kata = cp3(0xE3, b1, b2) >= 0x30A0;
+            let cp = cp3(0xE3, b1, b2);
+            let kata = cp >= 0x30A0;
             katakana += u64::from(kata);
             hiragana += u64::from(!kata);
-            kata_runs += u64::from(kata && !prev_kata);
+            // Pairs of kana of one kind that are a token, taken greedily from the left (a pair
+            // cannot take the second character of the pair before it).
+            let code = cp.wrapping_sub(if kata { 0x30A0 } else { 0x3040 }) as usize;
+            let bits = if kata { &KATA_PAIR } else { &HIRA_PAIR };
+            let paired = j == last_kana + 3
+                && kata == prev_kata
+                && !last_paired
+                && kana_pair(bits, last_code, code);
+            pairs += u64::from(paired);
+            last_paired = paired;
+            last_code = code;
+            last_kana = j;
+            if kata != prev_kata {
+                if kata {
+                    kata_runs += 1;
+                    kata_from = j;
+                    pairs_from = pairs;
+                } else {
+                    end_kata(kata_from, j, pairs - pairs_from, &mut acc);
+                }
+            }
             prev_kata = kata;
             j += 3;
         }
@@ -319,18 +401,45 @@ pub(super) fn scan_cjk(bytes: &[u8], mut j: usize, kata: bool, f: &mut Counts) -
         }
         bump(f, char_feature(c).unwrap_or(feature::OTHER), 1);
         let kata = c == Cls::Katakana;
+        if prev_kata {
+            end_kata(kata_from, j, pairs - pairs_from, &mut acc);
+        }
         kata_runs += u64::from(kata && !prev_kata);
+        kata_from = usize::MAX;
         prev_kata = kata;
         j += n;
+    }
+    if prev_kata {
+        end_kata(kata_from, j, pairs - pairs_from, &mut acc);
     }
     bump(f, feature::HIRAGANA, hiragana);
     bump(f, feature::KATAKANA, katakana);
     bump(f, feature::KATAKANA_RUNS, kata_runs);
+    // Known runs count as such, not by their characters (the first one may have been counted
+    // before this function).
+    let [known_runs, known_chars, known_pairs] = acc;
+    for (idx, n) in [
+        (feature::KATAKANA, known_chars),
+        (feature::KATAKANA_RUNS, known_runs),
+    ] {
+        if let Some(c) = f.get_mut(idx) {
+            *c = c.saturating_sub(n);
+        }
+    }
+    bump(f, feature::KATA_KNOWN, known_runs);
+    bump(f, feature::KANA_PAIRS, pairs.saturating_sub(known_pairs));
     j
 }
 
-/// Rest of a run of Hangul from `j` (the first character is counted); returns the index after it.
+/// Whether the pair of kana codes `a`, `b` (0..96 from U+3040 or U+30A0) is set in `bits`.
 #[inline(always)]
+fn kana_pair(bits: &[u64; 144], a: usize, b: usize) -> bool {
+    let k = a * 96 + b;
+    a < 96 && b < 96 && bits.get(k / 64).is_some_and(|w| (w >> (k % 64)) & 1 != 0)
+}
+
+/// Rest of a run of Hangul from `j` (the first character is counted); returns the index after it.
+#[inline(never)]
 pub(super) fn scan_hangul(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     let mut runs = 0u64;
     loop {
@@ -372,7 +481,7 @@ pub(super) fn scan_hangul(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
 }
 
 /// Rest of a run of Thai from `j` (the first character is counted); returns the index after it.
-#[inline(always)]
+#[inline(never)]
 pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     let mut runs = 0u64;
     // U+0E00..=U+0E7F is E0 B8 80..=E0 B9 BF; nothing else is in a Thai run.
@@ -401,6 +510,68 @@ pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     }
     bump(f, feature::THAI_RUNS, runs);
     j
+}
+
+/// The code of the Thai character at `k` (U+0E00..=U+0E7F as 0..128), if one is there.
+#[inline(always)]
+fn thai_code(bytes: &[u8], k: usize) -> Option<usize> {
+    match *bytes.get(k..)? {
+        [0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF, ..] => {
+            Some((usize::from(b1 & 1) << 6) | usize::from(b2 & 0x3F))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the pair of Thai codes `a`, `b` is set in `bits` (see `words_table.rs`).
+#[inline(always)]
+fn thai_pair(bits: &[u64; 144], a: usize, b: usize) -> bool {
+    const CODES: usize = 96;
+    let k = a * CODES + b;
+    a < CODES && b < CODES && bits.get(k / 64).is_some_and(|w| (w >> (k % 64)) & 1 != 0)
+}
+
+/// [`feature::THAI_TOKENS`] of the Thai run `bytes[from..to]` (Thai characters and single spaces):
+/// o200k tokens by greedy longest match over the Thai words of the word table (four or three
+/// characters, looked up only after a pair that begins one) and the Thai pairs that are tokens, one
+/// character otherwise; a space ends a match. BPE is not greedy, but on Thai the count is within a
+/// few percent of o200k's (the run's pre-tokenizer pieces are long, its tokens short).
+#[inline(never)]
+pub(super) fn thai_tokens(bytes: &[u8], from: usize, to: usize) -> u64 {
+    let code = |k: usize| {
+        if k + 3 <= to {
+            thai_code(bytes, k)
+        } else {
+            None
+        }
+    };
+    let mut n = 0u64;
+    let mut i = from;
+    // `i` ≤ `to` ≤ `bytes.len()`: the sums cannot overflow.
+    while i < to {
+        let Some(a) = code(i) else {
+            // A space between two Thai characters.
+            i += 1;
+            continue;
+        };
+        n += 1;
+        let Some(b) = code(i + 3) else {
+            i += 3;
+            continue;
+        };
+        if thai_pair(&THAI_PREFIX, a, b) && code(i + 6).is_some() {
+            if code(i + 9).is_some() && known(bytes, i, i + 12, false) {
+                i += 12;
+                continue;
+            }
+            if known(bytes, i, i + 9, false) {
+                i += 9;
+                continue;
+            }
+        }
+        i += if thai_pair(&THAI_PAIR, a, b) { 6 } else { 3 };
+    }
+    n
 }
 
 /// Letters of an alphabetic run up to which it costs like a word (see [`feature::ALPHA_LONG`]).

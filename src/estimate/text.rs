@@ -1,9 +1,10 @@
 //! Text → tokens: one pass over the characters that mimics o200k_base's pre-tokenizer and counts
 //! features, then the weighted sum.
 
-use super::classes::cp3;
+use super::classes::{classify, cp3, decode, Cls};
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
+use super::words::{known, known_short, MIN_ASCII};
 
 /// Feature counters of one text: the [`NUM_FEATURES`] features.
 pub(super) type Counts = [u64; NUM_FEATURES];
@@ -169,6 +170,19 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     if letters == 0 {
         return start + 1; // not called on a non-letter; guarantees progress anyway
     }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    // A word the table knows is one token (see `words.rs`): plain ASCII words of five letters or
+    // more, words with accented letters of two or more.
+    let accented = ext_a + ext_other > 0;
+    if letters >= if accented { 2 } else { MIN_ASCII } {
+        let space = space_before(bytes, start);
+        if known(bytes, start, i, space) {
+            bump(f, known_feature(space), 1);
+            return i;
+        }
+    }
     if mixed {
         bump(f, feature::LATIN_EXT_A, ext_a);
         bump(f, feature::LATIN_EXT, ext_other);
@@ -182,10 +196,42 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
             bump(f, feature::CAPS_WORD_CHARS, upper);
         }
     }
-    if after_punct {
-        bump(f, feature::PUNCT_WORD, 1);
-    }
     i
+}
+
+/// Whether the byte before `i` is a space (a word there is looked up with its leading space).
+#[inline(always)]
+pub(super) fn space_before(bytes: &[u8], i: usize) -> bool {
+    bytes.get(i.wrapping_sub(1)) == Some(&b' ')
+}
+
+/// The feature of a Latin word the table knows: [`feature::LATIN_KNOWN`] after a space, else
+/// [`feature::LATIN_KNOWN_BARE`].
+#[inline(always)]
+pub(super) fn known_feature(space: bool) -> usize {
+    if space {
+        feature::LATIN_KNOWN
+    } else {
+        feature::LATIN_KNOWN_BARE
+    }
+}
+
+/// Counts a word of `len` ASCII lower-case letters at `i` (not after an ASCII letter): one known
+/// word, or by its length. `w`: the eight bytes at `i` if the word is shorter than eight letters.
+#[inline(always)]
+fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usize, w: Option<u64>) {
+    if len >= MIN_ASCII {
+        let space = space_before(bytes, i);
+        let is_known = match w {
+            Some(w) => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            None => known(bytes, i, i + len, space),
+        };
+        if is_known {
+            bump(f, known_feature(space), 1);
+            return;
+        }
+    }
+    count_word(f, len);
 }
 
 /// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
@@ -291,12 +337,19 @@ pub(super) fn prev_class(bytes: &[u8], i: usize) -> u8 {
     bytes.get(i.wrapping_sub(1)).map_or(0, |&b| byte_class(b))
 }
 
-/// [`feature::PUNCT_MIX`] of one run of ASCII punctuation: its characters from the fourth on that
-/// differ from the one before.
+/// [`feature::PUNCT_MIX`] and [`feature::PUNCT_REPEAT`] of one run of ASCII punctuation: its
+/// characters from the fourth on that differ from the one before, and of those the ones that the
+/// character after repeats.
 #[inline(never)]
-pub(crate) fn punct_mix(run: &[u8]) -> u64 {
-    let pairs = run.windows(2).skip(2);
-    pairs.filter(|p| p.first() != p.get(1)).count() as u64
+pub(crate) fn punct_mix(run: &[u8]) -> (u64, u64) {
+    let (mut mix, mut repeat) = (0, 0);
+    for (k, w) in run.windows(2).enumerate().skip(2) {
+        if w.first() != w.get(1) {
+            mix += 1;
+            repeat += u64::from(run.get(k + 2).is_some_and(|c| Some(c) == w.get(1)));
+        }
+    }
+    (mix, repeat)
 }
 
 /// Where a run of spaces and tabs lies, as far as its tabs care.
@@ -333,6 +386,56 @@ pub(super) fn count_tabs(run: &[u8], at: Tabs, f: &mut Counts) {
             bump(f, feature::TAB, runs);
         }
     }
+}
+
+/// Whether a letter (of any script) starts at `i`.
+#[inline(always)]
+pub(super) fn letter_at(bytes: &[u8], i: usize) -> bool {
+    match bytes.get(i) {
+        Some(b) if b.is_ascii_alphabetic() => true,
+        Some(&b) if b >= 0xC3 => decode(bytes, i).is_some_and(|(cp, _)| {
+            !matches!(
+                classify(cp),
+                Cls::Punct
+                    | Cls::WidePunct
+                    | Cls::Symbol
+                    | Cls::Emoji
+                    | Cls::Other
+                    | Cls::ZeroWidth
+                    | Cls::Space
+                    | Cls::Newline
+                    | Cls::Digit
+            )
+        }),
+        _ => false,
+    }
+}
+
+/// Whether the character before `i` is punctuation or a symbol (ASCII or not): line breaks right
+/// after one belong to its piece in o200k's pre-tokenizer (`[^\s\p{L}\p{N}]+[\r\n/]*`).
+#[inline(always)]
+pub(super) fn punct_before(bytes: &[u8], i: usize) -> bool {
+    match bytes.get(i.wrapping_sub(1)) {
+        Some(&b) if b < 0x80 => byte_class(b) & B_PUNCT != 0,
+        Some(_) => wide_punct_before(bytes, i),
+        None => false,
+    }
+}
+
+/// [`punct_before`] of a character of two to four bytes ending at `i`.
+#[inline(never)]
+fn wide_punct_before(bytes: &[u8], i: usize) -> bool {
+    (2..=4).any(|len| {
+        i.checked_sub(len)
+            .and_then(|start| decode(bytes, start))
+            .is_some_and(|(cp, n)| {
+                n == len
+                    && matches!(
+                        classify(cp),
+                        Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
+                    )
+            })
+    })
 }
 
 /// Number of bytes from `i` on whose class is in `classes`.
@@ -418,9 +521,12 @@ pub(super) fn derive(f: &mut Counts) {
             .get(feature::WORD_1..=feature::WORD_LONG)
             .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
         if accented.saturating_mul(20) >= words {
-            // Capitalised words too: German nouns split more than English ones.
-            let upper = count(f, feature::UPPER);
-            bump(f, feature::LATIN_EXT_A_TEXT, words.saturating_add(upper));
+            // The words of five letters or more that the word table does not know: rarer in o200k
+            // than English ones of their length.
+            let long = f
+                .get(feature::WORD_1 + 4..=feature::WORD_LONG)
+                .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
+            bump(f, feature::LATIN_EXT_A_TEXT, long);
         }
     }
 }
@@ -512,7 +618,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             i = scan_words(bytes, i, f, was_punct);
                             break;
                         }
-                        bump(f, feature::WORD_1 + len - 1, 1);
+                        count_lower_word(bytes, f, i, len, Some(w));
                         if was_punct {
                             bump(f, feature::PUNCT_WORD, 1);
                         }
@@ -544,7 +650,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                     i = scan_words(bytes, i, f, was_punct);
                     break;
                 }
-                count_word(f, len);
+                count_lower_word(bytes, f, i, len, None);
                 if was_punct {
                     bump(f, feature::PUNCT_WORD, 1);
                 }
@@ -580,15 +686,17 @@ pub(super) fn count_features<const WINDOWS: bool>(
                     i += 1;
                     match after_spaces(bytes, i) {
                         AfterSpaces::Newline => {}
-                        after => {
+                        _ => {
                             let tab = if prev_class(bytes, i - 1) & B_NEWLINE != 0 {
                                 feature::TAB_INDENT
                             } else {
                                 feature::TAB
                             };
+                            // A lone tab is a piece of its own, before a digit too (there is
+                            // no space to set apart).
                             bump(f, tab, 1);
-                            if after == AfterSpaces::Digit {
-                                bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                            if letter_at(bytes, i) {
+                                bump(f, feature::TAB_WORD, 1);
                             }
                         }
                     }
@@ -597,6 +705,9 @@ pub(super) fn count_features<const WINDOWS: bool>(
             }
             let len = run_of_class(bytes, i, B_SPACE);
             let after = after_spaces(bytes, i + len);
+            if bytes.get(i + len - 1) == Some(&b'\t') && letter_at(bytes, i + len) {
+                bump(f, feature::TAB_WORD, 1);
+            }
             if b == b'\t' || bytes.get(i + 1) == Some(&b'\t') || len > 2 {
                 let run = Tabs {
                     indent: prev_class(bytes, i) & B_NEWLINE != 0,
@@ -607,7 +718,13 @@ pub(super) fn count_features<const WINDOWS: bool>(
             i += len;
             bump(f, feature::SPACE_128, (len / 128) as u64);
             match after {
-                AfterSpaces::Digit => bump(f, feature::SPACE_BEFORE_DIGIT, 1),
+                // The last space before a digit is a piece of its own (a last tab is counted by
+                // `count_tabs`).
+                AfterSpaces::Digit => {
+                    if bytes.get(i - 1) == Some(&b' ') {
+                        bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                    }
+                }
                 // Spaces before a newline or at the end belong to the newline piece.
                 AfterSpaces::Newline => continue,
                 AfterSpaces::Other => {}
@@ -618,14 +735,14 @@ pub(super) fn count_features<const WINDOWS: bool>(
         } else if class & B_PUNCT != 0 {
             let len = run_of_class(bytes, i, B_PUNCT);
             if len >= 4 {
-                bump(
-                    f,
-                    feature::PUNCT_MIX,
-                    punct_mix(bytes.get(i..i + len).unwrap_or(&[])),
-                );
+                let (mix, repeat) = punct_mix(bytes.get(i..i + len).unwrap_or(&[]));
+                bump(f, feature::PUNCT_MIX, mix);
+                bump(f, feature::PUNCT_REPEAT, repeat);
             }
+            // A single punctuation character merges into a word right after it, unless a space
+            // comes before it (o200k then takes the space and the character as one piece).
+            after_punct = len == 1 && !space_before(bytes, i);
             i += len;
-            after_punct = len == 1;
             bump(f, feature::PUNCT, len as u64);
             bump(f, feature::PUNCT_RUNS, 1);
         } else if class & B_UPPER != 0 {
@@ -644,9 +761,14 @@ pub(super) fn count_features<const WINDOWS: bool>(
             i += len;
             bump(f, feature::DIGIT_GROUPS, len.div_ceil(3) as u64);
         } else if class & B_NEWLINE != 0 {
+            let newline = if punct_before(bytes, i) {
+                feature::PUNCT_NEWLINE
+            } else {
+                feature::NEWLINE_RUNS
+            };
             let len = run_of_class(bytes, i, B_NEWLINE);
             i += len;
-            bump(f, feature::NEWLINE_RUNS, 1);
+            bump(f, newline, 1);
             bump(f, feature::NEWLINE_16, (len / 16) as u64);
         } else if class & B_HIGH != 0 {
             match scan_non_ascii(bytes, i, f, was_punct) {

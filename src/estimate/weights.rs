@@ -1,7 +1,7 @@
 //! The features the text estimate counts and their weights (fitted against o200k_base).
 
 /// Number of features [`text_features`](super::text_features) counts.
-pub const NUM_FEATURES: usize = 68;
+pub const NUM_FEATURES: usize = 80;
 // `utf8_tokens` weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
@@ -59,11 +59,13 @@ pub mod feature {
     pub const NEWLINE_RUNS: usize = 31;
     /// Runs of 2 or more spaces/tabs not touching a newline (indentation, alignment).
     pub const SPACE_RUNS: usize = 32;
-    /// Spaces directly before a digit (o200k never merges a space into a number).
+    /// Spaces directly before a digit (o200k never merges a space into a number: a piece of its
+    /// own; a tab there is counted as [`TAB`]).
     pub const SPACE_BEFORE_DIGIT: usize = 33;
     /// Upper-case ASCII letters (capitals and acronyms split more).
     pub const UPPER: usize = 34;
-    /// Words preceded by a single punctuation character, which merges into the word.
+    /// Words right after a single punctuation character that no space comes before: o200k takes
+    /// the character into the word's piece (`.split`, `"type`; but ` "` + `type`).
     pub const PUNCT_WORD: usize = 35;
     /// CJK ideographs that are not a token of their own (encoded as bytes, ~2 tokens each).
     pub const HAN_RARE: usize = 36;
@@ -127,12 +129,14 @@ pub mod feature {
     pub const CYRILLIC_UK_TEXT: usize = 61;
     /// Latin Extended-A letters (Polish, Czech, Hungarian, Turkish, … but not Vietnamese `đ`).
     pub const LATIN_EXT_A: usize = 62;
-    /// ASCII words of a text with at least one accented Latin letter per 20 words: French, German,
-    /// Spanish, Polish, … whose unaccented words are also rarer in o200k than English ones. Derived:
+    /// ASCII words of five letters or more that the word table does not know, in a text with at
+    /// least one accented Latin letter (of words it does not know) per 20 words: French, German,
+    /// Spanish, Polish, … whose unknown words split into more tokens than English ones. Derived:
     /// see `derive`.
     pub const LATIN_EXT_A_TEXT: usize = 63;
     /// Runs of tabs in a run of spaces and tabs that does not start a line (tab-separated tables,
-    /// alignment): about one o200k token each (o200k merges consecutive tabs: empty cells are cheap).
+    /// alignment): o200k sets the last tab of a run apart (a piece of its own, or with the word after
+    /// it, see [`TAB_WORD`]); the tabs before it are the run's piece ([`SPACE_RUNS`]).
     pub const TAB: usize = 64;
     /// Tabs in a run of spaces and tabs right after a line break (indentation), which o200k merges.
     pub const TAB_INDENT: usize = 65;
@@ -141,6 +145,40 @@ pub mod feature {
     /// One per text (an intercept: each text is pre-tokenized on its own, and short texts are
     /// rounded up).
     pub const TEXT: usize = 67;
+    /// Latin words (plain ASCII of at least five letters, or with accented letters) after a space
+    /// that the word table knows as one o200k token with that space (see `words.rs`): counted
+    /// here instead of by their length, accented letters and capitals.
+    pub const LATIN_KNOWN: usize = 68;
+    /// Latin words not after a space that the word table knows as one token without a space
+    /// (at the start of a line or text, after punctuation, camelCase humps).
+    pub const LATIN_KNOWN_BARE: usize = 69;
+    /// Words of the alphabetic scripts (Cyrillic, Greek, Hebrew, Arabic, Indic) after a space that
+    /// the word table knows as one token: counted here instead of by their letters and run.
+    pub const ALPHA_KNOWN: usize = 70;
+    /// Words of the alphabetic scripts not after a space that the word table knows as one token.
+    pub const ALPHA_KNOWN_BARE: usize = 71;
+    /// Runs of line breaks right after punctuation or a symbol, which o200k takes into the
+    /// punctuation's piece (`.\n`, `});\n`, `。\n\n` are one token each): counted here instead of
+    /// as [`NEWLINE_RUNS`].
+    pub const PUNCT_NEWLINE: usize = 72;
+    /// Tabs right before a letter, which o200k takes into the word's piece (`\tfmt`, tab-separated
+    /// words): counted on top of the tab features (the fit gives it a weight below 0).
+    pub const TAB_WORD: usize = 73;
+    /// Characters of [`PUNCT_MIX`] that the next character of the run repeats: the starts of
+    /// repeated stretches (`|---|---|`), which o200k keeps as one token each where a mixed run
+    /// (`!?.,;:`) merges about two characters to a token.
+    pub const PUNCT_REPEAT: usize = 74;
+    /// o200k tokens of Thai runs by greedy longest match over the Thai words of the word table and
+    /// the Thai pairs that are tokens (see `thai_tokens` in `scripts.rs`).
+    pub const THAI_TOKENS: usize = 75;
+    /// Runs of katakana (two characters or more) that the word table knows as one o200k token
+    /// (loanwords): counted here instead of as [`KATAKANA`] and [`KATAKANA_RUNS`].
+    pub const KATA_KNOWN: usize = 76;
+    /// Pairs of hiragana, or of katakana, that are an o200k token, taken greedily from the left in
+    /// runs of kana: each merges two characters into one token.
+    pub const KANA_PAIRS: usize = 77;
+    pub const RESERVED_78: usize = 78;
+    pub const RESERVED_79: usize = 79;
 }
 
 /// Weight (tokens) of each feature.
@@ -228,4 +266,16 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "tab_indent",
     "halfwidth_kana",
     "text",
+    "latin_known",
+    "latin_known_bare",
+    "alpha_known",
+    "alpha_known_bare",
+    "punct_newline",
+    "tab_word",
+    "punct_repeat",
+    "thai_tokens",
+    "kata_known",
+    "kana_pairs",
+    "reserved_78",
+    "reserved_79",
 ];

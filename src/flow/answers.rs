@@ -136,9 +136,10 @@ pub fn as_budget(mut r: Refusal, b: &crate::config::Budget, currency: &str) -> R
     if let Some(q) = r.quota.as_mut() {
         q.currency = Some(currency.to_string());
         r.message = format!(
-            "The monthly budget '{}' is spent ({} {currency}); it resets at the start of next month.",
+            "The monthly budget '{}' cannot cover this request: {} {currency} left of {} {currency}; it resets at the start of next month.",
             b.name,
-            crate::reply::money(q.limit)
+            crate::reply::amount(q.remaining, currency),
+            crate::reply::amount(q.limit, currency)
         );
     }
     r.limit_name = Some(b.name.clone());

@@ -61,8 +61,14 @@ impl Request {
         let Step::Global(gc) = &plan.step else {
             return;
         };
-        let (idx, used_eval, probe, cost, block) =
-            (gc.rule, gc.used_eval, gc.shim_probe, gc.cost, gc.block);
+        let (idx, used_eval, probe, cost, block, from_lease) = (
+            gc.rule,
+            gc.used_eval,
+            gc.shim_probe,
+            gc.cost,
+            gc.block,
+            gc.from_lease,
+        );
         let Some(rule) = cfg.rule(idx) else {
             return;
         };
@@ -121,11 +127,16 @@ impl Request {
                         self.next_global(cx, plan);
                     }
                     Decision::Reject(_) if rule.shadow => {
+                        // Not charged in Redis: the part taken from the lease goes back (a shadow
+                        // limit admits; its bucket is charged only for what it would have admitted).
+                        restore(cx, idx, &key, from_lease);
                         super::admit::shadow_refusal(cx, rule, &plan.meta.tenant);
                         self.next_global(cx, plan);
                     }
                     Decision::Reject(refusal) => {
-                        // Nothing was charged here; what earlier steps took is given back.
+                        // Nothing was charged here; what earlier steps took is given back (and what
+                        // this charge took from the lease).
+                        restore(cx, idx, &key, from_lease);
                         self.reject_after_charges(cx, &mut plan, refusal);
                     }
                     Decision::StoreFailed(_) => {
@@ -137,6 +148,7 @@ impl Request {
                             shim_probe: probe,
                             started: true,
                             block: None,
+                            from_lease,
                         });
                         self.global_unavailable(cx, plan, "unexpected verdict");
                     }
@@ -191,10 +203,13 @@ impl Request {
                 qr.remaining = Some(remaining);
                 if r.allowed {
                     cx.inc(Metric::QuotaReserved);
-                    cx.add(
-                        Metric::QuotaReservedTokens,
-                        qr.reserved.prompt_cost.saturating_add(r.granted_output),
-                    );
+                    if qr.budget.is_none() {
+                        // Tokens only: a budget's amounts are money (or another account's tokens).
+                        cx.add(
+                            Metric::QuotaReservedTokens,
+                            qr.reserved.prompt_cost.saturating_add(r.granted_output),
+                        );
+                    }
                     if r.reason == Reason::Clamped {
                         qr.reserved.output_cost = r.granted_output;
                         let tokens = quota::clamped_output_tokens(
@@ -256,7 +271,7 @@ impl Request {
                         answers::quota_exceeded(limit, remaining, qr.reset_s, unix_s(cx, q), &what);
                     let (refusal, decision) = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
                         Some(b) => (
-                            answers::as_budget(refusal, b, &q.budgets.currency),
+                            answers::as_budget(refusal, b, q.budgets.unit(b)),
                             "budget_exceeded",
                         ),
                         None => (refusal, "quota_exceeded"),
@@ -325,4 +340,19 @@ fn mark_exhausted(
     let _ = cx
         .store()
         .set(&key, &crate::store::Codec::encode(&marker), 0);
+}
+
+/// Gives `amount` tokens taken from this Envoy's lease for a charge Redis refused back to the lease.
+fn restore(cx: &mut Cx, rule: usize, key: &str, amount: u64) {
+    if amount == 0 {
+        return;
+    }
+    super::worker::enqueue_credit(
+        cx,
+        super::worker::Credit {
+            key: key.to_string(),
+            rule,
+            amount: i64::try_from(amount).unwrap_or(i64::MAX),
+        },
+    );
 }

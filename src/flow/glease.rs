@@ -54,14 +54,15 @@ pub struct GLeases {
 pub(super) enum Taken {
     /// Admitted from this Envoy's lease; `x-ratelimit-*` from this snapshot.
     Hit(Snapshot),
-    /// Charged in Redis, with this block (tokens, requests) asked beyond it.
-    Miss(Option<(u64, u64)>),
+    /// Charged in Redis, with this block (tokens, requests) asked beyond it, and these tokens of the
+    /// cost taken from the lease (Redis is charged the rest).
+    Miss(Option<(u64, u64)>, u64),
 }
 
 /// Takes `cost` from the lease of rule `idx`'s bucket at Redis key `key`.
 pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) -> Taken {
     let Some(rule) = cx.cfg.rule(idx) else {
-        return Taken::Miss(None);
+        return Taken::Miss(None, 0);
     };
     let akey = glease::account_key(key);
     let now = cx.now();
@@ -86,7 +87,7 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
             }
             Taken::Hit(glease::snapshot(&a, &rule.params, now))
         }
-        Take::Miss(ask, created) => {
+        Take::Miss(ask, created, from) => {
             if created
                 && !glease::register(
                     cx.store(),
@@ -98,13 +99,13 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
                 // Every registry slot is taken: this bucket is never leased here (the leader could not
                 // give its lease back when idle).
                 glease::forbid(cx.store(), &akey, retries);
-                return Taken::Miss(None);
+                return Taken::Miss(None, from);
             }
-            Taken::Miss(ask)
+            Taken::Miss(ask, from)
         }
         Take::Store => {
             cx.inc(Metric::StoreErrors);
-            Taken::Miss(None)
+            Taken::Miss(None, 0)
         }
     }
 }
@@ -359,6 +360,8 @@ pub(super) fn on_reply(
         (Kind::GiveBack(t, _), Ok(_)) => {
             cx.worker.global_script_loaded = true;
             cx.add(Metric::GlobalLeaseReturnedTokens, t);
+            // The bucket holds these again: a refusal cached before is stale.
+            global::forget_refusal(cx.store(), &p.key);
         }
         (kind, Err((ShimError::NoScript, _))) => {
             // Sent again with EVAL on the next tick.

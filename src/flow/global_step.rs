@@ -23,6 +23,7 @@ impl Request {
                     shim_probe: false,
                     started: false,
                     block: None,
+                    from_lease: 0,
                 });
                 self.start_global(cx, plan)
             }
@@ -55,7 +56,10 @@ impl Request {
                     plan.step = Step::Done;
                     return self.next_global(cx, plan);
                 }
-                super::glease::Taken::Miss(block) => gc.block = block,
+                super::glease::Taken::Miss(block, from) => {
+                    gc.block = block;
+                    gc.from_lease = from;
+                }
             }
         }
         match shim::admit(cx, &g.cluster, &g.shim_breaker) {
@@ -84,6 +88,8 @@ impl Request {
         };
         gc.used_eval = call == ScriptCall::Eval;
         gc.started = true;
+        // What the lease held of the cost is charged already.
+        let cost = gc.cost.saturating_sub(gc.from_lease);
         let body = match gc.block {
             Some((block_tokens, block_requests)) => {
                 let ask = global::LeaseAsk {
@@ -91,9 +97,9 @@ impl Request {
                     block_requests,
                     ..global::LeaseAsk::request()
                 };
-                global::lease_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, &ask, call)
+                global::lease_request(&gc.key, &rule.params, cost, rule.max_wait_ms, &ask, call)
             }
-            None => global::charge_request(&gc.key, &rule.params, gc.cost, rule.max_wait_ms, call),
+            None => global::charge_request(&gc.key, &rule.params, cost, rule.max_wait_ms, call),
         };
         cx.fx.push(Effect::Dispatch(shim::callout(
             Purpose::GlobalCharge,
@@ -117,11 +123,12 @@ impl Request {
     ) -> Next {
         let cfg = cx.cfg;
         cx.inc(Metric::GlobalShimErrors);
-        let idx = match &plan.step {
+        let idx = match &mut plan.step {
             Step::Global(gc) => {
                 if gc.block.is_some() {
                     super::glease::abandon(cx, &gc.key);
                 }
+                restore_lease(cx, gc);
                 gc.rule
             }
             _ => usize::MAX,
@@ -171,4 +178,20 @@ impl Request {
             }
         }
     }
+}
+
+/// The request is not charged in Redis after all: what it took from this Envoy's lease goes back to it.
+pub(super) fn restore_lease(cx: &mut Cx, gc: &mut GlobalCharge) {
+    if gc.from_lease == 0 {
+        return;
+    }
+    let amount = i64::try_from(std::mem::take(&mut gc.from_lease)).unwrap_or(i64::MAX);
+    super::worker::enqueue_credit(
+        cx,
+        super::worker::Credit {
+            key: gc.key.clone(),
+            rule: gc.rule,
+            amount,
+        },
+    );
 }

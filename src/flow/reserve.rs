@@ -40,7 +40,7 @@ impl Request {
             {
                 if let Some(refusal) = super::headers::exhausted_cached(cx, q, &qr.args.tenant) {
                     cx.inc(Metric::QuotaRejectedCached);
-                    let refusal = answers::as_budget(refusal, b, &q.budgets.currency);
+                    let refusal = answers::as_budget(refusal, b, q.budgets.unit(b));
                     return self.quota_refused(cx, &mut plan, refusal, "budget_exceeded_cached");
                 }
             }
@@ -118,14 +118,20 @@ impl Request {
                 continue;
             }
             let account = b.account(&plan.meta.tenant, &cx.cfg.groups, &plan.meta.groups);
-            let price = q.budgets.price(&plan.model);
+            // A money budget at the model's prices (micro-units per token); a token budget at the
+            // quota's weights.
+            let price = if b.tokens {
+                q.weights(&plan.model)
+            } else {
+                q.budgets.price(&plan.model)
+            };
             out.push(self.reservation(
                 cx,
                 plan,
                 account,
                 None,
                 price,
-                (b.limit_micros, 0),
+                (b.limit, 0),
                 false,
                 Some(i),
             ));

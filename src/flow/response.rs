@@ -107,11 +107,21 @@ impl Request {
                 share(a).total_cmp(&share(b))
             })
         {
+            let unit = qr
+                .budget
+                .and_then(|i| {
+                    let q = cx.cfg.quota.as_ref()?;
+                    Some(q.budgets.unit(q.budgets.list.get(i)?))
+                })
+                .unwrap_or_default();
             for (k, v) in [
-                ("x-tokengate-budget-limit", crate::reply::money(qr.limit)),
+                (
+                    "x-tokengate-budget-limit",
+                    crate::reply::amount(qr.limit, unit),
+                ),
                 (
                     "x-tokengate-budget-remaining",
-                    crate::reply::money(remaining),
+                    crate::reply::amount(remaining, unit),
                 ),
             ] {
                 cx.fx

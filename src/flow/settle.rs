@@ -376,7 +376,11 @@ fn finish_window(cx: &mut Cx, q: &QuotaSettings) {
 
 fn applied(cx: &mut Cx, job: &Job) {
     cx.inc(Metric::QuotaSettled);
+    // The token counters count tenants' token quotas only: a budget's account (`~b:…`, percent-encoded
+    // in its keys) counts money.
+    let budget = quota::tenant_tag(&job.args.keys).contains("{%7Eb:");
     match job.args.mode {
+        SettleMode::Settle if budget => {}
         SettleMode::Settle if job.args.actual < job.reserved => {
             cx.add(Metric::QuotaRefundedTokens, job.reserved - job.args.actual)
         }

@@ -219,6 +219,9 @@ pub(super) struct GlobalCharge {
     pub started: bool,
     /// The lease block (tokens, requests) asked with this charge (`global_buckets.lease`).
     pub block: Option<(u64, u64)>,
+    /// Tokens of the charge taken from this Envoy's lease (what it held, short of the cost): Redis is
+    /// charged the rest; given back to the lease if the request is not admitted.
+    pub from_lease: u64,
 }
 
 /// One request's quota reservation.

@@ -316,6 +316,8 @@ fn credit_reply(cx: &mut Cx, g: &GlobalSettings, id: u64, reply: CalloutReply) {
             cx.worker.global_script_loaded = true;
             if c.amount > 0 {
                 cx.add(Metric::GlobalTokensCredited, c.amount.unsigned_abs());
+                // The bucket holds these again: a refusal cached before is stale.
+                global::forget_refusal(cx.store(), &c.key);
             } else {
                 cx.add(Metric::GlobalTokensDebited, c.amount.unsigned_abs());
             }

@@ -251,6 +251,16 @@ pub struct QuotaView {
     pub currency: Option<String>,
 }
 
+/// A budget's amount in its unit: whole tokens for a token budget, else micro-units as a decimal
+/// amount of the currency (`500250000` → `500.25`).
+pub fn amount(v: u64, unit: &str) -> String {
+    if unit == crate::config::TOKENS {
+        v.to_string()
+    } else {
+        money(v)
+    }
+}
+
 /// Micro-units as a decimal amount of the currency: `500250000` → `500.25`.
 pub fn money(micros: u64) -> String {
     let (units, frac) = (micros / 1_000_000, micros % 1_000_000);
@@ -325,9 +335,9 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
         limit_headers(family, l, now_unix_ms, &mut h);
     }
     if let Some(q) = &r.quota {
-        if q.currency.is_some() {
-            h("x-tokengate-budget-limit", &money(q.limit));
-            h("x-tokengate-budget-remaining", &money(q.remaining));
+        if let Some(unit) = &q.currency {
+            h("x-tokengate-budget-limit", &amount(q.limit, unit));
+            h("x-tokengate-budget-remaining", &amount(q.remaining, unit));
             h("x-tokengate-budget-reset", &q.reset_in_s.to_string());
         } else {
             h("x-tokengate-quota-limit", &q.limit.to_string());
@@ -360,7 +370,7 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
         match &q.currency {
             Some(c) => ours.insert(
                 "budget".into(),
-                json!({"limit": money(q.limit), "remaining": money(q.remaining), "currency": c,
+                json!({"limit": amount(q.limit, c), "remaining": amount(q.remaining, c), "currency": c,
                        "reset_at": rfc3339(q.reset_unix_s).as_str(), "reset_in": q.reset_in_s}),
             ),
             None => ours.insert(

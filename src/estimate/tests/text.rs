@@ -234,7 +234,7 @@ fn counts_are_pinned_to_the_calibrated_model() {
             eat(text_tokens(&s));
         }
     }
-    assert_eq!((lines, hash), (1008, 0xb7ca_a9c7_8888_0209));
+    assert_eq!((lines, hash), (1488, 0xd826_fb41_a819_9125));
 }
 
 #[test]
@@ -251,13 +251,24 @@ fn the_alphabetic_tight_loop_classifies_like_classify() {
         assert_eq!(fast, slow, "U+{cp:04X}");
     }
     assert_eq!(ALPHA2.len(), 0x800 - 0x340);
-    // Runs separated by single spaces: one run each, the letters per script, long runs past 12.
-    let f = text_features("привет мир Γειά σου достопримечательность");
-    assert_eq!(f[feature::CYRILLIC], 9 + 21);
+    // Runs separated by single spaces: one run each, the letters per script, long runs past 12
+    // (made-up words, which the word table does not know).
+    let f = text_features("шлмоп жвык Γξψω σωφ достопримечательностьщ");
+    assert_eq!(f[feature::CYRILLIC], 9 + 22);
     assert_eq!(f[feature::ALPHA_RUNS], 3);
     assert_eq!(f[feature::GREEK], 7);
     assert_eq!(f[feature::GREEK_RUNS], 2);
-    assert_eq!(f[feature::ALPHA_LONG], 21 - 12);
+    assert_eq!(f[feature::ALPHA_LONG], 22 - 12);
+    // Words the table knows count as one each, nothing of their letters: ` мир` and ` σου`; the
+    // other three by their letters (`привет` at the start has no space, and o200k has no such
+    // token).
+    let f = text_features("привет мир Γειά σου достопримечательность");
+    assert_eq!(f[feature::ALPHA_KNOWN], 2);
+    assert_eq!(f[feature::ALPHA_KNOWN_BARE], 0);
+    assert_eq!(f[feature::CYRILLIC], 6 + 21);
+    assert_eq!(f[feature::ALPHA_RUNS], 2);
+    assert_eq!(f[feature::GREEK], 4);
+    assert_eq!(f[feature::GREEK_RUNS], 1);
     // Mixed scripts in one run count by letter; the run by its first letter.
     let f = text_features("שלוםمرحبا नमस्ते");
     assert_eq!(f[feature::HEBREW], 4);
@@ -266,4 +277,71 @@ fn the_alphabetic_tight_loop_classifies_like_classify() {
     assert_eq!(f[feature::ARABIC_RUNS], 0);
     assert_eq!(f[feature::INDIC_RUNS], 1);
     assert_eq!(f[feature::INDIC], "नमस्ते".chars().count() as u64);
+}
+
+#[path = "../../../examples/common/word_table.rs"]
+mod word_table;
+
+#[test]
+fn the_word_table_knows_every_word_it_was_built_from_where_the_scanner_reads_it() {
+    // Every word the generator put in the table, read as a text of its own (with its leading
+    // space or without): one known word, nothing else of the word counted.
+    let bpe = tiktoken_rs::o200k_base().unwrap();
+    let entries = word_table::select(&bpe);
+    assert!(entries.len() > 20_000, "{}", entries.len());
+    for e in &entries {
+        let text = if e.space {
+            format!(" {}", e.word)
+        } else {
+            e.word.clone()
+        };
+        let f = text_features(&text);
+        if e.script == word_table::Script::Thai {
+            // A Thai word of the table is one greedy token (its characters are counted too).
+            assert_eq!(f[feature::THAI_TOKENS], 1, "{text:?}");
+            continue;
+        }
+        let want = match (e.script, e.space) {
+            (word_table::Script::Thai, _) => continue,
+            (word_table::Script::Kata, _) => feature::KATA_KNOWN,
+            (word_table::Script::Alpha, true) => feature::ALPHA_KNOWN,
+            (word_table::Script::Alpha, false) => feature::ALPHA_KNOWN_BARE,
+            (_, true) => feature::LATIN_KNOWN,
+            (_, false) => feature::LATIN_KNOWN_BARE,
+        };
+        assert_eq!(f[want], 1, "{text:?}");
+        // Beyond the known word, only the text itself (and the space's own feature: none; a
+        // katakana word is a run of kana and ideographs too).
+        let rest: u64 = f.iter().sum::<u64>() - f[want] - f[feature::TEXT] - f[feature::CJK_RUNS];
+        assert_eq!(rest, 0, "{text:?}: {f:?}");
+    }
+}
+
+#[test]
+fn words_outside_the_table_are_rarely_taken_for_known_ones() {
+    // Random letters: the filter's false positives are 1 in 256 by design.
+    let mut x = 0x1234_5678_9ABC_DEF1u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut hits = 0;
+    let n = 20_000;
+    for k in 0..n {
+        let len = 5 + (k % 12);
+        let word: String = (0..len)
+            .map(|_| char::from(b'a' + (next() % 26) as u8))
+            .collect();
+        let f = text_features(&format!("x {word}"));
+        hits += f[feature::LATIN_KNOWN];
+    }
+    assert!(hits * 100 < n as u64, "{hits} of {n}");
+    // Common words are known with their space, and by their length without one where o200k has
+    // no such token.
+    let f = text_features("the information about government");
+    assert_eq!(f[feature::LATIN_KNOWN], 3);
+    let f = text_features("привет мир");
+    assert_eq!(f[feature::ALPHA_KNOWN], 1);
 }

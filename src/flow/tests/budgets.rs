@@ -56,6 +56,8 @@ fn a_team_budget_is_reserved_after_the_token_quota_and_settled_at_the_models_pri
     ));
     let mut c = send(&e, "alice", "red", 100);
     assert!(pending(&c).iter().any(|s| s == "tg:q:{alice}:2026-11"));
+    let seg = pending(&c);
+    let token_prompt: u64 = seg[3 + seg[2].parse::<usize>().unwrap()].parse().unwrap();
     e.reply(&mut c, 200, &reserved(500, 1_000_000));
     // The budget next: its account is the team's, its amounts micro-dollars.
     let seg = pending(&c);
@@ -77,6 +79,8 @@ fn a_team_budget_is_reserved_after_the_token_quota_and_settled_at_the_models_pri
     assert_eq!(c.header("x-tokengate-budget-limit"), Some("500"));
     assert_eq!(c.header("x-tokengate-budget-remaining"), Some("499.998"));
     assert_eq!(c.header("x-tokengate-quota-remaining"), Some("999500"));
+    // The token counters count the token quota only, not the budget's micro-dollars.
+    assert_eq!(e.metric(Metric::QuotaReservedTokens), token_prompt);
     // 600 uncached × $2 + 400 cached × $0.50 + 500 × $8 per million = 1200 + 200 + 4000 µ$.
     assert_eq!(c.audit_field("budget.team.actual").as_deref(), Some("5400"));
     assert_eq!(c.audit_field("actual").as_deref(), Some("1500"));
@@ -121,7 +125,7 @@ fn a_spent_budget_refuses_with_its_name_and_gives_the_token_reservation_back() {
     assert!(body["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("budget 'org' is spent (0.01 USD)"));
+        .contains("budget 'org' cannot cover this request: 0.000001 USD left of 0.01 USD"));
     assert_eq!(
         c.audit_field("decision").as_deref(),
         Some("budget_exceeded")
@@ -187,4 +191,44 @@ fn a_budget_shim_failure_follows_the_budgets_own_policy() {
         s.contains(&("c".into(), "tg:q:{%7Eb:team:group%3Dred}".into(), 100)),
         "{s:?}"
     );
+}
+
+#[test]
+fn a_token_budget_is_a_monthly_token_quota_at_group_scope() {
+    let mut c = cfg(
+        None,
+        json!([{"name": "team-tokens", "scope": "group", "unit": "tokens", "monthly_limit": 100000}]),
+    );
+    c["quota"]["weights"] = json!({"gpt-4.1": {"output": 4}});
+    let e = envoy(c);
+    let mut c = send(&e, "alice", "red", 100);
+    let seg = pending(&c);
+    assert!(
+        seg.iter()
+            .any(|s| s == "tg:q:{%7Eb:team-tokens:group%3Dred}:2026-11"),
+        "{seg:?}"
+    );
+    // Reserved at the quota's weights: output 100 × 4.
+    let nkeys: usize = seg[2].parse().unwrap();
+    assert_eq!(seg[3 + nkeys + 1], "400", "{seg:?}");
+    e.reply(&mut c, 200, &reserved(2_000, 100_000));
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"usage":{"prompt_tokens":10,"completion_tokens":20}}"#],
+    );
+    assert_eq!(c.header("x-tokengate-budget-limit"), Some("100000"));
+    assert_eq!(c.header("x-tokengate-budget-remaining"), Some("98000"));
+    // 10 + 20 × 4 weighted tokens.
+    assert_eq!(
+        c.audit_field("budget.team-tokens.actual").as_deref(),
+        Some("90")
+    );
+    // Spent: 429 in tokens.
+    let mut c = send(&e, "bob", "red", 100);
+    e.reply(&mut c, 200, &eval(&[0, 99_990, 100_000, 0, -1, 0, 0, 1]));
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(c.reply_header("x-tokengate-budget-remaining"), Some("10"));
+    assert_eq!(c.reply_json()["tokengate"]["budget"]["currency"], "tokens");
 }

@@ -105,14 +105,20 @@ fn two_workers_never_admit_more_than_the_lease_holds() {
         &admitted(800_000, 7 * cost as i64 + cost as i64 / 2, 0),
     );
     let mut from_lease = 0;
+    let mut charged = Vec::new();
     for i in 0..20 {
         let c = send(&e, i % 2);
         if c.forwarded && c.pending.is_none() {
             from_lease += 1;
+        } else if let Some(p) = &c.pending {
+            // EVALSHA/<sha>/1/<key>/<cost>/…: what Redis is charged.
+            charged.push(segments(&p.body)[4].parse::<u64>().unwrap());
         }
     }
     assert_eq!(from_lease, 7, "7.5 requests' worth admits 7");
-    assert_eq!(account(&e).tokens, cost / 2);
+    // The eighth takes the half request the lease still held and is charged the rest in Redis.
+    assert_eq!(charged.first(), Some(&(cost - cost / 2)), "{charged:?}");
+    assert_eq!(account(&e).tokens, 0);
 }
 
 #[test]
@@ -306,4 +312,64 @@ fn accounts_are_bounded_by_max_tenants_and_beyond_it_requests_are_charged_one_by
         .unwrap()
         .0
         .is_none());
+}
+
+#[test]
+fn a_miss_spends_what_the_lease_holds_and_a_refusal_gives_it_back() {
+    let e = envoy(cfg(json!({}), json!({}), "closed"));
+    let (mut c, cost) = warm_up(&e);
+    // The block granted holds one and a half requests.
+    e.reply(
+        &mut c,
+        200,
+        &admitted(800_000, cost as i64 + cost as i64 / 2, 0),
+    );
+    assert!(send(&e, 0).forwarded, "one from the lease");
+    // The next holds half of its cost: Redis is charged only the rest (the bucket and the lease
+    // together can admit it even when Redis alone cannot).
+    let mut c = send(&e, 0);
+    let args = argv(&c.pending.as_ref().unwrap().body);
+    assert_eq!(args[0], (cost - cost / 2).to_string());
+    assert_eq!(account(&e).tokens, 0);
+    // Refused: the half goes back to the lease.
+    e.reply(&mut c, 200, &eval(&[2, 0, 0, 5_000_000, 0, 0]));
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(account(&e).tokens, cost / 2);
+}
+
+#[test]
+fn an_idle_lease_given_back_clears_a_cached_refusal_of_its_bucket() {
+    // A bucket that hardly refills: a cached refusal stands for hours unless something changes it.
+    let e = envoy(cfg(
+        json!({"tokens_per_second": 0.001}),
+        json!({"idle_ms": 500}),
+        "closed",
+    ));
+    let (mut c, cost) = warm_up(&e);
+    e.reply(&mut c, 200, &admitted(800_000, cost as i64 / 2, 0));
+    // Half a request in the lease: the next takes it and Redis, nearly empty, refuses the rest.
+    let mut c = send(&e, 0);
+    e.reply(&mut c, 200, &eval(&[2, 10_000, 0, 3_600_000_000, 0, 0]));
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(account(&e).tokens, cost / 2, "given back to the lease");
+    // Refused from the cache while Redis cannot have refilled.
+    let c = send(&e, 0);
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(e.metric(Metric::GlobalRejectedCached), 1);
+    // Idle: the lease goes back to Redis; once it took it, the cached refusal is gone.
+    e.advance_ms(600);
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    assert!(e
+        .root_callouts
+        .borrow()
+        .iter()
+        .any(|c| matches!(c.purpose, Purpose::GlobalLease(_))));
+    e.reply_root(0, 200, &admitted(10 + cost as i64 / 2, 0, 0));
+    let c = send(&e, 0);
+    assert!(
+        c.pending.is_some(),
+        "asked of Redis, not refused from a stale cache"
+    );
+    assert_eq!(e.metric(Metric::GlobalRejectedCached), 1);
 }

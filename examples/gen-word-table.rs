@@ -1,0 +1,178 @@
+//! Writes the estimator's word table from o200k_base: `src/estimate/words.bin` (the filter's bytes)
+//! and `src/estimate/words_table.rs` (its seed and block length).
+//!
+//! ```sh
+//! cargo run --release --example gen-word-table
+//! ```
+//!
+//! The words are the tokens of tiktoken-rs' o200k_base that the estimator looks up (see
+//! `examples/common/word_table.rs` for which, and `src/estimate/words.rs` for the lookup): words
+//! of at least five ASCII letters, words with accented Latin letters and words of the alphabetic
+//! scripts, each with its leading space or without, up to a rank limit per group. They go into an
+//! 8-bit xor filter (Graf and Lemire 2020): three blocks of bytes, built by peeling; the first
+//! seed of a fixed sequence for which peeling succeeds is taken, so the output is the same on every
+//! run. The program prints the words per group and the table's size; it fails if a word it wrote
+//! is not found by the estimator's own lookup.
+#[path = "common/word_table.rs"]
+mod word_table;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use tokengate::estimate::{word_hash, word_slots};
+
+/// Builds the filter for `hashes` (distinct) with `seed`'s hashes already taken: the fingerprint
+/// bytes and the block length, or None if peeling fails.
+fn build(hashes: &[u64]) -> Option<(Vec<u8>, usize)> {
+    let n = hashes.len();
+    let block = (32 + (n as f64 * 1.23).ceil() as usize) / 3;
+    let size = 3 * block;
+    let mut count = vec![0u32; size];
+    let mut xor = vec![0u64; size];
+    for &h in hashes {
+        for s in word_slots(h, block).0 {
+            count[s] += 1;
+            xor[s] ^= h;
+        }
+    }
+    let mut queue: Vec<usize> = (0..size).filter(|&s| count[s] == 1).collect();
+    let mut stack: Vec<(u64, usize)> = Vec::with_capacity(n);
+    while let Some(s) = queue.pop() {
+        if count[s] != 1 {
+            continue;
+        }
+        let h = xor[s];
+        stack.push((h, s));
+        for t in word_slots(h, block).0 {
+            count[t] -= 1;
+            xor[t] ^= h;
+            if count[t] == 1 {
+                queue.push(t);
+            }
+        }
+    }
+    if stack.len() != n {
+        return None;
+    }
+    let mut fp = vec![0u8; size];
+    for &(h, s) in stack.iter().rev() {
+        let (slots, f) = word_slots(h, block);
+        let others = slots
+            .iter()
+            .filter(|&&t| t != s)
+            .fold(0u8, |a, &t| a ^ fp[t]);
+        fp[s] = f ^ others;
+    }
+    Some((fp, block))
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bpe = match tiktoken_rs::o200k_base() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("o200k_base: {e}");
+            std::process::exit(2);
+        }
+    };
+    let entries = word_table::select(&bpe);
+    let mut groups: BTreeMap<(word_table::Script, bool), usize> = BTreeMap::new();
+    for e in &entries {
+        *groups.entry((e.script, e.space)).or_default() += 1;
+    }
+    let mut built = None;
+    for k in 1..=64u64 {
+        let seed = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut hashes: Vec<u64> = entries
+            .iter()
+            .map(|e| word_hash(e.word.as_bytes(), 0, e.word.len(), e.space, seed))
+            .collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        if hashes.len() != entries.len() {
+            continue;
+        }
+        if let Some((fp, block)) = build(&hashes) {
+            built = Some((seed, fp, block));
+            break;
+        }
+    }
+    let Some((seed, fp, block)) = built else {
+        eprintln!("no seed of 64 builds the filter");
+        std::process::exit(1);
+    };
+    // Every word is found by the same lookup as the estimator's.
+    for e in &entries {
+        let h = word_hash(e.word.as_bytes(), 0, e.word.len(), e.space, seed);
+        let (slots, f) = word_slots(h, block);
+        if slots.iter().fold(0u8, |a, &s| a ^ fp[s]) != f {
+            eprintln!("{:?} not found", e.word);
+            std::process::exit(1);
+        }
+    }
+    let mut summary = String::new();
+    for ((script, space), n) in &groups {
+        let limit = word_table::limit(*script, *space);
+        let line = format!(
+            "//! - {script:?}, {}: {n} words (rank < {limit})\n",
+            if *space { "after a space" } else { "bare" }
+        );
+        print!("{}", line.trim_start_matches("//! - "));
+        summary.push_str(&line);
+    }
+    println!(
+        "{} words, {} bytes ({:.2} per word), seed {seed:#x}",
+        entries.len(),
+        fp.len(),
+        fp.len() as f64 / entries.len() as f64
+    );
+    let (pair, prefix) = word_table::thai_pairs(&bpe, &entries);
+    let (hira, kata) = word_table::kana_pairs(&bpe);
+    let bits = |b: &[u64; 144]| {
+        b.chunks(4)
+            .map(|c| {
+                let row: Vec<String> = c.iter().map(|x| format!("{x:#018x}")).collect();
+                format!("    {},\n", row.join(", "))
+            })
+            .collect::<String>()
+    };
+    let src = format!(
+        "//! The word table of `words.rs`, written by `cargo run --release --example gen-word-table`\n\
+         //! from o200k_base: do not edit, regenerate. {} words in {} bytes:\n\
+         {summary}\n\
+         /// Hash seed of the table.\n\
+         pub(super) const SEED: u64 = {seed:#018x};\n\
+         /// Bytes per block (the table has three).\n\
+         pub(super) const BLOCK: usize = {block};\n\
+         /// The filter's fingerprint bytes.\n\
+         pub(super) static FINGERPRINTS: [u8; 3 * BLOCK] = *include_bytes!(\"words.bin\");\n\n\
+         /// Pairs of Thai characters (codes from U+0E00, bit `96 a + b`) that are an o200k token.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static THAI_PAIR: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of Thai characters that begin a Thai word of the table (three or four characters).\n\
+         #[rustfmt::skip]\n\
+         pub(super) static THAI_PREFIX: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of hiragana (codes from U+3040, bit `96 a + b`) that are an o200k token.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static HIRA_PAIR: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of katakana (codes from U+30A0, bit `96 a + b`) that are an o200k token.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static KATA_PAIR: [u64; 144] = [\n{}];\n",
+        entries.len(),
+        fp.len(),
+        bits(&pair),
+        bits(&prefix),
+        bits(&hira),
+        bits(&kata),
+    );
+    let dir = root.join("src/estimate");
+    for (name, bytes) in [
+        ("words.bin", fp.as_slice()),
+        ("words_table.rs", src.as_bytes()),
+    ] {
+        if let Err(e) = std::fs::write(dir.join(name), bytes) {
+            eprintln!("{name}: {e}");
+            std::process::exit(2);
+        }
+    }
+    println!("wrote src/estimate/words.bin and src/estimate/words_table.rs");
+}

@@ -1,0 +1,152 @@
+//! Words that are one o200k_base token: a membership filter over words of the vocabulary.
+//!
+//! Per-character and word-length rates cannot tell a frequent long word (` information`, one o200k
+//! token) from a rare one of the same length (` informatics`, two), nor a common Russian or
+//! Vietnamese word from a rare one; o200k can, because it has the frequent ones as tokens. The
+//! estimator asks this filter, for each word it reads (ASCII words of [`MIN_ASCII`] letters or more,
+//! words with accented Latin letters and runs of the alphabetic scripts of two letters or more, at
+//! most [`MAX_WORD`] bytes), whether the word with its leading space — or without one, when no space
+//! comes before it — is a token of o200k; a known word counts as one (the `*_known*` features)
+//! instead of by its length and letters.
+//!
+//! The filter is an 8-bit xor filter (Graf and Lemire, "Xor Filters: Faster and Smaller Than Bloom
+//! and Cuckoo Filters", 2020): [`FINGERPRINTS`] holds three blocks of [`BLOCK`] bytes; a word's 64-bit
+//! hash picks one byte in each block, and the word is known iff the three bytes xor to the hash's
+//! fingerprint byte. Each word in the set is found (no false negatives); a word that is not is found
+//! with probability 1/256 (a multi-token word then counts as one). It costs about 1.23 bytes per
+//! word, and a lookup is one hash of at most four 8-byte loads and three independent byte reads.
+//!
+//! The words, their hash seed and the table are written by `examples/gen-word-table.rs` from
+//! tiktoken-rs' o200k_base (which words it takes, by script and rank, is documented there and in
+//! `docs/estimator.md`); the tests check the table against the vocabulary.
+
+use super::words_table::{BLOCK, FINGERPRINTS, SEED};
+
+/// Longest word looked up, in bytes (longer words are never known).
+pub const MAX_WORD: usize = 32;
+/// Fewest letters of a word of plain ASCII letters that is looked up (shorter words are nearly all
+/// one token; their length features say so).
+pub const MIN_ASCII: usize = 5;
+
+const K0: u64 = 0x9E37_79B9_7F4A_7C15;
+const K1: u64 = 0xBF58_476D_1CE4_E5B9;
+const K2: u64 = 0x94D0_49BB_1331_11EB;
+
+/// The eight bytes of `bytes` at `at` as a little-endian word, zeros past the end.
+#[inline(always)]
+fn load(bytes: &[u8], at: usize) -> u64 {
+    match bytes.get(at..at.saturating_add(8)) {
+        Some(c) => u64::from_le_bytes(<[u8; 8]>::try_from(c).unwrap_or([0; 8])),
+        None => load_tail(bytes, at),
+    }
+}
+
+/// [`load`] within eight bytes of the end.
+#[cold]
+#[inline(never)]
+fn load_tail(bytes: &[u8], at: usize) -> u64 {
+    let mut buf = [0u8; 8];
+    for (d, s) in buf.iter_mut().zip(bytes.get(at..).unwrap_or(&[])) {
+        *d = *s;
+    }
+    u64::from_le_bytes(buf)
+}
+
+/// One 8-byte chunk into the hash state.
+#[inline(always)]
+fn mix(h: u64, chunk: u64) -> u64 {
+    let h = (h ^ chunk).wrapping_mul(K1);
+    h ^ (h >> 29)
+}
+
+/// The end of the hash (a finalizer in the manner of MurmurHash3's).
+#[inline(always)]
+fn finish(h: u64) -> u64 {
+    let h = (h ^ (h >> 32)).wrapping_mul(K2);
+    h ^ (h >> 29)
+}
+
+/// The hash state before the chunks of a word of `len` bytes (`space`: with a leading space).
+#[inline(always)]
+fn start(seed: u64, len: usize, space: bool) -> u64 {
+    seed ^ (((len as u64) << 1) | u64::from(space)).wrapping_mul(K0)
+}
+
+/// Hash of the word `bytes[from..to]` (1..=[`MAX_WORD`] bytes), with a leading space or not, under
+/// `seed`: a word of up to eight bytes as one chunk masked to the word; a longer one as its eight-byte
+/// chunks from the start, the last chunk ending where the word ends (overlapping the one before it).
+#[doc(hidden)]
+#[inline(always)]
+pub fn word_hash(bytes: &[u8], from: usize, to: usize, space: bool, seed: u64) -> u64 {
+    let len = to.saturating_sub(from);
+    let h = start(seed, len, space);
+    let h = if len <= 8 {
+        mix(h, load(bytes, from) & mask(len))
+    } else {
+        // `from + 16 < to` and `to - 8 >= from` where used: the loads are within the word.
+        let mut h = mix(h, load(bytes, from));
+        if len > 16 {
+            h = mix(h, load(bytes, from + 8));
+        }
+        if len > 24 {
+            h = mix(h, load(bytes, from + 16));
+        }
+        mix(h, load(bytes, to - 8))
+    };
+    finish(h)
+}
+
+/// The low `len` bytes of a word set (1..=8; 0 is taken as 1).
+#[inline(always)]
+fn mask(len: usize) -> u64 {
+    u64::MAX >> (64 - 8 * len.clamp(1, 8))
+}
+
+/// [`word_hash`] of a word of 1..=8 bytes given as a little-endian word with zeros past the word
+/// (the same hash).
+#[inline(always)]
+fn short_hash(w: u64, len: usize, space: bool, seed: u64) -> u64 {
+    finish(mix(start(seed, len, space), w))
+}
+
+/// The three bytes of a filter with blocks of `block` bytes that hash `h` picks, and its
+/// fingerprint.
+#[doc(hidden)]
+#[inline(always)]
+pub fn word_slots(h: u64, block: usize) -> ([usize; 3], u8) {
+    let reduce = |x: u64| (((x & 0xFFFF_FFFF) * block as u64) >> 32) as usize;
+    (
+        [
+            reduce(h),
+            block + reduce(h.rotate_left(21)),
+            2 * block + reduce(h.rotate_left(42)),
+        ],
+        (h ^ (h >> 32)) as u8,
+    )
+}
+
+/// Whether hash `h` is in the filter.
+#[inline(always)]
+fn has(h: u64) -> bool {
+    let ([a, b, c], fp) = word_slots(h, BLOCK);
+    let at = |i: usize| FINGERPRINTS.get(i).copied().unwrap_or(0);
+    at(a) ^ at(b) ^ at(c) == fp
+}
+
+/// Whether the word `bytes[from..to]`, after a space if `space`, is one o200k token (see the module
+/// documentation); false for an empty word or one longer than [`MAX_WORD`] bytes.
+#[inline(always)]
+pub(super) fn known(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
+    let len = to.wrapping_sub(from);
+    (1..=MAX_WORD).contains(&len) && has(word_hash(bytes, from, to, space, SEED))
+}
+
+/// [`known`] for a word of 1..=8 bytes given as a little-endian word with zeros past it.
+#[inline(always)]
+pub(super) fn known_short(w: u64, len: usize, space: bool) -> bool {
+    has(short_hash(w, len, space, SEED))
+}
+
+/// The table's hash seed and block length (for the generator's checks).
+#[doc(hidden)]
+pub const WORD_TABLE: (u64, usize) = (SEED, BLOCK);
