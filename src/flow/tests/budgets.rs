@@ -200,6 +200,10 @@ fn a_token_budget_is_a_monthly_token_quota_at_group_scope() {
         json!([{"name": "team-tokens", "scope": "group", "unit": "tokens", "monthly_limit": 100000}]),
     );
     c["quota"]["weights"] = json!({"gpt-4.1": {"output": 4}});
+    // No budget in money: prices and a currency would be refused.
+    let q = c["quota"].as_object_mut().unwrap();
+    q.remove("prices");
+    q.remove("currency");
     let e = envoy(c);
     let mut c = send(&e, "alice", "red", 100);
     let seg = pending(&c);
