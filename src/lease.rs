@@ -9,7 +9,8 @@
 //! tg:n:accounts            how many were created (bounded by max_tenants)
 //! ```
 //! * `held` is what Redis counts as this Envoy's lease; requests reserve from
-//!   `held − inflight − (consumed − acked)` (one CAS), settle into `consumed` (a monotonic total), and
+//!   `held − inflight − (consumed − acked)` (one CAS), settle into `consumed` (a monotonic total; the
+//!   flow writes a worker's ended requests with its next reservation, [`take_after`]), and
 //!   a sync reports `consumed` as its total (Redis applies what it had not counted, once) and grows or
 //!   shrinks the lease; `acked` is the total Redis confirmed. So spending never exceeds what Redis
 //!   granted (no over-admission by leases) and a lost or repeated sync never counts twice.
@@ -190,12 +191,70 @@ pub fn take(
     low_water: u64,
     retries: u32,
 ) -> Take {
+    take_after(
+        store,
+        key,
+        Settled::default(),
+        cost,
+        month,
+        now,
+        low_water,
+        retries,
+    )
+    .0
+}
+
+/// Leased requests that ended and are not written into their account yet: their reservations, to
+/// drop from `inflight`, and their usage, to add to `consumed` (see [`take_after`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Sum of their reservations.
+    pub reserved: u64,
+    /// Sum of their usage.
+    pub actual: u64,
+}
+
+impl Settled {
+    /// Adds one request's end.
+    pub fn add(&mut self, reserved: u64, actual: u64) {
+        self.reserved = self.reserved.saturating_add(reserved);
+        self.actual = self.actual.saturating_add(actual);
+    }
+
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.reserved == 0 && self.actual == 0
+    }
+
+    fn apply(self, a: &Account) -> Account {
+        let mut n = *a;
+        n.inflight = n.inflight.saturating_sub(self.reserved);
+        n.consumed = n.consumed.saturating_add(self.actual);
+        n
+    }
+}
+
+/// [`take`], writing `done` (requests of this account that ended, see [`settle`]) into the account in
+/// the same CAS, before the request is reserved: one shared-data read and write for both. The flag is
+/// true when `done` was written (false only when the store failed: `done` is still to write).
+#[allow(clippy::too_many_arguments)]
+pub fn take_after(
+    store: &dyn SharedStore,
+    key: &str,
+    done: Settled,
+    cost: u64,
+    month: u32,
+    now: u64,
+    low_water: u64,
+    retries: u32,
+) -> (Take, bool) {
     let init = Account {
         month,
         last_use_ns: now,
         ..Account::default()
     };
-    let r = crate::store::update(store, key, retries, &init, |a: &Account| {
+    let r = crate::store::update(store, key, retries, &init, |stored: &Account| {
+        let a = &done.apply(stored);
         let mut n = *a;
         // Demand, met or not, keeps a lease from being given back as idle.
         n.last_use_ns = now;
@@ -204,7 +263,7 @@ pub fn take(
             return (Take::Miss(Miss::Rollover), Some(n));
         }
         if a.per_request() {
-            return (Take::Miss(Miss::Spent), None);
+            return (Take::Miss(Miss::Spent), (!done.is_empty()).then_some(*a));
         }
         if a.available() < cost {
             n.flags |= WANTS_SYNC;
@@ -223,12 +282,12 @@ pub fn take(
         (Take::Hit(n), Some(n))
     });
     match r {
-        Ok((t, _)) => t,
-        Err(_) => Take::Miss(Miss::Store),
+        Ok((t, _)) => (t, true),
+        Err(_) => (Take::Miss(Miss::Store), false),
     }
 }
 
-/// A leased request ended: its reservation `reserved` is replaced by its usage `actual`.
+/// Leased requests ended: their reservations `reserved` are replaced by their usage `actual`.
 pub fn settle(
     store: &dyn SharedStore,
     key: &str,
@@ -609,6 +668,46 @@ mod tests {
         let (a, _) = crate::store::peek::<Account>(&s, &k).unwrap();
         let a = a.unwrap();
         assert_eq!((a.inflight, a.consumed, a.available()), (0, 400, 600));
+    }
+
+    #[test]
+    fn ended_requests_are_written_before_the_reservation_whether_it_hits_or_misses() {
+        let s = MemStore::new();
+        let k = account_key("acme", None);
+        take(&s, &k, 100, 202611, S, 0, 8);
+        begin_sync(&s, &k, &cx(202611, S, &policy()));
+        finish_sync(
+            &s,
+            &k,
+            synced(1000, 0, 1, 999_000),
+            &cx(202611, S, &policy()),
+        )
+        .unwrap();
+        let read = || crate::store::peek::<Account>(&s, &k).unwrap().0.unwrap();
+        for _ in 0..10 {
+            assert!(matches!(take(&s, &k, 100, 202611, S, 0, 8), Take::Hit(_)));
+        }
+        // Nothing left, but 3 requests ended (40 each): written first, the 4th request fits.
+        let mut done = Settled::default();
+        for _ in 0..3 {
+            done.add(100, 40);
+        }
+        let (t, written) = take_after(&s, &k, done, 100, 202611, S, 0, 8);
+        assert!(written);
+        let Take::Hit(a) = t else { panic!("{t:?}") };
+        assert_eq!((a.inflight, a.consumed, a.available()), (800, 120, 80));
+        // A miss writes them too (260 left after them, 300 asked).
+        let (t, written) = take_after(&s, &k, done, 300, 202611, S, 0, 8);
+        assert_eq!((t, written), (Take::Miss(Miss::Short), true));
+        assert_eq!((read().inflight, read().consumed), (500, 240));
+        // So does an account that reserves per request (which otherwise writes nothing).
+        forbid(&s, &k, 8);
+        let (t, written) = take_after(&s, &k, done, 100, 202611, S, 0, 8);
+        assert_eq!((t, written), (Take::Miss(Miss::Spent), true));
+        assert_eq!((read().inflight, read().consumed), (200, 360));
+        let (t, _) = take_after(&s, &k, Settled::default(), 100, 202611, S, 0, 8);
+        assert_eq!(t, Take::Miss(Miss::Spent));
+        assert_eq!((read().inflight, read().consumed), (200, 360));
     }
 
     #[test]

@@ -319,7 +319,7 @@ impl Request {
     }
 }
 
-/// The admitted request, its audit record written.
+/// The admitted request, its audit record written (or left to its settlement).
 fn forwarded(
     cx: &mut Cx,
     plan: Box<Plan>,
@@ -334,14 +334,20 @@ fn forwarded(
         .chain(plan.charges.global.iter())
         .filter_map(|c| cx.cfg.rule(c.rule))
         .any(|r| r.refund_unused);
-    cx.fx.push(Effect::Audit(answers::audit_record(
-        &plan.meta.tenant,
-        &plan.model,
-        Some(plan.cost),
-        decision,
-        &quotas,
-        cx.cfg,
-    )));
+    if quotas.is_empty() {
+        cx.fx.push(Effect::Audit(answers::audit_record(
+            &plan.meta.tenant,
+            &plan.model,
+            Some(plan.cost),
+            decision,
+            &quotas,
+            cx.cfg,
+        )));
+    }
+    // A request with reservations is always settled — at the end of its response, or in `on_log`
+    // when the client went (a held one is given back there) — and Envoy writes the access log after
+    // `on_log`: the settlement's record (this one plus what was used) is the one logged, so it is
+    // the only one written.
     Forwarded {
         refund,
         meta: plan.meta,

@@ -75,8 +75,12 @@ impl Request {
     pub(super) fn finish(&mut self, cx: &mut Cx, ending_complete: bool) {
         match &mut self.stage {
             Stage::Forwarded(f) | Stage::Held(f) => {
-                settle(cx, f, ending_complete);
-                refund_unused(cx, f);
+                // The provider's usage, read once for the settlement and the refund (a JSON body is
+                // parsed only when one of them needs it).
+                let needed = f.quotas.iter().any(|q| !q.settled) || (f.refund && !f.resp.refunded);
+                let usage = if needed { response_usage(f) } else { None };
+                settle(cx, f, ending_complete, usage);
+                refund_unused(cx, f, usage);
                 super::admit::release_slots(cx, &mut f.charges);
             }
             Stage::Replied(r) => {
@@ -122,7 +126,7 @@ fn queue(cx: &mut Cx, qr: &mut QuotaReq, mode: SettleMode, ending: Ending) {
         cx,
         Job {
             args: SettleArgs {
-                keys: qr.keys.clone(),
+                keys: qr.args.keys(),
                 mode,
                 actual: st.actual,
                 expire_at_unix: qr.expire_at,
@@ -137,21 +141,26 @@ pub(super) fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
     queue(cx, qr, SettleMode::Charge, ending);
 }
 
-/// Settles the reservation once the response ended (or the stream went away).
-fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
+/// The usage the response reported: the SSE scanner's, or the kept JSON body's.
+fn response_usage(f: &Forwarded) -> Option<usage::Usage> {
+    match &f.resp.stream {
+        Some(sc) => sc.usage(),
+        None => usage::from_json(&f.resp.json),
+    }
+}
+
+/// Settles the reservation once the response ended (or the stream went away); `usage`: what the
+/// response reported ([`response_usage`]).
+fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<usage::Usage>) {
     if f.quotas.iter().all(|q| q.settled) {
         return;
     }
     let status = f.resp.status;
-    let (usage, completed, content_bytes) = match &f.resp.stream {
-        Some(sc) => (sc.usage(), sc.completed(), sc.content_bytes()),
+    let (completed, content_bytes) = match &f.resp.stream {
+        Some(sc) => (sc.completed(), sc.content_bytes()),
         // A JSON answer cut part way: its output is estimated from the bytes that arrived (structure
         // included, which errs towards charging; capped at the reservation).
-        None => (
-            usage::from_json(&f.resp.json),
-            ending_complete,
-            f.resp.json.len() as u64,
-        ),
+        None => (ending_complete, f.resp.json.len() as u64),
     };
     // No response headers at all (status 0) means the client went away before any answer: the provider
     // may have billed the prompt, so that is charged (a cut with nothing streamed). Envoy's own failure
@@ -173,21 +182,13 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
     };
     let mut settled_any = false;
     for qr in f.quotas.iter_mut().filter(|q| !q.settled) {
-        if qr.leased {
+        if let Some(key) = qr.lease.as_deref() {
             // Settled into this Envoy's lease; reported to Redis by the next sync.
-            qr.settled = true;
             let st = accounting::settle(&qr.reserved, ending);
+            super::lease::settle(cx, key, qr.reserved.total(), st.actual);
+            qr.settled = true;
             qr.actual = Some(st.actual);
             qr.source = Some(st.source);
-            let model = qr.args.model.clone();
-            let tenant = qr.args.tenant.clone();
-            super::lease::settle(
-                cx,
-                &tenant,
-                model.as_deref(),
-                qr.reserved.total(),
-                st.actual,
-            );
         } else if qr.uncertain || qr.fail_open {
             // No reservation is known: charge what it cost (sent when the shim answers again).
             reconcile(cx, qr, ending);
@@ -211,22 +212,23 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool) {
     )));
 }
 
-/// `refund_unused` rules: gives back to the bucket what the provider's usage shows was not used
-/// (everything when the provider did not serve the request); takes usage above the charge too. Without a
-/// response (client gone) or without reported usage the estimate stands.
-fn refund_unused(cx: &mut Cx, f: &mut Forwarded) {
+/// `refund_unused` rules: gives back to the bucket what the provider's usage (`usage`, see
+/// [`response_usage`]) shows was not used (everything when the provider did not serve the request);
+/// takes usage above the charge too. Without a response (client gone) or without reported usage the
+/// estimate stands.
+fn refund_unused(cx: &mut Cx, f: &mut Forwarded, usage: Option<usage::Usage>) {
     if f.resp.refunded {
         return;
     }
     f.resp.refunded = true;
+    if !f.refund {
+        // No charged rule gives tokens back.
+        return;
+    }
     let status = f.resp.status;
     let used = if status == 0 || !(200..300).contains(&status) {
         None
     } else {
-        let usage = match &f.resp.stream {
-            Some(sc) => sc.usage(),
-            None => usage::from_json(&f.resp.json),
-        };
         usage.map(|u| u.prompt_tokens.saturating_add(u.completion_tokens))
     };
     let charges: Vec<(Charge, bool)> = f

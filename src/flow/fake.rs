@@ -86,6 +86,8 @@ pub struct Call {
     pub client_body: Vec<u8>,
     /// The last audit record written.
     pub audit: Option<String>,
+    /// How many audit records were written (each one a host call).
+    pub audits: u32,
     /// Rules of Envoy the flow broke.
     pub violations: Vec<Violation>,
     /// Held by shaping (waiting for the root's tick).
@@ -364,7 +366,10 @@ impl FakeEnvoy {
                 self.gauges.borrow_mut().insert(name, v);
             }
             Effect::Log(level, msg) => self.logs.borrow_mut().push((level, msg)),
-            Effect::Audit(rec) => call.audit = Some(rec),
+            Effect::Audit(rec) => {
+                call.audit = Some(rec);
+                call.audits += 1;
+            }
             _ => {}
         }
     }
@@ -403,6 +408,7 @@ impl FakeEnvoy {
             response_headers: Vec::new(),
             client_body: Vec::new(),
             audit: None,
+            audits: 0,
             violations: Vec::new(),
             held: false,
             ended: false,
@@ -567,6 +573,28 @@ impl FakeEnvoy {
                 fx: &mut fx,
             };
             worker::on_tick(&mut cx);
+        }
+        self.apply_root(w, fx);
+    }
+
+    /// Envoy tears down worker `w`'s plugin (its root context's `on_done`).
+    pub fn done(&self, w: usize) {
+        let mut fx = Vec::new();
+        {
+            let view = View {
+                now: self.now.get(),
+                store: &self.store,
+                props: &self.props,
+                body: None,
+            };
+            let mut wk = self.workers[w].borrow_mut();
+            let mut cx = Cx {
+                cfg: &self.cfg,
+                host: &view,
+                worker: &mut wk,
+                fx: &mut fx,
+            };
+            worker::on_done(&mut cx);
         }
         self.apply_root(w, fx);
     }

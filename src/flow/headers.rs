@@ -9,7 +9,7 @@ use crate::estimate::ApiKind;
 use crate::global;
 use crate::identity;
 use crate::quota::ExhaustedMarker;
-use crate::reply::{Class, Family, Refusal};
+use crate::reply::{Class, Dec, Family, Refusal};
 use std::borrow::Cow;
 
 /// The API an LLM call is for, from its method and path; `None` for anything else (passed untouched).
@@ -168,7 +168,14 @@ impl Request {
 
         let mut drop_length = false;
         if let Some(q) = &cfg.quota {
-            if let Some(reply) = exhausted_cached(cx, q, &meta.tenant) {
+            let now = cx.now();
+            // A tenant this VM is serving from a lease is not refused from its marker (one shared-data
+            // read less per request; see `Leases::served_recently`).
+            let leased = q.lease.is_some() && cx.worker.leases.served_recently(&meta.tenant, now);
+            if let Some(reply) = (!leased)
+                .then(|| exhausted_cached(cx, q, &meta.tenant))
+                .flatten()
+            {
                 cx.inc(Metric::QuotaRejectedCached);
                 return self.refuse(
                     cx,
@@ -182,7 +189,7 @@ impl Request {
             // Names this request's settlement (retries reuse it). Clients can send `x-request-id`, so it
             // is made unique with the context id and the time.
             let rid = h.get("x-request-id").unwrap_or_default();
-            meta.request_id = format!("{}-{}-{}", rid.get(..64).unwrap_or(rid), self.id, cx.now());
+            meta.request_id = settlement_id(rid, self.id, now);
             // The body may be rewritten (include_usage, max_tokens clamp).
             drop_length = true;
         }
@@ -390,6 +397,18 @@ pub(super) fn global_refused_from_cache(
     Some(refusal)
 }
 
+/// The name of a request's settlement: `<client x-request-id, first 64 bytes>-<context id>-<ns>` (built
+/// without `core::fmt`: this runs for every metered request of a tenant with a quota).
+pub(super) fn settlement_id(client_id: &str, context: u32, now_ns: u64) -> String {
+    let client_id = client_id.get(..64).unwrap_or(client_id);
+    let (context, now) = (Dec::int(u64::from(context)), Dec::int(now_ns));
+    let mut id = String::with_capacity(client_id.len() + 2 + context.as_str().len() + 20);
+    for part in [client_id, "-", context.as_str(), "-", now.as_str()] {
+        id.push_str(part);
+    }
+    id
+}
+
 /// Seconds since the epoch for month arithmetic (host clock plus the configured skew).
 pub(super) fn unix_s(cx: &Cx, q: &crate::config::QuotaSettings) -> i64 {
     i64::try_from(cx.now() / 1_000_000_000)
@@ -417,4 +436,26 @@ pub(super) fn exhausted_cached(
         now_s,
         "for this tenant",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settlement_id;
+
+    #[test]
+    fn settlement_ids_are_the_client_id_prefix_the_context_and_the_time() {
+        let long = "r".repeat(100);
+        // 63 ASCII bytes then a 2-byte character: byte 64 is not a boundary, the whole id is kept.
+        let split = format!("{}é{}", "a".repeat(63), "b".repeat(10));
+        for (client, ctx, now) in [
+            ("", 0u32, 0u64),
+            ("abc", 7, 1_794_700_800_123_456_789),
+            (long.as_str(), u32::MAX, u64::MAX),
+            (split.as_str(), 3, 42),
+        ] {
+            let want = format!("{}-{ctx}-{now}", client.get(..64).unwrap_or(client));
+            assert_eq!(settlement_id(client, ctx, now), want);
+        }
+        assert_eq!(settlement_id(&long, 1, 2).len(), 64 + 4);
+    }
 }

@@ -10,7 +10,7 @@ use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
 use crate::calendar;
 use crate::config::{LeaseSettings, QuotaSettings};
 use crate::hash::FnvBuild;
-use crate::lease::{self, Account, Miss, Synced, Take};
+use crate::lease::{self, Account, Miss, Settled, Synced, Take};
 use crate::quota::{self, LeaseArgs, QuotaKeys};
 use crate::webdis::{ScriptCall, ShimError};
 use std::collections::HashMap;
@@ -21,6 +21,13 @@ pub const DIRTY_PER_TICK: usize = 16;
 pub const SCAN_PER_TICK: u64 = 32;
 /// Accounts remembered as needing a sync, per VM.
 pub const MAX_DIRTY: usize = 1024;
+/// For this long after this VM served a tenant's request from a lease, the headers phase does not read
+/// the tenant's exhausted marker (see [`Leases::served_recently`]).
+pub const SERVED_SKIPS_MARKER_NS: u64 = 100_000_000;
+/// Tenants remembered as served from a lease, per VM (the map is cleared when it is full).
+pub const MAX_SERVED: usize = 4096;
+/// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
+pub const MAX_UNSETTLED: usize = 64;
 
 /// A sync in flight.
 struct Pending {
@@ -42,40 +49,83 @@ pub struct Leases {
     next_id: u64,
     /// Redis has the lease script cached.
     pub loaded: bool,
+    /// Tenants whose token quota this VM last served from a lease, and when (ns).
+    served: HashMap<String, u64, FnvBuild>,
+    /// Leased requests that ended on this VM, by account key, not written into their account yet
+    /// (see [`settle`]).
+    unsettled: Vec<(String, Settled)>,
+}
+
+impl Leases {
+    /// True when this VM served a request of `tenant`'s token quota from a lease less than
+    /// [`SERVED_SKIPS_MARKER_NS`] before `now`. The headers phase then does not read the tenant's
+    /// exhausted marker (a shared-data read per request): while a lease serves the tenant no marker is
+    /// written (see `callout.rs`), and a request let through anyway meets the lease, or Redis, in the
+    /// body phase — the marker only saves refused requests a callout, it never admits one. The cost of
+    /// a tenant that becomes exhausted within that time: its requests on this VM are refused in the
+    /// body phase (a reservation callout each) instead of the headers phase, for at most that time.
+    pub fn served_recently(&self, tenant: &str, now: u64) -> bool {
+        self.served
+            .get(tenant)
+            .is_some_and(|at| now.saturating_sub(*at) < SERVED_SKIPS_MARKER_NS)
+    }
+
+    /// Notes that `tenant`'s token quota was served from a lease at `now`.
+    fn served(&mut self, tenant: &str, now: u64) {
+        if let Some(at) = self.served.get_mut(tenant) {
+            *at = now;
+            return;
+        }
+        if self.served.len() >= MAX_SERVED {
+            self.served.clear();
+        }
+        self.served.insert(tenant.to_string(), now);
+    }
 }
 
 fn month_label(code: u32) -> String {
     format!("{:04}-{:02}", code / 100, code % 100)
 }
 
-/// Reserves `qr` from its account's lease. `Some(account)` when it was; otherwise the request takes
-/// the per-request path and the account asks for a sync.
-pub(super) fn take(
-    cx: &mut Cx,
-    l: &LeaseSettings,
-    tenant: &str,
-    model: Option<&str>,
-    qr: &QuotaReq,
-) -> Option<Account> {
+/// Reserves `qr` from its account's lease. `Some((account, key))` when it was (`key`: the account's
+/// shared-data key, where the request settles); otherwise the request takes the per-request path and
+/// the account asks for a sync.
+pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Account, String)> {
+    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
     let key = lease::account_key(tenant, model);
     let cost = qr.reserved.total();
     let month = lease::month_code(&qr.args.month);
     let low = l.policy.min_tokens / 2;
-    match lease::take(
+    let now = cx.now();
+    // This VM's ended requests of the account are written in the same CAS.
+    let unsettled = &cx.worker.leases.unsettled;
+    let at = unsettled.iter().position(|(k, _)| *k == key);
+    let done = at
+        .and_then(|i| unsettled.get(i))
+        .map_or(Settled::default(), |(_, d)| *d);
+    let (took, written) = lease::take_after(
         cx.store(),
         &key,
+        done,
         cost,
         month,
-        cx.now(),
+        now,
         low,
         cx.cfg.cas_max_retries,
-    ) {
+    );
+    if let Some(i) = at.filter(|_| written) {
+        cx.worker.leases.unsettled.swap_remove(i);
+    }
+    match took {
         Take::Hit(a) => {
             cx.inc(Metric::QuotaLeased);
+            if qr.budget.is_none() {
+                cx.worker.leases.served(tenant, now);
+            }
             if a.wants_sync() {
                 mark(cx, tenant, model, cost);
             }
-            Some(a)
+            Some((a, key))
         }
         Take::Miss(why) => {
             if why == Miss::Cold {
@@ -113,21 +163,51 @@ fn mark(cx: &mut Cx, tenant: &str, model: Option<&str>, cost: u64) {
     d.push((tenant.to_string(), model.map(str::to_string), cost));
 }
 
-/// A leased request ended: its reservation is replaced by its usage in the account.
-pub(super) fn settle(cx: &mut Cx, tenant: &str, model: Option<&str>, reserved: u64, actual: u64) {
-    let key = lease::account_key(tenant, model);
-    if !lease::settle(cx.store(), &key, reserved, actual, cx.cfg.cas_max_retries) {
+/// A leased request ended: its reservation is to be replaced by its usage in the account at `key`.
+/// Kept by the VM and written with the next request this VM reserves from that account (in the same
+/// CAS, [`lease::take_after`]) or at the VM's next tick ([`flush`]), whichever comes first: one
+/// shared-data read and write less per leased request. Until then the account counts the reservation
+/// as in flight (other workers see less available, never more) and a sync reports the usage a tick
+/// later.
+pub(super) fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
+    let unsettled = &mut cx.worker.leases.unsettled;
+    if let Some((_, d)) = unsettled.iter_mut().find(|(k, _)| k == key) {
+        d.add(reserved, actual);
+        return;
+    }
+    if unsettled.len() >= MAX_UNSETTLED {
+        flush(cx);
+    }
+    let mut d = Settled::default();
+    d.add(reserved, actual);
+    cx.worker.leases.unsettled.push((key.to_string(), d));
+}
+
+/// Writes every ended leased request this VM keeps into its account (the tick, and [`settle`] when
+/// [`MAX_UNSETTLED`] accounts wait). One the store refuses is kept for the next tick.
+pub(super) fn flush(cx: &mut Cx) {
+    let retries = cx.cfg.cas_max_retries;
+    for (key, d) in std::mem::take(&mut cx.worker.leases.unsettled) {
+        if lease::settle(cx.store(), &key, d.reserved, d.actual, retries) {
+            continue;
+        }
         cx.inc(Metric::StoreErrors);
         cx.log_failure(
             Level::Warn,
             "lease_store",
-            format!("cannot settle a leased request into {key}: its lease stands as used until the next sync"),
+            format!("cannot settle leased requests into {key}: tried again at the next tick"),
         );
+        if cx.worker.leases.unsettled.len() < MAX_UNSETTLED {
+            cx.worker.leases.unsettled.push((key, d));
+        }
     }
 }
 
-/// The root's tick: syncs of accounts this VM saw miss, then (on the leader) a slice of all accounts.
+/// The root's tick: writes this VM's ended leased requests ([`flush`]), then syncs of accounts this VM
+/// saw miss, then (on the leader) a slice of all accounts.
 pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
+    // Before any sync reads the accounts: this VM's usage is in what they report.
+    flush(cx);
     if shim::is_open(cx, &q.cluster, &q.shim_breaker) {
         return;
     }

@@ -45,11 +45,9 @@ impl Request {
                 }
             }
             if let Some(l) = q.lease.as_ref() {
-                let account = qr.args.tenant.clone();
-                let model = qr.args.model.clone();
-                if let Some(a) = super::lease::take(cx, l, &account, model.as_deref(), &qr) {
+                if let Some((a, key)) = super::lease::take(cx, l, &qr) {
                     // Reserved from this Envoy's lease: no callout.
-                    qr.leased = true;
+                    qr.lease = Some(key);
                     qr.answered = true;
                     qr.limit = a.limit;
                     qr.remaining = Some(a.remaining.saturating_add(a.available()));
@@ -179,7 +177,6 @@ impl Request {
             min_output_cost: quota::min_clamped_output_cost(&w, plan.choices),
         };
         QuotaReq {
-            keys: args.keys(),
             expire_at: args.expire_at_unix,
             reserved: Reserved {
                 prompt_cost: args.prompt_cost,
@@ -200,7 +197,7 @@ impl Request {
             actual: None,
             source: None,
             uncertain: false,
-            leased: false,
+            lease: None,
             budget,
         }
     }
@@ -320,10 +317,9 @@ impl Request {
 /// any other by a settlement of 0.
 pub(super) fn give_back_quotas(cx: &mut Cx, quotas: &mut Vec<QuotaReq>) {
     for mut qr in std::mem::take(quotas) {
-        if qr.leased {
+        if let Some(key) = qr.lease.as_deref() {
             qr.settled = true;
-            let (account, model) = (qr.args.tenant.clone(), qr.args.model.clone());
-            super::lease::settle(cx, &account, model.as_deref(), qr.reserved.total(), 0);
+            super::lease::settle(cx, key, qr.reserved.total(), 0);
         } else if qr.uncertain {
             // Redis may have reserved it (or may still): charge 0, whatever it did.
             super::end::reconcile(cx, &mut qr, crate::accounting::Ending::NotServed);

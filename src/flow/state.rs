@@ -12,7 +12,7 @@ use super::response::Resp;
 use crate::accounting::{Reserved, UsageSource};
 use crate::bucket::Snapshot;
 use crate::estimate::ApiKind;
-use crate::quota::{QuotaKeys, ReserveArgs};
+use crate::quota::ReserveArgs;
 use crate::store::Seen;
 
 /// One request's context.
@@ -227,8 +227,9 @@ pub(super) struct GlobalCharge {
 /// One request's quota reservation.
 #[derive(Debug, Clone)]
 pub(super) struct QuotaReq {
+    /// What a reservation callout sends (its Redis keys are built from it when needed, never for a
+    /// request served from a lease).
     pub args: ReserveArgs,
-    pub keys: QuotaKeys,
     pub reserved: Reserved,
     pub expire_at: i64,
     pub limit: u64,
@@ -246,8 +247,9 @@ pub(super) struct QuotaReq {
     /// The reservation callout failed in a way that may still have reserved (timeout, garbage): the
     /// request is reconciled instead of settled.
     pub uncertain: bool,
-    /// Reserved from this Envoy's lease (settled into it, not through Redis).
-    pub leased: bool,
+    /// Reserved from this Envoy's lease: the account's shared-data key (settled into it, not through
+    /// Redis).
+    pub lease: Option<String>,
     /// The budget (index in `quota.budgets`) this reservation is for; `None`: the token quota.
     pub budget: Option<usize>,
 }

@@ -161,6 +161,14 @@ pub fn on_tick(cx: &mut Cx) {
     }
 }
 
+/// The plugin is torn down (the root context's `on_done`): what this VM keeps for shared data is
+/// written (ended leased requests, see [`super::lease::settle`]); what needs a callout is left.
+pub fn on_done(cx: &mut Cx) {
+    if cx.cfg.quota.as_ref().is_some_and(|q| q.lease.is_some()) {
+        super::lease::flush(cx);
+    }
+}
+
 fn tick_credits(cx: &mut Cx, g: &GlobalSettings) {
     if cx.worker.credits.is_empty() || shim::is_open(cx, &g.cluster, &g.shim_breaker) {
         return;

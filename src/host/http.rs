@@ -50,7 +50,7 @@ impl Http {
             let vm = &mut *vm;
             let mut cx = Cx {
                 cfg: &cfg,
-                host: &EnvoyHost,
+                host: &EnvoyHost::new(),
                 worker: &mut vm.worker,
                 fx: &mut vm.fx,
             };
@@ -140,7 +140,7 @@ impl Http {
                             let vm = &mut *vm;
                             let mut cx = Cx {
                                 cfg,
-                                host: &EnvoyHost,
+                                host: &EnvoyHost::new(),
                                 worker: &mut vm.worker,
                                 fx: &mut vm.fx,
                             };

@@ -34,12 +34,58 @@ thread_local! {
     pub static VM: RefCell<Vm> = RefCell::new(Vm::default());
 }
 
-/// The host as the flow sees it.
-pub struct EnvoyHost;
+/// The host as the flow sees it, for one callback (made anew for each).
+pub struct EnvoyHost {
+    clock: CallbackClock<fn() -> u64>,
+}
+
+impl EnvoyHost {
+    /// The host for one callback: its clock not read yet.
+    pub fn new() -> Self {
+        EnvoyHost {
+            clock: CallbackClock::new(|| abi::now_ns().unwrap_or(0)),
+        }
+    }
+}
+
+impl Default for EnvoyHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The host clock as one callback sees it: read at the first [`CallbackClock::now_ns`], the same value
+/// after. Each read is a host call (V8 to Envoy and back), and the flow asks for the time several times
+/// in one callback (a leased request: 7 times over its 4 callbacks, 4 reads with this); a callback lasts
+/// microseconds, so one reading serves all of it.
+pub struct CallbackClock<F: Fn() -> u64> {
+    read: F,
+    at: std::cell::Cell<Option<u64>>,
+}
+
+impl<F: Fn() -> u64> CallbackClock<F> {
+    /// A clock that reads `read` once.
+    pub fn new(read: F) -> Self {
+        CallbackClock {
+            read,
+            at: std::cell::Cell::new(None),
+        }
+    }
+
+    /// The time of this callback, ns since the epoch.
+    pub fn now_ns(&self) -> u64 {
+        if let Some(t) = self.at.get() {
+            return t;
+        }
+        let t = (self.read)();
+        self.at.set(Some(t));
+        t
+    }
+}
 
 impl Host for EnvoyHost {
     fn now_ns(&self) -> u64 {
-        abi::now_ns().unwrap_or(0)
+        self.clock.now_ns()
     }
     fn store(&self) -> &dyn SharedStore {
         &store::HostStore
@@ -84,5 +130,32 @@ impl crate::flow::Headers for LazyHeaders {
         self.blob
             .get_or_init(|| abi::HeaderBlob::get(self.map))
             .find(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CallbackClock;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_callback_clock_reads_the_host_once_and_keeps_that_time() {
+        let reads = Cell::new(0u64);
+        let clock = CallbackClock::new(|| {
+            reads.set(reads.get() + 1);
+            1_000 * reads.get()
+        });
+        assert_eq!(reads.get(), 0, "not read before it is asked");
+        assert_eq!(clock.now_ns(), 1_000);
+        assert_eq!(clock.now_ns(), 1_000);
+        assert_eq!(clock.now_ns(), 1_000);
+        assert_eq!(reads.get(), 1);
+        // A new callback's clock reads the host again.
+        let next = CallbackClock::new(|| {
+            reads.set(reads.get() + 1);
+            1_000 * reads.get()
+        });
+        assert_eq!(next.now_ns(), 2_000);
+        assert_eq!(reads.get(), 2);
     }
 }

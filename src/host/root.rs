@@ -43,7 +43,7 @@ impl Root {
             let vm = &mut *vm;
             let mut cx = Cx {
                 cfg: &cfg,
-                host: &EnvoyHost,
+                host: &EnvoyHost::new(),
                 worker: &mut vm.worker,
                 fx: &mut vm.fx,
             };
@@ -89,7 +89,7 @@ fn worker_reply(cfg: &Config, purpose: Purpose, reply: CalloutReply) -> Vec<Effe
         let vm = &mut *vm;
         let mut cx = Cx {
             cfg,
-            host: &EnvoyHost,
+            host: &EnvoyHost::new(),
             worker: &mut vm.worker,
             fx: &mut vm.fx,
         };
@@ -111,6 +111,11 @@ impl Context for Root {
         };
         let reply = call_reply(body_size);
         self.run(|cx| flow::worker::on_callout_reply(cx, purpose, reply));
+    }
+
+    fn on_done(&mut self) -> bool {
+        self.run(flow::worker::on_done);
+        true
     }
 }
 

@@ -66,14 +66,26 @@ fn a_cold_tenant_reserves_per_request_then_spends_from_a_lease_without_callouts(
         let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
         clean(&c);
         assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+        assert_eq!(c.audits, 0, "the record is written once, at the settlement");
         usage_answer(&e, &mut c, 40);
         total += 40;
         assert!(c.header("x-tokengate-quota-remaining").is_some());
+        assert_eq!(c.audits, 1);
+        assert_eq!(c.audit_field("actual").as_deref(), Some("40"));
+        assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
     }
     assert_eq!(e.metric(Metric::QuotaLeased), 5);
     let key = crate::lease::account_key("acme", Some("m"));
-    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
-    let a = a.unwrap();
+    let account = || {
+        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+        a.unwrap()
+    };
+    // Each request's end was written by the next request's reservation; the last one's by the tick.
+    let a = account();
+    assert_eq!(a.consumed, total - 40);
+    assert!(a.inflight > 0);
+    e.tick(0);
+    let a = account();
     assert_eq!((a.consumed, a.inflight), (total, 0));
     // A refresh later reports the usage total.
     e.root_callouts.borrow_mut().clear();
@@ -166,4 +178,148 @@ fn a_refusal_while_this_envoy_holds_a_lease_does_not_mark_the_tenant_exhausted()
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(c.forwarded, "{:?}", c.status());
     assert_eq!(e.metric(Metric::QuotaRejectedCached), 0);
+}
+
+#[test]
+fn a_tenant_served_from_a_lease_moments_ago_is_not_refused_from_its_exhausted_marker() {
+    use crate::quota::ExhaustedMarker;
+    use crate::store::{Codec, SharedStore};
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+    usage_answer(&e, &mut c, 40);
+    // A marker says the tenant is exhausted (written by hand: this Envoy writes none while it holds
+    // a lease of the tenant).
+    let marker = ExhaustedMarker {
+        month_end_unix: i64::MAX,
+        limit: 1_000_000,
+        config_limit: 1_000_000,
+        remaining: 0,
+    };
+    e.store
+        .set(&ExhaustedMarker::key("acme"), &marker.encode(), 0)
+        .unwrap();
+    // Within 100 ms of the lease serving the tenant, the marker is not read: the lease decides.
+    e.advance_ms(50);
+    let reads = e.store.reads();
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+    assert_eq!(
+        e.store.reads() - reads,
+        2,
+        "the bucket and the lease account, no marker"
+    );
+    usage_answer(&e, &mut c, 40);
+    // Later, the marker is read again and refuses in the headers phase.
+    e.advance_ms(200);
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert_eq!(c.status(), Some(429));
+    assert!(!c.upstream_started);
+    assert_eq!(e.metric(Metric::QuotaRejectedCached), 1);
+}
+
+/// The usage of a leased request served with the reservation of the next one, or written by the tick.
+#[test]
+fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tick() {
+    let e = FakeEnvoy::new(&cfg(json!({"min_tokens": 1000})).to_string(), 2);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    let key = crate::lease::account_key("acme", Some("m"));
+    let account = || {
+        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+        a.unwrap()
+    };
+    // The account's CAS token: MemStore moves it by one per write.
+    let writes = |e: &FakeEnvoy| {
+        crate::store::SharedStore::get(&e.store, &key)
+            .unwrap()
+            .unwrap()
+            .1
+    };
+
+    let mut first = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(first.pending.is_none(), "served from the lease");
+    let reserved_each = account().inflight;
+    assert!(reserved_each > 40);
+    let before = writes(&e);
+    usage_answer(&e, &mut first, 40);
+    assert_eq!(writes(&e), before, "its end is kept by the VM");
+    assert_eq!(first.audit_field("actual").as_deref(), Some("40"));
+    assert_eq!((account().consumed, account().inflight), (0, reserved_each));
+
+    // The next request of the account writes it with its own reservation, in one CAS.
+    let before = writes(&e);
+    let mut second = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(second.pending.is_none());
+    assert_eq!(
+        writes(&e) - before,
+        1,
+        "one write for the end and the reservation"
+    );
+    assert_eq!(
+        (account().consumed, account().inflight),
+        (40, reserved_each)
+    );
+    usage_answer(&e, &mut second, 45);
+    // A second worker's requests of the account are its own; each worker's tick writes what it kept.
+    let mut third = e.send_on(1, "/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(third.pending.is_none());
+    usage_answer(&e, &mut third, 50);
+    assert_eq!(
+        (account().consumed, account().inflight),
+        (40, 2 * reserved_each)
+    );
+    e.tick(0);
+    assert_eq!(
+        (account().consumed, account().inflight),
+        (85, reserved_each)
+    );
+    e.tick(1);
+    assert_eq!((account().consumed, account().inflight), (135, 0));
+    // A sync reports all of it.
+    e.root_callouts.borrow_mut().clear();
+    e.advance_ms(1_100);
+    e.tick(0);
+    assert_eq!(
+        lease_calls(&e).last().map(|c| c.0.clone()),
+        Some("135".to_string())
+    );
+}
+
+#[test]
+fn a_worker_torn_down_writes_the_leased_requests_it_kept() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.pending.is_none(), "served from the lease");
+    usage_answer(&e, &mut c, 40);
+    let key = crate::lease::account_key("acme", Some("m"));
+    let account = || {
+        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+        a.unwrap()
+    };
+    assert!(account().inflight > 0);
+    e.done(0);
+    assert_eq!((account().consumed, account().inflight), (40, 0));
 }

@@ -56,7 +56,6 @@ fn s(actual: u64) -> (String, u64) {
 fn a_complete_answer_with_usage_is_charged_its_usage_token_for_token() {
     let e = envoy(quota_cfg(json!({})));
     let mut c = admitted(&e, &chat("m", "hello", 100));
-    let reserved = estimated(&c);
     e.respond(
         &mut c,
         200,
@@ -64,6 +63,7 @@ fn a_complete_answer_with_usage_is_charged_its_usage_token_for_token() {
         &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20,"total_tokens":27}}"#],
     );
     clean(&c);
+    let reserved = estimated(&c);
     assert_eq!(c.header("x-tokengate-quota-remaining"), Some("99500"));
     assert_eq!(c.header("x-tokengate-quota-limit"), Some("100000"));
     assert_eq!(c.audit_field("actual").as_deref(), Some("27"));
@@ -93,13 +93,13 @@ fn a_complete_answer_without_usage_is_charged_the_reservation() {
 fn an_answer_the_provider_did_not_serve_is_refunded_in_full() {
     let e = envoy(quota_cfg(json!({})));
     let mut c = admitted(&e, &chat("m", "hello", 100));
-    let reserved = estimated(&c);
     e.respond(
         &mut c,
         500,
         &[("content-type", "application/json")],
         &[r#"{"error":{}}"#],
     );
+    let reserved = estimated(&c);
     assert_eq!(c.audit_field("actual").as_deref(), Some("0"));
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("none"));
     assert!(reserved > 0);
@@ -385,4 +385,39 @@ fn charges_of_an_outage_wait_for_the_shim_and_are_sent_when_it_answers() {
     assert_eq!(charged, vec![("c".to_string(), 5); 5]);
     e.reply_root(0, 200, &eval(&[1, 1, 1, 1, 1]));
     assert_eq!(crate::journal::bounds(&e.store), (5, 5));
+}
+
+#[test]
+fn a_request_with_a_reservation_writes_its_audit_record_once_when_it_is_settled() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 100));
+    assert_eq!(c.audits, 0, "nothing before the settlement: {:?}", c.audit);
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20}}"#],
+    );
+    assert_eq!(c.audits, 1);
+    assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
+    assert_eq!(c.audit_field("actual").as_deref(), Some("27"));
+    assert_eq!(
+        c.audit_field("reserved"),
+        Some(estimated(&c).to_string()),
+        "{:?}",
+        c.audit
+    );
+    // The client goes before any response: settled in on_log, which writes the one record (Envoy
+    // writes its access log after on_log).
+    let mut d = admitted(&e, &chat("m", "hello", 100));
+    e.end(&mut d);
+    assert_eq!(d.audits, 1);
+    assert_eq!(d.audit_field("decision").as_deref(), Some("admit"));
+    assert!(d.audit_field("actual").is_some(), "{:?}", d.audit);
+    // Without a quota the record is written when the request is admitted.
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1e6, 1e9)]}));
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hello", 100));
+    assert!(c.forwarded);
+    assert_eq!(c.audits, 1);
+    assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
 }

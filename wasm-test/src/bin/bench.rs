@@ -38,7 +38,9 @@
 //!
 //! Extra rows for cost attribution: `BENCH_EXTRA="label=/path/a.wasm;other=/path/b.wasm|config"` adds one
 //! `tg:<label>` row per wasm (`;`-separated), run with the buckets configuration or with the plugin
-//! configuration after `|` (e.g. builds of the filter with one step removed, or a probe filter).
+//! configuration after `|` (e.g. builds of the filter with one step removed, or a probe filter): JSON, or
+//! the configuration of a row by preset name (`@quota`, `@leased`, `@global`, `@breaker`). A row whose
+//! configuration uses `quota` or `global_buckets` gets the `webdis` cluster (Redis and Webdis started).
 //!
 //! Two measurements per variant and round:
 //!
@@ -255,6 +257,18 @@ fn quota_leased_config() -> String {
     cfg.to_string()
 }
 
+/// The plugin configuration of a `BENCH_EXTRA` row: a preset name (`@quota`, `@leased`, `@global`,
+/// `@breaker`) or the JSON itself.
+fn preset_config(c: &str) -> String {
+    match c {
+        "@quota" => quota_config(),
+        "@leased" => quota_leased_config(),
+        "@global" => global_config(),
+        "@breaker" => breaker_config(),
+        json => json.to_string(),
+    }
+}
+
 /// The trusted team header of the limits rows (every bench request carries it).
 const TEAM_HEADER: &str = "x-tokengate-team";
 
@@ -377,6 +391,7 @@ fn variants() -> Vec<Variant> {
     let mut global = tg(GLOBAL, &tokengate, global_config());
     global.needs_webdis = true;
     global.skip.clone_from(&quota.skip);
+    let quota_skip = quota.skip.clone();
     rows.push(quota);
     rows.push(leased);
     rows.push(global);
@@ -386,13 +401,19 @@ fn variants() -> Vec<Variant> {
             if let Some((label, path)) = item.split_once('=') {
                 // `path|config`: another filter with its own plugin configuration.
                 let (path, config) = match path.split_once('|') {
-                    Some((p, c)) => (p, c.to_string()),
+                    Some((p, c)) => (p, preset_config(c.trim())),
                     None => (path, tokengate_config().to_string()),
                 };
                 let name = format!("tg:{}", label.trim());
+                // Redis + Webdis for a configuration that calls them.
+                let webdis = config.contains("\"quota\"") || config.contains("\"global_buckets\"");
                 let mut row = tg(&name, Path::new(path.trim()), config);
                 // A trimmed build may not add the response headers.
                 row.expect_header = None;
+                row.needs_webdis = webdis;
+                if webdis && row.skip.is_none() {
+                    row.skip.clone_from(&quota_skip);
+                }
                 rows.push(row);
             }
         }
