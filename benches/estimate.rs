@@ -14,7 +14,9 @@
 //!
 //! Exits non-zero when a class misses a target on either split: aggregate ratio within
 //! [`corpus::AGG_MIN`]..=[`corpus::AGG_MAX`], p95 |error| at most [`corpus::P95_MAX`] % (for
-//! short messages of at most 30 tokens: beyond 3 tokens). Speed is printed, never gated: absolute times depend on the machine and
+//! short messages of at most 30 tokens: beyond 3 tokens; for the junk class
+//! [`corpus::P95_UNGATED`] the p95 is printed, not gated: its aggregate is, and the lowest ratio of
+//! one sample is printed). Speed is printed, never gated: absolute times depend on the machine and
 //! its load (the target is ≤ 2 µs/KB natively); compare the µs/KB column with the `serde_json`
 //! column of the same run.
 #[path = "common/corpus.rs"]
@@ -222,18 +224,20 @@ fn main() {
 
     if !failed.is_empty() {
         eprintln!(
-            "\nFAIL: off target (aggregate estimate / o200k within {}..={}, p95 |error| <= {} %, on the fitted and the held-out split): {}",
+            "\nFAIL: off target (aggregate estimate / o200k within {}..={}, p95 |error| <= {} % but for {:?}, on the fitted and the held-out split): {}",
             corpus::AGG_MIN,
             corpus::AGG_MAX,
             corpus::P95_MAX,
+            corpus::P95_UNGATED,
             failed.join(", ")
         );
         std::process::exit(1);
     }
     println!(
-        "\nOK: every class within the targets (aggregate estimate / o200k within {}..={}, p95 |error| <= {} %) on both splits",
+        "\nOK: every class within the targets (aggregate estimate / o200k within {}..={}, p95 |error| <= {} % but for {:?}, printed, not gated) on both splits",
         corpus::AGG_MIN,
         corpus::AGG_MAX,
-        corpus::P95_MAX
+        corpus::P95_MAX,
+        corpus::P95_UNGATED
     );
 }

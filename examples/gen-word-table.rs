@@ -125,7 +125,7 @@ fn main() {
         fp.len(),
         fp.len() as f64 / entries.len() as f64
     );
-    let (pair, prefix) = word_table::thai_pairs(&bpe, &entries);
+    let [pair, prefix, mid, end4] = word_table::thai_pairs(&bpe, &entries);
     let (hira, kata) = word_table::kana_pairs(&bpe);
     let bits = |b: &[u64; 144]| {
         b.chunks(4)
@@ -151,6 +151,13 @@ fn main() {
          /// Pairs of Thai characters that begin a Thai word of the table (three or four characters).\n\
          #[rustfmt::skip]\n\
          pub(super) static THAI_PREFIX: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of Thai characters that are the second and third of a Thai word of the table.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static THAI_MID: [u64; 144] = [\n{}];\n\n\
+         /// Pairs of Thai characters that are the third and fourth of a four-character Thai word of\n\
+         /// the table.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static THAI_END4: [u64; 144] = [\n{}];\n\n\
          /// Pairs of hiragana (codes from U+3040, bit `96 a + b`) that are an o200k token.\n\
          #[rustfmt::skip]\n\
          pub(super) static HIRA_PAIR: [u64; 144] = [\n{}];\n\n\
@@ -161,6 +168,8 @@ fn main() {
         fp.len(),
         bits(&pair),
         bits(&prefix),
+        bits(&mid),
+        bits(&end4),
         bits(&hira),
         bits(&kata),
     );

@@ -122,14 +122,17 @@ pub fn limit(script: Script, space: bool) -> u32 {
 }
 
 /// The Thai pair bitmaps (bit `96 a + b` for the pair of codes `a`, `b`): pairs that are an o200k
-/// token without a space, and pairs that begin a Thai word of the table (three or four characters).
-pub fn thai_pairs(bpe: &tiktoken_rs::CoreBPE, entries: &[Entry]) -> ([u64; 144], [u64; 144]) {
+/// token without a space; pairs that begin a Thai word of the table (three or four characters);
+/// pairs that are its second and third characters; pairs that are the third and fourth of a word of
+/// four (the last two only let the estimator skip lookups that cannot succeed).
+pub fn thai_pairs(bpe: &tiktoken_rs::CoreBPE, entries: &[Entry]) -> [[u64; 144]; 4] {
     let code = |c: char| u32::from(c) - 0xE00;
     let set = |bits: &mut [u64; 144], a: u32, b: u32| {
         let k = (a * THAI_CODES + b) as usize;
         bits[k / 64] |= 1 << (k % 64);
     };
-    let (mut pair, mut prefix) = ([0u64; 144], [0u64; 144]);
+    let (mut pair, mut prefix, mut mid, mut end4) =
+        ([0u64; 144], [0u64; 144], [0u64; 144], [0u64; 144]);
     for rank in 0..200_000u32 {
         let Ok(bytes) = bpe.decode_bytes(&[rank]) else {
             continue;
@@ -147,8 +150,12 @@ pub fn thai_pairs(bpe: &tiktoken_rs::CoreBPE, entries: &[Entry]) -> ([u64; 144],
     for e in entries.iter().filter(|e| e.script == Script::Thai) {
         let chars: Vec<char> = e.word.chars().collect();
         set(&mut prefix, code(chars[0]), code(chars[1]));
+        set(&mut mid, code(chars[1]), code(chars[2]));
+        if let [_, _, c, d] = chars[..] {
+            set(&mut end4, code(c), code(d));
+        }
     }
-    (pair, prefix)
+    [pair, prefix, mid, end4]
 }
 
 /// The kana pair bitmaps (bit `96 a + b` for the pair of codes `a`, `b` from U+3040 for hiragana,

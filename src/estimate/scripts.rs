@@ -9,7 +9,7 @@ use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
 use super::words::{known, MAX_WORD};
-use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_PAIR, THAI_PREFIX};
+use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
 /// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
 /// None if no UTF-8 character starts at `i`.
@@ -512,17 +512,6 @@ pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     j
 }
 
-/// The code of the Thai character at `k` (U+0E00..=U+0E7F as 0..128), if one is there.
-#[inline(always)]
-fn thai_code(bytes: &[u8], k: usize) -> Option<usize> {
-    match *bytes.get(k..)? {
-        [0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF, ..] => {
-            Some((usize::from(b1 & 1) << 6) | usize::from(b2 & 0x3F))
-        }
-        _ => None,
-    }
-}
-
 /// Whether the pair of Thai codes `a`, `b` is set in `bits` (see `words_table.rs`).
 #[inline(always)]
 fn thai_pair(bits: &[u64; 144], a: usize, b: usize) -> bool {
@@ -533,43 +522,61 @@ fn thai_pair(bits: &[u64; 144], a: usize, b: usize) -> bool {
 
 /// [`feature::THAI_TOKENS`] of the Thai run `bytes[from..to]` (Thai characters and single spaces):
 /// o200k tokens by greedy longest match over the Thai words of the word table (four or three
-/// characters, looked up only after a pair that begins one) and the Thai pairs that are tokens, one
+/// characters, looked up only where their pairs of characters can be those of a word: see
+/// [`THAI_PREFIX`], [`THAI_MID`], [`THAI_END4`]) and the Thai pairs that are tokens, one
 /// character otherwise; a space ends a match. BPE is not greedy, but on Thai the count is within a
 /// few percent of o200k's (the run's pre-tokenizer pieces are long, its tokens short).
 #[inline(never)]
 pub(super) fn thai_tokens(bytes: &[u8], from: usize, to: usize) -> u64 {
-    let code = |k: usize| {
-        if k + 3 <= to {
-            thai_code(bytes, k)
-        } else {
-            None
-        }
+    let run = bytes.get(from..to).unwrap_or(&[]);
+    // The run holds only Thai characters (E0 B8 80..=E0 B9 BF) and spaces: a lead byte E0 is one.
+    let code = |k: usize| match run.get(k..k + 3) {
+        Some(&[0xE0, b1, b2]) => Some((usize::from(b1 & 1) << 6) | usize::from(b2 & 0x3F)),
+        _ => None,
     };
     let mut n = 0u64;
-    let mut i = from;
-    // `i` ≤ `to` ≤ `bytes.len()`: the sums cannot overflow.
-    while i < to {
-        let Some(a) = code(i) else {
+    let mut i = 0;
+    // The code at `i`, carried over from the last step where it was read there.
+    let mut at = code(0);
+    // `i` ≤ `run.len()`: the sums cannot overflow.
+    while i < run.len() {
+        let Some(a) = at else {
             // A space between two Thai characters.
             i += 1;
+            at = code(i);
             continue;
         };
         n += 1;
-        let Some(b) = code(i + 3) else {
+        let next = code(i + 3);
+        let Some(b) = next else {
             i += 3;
+            at = next;
             continue;
         };
-        if thai_pair(&THAI_PREFIX, a, b) && code(i + 6).is_some() {
-            if code(i + 9).is_some() && known(bytes, i, i + 12, false) {
-                i += 12;
-                continue;
-            }
-            if known(bytes, i, i + 9, false) {
-                i += 9;
-                continue;
+        if thai_pair(&THAI_PREFIX, a, b) {
+            if let Some(c) = code(i + 6).filter(|&c| thai_pair(&THAI_MID, b, c)) {
+                let w = from + i;
+                if code(i + 9).is_some_and(|d| thai_pair(&THAI_END4, c, d))
+                    && known(bytes, w, w + 12, false)
+                {
+                    i += 12;
+                    at = code(i);
+                    continue;
+                }
+                if known(bytes, w, w + 9, false) {
+                    i += 9;
+                    at = code(i);
+                    continue;
+                }
             }
         }
-        i += if thai_pair(&THAI_PAIR, a, b) { 6 } else { 3 };
+        if thai_pair(&THAI_PAIR, a, b) {
+            i += 6;
+            at = code(i);
+        } else {
+            i += 3;
+            at = next;
+        }
     }
     n
 }
