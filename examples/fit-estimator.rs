@@ -65,7 +65,7 @@ const FIXED: &[(usize, f64)] = &[
     (feature::ALPHA_KNOWN, 1.0),
     (feature::ALPHA_KNOWN_BARE, 1.0),
     (feature::EMOJI, 1.6),
-    (feature::PUNCT_MIX, 0.6),
+    (feature::PUNCT_MIX, 0.67),
     (feature::NEWLINE_16, 1.0),
     (feature::SPACE_128, 1.0),
     (feature::SYMBOL, 1.5),
@@ -76,6 +76,7 @@ const FIXED: &[(usize, f64)] = &[
     (feature::LATIN_EXT_PAIR, 0.95),
     // o200k has few half-width katakana: most are two byte tokens each.
     (feature::HALFWIDTH_KANA, 2.0),
+    (feature::LATIN_RARE_PAIR, 1.4),
 ];
 
 /// Where the ridge pulls each weight: the weights fitted before the tab, half-width kana and text
@@ -92,7 +93,7 @@ const PRIOR: [f64; NUM_FEATURES] = [
     1.000, 1.500, 0.250, 1.000, 0.293, 0.550, 0.750, 0.522,
     0.512, 0.568, 0.491, 3.000, 0.222, 0.110, 0.818, 0.093,
     1.000, 0.300, 2.000, 0.000, 1.000, 1.000, 1.000, 1.000,
-    0.500, 0.000, 0.000, 0.000, 1.000, 0.000, 0.000, 0.000,
+    0.500, 0.000, 0.000, 0.000, 1.000, 0.000, 1.300, 0.500,
 ];
 
 /// Lower bounds of fitted weights: a weight that comes out below its bound is set to it and the
