@@ -168,10 +168,8 @@ pub(super) struct Tally {
     /// Line-break runs right after punctuation; tabs right before a letter.
     punct_newlines: u64,
     tab_words: u64,
-    /// Rare letter pairs of the words of five letters or more the table does not know, and of the
-    /// words of three or four letters.
+    /// Rare letter pairs of the words of five letters or more the table does not know.
     rare_pairs: u64,
-    rare_pairs_short: u64,
 }
 
 impl Tally {
@@ -209,7 +207,6 @@ impl Tally {
         bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
         bump(f, feature::TAB_WORD, self.tab_words);
         bump(f, feature::LATIN_RARE_PAIR, self.rare_pairs);
-        bump(f, feature::LATIN_RARE_PAIR_SHORT, self.rare_pairs_short);
         let [known_space, known_bare] = self.known;
         bump(f, feature::LATIN_KNOWN, known_space);
         bump(f, feature::LATIN_KNOWN_BARE, known_bare);
@@ -539,19 +536,6 @@ fn count(
             t.known_upper += u64::from((upper & span).count_ones());
         } else if (upper & ((u64::MAX >> (64 - len)) << first)).count_ones() <= 1 {
             t.rare_pairs += rare_pairs(rest, from, from + len);
-        }
-    }
-
-    // Words of three or four letters: their rare letter pairs.
-    let mut short = r3 & !r5;
-    while short != 0 {
-        let first = short.trailing_zeros();
-        short &= short - 1;
-        let len = (word_end >> first).trailing_zeros() + 1;
-        let span = (u64::MAX >> (64 - len)) << first;
-        if (upper & span).count_ones() <= 1 {
-            let from = first as usize;
-            t.rare_pairs_short += rare_pairs(rest, from, from + len as usize);
         }
     }
 

@@ -9,50 +9,50 @@ use super::weights::NUM_FEATURES;
 pub(super) const FITTED: [f64; NUM_FEATURES] = [
     1.000, // word_1, set by hand
     1.000, // word_2, set by hand
-    1.225, // word_3
+    1.226, // word_3
     1.000, // word_4, set by hand
-    1.494, // word_5
-    1.078, // word_6
-    1.267, // word_7
-    1.469, // word_8
-    1.499, // word_9_10
-    1.532, // word_long
+    1.506, // word_5
+    1.075, // word_6
+    1.255, // word_7
+    1.451, // word_8
+    1.485, // word_9_10
+    1.528, // word_long
     -0.011, // word_long_chars
-    0.529, // latin_ext
+    0.523, // latin_ext
     0.226, // cyrillic
     0.345, // greek
     0.309, // arabic
     0.333, // indic
     0.734, // alpha_runs
     0.139, // thai
-    -0.229, // thai_runs
-    0.883, // hiragana
+    -0.230, // thai_runs
+    0.882, // hiragana
     1.194, // katakana
-    1.680, // han
-    0.061, // cjk_runs
-    1.196, // hangul
-    0.295, // hangul_runs
+    1.684, // han
+    0.055, // cjk_runs
+    1.195, // hangul
+    0.294, // hangul_runs
     1.000, // digit_groups, set by hand
     0.000, // punct, set by hand
     1.000, // punct_runs, set by hand
-    0.082, // wide_punct
+    0.086, // wide_punct
     1.600, // emoji, set by hand
-    1.006, // other
+    1.004, // other
     1.000, // newline_runs, set by hand
     1.000, // space_runs, set by hand
     1.000, // space_before_digit, set by hand
-    0.318, // upper
-    -0.750, // punct_word
-    2.564, // han_rare
+    0.327, // upper
+    -0.741, // punct_word
+    2.569, // han_rare
     0.793, // han_merge
-    2.343, // hangul_rare
+    2.341, // hangul_rare
     0.638, // hangul_merge
-    0.030, // thai_common
+    0.029, // thai_common
     0.000, // thai_rare, set by hand
-    -0.264, // caps_word_chars
-    0.700, // katakana_runs
-    0.065, // hump
-    0.294, // alnum_switch
+    -0.272, // caps_word_chars
+    0.698, // katakana_runs
+    0.079, // hump
+    0.315, // alnum_switch
     0.670, // punct_mix, set by hand
     1.000, // newline_16, set by hand
     1.000, // space_128, set by hand
@@ -62,29 +62,29 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     0.298, // hebrew
     0.550, // alpha_long, set by hand
     0.950, // latin_ext_pair, set by hand
-    0.881, // greek_runs
-    0.852, // arabic_runs
+    0.880, // greek_runs
+    0.854, // arabic_runs
     0.959, // hebrew_runs
-    0.988, // indic_runs
+    0.989, // indic_runs
     3.000, // other_wide, set by hand
-    0.424, // cyrillic_uk
+    0.423, // cyrillic_uk
     0.051, // cyrillic_uk_text
-    0.959, // latin_ext_a
-    0.390, // latin_ext_a_text
-    1.252, // tab
-    0.040, // tab_indent
+    0.962, // latin_ext_a
+    0.393, // latin_ext_a_text
+    1.255, // tab
+    0.027, // tab_indent
     2.000, // halfwidth_kana, set by hand
-    0.113, // text
+    0.111, // text
     1.000, // latin_known, set by hand
     1.000, // latin_known_bare, set by hand
     1.000, // alpha_known, set by hand
     1.000, // alpha_known_bare, set by hand
     0.000, // punct_newline, set by hand
-    -0.206, // tab_word
+    -0.218, // tab_word
     0.200, // punct_repeat
-    0.895, // thai_tokens
+    0.897, // thai_tokens
     1.067, // kata_known
-    -1.022, // kana_pairs
+    -1.019, // kana_pairs
     1.400, // latin_rare_pair, set by hand
-    0.408, // latin_rare_pair_short
+    0.000, // reserved_79
 ];

@@ -185,12 +185,6 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
         if !accented && upper <= 1 {
             bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
         }
-    } else if !accented && letters >= 3 && upper <= 1 {
-        bump(
-            f,
-            feature::LATIN_RARE_PAIR_SHORT,
-            rare_pairs(bytes, start, i),
-        );
     }
     if mixed {
         bump(f, feature::LATIN_EXT_A, ext_a);
@@ -240,12 +234,6 @@ fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usize, w: Optio
             return;
         }
         bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, i, i + len));
-    } else if len >= 3 {
-        bump(
-            f,
-            feature::LATIN_RARE_PAIR_SHORT,
-            rare_pairs(bytes, i, i + len),
-        );
     }
     count_word(f, len);
 }

@@ -182,9 +182,7 @@ pub mod feature {
     /// `HTTPServer`-like words of code and identifiers have features of their own): random letter strings, which o200k splits into
     /// pieces of about two letters, where word-length rates say one or two tokens a word.
     pub const LATIN_RARE_PAIR: usize = 78;
-    /// Rare letter pairs of plain ASCII words of three or four letters, at most one of them a
-    /// capital (not looked up in the table: nearly all real ones are one token; random ones two).
-    pub const LATIN_RARE_PAIR_SHORT: usize = 79;
+    pub const RESERVED_79: usize = 79;
 }
 
 /// Weight (tokens) of each feature.
@@ -283,5 +281,5 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "kata_known",
     "kana_pairs",
     "latin_rare_pair",
-    "latin_rare_pair_short",
+    "reserved_79",
 ];

@@ -154,16 +154,18 @@ pub(super) fn known_short(w: u64, len: usize, space: bool) -> bool {
 /// The rare letter pairs in the ASCII letters `bytes[from..to]` (see `RARE_PAIR` in
 /// `words_table.rs`): where o200k seldom joins two letters of a word it does not know (random letter
 /// strings have about one pair in three rare, a word of real text one pair in a hundred).
-#[inline(never)]
+#[inline(always)]
 pub(super) fn rare_pairs(bytes: &[u8], from: usize, to: usize) -> u64 {
     let word = bytes.get(from..to).unwrap_or(&[]);
-    let mut n = 0u32;
-    for p in word.windows(2) {
-        if let [a, b] = *p {
-            // `& 31` folds case: `A`/`a` is 1, …, `Z`/`z` 26.
-            let row = RARE_PAIR.get(usize::from(a & 31)).copied().unwrap_or(0);
-            n += (row >> (b & 31)) & 1;
-        }
+    let Some((&first, rest)) = word.split_first() else {
+        return 0;
+    };
+    let (mut n, mut prev) = (0u32, first);
+    for &b in rest {
+        // `& 31` folds case: `A`/`a` is 1, …, `Z`/`z` 26 (and is within the 32 rows).
+        let row = RARE_PAIR.get(usize::from(prev & 31)).copied().unwrap_or(0);
+        n += (row >> (b & 31)) & 1;
+        prev = b;
     }
     u64::from(n)
 }
