@@ -65,7 +65,7 @@ const FIXED: &[(usize, f64)] = &[
     (feature::ALPHA_KNOWN, 1.0),
     (feature::ALPHA_KNOWN_BARE, 1.0),
     (feature::EMOJI, 1.6),
-    (feature::PUNCT_MIX, 0.6),
+    (feature::PUNCT_MIX, 0.67),
     (feature::NEWLINE_16, 1.0),
     (feature::SPACE_128, 1.0),
     (feature::SYMBOL, 1.5),
@@ -76,6 +76,7 @@ const FIXED: &[(usize, f64)] = &[
     (feature::LATIN_EXT_PAIR, 0.95),
     // o200k has few half-width katakana: most are two byte tokens each.
     (feature::HALFWIDTH_KANA, 2.0),
+    (feature::LATIN_RARE_PAIR, 1.4),
 ];
 
 /// Where the ridge pulls each weight: the weights fitted before the tab, half-width kana and text
@@ -92,7 +93,7 @@ const PRIOR: [f64; NUM_FEATURES] = [
     1.000, 1.500, 0.250, 1.000, 0.293, 0.550, 0.750, 0.522,
     0.512, 0.568, 0.491, 3.000, 0.222, 0.110, 0.818, 0.093,
     1.000, 0.300, 2.000, 0.000, 1.000, 1.000, 1.000, 1.000,
-    0.500, 0.000, 0.000, 0.000, 1.000, 0.000, 0.000, 0.000,
+    0.500, 0.000, 0.000, 0.000, 1.000, 0.000, 1.300, 0.000,
 ];
 
 /// Lower bounds of fitted weights: a weight that comes out below its bound is set to it and the
@@ -158,6 +159,20 @@ fn probes() -> Vec<(&'static str, String)> {
     let hex: String = (0..512)
         .map(|_| char::from(b"0123456789abcdef"[(next() % 16) as usize]))
         .collect();
+    // Random words of `n` letters, a space after each.
+    let mut words = |n: usize, count: usize| -> String {
+        (0..count * (n + 1))
+            .map(|i| {
+                if i % (n + 1) == n {
+                    ' '
+                } else {
+                    char::from(b'a' + (next() % 26) as u8)
+                }
+            })
+            .collect()
+    };
+    let random_3 = words(3, 150);
+    let random_4 = words(4, 120);
     vec![
         ("tab runs (`\\t` × 1000)", "\t".repeat(1000)),
         ("mixed tab/newline (`\\t\\n` × 500)", "\t\n".repeat(500)),
@@ -166,6 +181,8 @@ fn probes() -> Vec<(&'static str, String)> {
             "alpha\tbeta\t12\n".repeat(200),
         ),
         ("random lower-case letters, words of 8", random_letters),
+        ("random lower-case letters, words of 4", random_4),
+        ("random lower-case letters, words of 3", random_3),
         ("hex (512 digits)", hex),
         (
             "UUIDs × 20",

@@ -127,6 +127,14 @@ fn main() {
     );
     let [pair, prefix, mid, end4] = word_table::thai_pairs(&bpe, &entries);
     let (hira, kata) = word_table::kana_pairs(&bpe);
+    let rare = word_table::rare_pairs(&bpe);
+    let rare_rows: String = rare
+        .chunks(4)
+        .map(|c| {
+            let row: Vec<String> = c.iter().map(|x| format!("{x:#010x}")).collect();
+            format!("    {},\n", row.join(", "))
+        })
+        .collect();
     let bits = |b: &[u64; 144]| {
         b.chunks(4)
             .map(|c| {
@@ -163,7 +171,11 @@ fn main() {
          pub(super) static HIRA_PAIR: [u64; 144] = [\n{}];\n\n\
          /// Pairs of katakana (codes from U+30A0, bit `96 a + b`) that are an o200k token.\n\
          #[rustfmt::skip]\n\
-         pub(super) static KATA_PAIR: [u64; 144] = [\n{}];\n",
+         pub(super) static KATA_PAIR: [u64; 144] = [\n{}];\n\n\
+         /// Rare pairs of ASCII letters (bit `b & 31` of row `a & 31` for the pair `a`, `b`, either\n\
+         /// case): held by fewer than {} o200k tokens of ASCII letters.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static RARE_PAIR: [u32; 32] = [\n{}];\n",
         entries.len(),
         fp.len(),
         bits(&pair),
@@ -172,6 +184,8 @@ fn main() {
         bits(&end4),
         bits(&hira),
         bits(&kata),
+        word_table::RARE_PAIR_TOKENS,
+        rare_rows,
     );
     let dir = root.join("src/estimate");
     for (name, bytes) in [

@@ -183,6 +183,44 @@ pub fn kana_pairs(bpe: &tiktoken_rs::CoreBPE) -> ([u64; 144], [u64; 144]) {
     (hira, kata)
 }
 
+/// Fewest o200k tokens of ASCII letters (two or more, with a leading space or not, case folded)
+/// that hold a letter pair for it to count as common: the pairs below are rare ones (`qx`, `jz`,
+/// `vk`: a random letter string has about one in three of them, a word of real text that the word
+/// table does not know about one in 25 words).
+pub const RARE_PAIR_TOKENS: u32 = 40;
+
+/// The rare letter pairs of ASCII words (bit `b & 31` of row `a & 31` for the pair `a`, `b`, either
+/// case): pairs that fewer than [`RARE_PAIR_TOKENS`] o200k tokens of ASCII letters hold. o200k must
+/// split a word between letters that no token joins, and seldom joins the rare ones.
+pub fn rare_pairs(bpe: &tiktoken_rs::CoreBPE) -> [u32; 32] {
+    let mut count = [[0u32; 26]; 26];
+    for rank in 0..200_000u32 {
+        let Ok(bytes) = bpe.decode_bytes(&[rank]) else {
+            continue;
+        };
+        let word = bytes.strip_prefix(b" ").unwrap_or(&bytes);
+        if word.len() < 2 || !word.iter().all(u8::is_ascii_alphabetic) {
+            continue;
+        }
+        for p in word.windows(2) {
+            let (a, b) = (
+                p[0].to_ascii_lowercase() - b'a',
+                p[1].to_ascii_lowercase() - b'a',
+            );
+            count[a as usize][b as usize] += 1;
+        }
+    }
+    let mut rare = [0u32; 32];
+    for (row, counts) in rare.iter_mut().skip(1).zip(&count) {
+        for (b, &n) in counts.iter().enumerate() {
+            if n < RARE_PAIR_TOKENS {
+                *row |= 1 << (b + 1);
+            }
+        }
+    }
+    rare
+}
+
 /// One word of the table.
 pub struct Entry {
     pub rank: u32,

@@ -21,7 +21,7 @@
 
 use super::text::{bump, punct_before, Counts};
 use super::weights::feature;
-use super::words::known;
+use super::words::{known, rare_pairs};
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -168,6 +168,8 @@ pub(super) struct Tally {
     /// Line-break runs right after punctuation; tabs right before a letter.
     punct_newlines: u64,
     tab_words: u64,
+    /// Rare letter pairs of the words of five letters or more the table does not know.
+    rare_pairs: u64,
 }
 
 impl Tally {
@@ -204,6 +206,7 @@ impl Tally {
         );
         bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
         bump(f, feature::TAB_WORD, self.tab_words);
+        bump(f, feature::LATIN_RARE_PAIR, self.rare_pairs);
         let [known_space, known_bare] = self.known;
         bump(f, feature::LATIN_KNOWN, known_space);
         bump(f, feature::LATIN_KNOWN_BARE, known_bare);
@@ -531,6 +534,8 @@ fn count(
             }
             let span = (u64::MAX >> (64 - len)) << first;
             t.known_upper += u64::from((upper & span).count_ones());
+        } else if (upper & ((u64::MAX >> (64 - len)) << first)).count_ones() <= 1 {
+            t.rare_pairs += rare_pairs(rest, from, from + len);
         }
     }
 

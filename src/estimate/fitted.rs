@@ -9,82 +9,82 @@ use super::weights::NUM_FEATURES;
 pub(super) const FITTED: [f64; NUM_FEATURES] = [
     1.000, // word_1, set by hand
     1.000, // word_2, set by hand
-    1.206, // word_3
+    1.226, // word_3
     1.000, // word_4, set by hand
-    1.576, // word_5
-    1.021, // word_6
-    1.286, // word_7
-    1.436, // word_8
-    1.473, // word_9_10
-    1.529, // word_long
-    -0.003, // word_long_chars
-    0.522, // latin_ext
-    0.225, // cyrillic
-    0.349, // greek
-    0.307, // arabic
+    1.506, // word_5
+    1.075, // word_6
+    1.255, // word_7
+    1.451, // word_8
+    1.485, // word_9_10
+    1.528, // word_long
+    -0.011, // word_long_chars
+    0.523, // latin_ext
+    0.226, // cyrillic
+    0.345, // greek
+    0.309, // arabic
     0.333, // indic
-    0.743, // alpha_runs
-    0.136, // thai
-    -0.236, // thai_runs
-    0.880, // hiragana
-    1.196, // katakana
-    1.688, // han
-    0.046, // cjk_runs
-    1.193, // hangul
-    0.291, // hangul_runs
+    0.734, // alpha_runs
+    0.139, // thai
+    -0.230, // thai_runs
+    0.882, // hiragana
+    1.194, // katakana
+    1.684, // han
+    0.055, // cjk_runs
+    1.195, // hangul
+    0.294, // hangul_runs
     1.000, // digit_groups, set by hand
     0.000, // punct, set by hand
     1.000, // punct_runs, set by hand
-    0.094, // wide_punct
+    0.086, // wide_punct
     1.600, // emoji, set by hand
-    0.991, // other
+    1.004, // other
     1.000, // newline_runs, set by hand
     1.000, // space_runs, set by hand
     1.000, // space_before_digit, set by hand
-    0.333, // upper
-    -0.691, // punct_word
-    2.598, // han_rare
-    0.794, // han_merge
-    2.330, // hangul_rare
-    0.641, // hangul_merge
-    0.030, // thai_common
+    0.327, // upper
+    -0.741, // punct_word
+    2.569, // han_rare
+    0.793, // han_merge
+    2.341, // hangul_rare
+    0.638, // hangul_merge
+    0.029, // thai_common
     0.000, // thai_rare, set by hand
-    -0.291, // caps_word_chars
-    0.693, // katakana_runs
-    0.065, // hump
-    0.400, // alnum_switch
-    0.600, // punct_mix, set by hand
+    -0.272, // caps_word_chars
+    0.698, // katakana_runs
+    0.079, // hump
+    0.315, // alnum_switch
+    0.670, // punct_mix, set by hand
     1.000, // newline_16, set by hand
     1.000, // space_128, set by hand
     1.500, // symbol, set by hand
     0.250, // zero_width, set by hand
     1.000, // zero_width_runs, set by hand
-    0.299, // hebrew
+    0.298, // hebrew
     0.550, // alpha_long, set by hand
     0.950, // latin_ext_pair, set by hand
-    0.864, // greek_runs
-    0.871, // arabic_runs
+    0.880, // greek_runs
+    0.854, // arabic_runs
     0.959, // hebrew_runs
-    0.994, // indic_runs
+    0.989, // indic_runs
     3.000, // other_wide, set by hand
-    0.409, // cyrillic_uk
-    0.052, // cyrillic_uk_text
-    0.995, // latin_ext_a
-    0.446, // latin_ext_a_text
-    1.258, // tab
-    0.000, // tab_indent, set by hand
+    0.423, // cyrillic_uk
+    0.051, // cyrillic_uk_text
+    0.962, // latin_ext_a
+    0.393, // latin_ext_a_text
+    1.255, // tab
+    0.027, // tab_indent
     2.000, // halfwidth_kana, set by hand
-    0.103, // text
+    0.111, // text
     1.000, // latin_known, set by hand
     1.000, // latin_known_bare, set by hand
     1.000, // alpha_known, set by hand
     1.000, // alpha_known_bare, set by hand
     0.000, // punct_newline, set by hand
-    -0.253, // tab_word
-    0.369, // punct_repeat
-    0.901, // thai_tokens
-    1.074, // kata_known
-    -1.010, // kana_pairs
-    0.000, // reserved_78
+    -0.218, // tab_word
+    0.200, // punct_repeat
+    0.897, // thai_tokens
+    1.067, // kata_known
+    -1.019, // kana_pairs
+    1.400, // latin_rare_pair, set by hand
     0.000, // reserved_79
 ];

@@ -4,7 +4,7 @@
 use super::classes::{classify, cp3, decode, Cls};
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
-use super::words::{known, known_short, MIN_ASCII};
+use super::words::{known, known_short, rare_pairs, MIN_ASCII};
 
 /// Feature counters of one text: the [`NUM_FEATURES`] features.
 pub(super) type Counts = [u64; NUM_FEATURES];
@@ -182,6 +182,9 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
             bump(f, known_feature(space), 1);
             return i;
         }
+        if !accented && upper <= 1 {
+            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
+        }
     }
     if mixed {
         bump(f, feature::LATIN_EXT_A, ext_a);
@@ -230,6 +233,7 @@ fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usize, w: Optio
             bump(f, known_feature(space), 1);
             return;
         }
+        bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, i, i + len));
     }
     count_word(f, len);
 }

@@ -177,7 +177,11 @@ pub mod feature {
     /// Pairs of hiragana, or of katakana, that are an o200k token, taken greedily from the left in
     /// runs of kana: each merges two characters into one token.
     pub const KANA_PAIRS: usize = 77;
-    pub const RESERVED_78: usize = 78;
+    /// Rare letter pairs (see `rare_pairs` in `words.rs`) of plain ASCII words of five letters or
+    /// more, at most one of them a capital, that the word table does not know (the all-capital and
+    /// `HTTPServer`-like words of code and identifiers have features of their own): random letter strings, which o200k splits into
+    /// pieces of about two letters, where word-length rates say one or two tokens a word.
+    pub const LATIN_RARE_PAIR: usize = 78;
     pub const RESERVED_79: usize = 79;
 }
 
@@ -276,6 +280,6 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "thai_tokens",
     "kata_known",
     "kana_pairs",
-    "reserved_78",
+    "latin_rare_pair",
     "reserved_79",
 ];

@@ -19,8 +19,12 @@
 //! The words, their hash seed and the table are written by `examples/gen-word-table.rs` from
 //! tiktoken-rs' o200k_base (which words it takes, by script and rank, is documented there and in
 //! `docs/estimator.md`); the tests check the table against the vocabulary.
+//!
+//! A word of five ASCII letters or more that the table does not know is also read for its rare
+//! letter pairs ([`rare_pairs`]: pairs that few o200k tokens hold, from a generated bitmap), where
+//! o200k splits random letter strings into short pieces.
 
-use super::words_table::{BLOCK, FINGERPRINTS, SEED};
+use super::words_table::{BLOCK, FINGERPRINTS, RARE_PAIR, SEED};
 
 /// Longest word looked up, in bytes (longer words are never known).
 pub const MAX_WORD: usize = 32;
@@ -145,6 +149,25 @@ pub(super) fn known(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
 #[inline(always)]
 pub(super) fn known_short(w: u64, len: usize, space: bool) -> bool {
     has(short_hash(w, len, space, SEED))
+}
+
+/// The rare letter pairs in the ASCII letters `bytes[from..to]` (see `RARE_PAIR` in
+/// `words_table.rs`): where o200k seldom joins two letters of a word it does not know (random letter
+/// strings have about one pair in three rare, a word of real text one pair in a hundred).
+#[inline(always)]
+pub(super) fn rare_pairs(bytes: &[u8], from: usize, to: usize) -> u64 {
+    let word = bytes.get(from..to).unwrap_or(&[]);
+    let Some((&first, rest)) = word.split_first() else {
+        return 0;
+    };
+    let (mut n, mut prev) = (0u32, first);
+    for &b in rest {
+        // `& 31` folds case: `A`/`a` is 1, …, `Z`/`z` 26 (and is within the 32 rows).
+        let row = RARE_PAIR.get(usize::from(prev & 31)).copied().unwrap_or(0);
+        n += (row >> (b & 31)) & 1;
+        prev = b;
+    }
+    u64::from(n)
 }
 
 /// The table's hash seed and block length (for the generator's checks).
