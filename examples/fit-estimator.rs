@@ -76,6 +76,8 @@ const FIXED: &[(usize, f64)] = &[
     (feature::LATIN_EXT_PAIR, 0.95),
     // o200k has few half-width katakana: most are two byte tokens each.
     (feature::HALFWIDTH_KANA, 2.0),
+    // Letters beyond the 20th of a run of letters: never low on junk (few real words are longer).
+    (feature::WORD_EXCESS_LETTERS, 0.55),
     (feature::LATIN_RARE_PAIR, 1.4),
 ];
 

@@ -151,6 +151,8 @@ pub(super) struct Tally {
     /// 2, …, 9 and 11 letters; camelCase humps, letter/digit switches.
     n: [u64; 20],
     long_letters: u64,
+    /// Words of more than 20 letters the table does not know (see [`feature::WORD_EXCESS_LETTERS`]).
+    over_20: u64,
     caps_letters: u64,
     digit_groups: u64,
     punct_mix: u64,
@@ -204,6 +206,7 @@ impl Tally {
             feature::WORD_LONG_CHARS,
             self.long_letters.saturating_sub(self.known_long_letters),
         );
+        bump(f, feature::WORD_EXCESS_LETTERS, self.over_20);
         bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
         bump(f, feature::TAB_WORD, self.tab_words);
         bump(f, feature::LATIN_RARE_PAIR, self.rare_pairs);
@@ -546,7 +549,11 @@ fn count(
         let first = long.trailing_zeros();
         long &= long - 1;
         let last = (ends & (u64::MAX << first)).trailing_zeros();
-        t.long_letters += u64::from(last - first + 1);
+        let len = last - first + 1;
+        t.long_letters += u64::from(len);
+        t.over_20 += u64::from(
+            u64::from(len) > super::text::EXCESS_FROM && (known_starts >> first) & 1 == 0,
+        );
     }
     let mut caps = ends & upper & go_on;
     while caps != 0 {

@@ -86,5 +86,5 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     1.067, // kata_known
     -1.019, // kana_pairs
     1.400, // latin_rare_pair, set by hand
-    0.000, // reserved_79
+    0.550, // word_excess_letters, set by hand
 ];

@@ -39,6 +39,10 @@ pub(super) const WORD_FEATURE: [usize; 12] = [
 pub(super) fn count_word(f: &mut Counts, len: usize) {
     if len >= 11 {
         bump(f, feature::WORD_LONG_CHARS, len as u64);
+        if len as u64 > EXCESS_FROM {
+            // A mark for `derive`, which counts the letters.
+            bump(f, feature::WORD_EXCESS_LETTERS, 1);
+        }
     }
     bump(
         f,
@@ -455,9 +459,56 @@ pub fn text_features(text: &str) -> [u64; NUM_FEATURES] {
     if !text.is_empty() {
         // A `&str` is valid UTF-8: the scan never stops early.
         count_text(text.as_bytes(), &mut f);
-        derive(&mut f);
+        derive(&mut f, text.as_bytes());
     }
     f
+}
+
+/// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
+pub(super) const EXCESS_FROM: u64 = 20;
+
+/// Letters beyond the 20th of every run of ASCII letters in `bytes`, a run ending at a non-letter or
+/// where a capital follows a lower-case letter (`camelCase` words are pieces of their own in o200k):
+/// eight bytes at a time.
+fn long_run_excess(bytes: &[u8]) -> u64 {
+    const CASE: u64 = 0x2020_2020_2020_2020;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let (mut run, mut excess) = (0u64, 0u64);
+    let mut end = |run: u64| excess += run.saturating_sub(EXCESS_FROM);
+    // High bit of byte 0 set iff the byte before the chunk was a lower-case letter.
+    let mut lower_before = 0u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
+        // A byte is an ASCII letter iff, its case bit set, it is a lower-case letter.
+        let letter = !not_lower_mask(w | CASE) & HI;
+        let lower = !not_lower_mask(w) & HI;
+        let hump = letter & !lower & ((lower << 8) | lower_before);
+        lower_before = (lower >> 56) & 0x80;
+        // Boundaries: non-letters, and capitals after a lower-case letter (counted as boundaries,
+        // so the run after a hump starts one letter short: never more excess than there is).
+        let m = (!letter & HI) | hump;
+        if m == 0 {
+            run += 8;
+            continue;
+        }
+        run += u64::from(m.trailing_zeros() / 8);
+        end(run);
+        run = u64::from(m.leading_zeros() / 8);
+    }
+    let mut was_lower = lower_before != 0;
+    for &b in chunks.remainder() {
+        let hump = was_lower && b.is_ascii_uppercase();
+        was_lower = b.is_ascii_lowercase();
+        if b.is_ascii_alphabetic() && !hump {
+            run += 1;
+        } else {
+            end(run);
+            run = 0;
+        }
+    }
+    end(run);
+    excess
 }
 
 /// Script-aware token estimate for one piece of text (the core). 0 for empty text, at least 1 otherwise.
@@ -488,7 +539,7 @@ pub(super) fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Opt
     if !count_features::<WINDOWS>(bytes, &mut f, windows) {
         return None;
     }
-    derive(&mut f);
+    derive(&mut f, bytes);
     let mut sum = 0.0f64;
     // In feature order, as a plain loop over all of them would add. Zero counts add nothing (the sum
     // is never -0.0), so they are skipped, four at a time: short texts touch few features.
@@ -506,11 +557,18 @@ pub(super) fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Opt
     Some((sum.round() as u64).max(1))
 }
 
-/// The features that describe the whole text (of a non-empty text): [`feature::TEXT`], and from the
-/// counts of the others [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`].
+/// The features that describe the whole text (of a non-empty text): [`feature::TEXT`], from the
+/// counts of the others [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`], and from
+/// `bytes` [`feature::WORD_EXCESS_LETTERS`] (only when the loops saw a word of more than 20 letters).
 #[inline(always)]
-pub(super) fn derive(f: &mut Counts) {
+pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
     bump(f, feature::TEXT, 1);
+    // The loops count the words of more than 20 letters there; only then are their letters counted.
+    if let Some(excess) = f.get_mut(feature::WORD_EXCESS_LETTERS) {
+        if *excess != 0 {
+            *excess = long_run_excess(bytes);
+        }
+    }
     let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
     let uk = count(f, feature::CYRILLIC_UK);
     if uk != 0 {

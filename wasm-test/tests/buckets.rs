@@ -595,3 +595,71 @@ fn refund_unused_gives_back_what_the_provider_did_not_use() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+/// One user message of `text` (no `max_tokens`: the default output is added).
+fn chat_with(text: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "gpt-test", "max_tokens": 16,
+        "messages": [{"role": "user", "content": text}]}))
+    .unwrap()
+}
+
+/// `n` pseudo-random lower-case letters (a fixed xorshift: the same text every run).
+fn random_letters(n: usize) -> String {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect()
+}
+
+/// A black-box finding: one long word of letters was estimated at about 1 token (100,000 × 'x': 9 tokens
+/// against o200k's 12,508), so it passed token buckets, `cost_exceeds_burst` and the quota, and a long
+/// word even lowered the estimate of the text around it. o200k counts ≥ 1/8 token per letter on a run of
+/// one lower-case letter and about 1/2 on random letters: the estimate must not be lower.
+#[test]
+fn a_long_word_is_never_estimated_below_what_it_costs_and_never_lowers_the_estimate() {
+    let mock = mock_provider!();
+    let envoy = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 1_000_000.0, 100_000_000)])),
+    );
+    let estimate = |text: &str| admitted(&tg::post_chat(&envoy, "longword", &chat_with(text)));
+    let xs = estimate(&"x".repeat(100_000));
+    assert!(
+        xs >= 100_000 / 8,
+        "100,000 × 'x' estimated {xs} (o200k: 12,508)"
+    );
+    let random = estimate(&random_letters(50_000));
+    assert!(
+        random >= 50_000 * 45 / 100,
+        "50,000 random letters estimated {random} (o200k: about 26,000)"
+    );
+    let prose =
+        "The quick brown fox jumps over the lazy dog while the river runs to the sea. ".repeat(300);
+    let alone = estimate(&prose);
+    let with_word = estimate(&format!("{prose}{}", "x".repeat(100_000)));
+    assert!(
+        with_word >= alone + 100_000 / 8,
+        "prose {alone}, prose + a 100,000-letter word {with_word}"
+    );
+    tg::assert_no_panic(&envoy);
+
+    // And a bucket of 2,000 tokens refuses it outright: it costs more than the burst.
+    let small = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
+    );
+    let r = tg::post_chat(&small, "longword", &chat_with(&"x".repeat(100_000)));
+    tg::assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "cost_exceeds_burst",
+        "cost_exceeds_burst",
+    );
+    tg::assert_no_panic(&small);
+}

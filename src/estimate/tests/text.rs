@@ -159,8 +159,9 @@ fn eight_byte_word_scanning_matches_a_byte_by_byte_scan() {
         text_features("abcdefghijkl café naïve résumé x"),
         text_features("abcdefghijkl café naïve résumé x")
     );
-    // o200k: one token (the alphabet); its rare letter pairs make it look random: over, not under.
-    in_range("abcdefghijklmnopqrstuvwxyz", 2, 12);
+    // o200k: one token (the alphabet); its rare letter pairs and its 6 letters beyond the 20th make it
+    // look random: over, not under.
+    in_range("abcdefghijklmnopqrstuvwxyz", 2, 16);
     in_range("façade", 1, 3);
 }
 
@@ -388,4 +389,44 @@ fn words_outside_the_table_are_rarely_taken_for_known_ones() {
     assert_eq!(f[feature::LATIN_KNOWN], 3);
     let f = text_features("привет мир");
     assert_eq!(f[feature::ALPHA_KNOWN], 1);
+}
+
+#[test]
+fn a_long_run_of_letters_is_never_estimated_low_and_never_lowers_the_estimate() {
+    // A black-box finding: the fitted per-letter weight of long words is slightly negative (real words
+    // of 11+ letters cost about the same whatever their length), so a 100,000-letter word came out at
+    // 1 token, and appended to a text it lowered the text's estimate. o200k: 12,508 for 'x' × 100,000,
+    // 6,250 for 'X' × 100,000, about 0.52 a letter for random letters.
+    let bpe = tiktoken_rs::o200k_base().unwrap();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let random: String = (0..20_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    let prose = "The river runs to the sea past the old mill. ".repeat(50);
+    for word in [
+        "x".repeat(100_000),
+        "X".repeat(100_000),
+        "ab".repeat(30_000),
+        random.clone(),
+        random.to_ascii_uppercase(),
+        format!("{}{}", "Q", &random[1..]),
+    ] {
+        let real = bpe.encode_ordinary(&word).len() as u64;
+        let est = text_tokens(&word);
+        assert!(est >= real, "{}…: {est} < o200k {real}", &word[..12]);
+        let alone = text_tokens(&prose);
+        for text in [format!("{prose}{word}"), format!("{word} {prose}")] {
+            assert!(
+                text_tokens(&text) >= alone + real,
+                "{}…: {} < prose {alone} + o200k {real}",
+                &word[..12],
+                text_tokens(&text)
+            );
+        }
+    }
 }
