@@ -1983,11 +1983,10 @@ fn a_busy_tenant_is_served_from_its_lease_and_charged_exactly_what_it_used() {
     let tenant = "leased";
     let key = used_key(tenant, &month_label(now_unix()));
     let body = chat_body(40, false, None);
-    let calls0 = script_calls(s.redis());
     let mut served = 0u64;
     let n = 300;
     let mut client = http::Client::new(envoy.port);
-    for _ in 0..n {
+    let mut send = |served: &mut u64| {
         let r = client
             .post(
                 tg::CHAT,
@@ -1999,15 +1998,29 @@ fn a_busy_tenant_is_served_from_its_lease_and_charged_exactly_what_it_used() {
             )
             .expect("POST");
         ok(&r);
-        served += reported_usage(&r);
+        *served += reported_usage(&r);
+    };
+    // Until the first lease is granted (one tick and a Redis round trip: longer on a loaded
+    // machine), requests reserve one by one; then every request is served from the lease.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while envoy.stat("tokengate_quota_leased") == 0 {
+        assert!(Instant::now() < deadline, "no lease after 10 s");
+        send(&mut served);
+    }
+    let (calls0, leased0) = (
+        script_calls(s.redis()),
+        envoy.stat("tokengate_quota_leased"),
+    );
+    for _ in 0..n {
+        send(&mut served);
     }
     let calls = script_calls(s.redis()) - calls0;
-    let leased = envoy.stat("tokengate_quota_leased");
+    let leased = envoy.stat("tokengate_quota_leased") - leased0;
     println!(
         "{n} requests: {leased} from the lease, {calls} script calls ({:.3} per request)",
         calls as f64 / n as f64
     );
-    assert!(leased >= n - 10, "served from the lease: {leased} of {n}");
+    assert!(leased >= n - 2, "served from the lease: {leased} of {n}");
     assert!(
         (calls as f64) < 0.1 * n as f64,
         "{calls} script calls for {n} requests"
