@@ -152,6 +152,33 @@ pub struct RedisCluster {
     dir: TempDir,
 }
 
+/// Spawns one cluster node of `bin` on `port` (cluster bus on `bus_port`), its files in `node_dir`.
+fn spawn_node(bin: &str, opts: &ClusterOpts, node_dir: &Path, port: u16, bus_port: u16) -> Child {
+    let mut cmd = Command::new(bin);
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-port", &bus_port.to_string()])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .args(["--cluster-node-timeout", &opts.node_timeout_ms.to_string()])
+        // A replica syncs at once (not after the default 5 s wait for more replicas).
+        .args(["--repl-diskless-sync-delay", "0"])
+        .args(["--save", "", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(node_dir)
+        .arg("--logfile")
+        .arg(node_dir.join("redis.log"));
+    if opts.appendonly {
+        cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
+    } else {
+        cmd.args(["--appendonly", "no"]);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot spawn {bin} (apt-get install redis-server): {e}"))
+}
+
 impl RedisCluster {
     /// Starts `masters × (1 + replicas)` nodes of `$REDIS_SERVER` (default `redis-server`) on free
     /// loopback ports, joins them with `$REDIS_CLI` (default `redis-cli`) `--cluster create …
@@ -166,32 +193,7 @@ impl RedisCluster {
             let node_dir = dir.path().join(format!("node{i}"));
             fs::create_dir_all(&node_dir).unwrap_or_else(|e| panic!("{}: {e}", node_dir.display()));
             let (port, bus_port) = (free_port(), free_port());
-            let mut cmd = Command::new(&bin);
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-port", &bus_port.to_string()])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args(["--cluster-node-timeout", &opts.node_timeout_ms.to_string()])
-                // A replica syncs at once (not after the default 5 s wait for more replicas).
-                .args(["--repl-diskless-sync-delay", "0"])
-                .args(["--save", "", "--daemonize", "no"])
-                .arg("--dir")
-                .arg(&node_dir)
-                .arg("--logfile")
-                .arg(node_dir.join("redis.log"));
-            if opts.appendonly {
-                cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
-            } else {
-                cmd.args(["--appendonly", "no"]);
-            }
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("cannot spawn {bin} (apt-get install redis-server): {e}")
-                });
+            let child = spawn_node(&bin, &opts, &node_dir, port, bus_port);
             nodes.push(ClusterNode {
                 port,
                 bus_port,
@@ -215,10 +217,20 @@ impl RedisCluster {
                     break;
                 }
                 if let Ok(Some(st)) = cluster.nodes[i].child.try_wait() {
-                    panic!(
-                        "cluster node on {port} exited {st}: {}",
-                        cluster.nodes[i].log()
-                    );
+                    // A free port another test took between the pick and the bind: new ports
+                    // (bounded).
+                    let log = cluster.nodes[i].log();
+                    if log.matches("Address already in use").count() <= 4
+                        && log.contains("Address already in use")
+                    {
+                        let (port, bus_port) = (free_port(), free_port());
+                        let node = &mut cluster.nodes[i];
+                        node.child = spawn_node(&bin, &cluster.opts, &node.dir, port, bus_port);
+                        node.port = port;
+                        node.bus_port = bus_port;
+                        continue;
+                    }
+                    panic!("cluster node on {port} exited {st}: {log}");
                 }
                 if Instant::now() >= deadline {
                     panic!("cluster node not answering PING on {port}");
