@@ -41,6 +41,11 @@ pub const SLOT: &str = "tg:gl:i:";
 pub const COUNTER: &str = "tg:n:gleases";
 /// The claim of the VM that walks the accounts.
 pub const LEADER: &str = "tg:gl:c";
+/// The accounts the leader walks: [`entry`]s.
+pub const REGISTRY: crate::store::Registry = crate::store::Registry {
+    counter: COUNTER,
+    slot: SLOT,
+};
 
 const WANTS_REFILL: u8 = 1;
 /// The registry was full when the account was made: the leader never walks it, so it is never leased
@@ -579,22 +584,6 @@ pub fn account_key(redis_key: &str) -> String {
     k
 }
 
-/// Registers a new account for the leader's walk (bounded by `max`). False when full.
-pub fn register(store: &dyn SharedStore, entry: &str, max: u32, retries: u32) -> bool {
-    let init = crate::store::Count(0);
-    let n = crate::store::update(store, COUNTER, retries, &init, |c: &crate::store::Count| {
-        if c.0 >= u64::from(max) {
-            (None, None)
-        } else {
-            (Some(c.0), Some(crate::store::Count(c.0 + 1)))
-        }
-    });
-    match n {
-        Ok((Some(i), _)) => store.set(&slot_key(i), entry.as_bytes(), 0).is_ok(),
-        _ => false,
-    }
-}
-
 /// The registry entry of a bucket: `<rule index>\n<rule name>\n<redis key>`.
 pub fn entry(rule: usize, name: &str, redis_key: &str) -> String {
     format!("{rule}\n{name}\n{redis_key}")
@@ -605,25 +594,6 @@ pub fn parse_entry(s: &str) -> Option<(usize, &str, &str)> {
     let mut it = s.splitn(3, '\n');
     let idx = it.next()?.parse().ok()?;
     Some((idx, it.next()?, it.next()?))
-}
-
-/// The registry slot key of account number `i`.
-pub fn slot_key(i: u64) -> String {
-    format!("{SLOT}{i}")
-}
-
-/// How many accounts are registered.
-pub fn registered(store: &dyn SharedStore) -> u64 {
-    crate::store::peek::<crate::store::Count>(store, COUNTER)
-        .ok()
-        .and_then(|(c, _)| c)
-        .map_or(0, |c| c.0)
-}
-
-/// The registry entry in slot `i`.
-pub fn slot(store: &dyn SharedStore, i: u64) -> Option<String> {
-    let (b, _) = store.get(&slot_key(i)).ok()??;
-    String::from_utf8(b).ok()
 }
 
 #[cfg(test)]
@@ -951,9 +921,9 @@ mod tests {
         let s = MemStore::new();
         let e = entry(3, "g", "tg:gb:{g:a}");
         assert_eq!(parse_entry(&e), Some((3, "g", "tg:gb:{g:a}")));
-        assert!(register(&s, &e, 1, 8));
-        assert!(!register(&s, "x", 1, 8));
-        assert_eq!(registered(&s), 1);
-        assert_eq!(slot(&s, 0).as_deref(), Some(e.as_str()));
+        assert!(REGISTRY.register(&s, &e, 1, 8));
+        assert!(!REGISTRY.register(&s, "x", 1, 8));
+        assert_eq!(REGISTRY.registered(&s), 1);
+        assert_eq!(REGISTRY.slot(&s, 0).as_deref(), Some(e.as_str()));
     }
 }

@@ -27,6 +27,11 @@ pub const SLOT: &str = "tg:la:i:";
 pub const COUNTER: &str = "tg:n:accounts";
 /// The claim of the VM that walks the accounts.
 pub const LEADER: &str = "tg:la:c";
+/// The accounts the leader walks: `<tenant>\n<model>` entries.
+pub const REGISTRY: crate::store::Registry = crate::store::Registry {
+    counter: COUNTER,
+    slot: SLOT,
+};
 /// This Envoy's id (a lease belongs to one Envoy process).
 pub const ENVOY: &str = "tg:envoy";
 
@@ -519,41 +524,6 @@ pub fn forbid(store: &dyn SharedStore, key: &str, retries: u32) {
     });
 }
 
-/// Registers a new account for the leader's walk (bounded by `max`). False when full.
-pub fn register(store: &dyn SharedStore, key: &str, max: u32, retries: u32) -> bool {
-    let init = crate::store::Count(0);
-    let n = crate::store::update(store, COUNTER, retries, &init, |c: &crate::store::Count| {
-        if c.0 >= u64::from(max) {
-            (None, None)
-        } else {
-            (Some(c.0), Some(crate::store::Count(c.0 + 1)))
-        }
-    });
-    match n {
-        Ok((Some(i), _)) => store.set(&slot_key(i), key.as_bytes(), 0).is_ok(),
-        _ => false,
-    }
-}
-
-/// The registry slot key of account number `i`.
-pub fn slot_key(i: u64) -> String {
-    format!("{SLOT}{i}")
-}
-
-/// How many accounts are registered.
-pub fn registered(store: &dyn SharedStore) -> u64 {
-    crate::store::peek::<crate::store::Count>(store, COUNTER)
-        .ok()
-        .and_then(|(c, _)| c)
-        .map_or(0, |c| c.0)
-}
-
-/// The account key in registry slot `i`.
-pub fn slot(store: &dyn SharedStore, i: u64) -> Option<String> {
-    let (b, _) = store.get(&slot_key(i)).ok()??;
-    String::from_utf8(b).ok()
-}
-
 /// This Envoy's id: made once (from `seed`, e.g. the time) and kept in shared data by the first VM.
 pub fn envoy_id(store: &dyn SharedStore, seed: u64) -> u64 {
     if let Ok(Some((b, _))) = store.get(ENVOY) {
@@ -807,11 +777,11 @@ mod tests {
     #[test]
     fn the_registry_is_bounded_and_envoy_ids_are_stable() {
         let s = MemStore::new();
-        assert!(register(&s, "a", 2, 8));
-        assert!(register(&s, "b", 2, 8));
-        assert!(!register(&s, "c", 2, 8));
-        assert_eq!(registered(&s), 2);
-        assert_eq!(slot(&s, 1).as_deref(), Some("b"));
+        assert!(REGISTRY.register(&s, "a", 2, 8));
+        assert!(REGISTRY.register(&s, "b", 2, 8));
+        assert!(!REGISTRY.register(&s, "c", 2, 8));
+        assert_eq!(REGISTRY.registered(&s), 2);
+        assert_eq!(REGISTRY.slot(&s, 1).as_deref(), Some("b"));
         let id = envoy_id(&s, 42);
         assert_eq!(envoy_id(&s, 43), id);
         assert_ne!(id, 0);

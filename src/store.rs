@@ -215,6 +215,52 @@ impl SharedStore for MemStore {
     }
 }
 
+/// A bounded registry of keys in shared data, for a leader VM to walk: a count at `counter` and entry
+/// number `i` at `<slot><i>` (quota leases and global-bucket leases each have one).
+#[derive(Debug, Clone, Copy)]
+pub struct Registry {
+    /// Key of the count of entries.
+    pub counter: &'static str,
+    /// Prefix of the entries' keys.
+    pub slot: &'static str,
+}
+
+impl Registry {
+    /// Adds `entry` (bounded by `max`). False when full (or the store failed).
+    pub fn register(&self, store: &dyn SharedStore, entry: &str, max: u32, retries: u32) -> bool {
+        let n = update(store, self.counter, retries, &Count(0), |c: &Count| {
+            if c.0 >= u64::from(max) {
+                (None, None)
+            } else {
+                (Some(c.0), Some(Count(c.0 + 1)))
+            }
+        });
+        match n {
+            Ok((Some(i), _)) => store.set(&self.slot_key(i), entry.as_bytes(), 0).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// The key of entry number `i`.
+    pub fn slot_key(&self, i: u64) -> String {
+        format!("{}{i}", self.slot)
+    }
+
+    /// How many entries are registered.
+    pub fn registered(&self, store: &dyn SharedStore) -> u64 {
+        peek::<Count>(store, self.counter)
+            .ok()
+            .and_then(|(c, _)| c)
+            .map_or(0, |c| c.0)
+    }
+
+    /// Entry number `i`.
+    pub fn slot(&self, store: &dyn SharedStore, i: u64) -> Option<String> {
+        let (b, _) = store.get(&self.slot_key(i)).ok()??;
+        String::from_utf8(b).ok()
+    }
+}
+
 /// A shared count (of created keys, for the `tg:n:*` bounds): `[1][count u64 LE]`, 9 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Count(pub u64);

@@ -69,7 +69,7 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
     let retries = cx.cfg.cas_max_retries;
     let max = u64::from(cx.cfg.max_tenants);
     let store = cx.store();
-    let may_create = || glease::registered(store) < max;
+    let may_create = || glease::REGISTRY.registered(store) < max;
     match glease::take(
         store,
         &akey,
@@ -89,7 +89,7 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
         }
         Take::Miss(ask, created, from) => {
             if created
-                && !glease::register(
+                && !glease::REGISTRY.register(
                     cx.store(),
                     &glease::entry(idx, &rule.name, key),
                     cx.cfg.max_tenants,
@@ -243,11 +243,11 @@ pub(super) fn tick(cx: &mut Cx, g: &GlobalSettings, pol: &Policy) {
     if owner == 0 || !crate::journal::claim_key(cx.store(), glease::LEADER, owner, now, retries) {
         return;
     }
-    let total = glease::registered(cx.store());
+    let total = glease::REGISTRY.registered(cx.store());
     for _ in 0..SCAN_PER_TICK.min(total) {
         let i = cx.worker.gleases.cursor % total;
         cx.worker.gleases.cursor = cx.worker.gleases.cursor.wrapping_add(1);
-        let Some(entry) = glease::slot(cx.store(), i) else {
+        let Some(entry) = glease::REGISTRY.slot(cx.store(), i) else {
             continue;
         };
         let Some((idx, name, key)) = glease::parse_entry(&entry) else {

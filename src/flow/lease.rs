@@ -130,7 +130,7 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
         Take::Miss(why) => {
             if why == Miss::Cold {
                 let entry = format!("{tenant}\n{}", model.unwrap_or(""));
-                if !lease::register(
+                if !lease::REGISTRY.register(
                     cx.store(),
                     &entry,
                     cx.cfg.max_tenants,
@@ -228,14 +228,14 @@ pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
     if owner == 0 || !crate::journal::claim_key(cx.store(), lease::LEADER, owner, now, retries) {
         return;
     }
-    let total = lease::registered(cx.store());
+    let total = lease::REGISTRY.registered(cx.store());
     if total == 0 {
         return;
     }
     for _ in 0..SCAN_PER_TICK.min(total) {
         let i = cx.worker.leases.cursor % total;
         cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
-        let Some(entry) = lease::slot(cx.store(), i) else {
+        let Some(entry) = lease::REGISTRY.slot(cx.store(), i) else {
             continue;
         };
         let (tenant, model) = match entry.split_once('\n') {
