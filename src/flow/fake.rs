@@ -557,28 +557,16 @@ impl FakeEnvoy {
     /// The root's tick on worker `w`: held requests due are resumed (their ids are recorded in
     /// `resumed`), settlements and credits are dispatched (`root_callouts`).
     pub fn tick(&self, w: usize) {
-        let mut fx = Vec::new();
-        {
-            let view = View {
-                now: self.now.get(),
-                store: &self.store,
-                props: &self.props,
-                body: None,
-            };
-            let mut wk = self.workers[w].borrow_mut();
-            let mut cx = Cx {
-                cfg: &self.cfg,
-                host: &view,
-                worker: &mut wk,
-                fx: &mut fx,
-            };
-            worker::on_tick(&mut cx);
-        }
-        self.apply_root(w, fx);
+        self.root_call(w, worker::on_tick);
     }
 
     /// Envoy tears down worker `w`'s plugin (its root context's `on_done`).
     pub fn done(&self, w: usize) {
+        self.root_call(w, worker::on_done);
+    }
+
+    /// Runs a root-context callback of worker `w` and applies its effects.
+    fn root_call(&self, w: usize, f: impl FnOnce(&mut Cx)) {
         let mut fx = Vec::new();
         {
             let view = View {
@@ -594,7 +582,7 @@ impl FakeEnvoy {
                 worker: &mut wk,
                 fx: &mut fx,
             };
-            worker::on_done(&mut cx);
+            f(&mut cx);
         }
         self.apply_root(w, fx);
     }
