@@ -7,50 +7,13 @@
 //! run alone, it only prints the sets' sizes in its order. With the argument `dump` it prints
 //! `text_tokens` of every corpus line and of 4000 random texts made from them (slices, mixes of
 //! classes, random Thai), one a line, to check that an optimisation leaves the estimates as they were.
+#[path = "../benches/common/bodies.rs"]
+mod bodies;
+
+use bodies::sized_bodies;
 use std::hint::black_box;
 use std::path::Path;
 use tokengate::estimate::{estimate, text_tokens, ApiKind, OutputLimits};
-
-fn chat_body(text: &str) -> Vec<u8> {
-    serde_json::json!({
-        "model": "gpt-4.1",
-        "messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": text}
-        ],
-        "max_tokens": 256,
-        "stream": true,
-        "stream_options": {"include_usage": true}
-    })
-    .to_string()
-    .into_bytes()
-}
-
-/// As `sized_bodies` in `benches/estimate.rs`.
-fn sized_bodies(texts: &[String], size: usize, count: usize) -> Vec<Vec<u8>> {
-    let target = size.saturating_sub(180).max(1);
-    let mut out = Vec::new();
-    let mut next = texts.iter().cycle();
-    for _ in 0..count {
-        let mut content = String::new();
-        while content.len() < target {
-            match next.next() {
-                Some(t) => {
-                    content.push_str(t);
-                    content.push_str("\n\n");
-                }
-                None => break,
-            }
-        }
-        let mut cut = target.min(content.len());
-        while !content.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        content.truncate(cut);
-        out.push(chat_body(&content));
-    }
-    out
-}
 
 /// The measured call: every body estimated once (one callgrind dump per call).
 #[inline(never)]
