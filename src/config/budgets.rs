@@ -295,7 +295,7 @@ pub(super) fn budgets(
         };
         return Err(err(
             field,
-            "applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+            "applies to budgets in money only, and quota.budgets has no budget in money (\"unit\": \"money\", the default): add one or remove this field",
         ));
     }
     if money && out.prices.is_empty() && star.is_none() {
@@ -405,11 +405,11 @@ mod tests {
             ),
             (
                 r#""monthly_limit": 5, "currency": "EUR""#,
-                "quota.currency: applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+                "quota.currency: applies to budgets in money only, and quota.budgets has no budget in money (\"unit\": \"money\", the default): add one or remove this field",
             ),
             (
                 r#""monthly_limit": 5, "prices": {"*": {"input": 1, "output": 1}}, "budgets": [{"monthly_limit": 9, "unit": "tokens"}]"#,
-                "quota.prices: applies to budgets in money only, and quota.budgets has none: add one or remove this field",
+                "quota.prices: applies to budgets in money only, and quota.budgets has no budget in money (\"unit\": \"money\", the default): add one or remove this field",
             ),
         ] {
             let cfg = format!(
