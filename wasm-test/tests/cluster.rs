@@ -528,6 +528,49 @@ struct FailoverRun {
     /// Kill → promoted replica serving its slots with `cluster_state:ok` everywhere.
     promotion: Duration,
     killed_at: Duration,
+    /// The kill, in wall-clock time (to place Envoy's log lines).
+    killed_wall: std::time::SystemTime,
+}
+
+/// Seconds since the Unix epoch of an Envoy log line's `[YYYY-MM-DD HH:MM:SS.mmm]` prefix (UTC), if any.
+fn log_line_time(line: &str) -> Option<f64> {
+    let ts = line.strip_prefix('[')?.get(..23)?;
+    let (date, time) = ts.split_once(' ')?;
+    let d: Vec<i64> = date.split('-').filter_map(|x| x.parse().ok()).collect();
+    let t: Vec<f64> = time.split(':').filter_map(|x| x.parse().ok()).collect();
+    let ([y, m, dd], [hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
+        return None;
+    };
+    // Days since the epoch (proleptic Gregorian, Howard Hinnant's days_from_civil).
+    let y = if *m <= 2 { y - 1 } else { *y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + dd - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + hh * 3600.0 + mm * 60.0 + ss)
+}
+
+/// Each Envoy's shim breaker transitions (`webdis shim …: a -> b (why)`), seconds since the kill.
+fn shim_transitions(
+    envoys: &[wasm_test::Envoy],
+    killed: std::time::SystemTime,
+) -> Vec<Vec<String>> {
+    let k = killed
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let mut rows = Vec::new();
+    for (i, e) in envoys.iter().enumerate() {
+        for line in e.log().lines() {
+            let Some(at) = line.find("webdis shim ").map(|p| &line[p..]) else {
+                continue;
+            };
+            let since = log_line_time(line).map_or("?".into(), |t| format!("{:+.2} s", t - k));
+            rows.push(vec![format!("envoy {i}"), since, at.to_string()]);
+        }
+    }
+    rows
 }
 
 /// 10 tenants per master (half of them capped at 20 000 weighted tokens), three Envoys × 2 workers,
@@ -556,6 +599,7 @@ fn failover(lease: bool, global: Option<GlobalPlan>, breaker: Option<u32>) {
     let (load, run) = run_load(&spec, |start| {
         std::thread::sleep(Duration::from_secs(5).saturating_sub(start.elapsed()));
         let killed = cluster.kill(victim);
+        let killed_wall = std::time::SystemTime::now();
         let promoted = cluster
             .wait_failover(victim, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("no failover: {e}"));
@@ -564,6 +608,7 @@ fn failover(lease: bool, global: Option<GlobalPlan>, breaker: Option<u32>) {
             promoted,
             promotion: killed.elapsed(),
             killed_at: killed - start,
+            killed_wall,
         }
     });
     let o = fleet::verify(&plan, &shim.cluster, &load, Duration::from_secs(20));
@@ -650,6 +695,13 @@ fn failover(lease: bool, global: Option<GlobalPlan>, breaker: Option<u32>) {
         ),
         class_table(&o),
         tenant_table(&o)
+    );
+    println!(
+        "shim breaker transitions (since the kill):\n{}",
+        table(
+            &["envoy", "at", "transition"],
+            &shim_transitions(&envoys, run.killed_wall)
+        )
     );
     // The invariants.
     assert_eq!(total.errors, 0, "transport errors");
