@@ -38,7 +38,13 @@ pub(super) fn shim_target(
     Ok((cluster, authority, timeout_ms))
 }
 
-/// The breaker on a Webdis shim (`field` names it in errors).
+/// The breaker on a Webdis shim (`field` names it in errors): `failure_threshold` failures within
+/// `window_ms` open it for `recovery_ms`, then one probe goes; a failed probe opens it for `recovery_ms`
+/// again, not longer (no backoff). The shim is the filter's own dependency and a whole Redis Cluster
+/// stands behind it: after an outage (a failover) every tenant waits for the next probe, so the wait
+/// after Redis answers again is at most one `recovery_ms` (plus the failed probe's callout), as the
+/// README documents; a growing recovery would stretch that to minutes while costing a dead shim only
+/// one callout per window fewer.
 pub(super) fn shim_breaker(
     field: &str,
     raw: Option<RawShimBreaker>,
@@ -52,7 +58,8 @@ pub(super) fn shim_breaker(
         failure_threshold: sb.failure_threshold.unwrap_or(3),
         window_ms: sb.window_ms.unwrap_or(10_000),
         recovery_ms: sb.recovery_ms.unwrap_or(5_000),
-        max_recovery_ms: sb.recovery_ms.unwrap_or(5_000).max(60_000),
+        max_recovery_ms: sb.recovery_ms.unwrap_or(5_000),
+        backoff_multiplier: 1.0,
         half_open_max_calls: 1,
         ..BreakerConfig::default()
     };

@@ -195,7 +195,10 @@ pub struct TenantTally {
     pub errors: u64,
     /// First and last moment (since the start) a served answer was sent.
     pub served_window: Option<(Duration, Duration)>,
-    /// First and last moment (since the start) a refusal whose reason ends in `_unavailable` was sent.
+    /// Refusals whose reason ends in `_unavailable` (since the start): when the first one was received,
+    /// and when the request of the last one was sent. Each refusal was decided between its request's
+    /// sending and its answer's receipt, so a bound on when the filter still refused holds for the
+    /// second figure whatever the client's latency (and a bound on when it began, for the first).
     pub unavailable_window: Option<(Duration, Duration)>,
 }
 
@@ -380,6 +383,7 @@ fn client(i: usize, spec: &LoadSpec, body: &[u8], total_weight: u64, start: Inst
         ];
         let t = tallies.entry(tenant.clone()).or_default();
         t.sent += 1;
+        let sent_at = start.elapsed();
         let outcome = match conn.post("/v1/chat/completions", &headers, body) {
             Ok(r) if r.status == 200 && r.header("x-mock-port").is_some() => {
                 let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
@@ -405,7 +409,7 @@ fn client(i: usize, spec: &LoadSpec, body: &[u8], total_weight: u64, start: Inst
                 *t.refused.entry(reason.clone()).or_default() += 1;
                 if reason.ends_with("_unavailable") {
                     let at = start.elapsed();
-                    t.unavailable_window = widen(t.unavailable_window, Some((at, at)));
+                    t.unavailable_window = widen(t.unavailable_window, Some((at, sent_at)));
                 }
                 reason
             }

@@ -118,6 +118,35 @@ fn the_shim_breaker_opens_after_three_failures_and_then_no_callout_is_made() {
     assert!(e.logged("webdis shim webdis: closed -> open"));
 }
 
+/// A Redis Cluster failover: the shim breaker opens on the dead master's errors, its probe after
+/// `recovery_ms` can still fail (the proxy routes the slot to the promoted replica only later), and
+/// then the next probe comes after `recovery_ms` again (5 s by default), not after a doubled wait: a
+/// tenant is refused for at most one recovery window once Redis answers again.
+#[test]
+fn after_a_failed_probe_the_shim_breaker_probes_again_after_recovery_ms_not_longer() {
+    let e = envoy(quota_cfg("closed"));
+    for _ in 0..3 {
+        let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+        e.dead_shim(&mut c);
+    }
+    for round in 0..3 {
+        e.advance_ms(4_999);
+        let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+        assert!(c.pending.is_none(), "round {round}: still open at 4.999 s");
+        assert_eq!(c.status(), Some(503));
+        e.advance_ms(1);
+        let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+        assert!(
+            c.pending.is_some(),
+            "round {round}: a probe 5 s after the breaker (re)opened: {:?}",
+            e.logs.borrow()
+        );
+        e.dead_shim(&mut c);
+        assert_eq!(c.status(), Some(503));
+    }
+    assert!(e.logged("webdis shim webdis: half_open -> open (probe_failed)"));
+}
+
 #[test]
 fn failure_logs_are_rate_limited_per_cause() {
     let e = envoy(quota_cfg("open"));
