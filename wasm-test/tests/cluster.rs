@@ -941,14 +941,16 @@ fn a_master_killed_under_load_quota_per_request_and_a_global_rule() {
     });
 }
 
-/// Every tenant on the killed master, and a node timeout of 4 s: the replica is promoted (and the
-/// proxy routes its slots) only after the shim breakers' first probe, 5 s after they opened (routed
-/// 7–10 s after the kill in 6 runs: the node timeout + 1–3 s of failure detection and election, + the
-/// proxy's next good 1 s refresh); the probes fail and the breakers open again for `recovery_ms`, not a doubled
-/// recovery (which a routing before 9 s shows: refusals until 15 s after the kill, past the bound;
-/// the load runs to 20 s after the kill, past the bound of a routing up to 13 s). (A CI run of
-/// the test above once had a promotion after 4.6 s, a failed probe at +5 s and tenants refused to the
-/// end of the load, 11 s after the kill: the breaker held 10 s more.)
+/// Every tenant on the killed master, and a node timeout of 5 s: the replica is promoted (and the
+/// proxy routes its slots) only after the shim breakers' first probe, 5 s after they opened (Redis
+/// marks a master failing only after the node timeout, and a replica waits at least 500 ms more before
+/// its election; with a node timeout of 4 s, routing came 7–10 s after the kill in 6 runs: the node
+/// timeout + 1–3 s of failure detection and election + the proxy's next good 1 s refresh). The probes
+/// fail and the breakers open again for `recovery_ms`, not for a doubled recovery (the breaker before
+/// the fix: refusals until 15 s after the kill, past the bound when routed before 9 s; the load runs
+/// to 21 s after the kill). (A CI run of the test above once had a promotion after 4.6 s, a failed
+/// probe at +5 s and tenants refused to the end of the load, 11 s after the kill: the breaker held
+/// 10 s more.)
 #[test]
 #[ignore = "long: make fleet"]
 fn a_master_promoted_after_the_first_shim_probe_quota_per_request_and_a_global_rule() {
@@ -956,7 +958,7 @@ fn a_master_promoted_after_the_first_shim_probe_quota_per_request_and_a_global_r
         lease: false,
         global: Some(GLOBAL),
         breaker: None,
-        node_timeout_ms: 4000,
+        node_timeout_ms: 5000,
         one_shard: true,
     });
 }
