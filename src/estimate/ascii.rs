@@ -361,24 +361,24 @@ fn mixed(src: &[u8; WINDOW], mut at: u64, same: u64) -> (u64, u64) {
     (mix, repeat)
 }
 
-/// Whether `bytes` looks mostly ASCII: at most one of eight words spread over it has a byte that is
-/// not, or in text of 32 words or more at most two of 32 (a guess either way costs speed, never
-/// correctness). Eight samples let text with a non-ASCII word in every few (a table with accented
-/// cells) through one time in four, and its windows are then mostly declined, at a cost.
+/// Whether `bytes` looks mostly ASCII where windows can read it: at least seven in 16 of up to
+/// 16 windows spread over it are ASCII (a guess either way costs speed, never correctness). Text with
+/// a non-ASCII word every few (a table with accented cells, European languages) has few such windows
+/// and would have most windows declined, at a cost; text in long runs of ASCII and of other scripts
+/// (a mix of code and prose in other languages, junk) has them and gains.
 #[inline(always)]
 pub(super) fn mostly(bytes: &[u8]) -> bool {
-    let words = bytes.len() / 8;
-    let (samples, most) = if words >= 32 { (32, 2) } else { (8, 1) };
-    let high = (0..samples)
-        .map(|k| k * words / samples * 8)
+    let windows = bytes.len() / WINDOW;
+    let samples = windows.min(16);
+    let ascii = (0..samples)
+        .map(|k| k * windows / samples * WINDOW)
         .filter(|&at| {
             bytes
-                .get(at..at + 8)
-                .and_then(|c| <[u8; 8]>::try_from(c).ok())
-                .is_some_and(|c| u64::from_le_bytes(c) & HI != 0)
+                .get(at..at + WINDOW)
+                .is_some_and(|w| w.iter().fold(0, |h, &b| h | b) < 0x80)
         })
         .count();
-    high <= most
+    ascii * 16 >= samples * 7 && samples > 0
 }
 
 /// What the piece before a window was, as far as the window's first piece cares.
