@@ -361,11 +361,11 @@ fn mixed(src: &[u8; WINDOW], mut at: u64, same: u64) -> (u64, u64) {
     (mix, repeat)
 }
 
-/// Whether `bytes` looks mostly ASCII where windows can read it: at least seven in 16 of up to
-/// 16 windows spread over it are ASCII (a guess either way costs speed, never correctness). Text with
-/// a non-ASCII word every few (a table with accented cells, European languages) has few such windows
-/// and would have most windows declined, at a cost; text in long runs of ASCII and of other scripts
-/// (a mix of code and prose in other languages, junk) has them and gains.
+/// Whether `bytes` looks mostly ASCII where windows can read it: of up to 16 windows spread evenly
+/// over it, at least seven in 16 are ASCII (a guess either way costs speed, never correctness). Text
+/// with a non-ASCII word every few (a table with accented cells, European languages) has few such
+/// windows and would have most windows declined or slow; text in long runs of ASCII and of other
+/// scripts (junk, code among prose in other languages) has them and gains.
 #[inline(always)]
 pub(super) fn mostly(bytes: &[u8]) -> bool {
     let windows = bytes.len() / WINDOW;
