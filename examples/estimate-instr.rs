@@ -6,11 +6,17 @@
 //! (`--toggle-collect` and `--dump-after` on `measure`) and prints instructions per KB per class;
 //! run alone, it only prints the sets' sizes in its order. With the argument `dump` it prints
 //! `text_tokens` of every corpus line and of 4000 random texts made from them (slices, mixes of
-//! classes, random Thai), one a line, to check that an optimisation leaves the estimates as they were.
+//! classes, random Thai), one a line, to check that an optimisation leaves the estimates as they were,
+//! then the `Estimate` (Debug) of every measured body (JSON escapes, framing) and of
+//! every corpus line as its own chat body.
+//!
+//! `estimate-instr repeat <class> <KB> <times>` estimates one class's set (`sized_bodies` of ~`KB`
+//! KB, 64 bodies at 1 KB, else 8) `times` times and prints the bytes estimated, for
+//! `perf stat` or `time` (CPU time per KB of one class; nothing else in the process).
 #[path = "../benches/common/bodies.rs"]
 mod bodies;
 
-use bodies::sized_bodies;
+use bodies::{chat_body, sized_bodies};
 use std::hint::black_box;
 use std::path::Path;
 use tokengate::estimate::{estimate, text_tokens, ApiKind, OutputLimits};
@@ -45,9 +51,36 @@ fn main() {
             .filter_map(|v| v.get("text").and_then(|t| t.as_str()).map(str::to_string))
             .collect()
     };
-    if std::env::args().nth(1).as_deref() == Some("dump") {
-        dump(&names.iter().flat_map(|n| load(n)).collect::<Vec<_>>());
-        return;
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("dump") => {
+            dump(&names.iter().flat_map(|n| load(n)).collect::<Vec<_>>());
+            for name in &names {
+                let texts = load(name);
+                for (size, count) in [(1usize << 10, 64usize), (16 << 10, 8)] {
+                    dump_bodies(&sized_bodies(&texts, size, count));
+                }
+                let lines: Vec<Vec<u8>> = texts.iter().map(|t| chat_body(&[t.as_str()])).collect();
+                dump_bodies(&lines);
+            }
+            return;
+        }
+        Some("repeat") => {
+            let arg = |k: usize| args.get(k).map(String::as_str).unwrap_or_default();
+            let (Ok(kb), Ok(times)) = (arg(3).parse::<usize>(), arg(4).parse::<usize>()) else {
+                eprintln!("usage: estimate-instr repeat <class> <KB> <times>");
+                std::process::exit(2);
+            };
+            let count = if kb <= 1 { 64 } else { 8 };
+            let bodies = sized_bodies(&load(arg(2)), kb << 10, count);
+            let bytes: usize = bodies.iter().map(Vec::len).sum();
+            for _ in 0..times {
+                measure(&bodies);
+            }
+            println!("{} {kb} {bytes} x {times}", arg(2));
+            return;
+        }
+        _ => {}
     }
     for name in names {
         let texts = load(&name);
@@ -56,6 +89,20 @@ fn main() {
             let bytes: usize = bodies.iter().map(Vec::len).sum();
             println!("{name} {} {bytes}", size >> 10);
             measure(&bodies);
+        }
+    }
+}
+
+/// What `estimate` gives each body (the `Estimate` or the error, Debug), one a line.
+fn dump_bodies(bodies: &[Vec<u8>]) {
+    let limits = |_: Option<&str>| OutputLimits {
+        default_tokens: 1024,
+        cap_tokens: 32768,
+    };
+    for b in bodies {
+        match estimate(ApiKind::ChatCompletions, b, &limits) {
+            Ok(e) => println!("{e:?}"),
+            Err(e) => println!("error {e:?}"),
         }
     }
 }

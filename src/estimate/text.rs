@@ -746,21 +746,26 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 let next = bytes.get(i + 1).copied().unwrap_or(b'\n');
                 if next != b' ' && next != b'\t' {
                     i += 1;
-                    match after_spaces(bytes, i) {
-                        AfterSpaces::Newline => {}
-                        _ => {
-                            let tab = if prev_class(bytes, i - 1) & B_NEWLINE != 0 {
-                                feature::TAB_INDENT
-                            } else {
-                                feature::TAB
-                            };
-                            // A lone tab is a piece of its own, before a digit too (there is
-                            // no space to set apart).
-                            bump(f, tab, 1);
-                            if letter_at(bytes, i) {
-                                bump(f, feature::TAB_WORD, 1);
-                            }
-                        }
+                    // What follows, from the byte at hand where it is ASCII (most cells): a line
+                    // break or not, a letter or not.
+                    let (newline, letter) = if next < 0x80 {
+                        (next == b'\n' || next == b'\r', next.is_ascii_alphabetic())
+                    } else {
+                        (
+                            after_spaces(bytes, i) == AfterSpaces::Newline,
+                            letter_at(bytes, i),
+                        )
+                    };
+                    if !newline {
+                        let tab = if prev_class(bytes, i - 1) & B_NEWLINE != 0 {
+                            feature::TAB_INDENT
+                        } else {
+                            feature::TAB
+                        };
+                        // A lone tab is a piece of its own, before a digit too (there is no
+                        // space to set apart).
+                        bump(f, tab, 1);
+                        bump(f, feature::TAB_WORD, u64::from(letter));
                     }
                     continue;
                 }
