@@ -9,27 +9,27 @@ use super::weights::NUM_FEATURES;
 pub(super) const FITTED: [f64; NUM_FEATURES] = [
     1.000, // word_1, set by hand
     1.000, // word_2, set by hand
-    1.226, // word_3
+    1.218, // word_3
     1.000, // word_4, set by hand
-    1.506, // word_5
-    1.075, // word_6
-    1.255, // word_7
-    1.451, // word_8
-    1.485, // word_9_10
-    1.528, // word_long
-    -0.011, // word_long_chars
-    0.523, // latin_ext
+    1.511, // word_5
+    1.076, // word_6
+    1.272, // word_7
+    1.453, // word_8
+    1.498, // word_9_10
+    1.533, // word_long
+    -0.010, // word_long_chars
+    0.530, // latin_ext
     0.226, // cyrillic
     0.345, // greek
     0.309, // arabic
     0.333, // indic
-    0.734, // alpha_runs
-    0.139, // thai
-    -0.230, // thai_runs
+    0.735, // alpha_runs
+    0.140, // thai
+    -0.229, // thai_runs
     0.882, // hiragana
     1.194, // katakana
     1.684, // han
-    0.055, // cjk_runs
+    0.057, // cjk_runs
     1.195, // hangul
     0.294, // hangul_runs
     1.000, // digit_groups, set by hand
@@ -41,8 +41,8 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     1.000, // newline_runs, set by hand
     1.000, // space_runs, set by hand
     1.000, // space_before_digit, set by hand
-    0.327, // upper
-    -0.741, // punct_word
+    0.325, // upper
+    -0.743, // punct_word
     2.569, // han_rare
     0.793, // han_merge
     2.341, // hangul_rare
@@ -51,8 +51,8 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     0.000, // thai_rare, set by hand
     -0.272, // caps_word_chars
     0.698, // katakana_runs
-    0.079, // hump
-    0.315, // alnum_switch
+    0.071, // hump
+    0.310, // alnum_switch
     0.670, // punct_mix, set by hand
     1.000, // newline_16, set by hand
     1.000, // space_128, set by hand
@@ -69,10 +69,10 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     3.000, // other_wide, set by hand
     0.423, // cyrillic_uk
     0.051, // cyrillic_uk_text
-    0.962, // latin_ext_a
-    0.393, // latin_ext_a_text
-    1.255, // tab
-    0.027, // tab_indent
+    0.958, // latin_ext_a
+    0.387, // latin_ext_a_text
+    1.253, // tab
+    0.033, // tab_indent
     2.000, // halfwidth_kana, set by hand
     0.111, // text
     1.000, // latin_known, set by hand
@@ -87,4 +87,8 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     -1.019, // kana_pairs
     1.400, // latin_rare_pair, set by hand
     0.550, // word_excess_letters, set by hand
+    1.000, // latin_rare_pair_short, set by hand
+    0.000, // reserved_81, set by hand
+    0.000, // reserved_82, set by hand
+    0.000, // reserved_83, set by hand
 ];
