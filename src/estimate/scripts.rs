@@ -224,9 +224,6 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut long = 0u64;
     // Known runs after a space and not.
     let mut known_runs = [0u64; 2];
-    // Greek words of two pieces of the table.
-    let mut two_pieces = 0u64;
-    let mut three_pieces = 0u64;
     // The run being read: where it starts, whether a space comes before it, its first letter.
     let mut from = i;
     let mut space = space_before(bytes, i);
@@ -264,21 +261,10 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                 _ => break,
             }
         }
-        let greek = class == usize::from(A_GREEK)
-            && letters >= GREEK_PIECES_MIN
-            && plain
-            && (j - from) as u64 == 2 * letters;
         if plain && letters >= 2 && known(bytes, from, j, space) {
             letters_of = before;
             if let Some(k) = known_runs.get_mut(usize::from(!space)) {
                 *k += 1;
-            }
-        } else if let Some(pieces) = greek.then(|| greek_pieces(bytes, from, j, space)).flatten() {
-            letters_of = before;
-            if pieces == 2 {
-                two_pieces += 1;
-            } else {
-                three_pieces += 1;
             }
         } else {
             if let Some(r) = runs_of.get_mut(class) {
@@ -310,44 +296,7 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let [known_space, known_bare] = known_runs;
     bump(f, feature::ALPHA_KNOWN, known_space);
     bump(f, feature::ALPHA_KNOWN_BARE, known_bare);
-    bump(f, feature::GREEK_TWO_PIECES, two_pieces);
-    bump(f, feature::GREEK_THREE_PIECES, three_pieces);
     j
-}
-
-/// Fewest letters of a Greek word that [`scan_alpha`] reads for two pieces (shorter ones cost about
-/// two tokens by their letters anyway).
-const GREEK_PIECES_MIN: u64 = 6;
-
-/// Whether the Greek word `bytes[from..to]` (two-byte letters only), after a space if `space`, is
-/// a word of the table followed by a word of the table without a space (`εμφαν` + `ίζεται`): o200k
-/// then has it in two tokens (the word itself is not a token: that was looked up first).
-#[inline(never)]
-fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
-    let mut mid = to;
-    while mid > from + 2 {
-        mid -= 2;
-        if known(bytes, mid, to, false) {
-            if known(bytes, from, mid, space) {
-                return Some(2);
-            }
-        }
-    }
-    let mut b = to;
-    while b > from + 4 {
-        b -= 2;
-        if !known(bytes, b, to, false) {
-            continue;
-        }
-        let mut a = b;
-        while a > from + 2 {
-            a -= 2;
-            if known(bytes, a, b, false) && known(bytes, from, a, space) {
-                return Some(3);
-            }
-        }
-    }
-    None
 }
 
 /// Rest of a run of kana and ideographs from `j` (the first character, at `i`, is counted); returns

@@ -194,14 +194,10 @@ pub mod feature {
     /// features say one. Counted by a second pass over the text, only for such texts (prose has
     /// longer words and few rare pairs in its short ones). Set by hand.
     pub const LATIN_RARE_PAIR_SHORT: usize = 80;
-    /// Greek words of six letters or more that the word table does not know but that are two of
-    /// its words, the second without a space (a stem and an ending: `εμφαν` + `ίζεται`): o200k
-    /// has them in two tokens, where their letters say four or five. Counted here instead of by
-    /// their letters and run (see `greek_pieces` in `scripts.rs`).
-    pub const GREEK_TWO_PIECES: usize = 81;
-    /// Greek words that the word table does not know, nor as two pieces, but as three: a word of
-    /// the table then two without a space. Counted instead of by their letters and run.
-    pub const GREEK_THREE_PIECES: usize = 82;
+    /// Not used yet (the features are weighed four at a time).
+    pub const RESERVED_81: usize = 81;
+    /// Not used yet.
+    pub const RESERVED_82: usize = 82;
     /// Not used yet.
     pub const RESERVED_83: usize = 83;
 }
@@ -304,7 +300,7 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "latin_rare_pair",
     "word_excess_letters",
     "latin_rare_pair_short",
-    "greek_two_pieces",
-    "greek_three_pieces",
+    "reserved_81",
+    "reserved_82",
     "reserved_83",
 ];
