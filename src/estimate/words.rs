@@ -24,7 +24,7 @@
 //! letter pairs ([`rare_pairs`]: pairs that few o200k tokens hold, from a generated bitmap), where
 //! o200k splits random letter strings into short pieces.
 
-use super::words_table::{BLOCK, FINGERPRINTS, RARE_PAIR, SEED};
+use super::words_table::{BLOCK, FINGERPRINTS, GREEK_PIECE_BITS, RARE_PAIR, SEED};
 
 /// Longest word looked up, in bytes (longer words are never known).
 pub const MAX_WORD: usize = 32;
@@ -168,6 +168,44 @@ pub(super) fn rare_pairs(bytes: &[u8], from: usize, to: usize) -> u64 {
         prev = b;
     }
     u64::from(n)
+}
+
+/// Start of the hash of a Greek piece read forwards that comes after a space (see [`greek_step`]).
+#[doc(hidden)]
+pub const GREEK_SPACED: u64 = 0x243F_6A88_85A3_08D3;
+/// Start of the hash of a Greek piece read forwards that no space comes before.
+#[doc(hidden)]
+pub const GREEK_BARE: u64 = 0x1319_8A2E_0370_7344;
+/// Start of the hash of a Greek piece without a space, read backwards (from its last letter).
+#[doc(hidden)]
+pub const GREEK_BACK: u64 = 0xA409_3822_299F_31D0;
+
+/// One Greek letter (`code`: its code point − U+0370 + 1, 1..=144) into the hash of a piece: a hash
+/// of all the prefixes (or suffixes) of a word in one pass, one step a letter.
+#[doc(hidden)]
+#[inline(always)]
+pub fn greek_step(h: u64, code: u64) -> u64 {
+    (h ^ code).wrapping_mul(K1)
+}
+
+/// The two bits of [`GREEK_PIECE_BITS`](super::words_table) that a piece's hash picks (0..65536
+/// each).
+#[doc(hidden)]
+#[inline(always)]
+pub fn greek_bits(h: u64) -> [usize; 2] {
+    [(h >> 48) as usize, ((h >> 32) & 0xFFFF) as usize]
+}
+
+/// Whether the Greek piece of hash `h` ([`greek_step`] from [`GREEK_SPACED`], [`GREEK_BARE`] or
+/// [`GREEK_BACK`]) is an o200k token of the table: a Bloom filter of the Greek words of the table
+/// (65,536 bits, two a piece, about 4,200 set: another piece passes with probability 1 in 250).
+#[inline(always)]
+pub(super) fn greek_maybe(h: u64) -> bool {
+    greek_bits(h).iter().all(|&bit| {
+        GREEK_PIECE_BITS
+            .get(bit >> 6)
+            .is_some_and(|w| (w >> (bit & 63)) & 1 != 0)
+    })
 }
 
 /// The table's hash seed and block length (for the generator's checks).
