@@ -138,12 +138,18 @@ fn main() {
             greek[bit >> 6] |= 1 << (bit & 63);
         }
     };
-    for e in entries.iter().filter(|e| e.script == word_table::Script::Greek) {
+    for e in entries
+        .iter()
+        .filter(|e| e.script == word_table::Script::Greek)
+    {
         let codes: Vec<u64> = e.word.chars().map(|c| u64::from(c) - 0x370 + 1).collect();
         let start = if e.space { GREEK_SPACED } else { GREEK_BARE };
         set(codes.iter().fold(start, |h, &c| greek_step(h, c)));
         if !e.space {
-            set(codes.iter().rev().fold(GREEK_BACK, |h, &c| greek_step(h, c)));
+            set(codes
+                .iter()
+                .rev()
+                .fold(GREEK_BACK, |h, &c| greek_step(h, c)));
         }
     }
     let greek_rows: String = greek

@@ -8,7 +8,9 @@ use super::classes::{
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
-use super::words::{greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD};
+use super::words::{
+    greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+};
 use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
 /// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
@@ -364,7 +366,8 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
         // The middle piece's hash, from letter `a` up to each candidate `b` > `a` (at most
         // `GREEK_BARE_MAX` letters on).
         let (mut m, mut k) = (GREEK_BARE, a as usize);
-        let mut last = suf & !((2u32 << a) - 1) & ((1u32 << (a as usize + GREEK_BARE_MAX + 1).min(31)) - 1);
+        let mut last =
+            suf & !((2u32 << a) - 1) & ((1u32 << (a as usize + GREEK_BARE_MAX + 1).min(31)) - 1);
         while last != 0 {
             let b = last.trailing_zeros() as usize;
             last &= last - 1;

@@ -641,8 +641,11 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
     // own).
     let short = sum(f, feature::WORD_1 + 2, feature::WORD_1 + 3);
     if short >= SHORT_WORDS_MIN {
-        let longer = sum(f, feature::WORD_1 + 4, feature::WORD_LONG)
-            .saturating_add(sum(f, feature::LATIN_KNOWN, feature::LATIN_KNOWN_BARE));
+        let longer = sum(f, feature::WORD_1 + 4, feature::WORD_LONG).saturating_add(sum(
+            f,
+            feature::LATIN_KNOWN,
+            feature::LATIN_KNOWN_BARE,
+        ));
         let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
         let dense = short.saturating_mul(SHORT_WORD_BYTES) >= bytes.len() as u64;
         // Random letters of base64 and hex are mostly words of one or two letters (between digits

@@ -23,6 +23,10 @@
 //! A word of five ASCII letters or more that the table does not know is also read for its rare
 //! letter pairs ([`rare_pairs`]: pairs that few o200k tokens hold, from a generated bitmap), where
 //! o200k splits random letter strings into short pieces.
+//!
+//! The Greek words of the table are also in a small Bloom filter ([`greek_maybe`]) whose hash is
+//! built one letter at a time ([`greek_step`]), so that every prefix and suffix of an unknown Greek
+//! word is asked for in one pass each (see `greek_pieces` in `scripts.rs`).
 
 use super::words_table::{BLOCK, FINGERPRINTS, GREEK_PIECE_BITS, RARE_PAIR, SEED};
 

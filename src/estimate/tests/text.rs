@@ -453,7 +453,10 @@ fn random_short_words_are_read_for_rare_pairs_where_they_are_most_of_the_text() 
         }
         let real = bpe.encode_ordinary(&text).len() as f64;
         let ratio = text_tokens(&text) as f64 / real;
-        assert!((min..1.3).contains(&ratio), "{len} letters: {ratio:.2} of {real}");
+        assert!(
+            (min..1.3).contains(&ratio),
+            "{len} letters: {ratio:.2} of {real}"
+        );
         assert!(text_features(&text)[feature::LATIN_RARE_PAIR_SHORT] > 50);
     }
     // Counted: `qxz` (2 rare pairs), `Vkjq`; not: an all-capital word, a word of two or five
