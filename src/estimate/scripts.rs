@@ -318,12 +318,11 @@ const GREEK_PIECES_MAX: usize = 24;
 const GREEK_FIRST_MAX: usize = 11;
 const GREEK_BARE_MAX: usize = 8;
 
-/// The code of the `k`th letter of a Greek word at `from` (two-byte letters): its code point −
-/// U+0370 + 1 (1..=144).
+/// The code of a Greek letter from its two bytes: its code point − U+0370 + 1 (1..=144).
 #[inline(always)]
-fn greek_code(bytes: &[u8], from: usize, k: usize) -> u64 {
-    match bytes.get(from + 2 * k..from + 2 * k + 2) {
-        Some(&[b0, b1]) => ((u64::from(b0 & 0x1F) << 6) | u64::from(b1 & 0x3F)).wrapping_sub(0x36F),
+fn pair_code(pair: &[u8]) -> u64 {
+    match *pair {
+        [b0, b1] => ((u64::from(b0 & 0x1F) << 6) | u64::from(b1 & 0x3F)).wrapping_sub(0x36F),
         _ => 0,
     }
 }
@@ -342,18 +341,24 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     }
     // Bit `k` (1..n): the first `k` letters may be a word of the table; the letters from the `k`th
     // on may be one without a space.
+    let word = bytes.get(from..to)?;
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
-    for k in 1..n.min(GREEK_FIRST_MAX + 1) {
-        h = greek_step(h, greek_code(bytes, from, k - 1));
-        pre |= u32::from(greek_maybe(h)) << k;
+    for (k, pair) in word
+        .chunks_exact(2)
+        .take((n - 1).min(GREEK_FIRST_MAX))
+        .enumerate()
+    {
+        h = greek_step(h, pair_code(pair));
+        pre |= u32::from(greek_maybe(h)) << (k + 1);
     }
     if pre == 0 {
         return None;
     }
     let mut g = GREEK_BACK;
-    for k in (n.saturating_sub(GREEK_BARE_MAX).max(1)..n).rev() {
-        g = greek_step(g, greek_code(bytes, from, k));
+    let lowest = n.saturating_sub(GREEK_BARE_MAX).max(1);
+    for (k, pair) in word.chunks_exact(2).enumerate().skip(lowest).rev() {
+        g = greek_step(g, pair_code(pair));
         suf |= u32::from(greek_maybe(g)) << k;
     }
     if pre & suf != 0 {
@@ -371,10 +376,10 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
         while last != 0 {
             let b = last.trailing_zeros() as usize;
             last &= last - 1;
-            while k < b {
-                m = greek_step(m, greek_code(bytes, from, k));
-                k += 1;
+            for pair in word.get(2 * k..2 * b).unwrap_or(&[]).chunks_exact(2) {
+                m = greek_step(m, pair_code(pair));
             }
+            k = b;
             if greek_maybe(m) {
                 return Some(3);
             }
