@@ -19,7 +19,7 @@ mod word_table;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tokengate::estimate::{
-    greek_bits, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED,
+    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED,
 };
 
 /// Builds the filter for `hashes` (distinct) with `seed`'s hashes already taken: the fingerprint
@@ -134,9 +134,8 @@ fn main() {
     // those without a space read backwards too.
     let mut greek = vec![0u64; 1024];
     let mut set = |h: u64| {
-        for bit in greek_bits(h) {
-            greek[bit >> 6] |= 1 << (bit & 63);
-        }
+        let (word, bits) = greek_slot(h);
+        greek[word] |= bits;
     };
     for e in entries
         .iter()
@@ -207,7 +206,7 @@ fn main() {
          /// case): held by fewer than {} o200k tokens of ASCII letters.\n\
          #[rustfmt::skip]\n\
          pub(super) static RARE_PAIR: [u32; 32] = [\n{}];\n\n\
-         /// Greek words of the table as pieces of longer words (the bits `greek_bits` of their hash, see\n\
+         /// Greek words of the table as pieces of longer words (the bits `greek_slot` of their hash, see\n\
          /// `greek_step` in `words.rs`): read forwards after a space, forwards without one, and\n\
          /// backwards without one.\n\
          #[rustfmt::skip]\n\

@@ -99,7 +99,7 @@ pub use tools::{
 };
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
 pub use words::{
-    greek_bits, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
     MIN_ASCII, WORD_TABLE,
 };
 

@@ -192,24 +192,25 @@ pub fn greek_step(h: u64, code: u64) -> u64 {
     (h ^ code).wrapping_mul(K1)
 }
 
-/// The two bits of [`GREEK_PIECE_BITS`](super::words_table) that a piece's hash picks (0..65536
-/// each).
+/// The word of [`GREEK_PIECE_BITS`](super::words_table) (0..1024) that a piece's hash picks, and
+/// the two bits of it (a blocked Bloom filter: one load a piece).
 #[doc(hidden)]
 #[inline(always)]
-pub fn greek_bits(h: u64) -> [usize; 2] {
-    [(h >> 48) as usize, ((h >> 32) & 0xFFFF) as usize]
+pub fn greek_slot(h: u64) -> (usize, u64) {
+    (
+        (h >> 54) as usize,
+        (1u64 << ((h >> 32) & 63)) | (1u64 << ((h >> 38) & 63)),
+    )
 }
 
 /// Whether the Greek piece of hash `h` ([`greek_step`] from [`GREEK_SPACED`], [`GREEK_BARE`] or
-/// [`GREEK_BACK`]) is an o200k token of the table: a Bloom filter of the Greek words of the table
-/// (65,536 bits, two a piece, about 4,200 set: another piece passes with probability 1 in 250).
+/// [`GREEK_BACK`]) is an o200k token of the table: a blocked Bloom filter of the Greek words of the
+/// table (1,024 words of 64 bits, two bits of one word a piece, about 4,200 set: another piece
+/// passes with probability about 1 in 250).
 #[inline(always)]
 pub(super) fn greek_maybe(h: u64) -> bool {
-    greek_bits(h).iter().all(|&bit| {
-        GREEK_PIECE_BITS
-            .get(bit >> 6)
-            .is_some_and(|w| (w >> (bit & 63)) & 1 != 0)
-    })
+    let (word, bits) = greek_slot(h);
+    GREEK_PIECE_BITS.get(word).is_some_and(|w| w & bits == bits)
 }
 
 /// The table's hash seed and block length (for the generator's checks).
