@@ -79,6 +79,12 @@ const FIXED: &[(usize, f64)] = &[
     // Letters beyond the 20th of a run of letters: never low on junk (few real words are longer).
     (feature::WORD_EXCESS_LETTERS, 0.55),
     (feature::LATIN_RARE_PAIR, 1.4),
+    // Rare pairs of short words in texts of mostly short words (junk only).
+    (feature::LATIN_RARE_PAIR_SHORT, 1.0),
+    // Greek words of two or three tokens of the table: two or three tokens.
+    (feature::GREEK_TWO_PIECES, 2.0),
+    (feature::GREEK_THREE_PIECES, 3.0),
+    (feature::RESERVED_83, 0.0),
 ];
 
 /// Where the ridge pulls each weight: the weights fitted before the tab, half-width kana and text
@@ -96,6 +102,7 @@ const PRIOR: [f64; NUM_FEATURES] = [
     0.512, 0.568, 0.491, 3.000, 0.222, 0.110, 0.818, 0.093,
     1.000, 0.300, 2.000, 0.000, 1.000, 1.000, 1.000, 1.000,
     0.500, 0.000, 0.000, 0.000, 1.000, 0.000, 1.300, 0.000,
+    1.000, 2.000, 3.000, 0.000,
 ];
 
 /// Lower bounds of fitted weights: a weight that comes out below its bound is set to it and the

@@ -18,7 +18,9 @@ mod word_table;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use tokengate::estimate::{word_hash, word_slots};
+use tokengate::estimate::{
+    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED,
+};
 
 /// Builds the filter for `hashes` (distinct) with `seed`'s hashes already taken: the fingerprint
 /// bytes and the block length, or None if peeling fails.
@@ -128,6 +130,34 @@ fn main() {
     let [pair, prefix, mid, end4] = word_table::thai_pairs(&bpe, &entries);
     let (hira, kata) = word_table::kana_pairs(&bpe);
     let rare = word_table::rare_pairs(&bpe);
+    // The Greek pieces: every Greek word of the table read forwards (after a space or not), and
+    // those without a space read backwards too.
+    let mut greek = vec![0u64; 1024];
+    let mut set = |h: u64| {
+        let (word, bits) = greek_slot(h);
+        greek[word] |= bits;
+    };
+    for e in entries
+        .iter()
+        .filter(|e| e.script == word_table::Script::Greek)
+    {
+        let codes: Vec<u64> = e.word.chars().map(|c| u64::from(c) - 0x370 + 1).collect();
+        let start = if e.space { GREEK_SPACED } else { GREEK_BARE };
+        set(codes.iter().fold(start, |h, &c| greek_step(h, c)));
+        if !e.space {
+            set(codes
+                .iter()
+                .rev()
+                .fold(GREEK_BACK, |h, &c| greek_step(h, c)));
+        }
+    }
+    let greek_rows: String = greek
+        .chunks(4)
+        .map(|c| {
+            let row: Vec<String> = c.iter().map(|x| format!("{x:#018x}")).collect();
+            format!("    {},\n", row.join(", "))
+        })
+        .collect();
     let rare_rows: String = rare
         .chunks(4)
         .map(|c| {
@@ -175,7 +205,12 @@ fn main() {
          /// Rare pairs of ASCII letters (bit `b & 31` of row `a & 31` for the pair `a`, `b`, either\n\
          /// case): held by fewer than {} o200k tokens of ASCII letters.\n\
          #[rustfmt::skip]\n\
-         pub(super) static RARE_PAIR: [u32; 32] = [\n{}];\n",
+         pub(super) static RARE_PAIR: [u32; 32] = [\n{}];\n\n\
+         /// Greek words of the table as pieces of longer words (the bits `greek_slot` of their hash, see\n\
+         /// `greek_step` in `words.rs`): read forwards after a space, forwards without one, and\n\
+         /// backwards without one.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static GREEK_PIECE_BITS: [u64; 1024] = [\n{}];\n",
         entries.len(),
         fp.len(),
         bits(&pair),
@@ -186,6 +221,7 @@ fn main() {
         bits(&kata),
         word_table::RARE_PAIR_TOKENS,
         rare_rows,
+        greek_rows,
     );
     let dir = root.join("src/estimate");
     for (name, bytes) in [

@@ -15,8 +15,12 @@ pub enum Script {
     /// ASCII capitals, then lower-case and accented Latin letters, at least one accented (`été`,
     /// `Über`, `người`), two letters or more.
     Latin,
-    /// Letters of one alphabetic run (Cyrillic, Greek, Hebrew, Arabic, Indic), two or more.
+    /// Letters of one alphabetic run (Cyrillic, Hebrew, Arabic, Indic), two or more.
     Alpha,
+    /// Greek letters (U+0370..=U+03FF), two or more: like [`Script::Alpha`], and without a space
+    /// too (the estimator reads an unknown Greek word as two tokens of the table, see
+    /// `greek_pieces` in `src/estimate/scripts.rs`).
+    Greek,
     /// Three or four Thai characters, without a space (for the estimator's greedy Thai tokens; the
     /// Thai pairs are bitmaps, see [`thai_pairs`]).
     Thai,
@@ -39,6 +43,8 @@ pub const LIMITS: &[(Script, bool, u32)] = &[
     (Script::Latin, false, 0),
     (Script::Alpha, true, 200_000),
     (Script::Alpha, false, 0),
+    (Script::Greek, true, 200_000),
+    (Script::Greek, false, 200_000),
     (Script::Thai, false, 200_000),
     (Script::Kata, false, 200_000),
     (Script::Kata, true, 200_000),
@@ -85,6 +91,9 @@ pub fn script(word: &str) -> Option<Script> {
         .all(|&c| ('\u{30A0}'..='\u{30FF}').contains(&c))
     {
         return (chars.len() >= 2).then_some(Script::Kata);
+    }
+    if chars.iter().all(|&c| ('\u{370}'..='\u{3FF}').contains(&c)) {
+        return (chars.len() >= 2).then_some(Script::Greek);
     }
     if chars.iter().all(|&c| alpha(c)) {
         return (chars.len() >= 2).then_some(Script::Alpha);

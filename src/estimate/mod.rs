@@ -98,7 +98,10 @@ pub use tools::{
     PROPERTIES_INIT, PROPERTY_KEY,
 };
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
-pub use words::{word_hash, word_slots, MAX_WORD, MIN_ASCII, WORD_TABLE};
+pub use words::{
+    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+    MIN_ASCII, WORD_TABLE,
+};
 
 /// Fixed cost of one image input (`image_url`, `input_image`, Anthropic `image` block): the "low detail"
 /// price of OpenAI vision models. High-detail images cost more; this is an estimate, not a bill.

@@ -464,6 +464,68 @@ pub fn text_features(text: &str) -> [u64; NUM_FEATURES] {
     f
 }
 
+/// Fewest words of three or four ASCII letters in a text for [`derive`] to read their rare letter
+/// pairs ([`feature::LATIN_RARE_PAIR_SHORT`]).
+pub(super) const SHORT_WORDS_MIN: u64 = 8;
+/// … and at least one such word per this many bytes of the text (a few short words in a long text
+/// of another script are not worth a second pass).
+const SHORT_WORD_BYTES: u64 = 16;
+
+/// The rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
+/// letters in `bytes`, read as the scanner reads words (capitals then lower-case letters, so
+/// `camelCase` is two): of those with at most one capital, and not next to an accented Latin letter
+/// (a piece of a word of their own).
+#[inline(never)]
+pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
+    let mut n = 0u64;
+    let mut i = 0usize;
+    // `i` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    while let Some(&b) = bytes.get(i) {
+        if !b.is_ascii_alphabetic() {
+            // Eight bytes without a letter at a time.
+            const CASE: u64 = 0x2020_2020_2020_2020;
+            const HI: u64 = 0x8080_8080_8080_8080;
+            while let Some(c) = bytes.get(i..i + 8) {
+                let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
+                // High bit of each byte that is an ASCII letter.
+                let letter = !not_lower_mask(w | CASE) & HI;
+                if letter != 0 {
+                    break;
+                }
+                i += 8;
+            }
+            if bytes.get(i).is_some_and(|b| !b.is_ascii_alphabetic()) {
+                i += 1;
+            }
+            continue;
+        }
+        let upper = count_while(bytes, i, |b| b.is_ascii_uppercase());
+        let end = i + upper + lower_run(bytes, i + upper);
+        if (3..=4).contains(&(end - i))
+            && upper <= 1
+            && latin_ext_at(bytes, end).is_none()
+            && !latin_ext_before(bytes, i)
+        {
+            n += rare_pairs(bytes, i, end);
+        }
+        // A letter starts at `i`: `end` > `i`.
+        i = end;
+    }
+    n
+}
+
+/// Whether an accented Latin letter ([`is_latin_ext`]) ends right before `i`.
+fn latin_ext_before(bytes: &[u8], i: usize) -> bool {
+    let two = i
+        .checked_sub(2)
+        .and_then(|s| latin_ext_at(bytes, s))
+        .is_some_and(|(_, n)| n == 2);
+    two || i
+        .checked_sub(3)
+        .and_then(|s| latin_ext_at(bytes, s))
+        .is_some_and(|(_, n)| n == 3)
+}
+
 /// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
 pub(super) const EXCESS_FROM: u64 = 20;
 
@@ -570,6 +632,33 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
         }
     }
     let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
+    let sum = |f: &Counts, from: usize, to: usize| {
+        f.get(from..=to)
+            .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)))
+    };
+    // A text of mostly words of three or four letters (random ones, as a rule): their rare letter
+    // pairs, in a second pass. Prose has longer words (and accented text is read as words of its
+    // own).
+    let short = sum(f, feature::WORD_1 + 2, feature::WORD_1 + 3);
+    if short >= SHORT_WORDS_MIN {
+        let longer = sum(f, feature::WORD_1 + 4, feature::WORD_LONG).saturating_add(sum(
+            f,
+            feature::LATIN_KNOWN,
+            feature::LATIN_KNOWN_BARE,
+        ));
+        let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
+        let dense = short.saturating_mul(SHORT_WORD_BYTES) >= bytes.len() as u64;
+        // Random letters of base64 and hex are mostly words of one or two letters (between digits
+        // and capitals), which their other features cost.
+        let shorter = sum(f, feature::WORD_1, feature::WORD_1 + 1);
+        if dense
+            && short > longer.saturating_mul(2)
+            && short >= shorter
+            && accented.saturating_mul(4) < short
+        {
+            bump(f, feature::LATIN_RARE_PAIR_SHORT, short_rare_pairs(bytes));
+        }
+    }
     let uk = count(f, feature::CYRILLIC_UK);
     if uk != 0 {
         let cyrillic = count(f, feature::CYRILLIC).saturating_add(uk);

@@ -1,7 +1,7 @@
 //! The features the text estimate counts and their weights (fitted against o200k_base).
 
 /// Number of features [`text_features`](super::text_features) counts.
-pub const NUM_FEATURES: usize = 80;
+pub const NUM_FEATURES: usize = 84;
 // `utf8_tokens` weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
@@ -187,6 +187,23 @@ pub mod feature {
     /// ≈ 0.125), where the word features, fitted on real words, say one or two tokens a word whatever
     /// its length. Set by hand (0.55): never low on a long run of letters; few real words are longer.
     pub const WORD_EXCESS_LETTERS: usize = 79;
+    /// Rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
+    /// letters (at most the first a capital, not part of a word with accented letters) in a text
+    /// whose words are mostly such short words (see `derive` in `text.rs`): random short words, which
+    /// o200k splits (about 1.8 tokens a word of three random letters, 2.2 of four) where the length
+    /// features say one. Counted by a second pass over the text, only for such texts (prose has
+    /// longer words and few rare pairs in its short ones). Set by hand.
+    pub const LATIN_RARE_PAIR_SHORT: usize = 80;
+    /// Greek words of six letters or more that the word table does not know but that are two of
+    /// its words, the second without a space (a stem and an ending: `εμφαν` + `ίζεται`): o200k
+    /// has them in two tokens, where their letters say four or five. Counted here instead of by
+    /// their letters and run (see `greek_pieces` in `scripts.rs`). Set by hand (2).
+    pub const GREEK_TWO_PIECES: usize = 81;
+    /// Greek words of six letters or more that are not one or two words of the table but three
+    /// (the second and third without a space): three o200k tokens. Set by hand (3).
+    pub const GREEK_THREE_PIECES: usize = 82;
+    /// Not used yet (the features are weighed four at a time).
+    pub const RESERVED_83: usize = 83;
 }
 
 /// Weight (tokens) of each feature.
@@ -286,4 +303,8 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "kana_pairs",
     "latin_rare_pair",
     "word_excess_letters",
+    "latin_rare_pair_short",
+    "greek_two_pieces",
+    "greek_three_pieces",
+    "reserved_83",
 ];

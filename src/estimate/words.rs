@@ -23,8 +23,12 @@
 //! A word of five ASCII letters or more that the table does not know is also read for its rare
 //! letter pairs ([`rare_pairs`]: pairs that few o200k tokens hold, from a generated bitmap), where
 //! o200k splits random letter strings into short pieces.
+//!
+//! The Greek words of the table are also in a small Bloom filter ([`greek_maybe`]) whose hash is
+//! built one letter at a time ([`greek_step`]), so that every prefix and suffix of an unknown Greek
+//! word is asked for in one pass each (see `greek_pieces` in `scripts.rs`).
 
-use super::words_table::{BLOCK, FINGERPRINTS, RARE_PAIR, SEED};
+use super::words_table::{BLOCK, FINGERPRINTS, GREEK_PIECE_BITS, RARE_PAIR, SEED};
 
 /// Longest word looked up, in bytes (longer words are never known).
 pub const MAX_WORD: usize = 32;
@@ -168,6 +172,45 @@ pub(super) fn rare_pairs(bytes: &[u8], from: usize, to: usize) -> u64 {
         prev = b;
     }
     u64::from(n)
+}
+
+/// Start of the hash of a Greek piece read forwards that comes after a space (see [`greek_step`]).
+#[doc(hidden)]
+pub const GREEK_SPACED: u64 = 0x243F_6A88_85A3_08D3;
+/// Start of the hash of a Greek piece read forwards that no space comes before.
+#[doc(hidden)]
+pub const GREEK_BARE: u64 = 0x1319_8A2E_0370_7344;
+/// Start of the hash of a Greek piece without a space, read backwards (from its last letter).
+#[doc(hidden)]
+pub const GREEK_BACK: u64 = 0xA409_3822_299F_31D0;
+
+/// One Greek letter (`code`: its code point − U+0370 + 1, 1..=144) into the hash of a piece: a hash
+/// of all the prefixes (or suffixes) of a word in one pass, one step a letter.
+#[doc(hidden)]
+#[inline(always)]
+pub fn greek_step(h: u64, code: u64) -> u64 {
+    (h ^ code).wrapping_mul(K1)
+}
+
+/// The word of [`GREEK_PIECE_BITS`](super::words_table) (0..1024) that a piece's hash picks, and
+/// the two bits of it (a blocked Bloom filter: one load a piece).
+#[doc(hidden)]
+#[inline(always)]
+pub fn greek_slot(h: u64) -> (usize, u64) {
+    (
+        (h >> 54) as usize,
+        (1u64 << ((h >> 32) & 63)) | (1u64 << ((h >> 38) & 63)),
+    )
+}
+
+/// Whether the Greek piece of hash `h` ([`greek_step`] from [`GREEK_SPACED`], [`GREEK_BARE`] or
+/// [`GREEK_BACK`]) is an o200k token of the table: a blocked Bloom filter of the Greek words of the
+/// table (1,024 words of 64 bits, two bits of one word a piece, about 4,200 set: another piece
+/// passes with probability about 1 in 250).
+#[inline(always)]
+pub(super) fn greek_maybe(h: u64) -> bool {
+    let (word, bits) = greek_slot(h);
+    GREEK_PIECE_BITS.get(word).is_some_and(|w| w & bits == bits)
 }
 
 /// The table's hash seed and block length (for the generator's checks).
