@@ -333,7 +333,9 @@ fn pair_code(pair: &[u8]) -> u64 {
 /// one without a space (`εμφαν` + `ίζεται`), Some(3) if by two, else None. On the Greek words of
 /// the corpus o200k splits exactly so where it can (the single-token words of the table cannot
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
-/// prefix and suffix; middle pieces only between candidates.
+/// prefix and suffix; middle pieces only between candidates. Each pass stops at the first piece
+/// that begins no word of the table ([`greek_live`]), the backward one also before the suffixes
+/// that no prefix found can use.
 #[inline(never)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
@@ -356,32 +358,40 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     if pre == 0 {
         return None;
     }
+    // A suffix from `k` is of use if `k` is a prefix's end (two pieces) or after one (three).
+    let lowest = n
+        .saturating_sub(GREEK_BARE_MAX)
+        .max(pre.trailing_zeros() as usize);
     let mut g = GREEK_BACK;
-    let lowest = n.saturating_sub(GREEK_BARE_MAX).max(1);
     for (k, pair) in word.chunks_exact(2).enumerate().skip(lowest).rev() {
         g = greek_step(g, pair_code(pair));
-        suf |= u32::from(greek_maybe(g)) << k;
-    }
-    if pre & suf != 0 {
-        return Some(2);
+        if greek_maybe(g) {
+            if pre & (1 << k) != 0 {
+                return Some(2);
+            }
+            suf |= 1 << k;
+        }
     }
     let mut first = pre;
     while first != 0 {
-        let a = first.trailing_zeros();
+        let a = first.trailing_zeros() as usize;
         first &= first - 1;
         // The middle piece's hash, from letter `a` up to each candidate `b` > `a` (at most
-        // `GREEK_BARE_MAX` letters on).
-        let (mut m, mut k) = (GREEK_BARE, a as usize);
-        let mut last =
-            suf & !((2u32 << a) - 1) & ((1u32 << (a as usize + GREEK_BARE_MAX + 1).min(31)) - 1);
-        while last != 0 {
-            let b = last.trailing_zeros() as usize;
-            last &= last - 1;
-            for pair in word.get(2 * k..2 * b).unwrap_or(&[]).chunks_exact(2) {
-                m = greek_step(m, pair_code(pair));
-            }
-            k = b;
-            if greek_maybe(m) {
+        // `GREEK_BARE_MAX` letters on), a letter at a time while it may begin a word.
+        let last = suf & !((2u32 << a) - 1) & ((1u32 << (a + GREEK_BARE_MAX + 1).min(31)) - 1);
+        if last == 0 {
+            continue;
+        }
+        let end = 31 - last.leading_zeros() as usize;
+        let mut m = GREEK_BARE;
+        for (k, pair) in word
+            .get(2 * a..2 * end)
+            .unwrap_or(&[])
+            .chunks_exact(2)
+            .enumerate()
+        {
+            m = greek_step(m, pair_code(pair));
+            if last & (1 << (a + k + 1)) != 0 && greek_maybe(m) {
                 return Some(3);
             }
         }
