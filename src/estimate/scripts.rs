@@ -319,11 +319,14 @@ const GREEK_PIECES_MAX: usize = 24;
 const GREEK_FIRST_MAX: usize = 8;
 const GREEK_BARE_MAX: usize = 8;
 
-/// The code of a Greek letter from its two bytes: its code point − U+0370 + 1 (1..=144).
+/// The code of a Greek letter from its two bytes: its code point − U+0370 + 1 (1..=144). For a
+/// two-byte letter `(b0 << 6) + b1` is its code point + 0x3080 (the bytes' marker bits).
 #[inline(always)]
 fn pair_code(pair: &[u8]) -> u64 {
     match *pair {
-        [b0, b1] => ((u64::from(b0 & 0x1F) << 6) | u64::from(b1 & 0x3F)).wrapping_sub(0x36F),
+        [b0, b1] => (u64::from(b0) << 6)
+            .wrapping_add(u64::from(b1))
+            .wrapping_sub(0x3080 + 0x36F),
         _ => 0,
     }
 }
@@ -333,9 +336,8 @@ fn pair_code(pair: &[u8]) -> u64 {
 /// one without a space (`εμφαν` + `ίζεται`), Some(3) if by two, else None. On the Greek words of
 /// the corpus o200k splits exactly so where it can (the single-token words of the table cannot
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
-/// prefix and suffix; middle pieces only between candidates. Each pass stops at the first piece
-/// that begins no word of the table ([`greek_live`]), the backward one also before the suffixes
-/// that no prefix found can use.
+/// prefix and suffix (the backward one from the end down to the first prefix found, and not past
+/// a suffix that ends a two-piece split); middle pieces only between candidates.
 #[inline(never)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
@@ -347,13 +349,14 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let word = bytes.get(from..to)?;
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
-    for (k, pair) in word
-        .chunks_exact(2)
-        .take((n - 1).min(GREEK_FIRST_MAX))
-        .enumerate()
-    {
+    let firsts = (n - 1).min(GREEK_FIRST_MAX);
+    let mut bit = 1u32;
+    for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
+        bit <<= 1;
         h = greek_step(h, pair_code(pair));
-        pre |= u32::from(greek_maybe(h)) << (k + 1);
+        if greek_maybe(h) {
+            pre |= bit;
+        }
     }
     if pre == 0 {
         return None;
@@ -363,13 +366,15 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
         .saturating_sub(GREEK_BARE_MAX)
         .max(pre.trailing_zeros() as usize);
     let mut g = GREEK_BACK;
-    for (k, pair) in word.chunks_exact(2).enumerate().skip(lowest).rev() {
+    let mut bit = 1u32 << n;
+    for pair in word.get(2 * lowest..).unwrap_or(&[]).chunks_exact(2).rev() {
+        bit >>= 1;
         g = greek_step(g, pair_code(pair));
         if greek_maybe(g) {
-            if pre & (1 << k) != 0 {
+            if pre & bit != 0 {
                 return Some(2);
             }
-            suf |= 1 << k;
+            suf |= bit;
         }
     }
     let mut first = pre;
