@@ -338,7 +338,7 @@ fn pair_code(pair: &[u8]) -> u64 {
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
 /// prefix and suffix (the backward one from the end down to the first prefix found, and not past
 /// a suffix that ends a two-piece split); middle pieces only between candidates.
-#[inline(never)]
+#[inline(always)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
     if n > GREEK_PIECES_MAX {
