@@ -319,11 +319,14 @@ const GREEK_PIECES_MAX: usize = 24;
 const GREEK_FIRST_MAX: usize = 8;
 const GREEK_BARE_MAX: usize = 8;
 
-/// The code of a Greek letter from its two bytes: its code point − U+0370 + 1 (1..=144).
+/// The code of a Greek letter from its two bytes: its code point − U+0370 + 1 (1..=144). For a
+/// two-byte letter `(b0 << 6) + b1` is its code point + 0x3080 (the bytes' marker bits).
 #[inline(always)]
 fn pair_code(pair: &[u8]) -> u64 {
     match *pair {
-        [b0, b1] => ((u64::from(b0 & 0x1F) << 6) | u64::from(b1 & 0x3F)).wrapping_sub(0x36F),
+        [b0, b1] => (u64::from(b0) << 6)
+            .wrapping_add(u64::from(b1))
+            .wrapping_sub(0x3080 + 0x36F),
         _ => 0,
     }
 }
@@ -333,8 +336,9 @@ fn pair_code(pair: &[u8]) -> u64 {
 /// one without a space (`εμφαν` + `ίζεται`), Some(3) if by two, else None. On the Greek words of
 /// the corpus o200k splits exactly so where it can (the single-token words of the table cannot
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
-/// prefix and suffix; middle pieces only between candidates.
-#[inline(never)]
+/// prefix and suffix (the backward one from the end down to the first prefix found, and not past
+/// a suffix that ends a two-piece split); middle pieces only between candidates.
+#[inline(always)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
     if n > GREEK_PIECES_MAX {
@@ -345,43 +349,54 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let word = bytes.get(from..to)?;
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
-    for (k, pair) in word
-        .chunks_exact(2)
-        .take((n - 1).min(GREEK_FIRST_MAX))
-        .enumerate()
-    {
+    let firsts = (n - 1).min(GREEK_FIRST_MAX);
+    let mut bit = 1u32;
+    for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
+        bit <<= 1;
         h = greek_step(h, pair_code(pair));
-        pre |= u32::from(greek_maybe(h)) << (k + 1);
+        if greek_maybe(h) {
+            pre |= bit;
+        }
     }
     if pre == 0 {
         return None;
     }
+    // A suffix from `k` is of use if `k` is a prefix's end (two pieces) or after one (three).
+    let lowest = n
+        .saturating_sub(GREEK_BARE_MAX)
+        .max(pre.trailing_zeros() as usize);
     let mut g = GREEK_BACK;
-    let lowest = n.saturating_sub(GREEK_BARE_MAX).max(1);
-    for (k, pair) in word.chunks_exact(2).enumerate().skip(lowest).rev() {
+    let mut bit = 1u32 << n;
+    for pair in word.get(2 * lowest..).unwrap_or(&[]).chunks_exact(2).rev() {
+        bit >>= 1;
         g = greek_step(g, pair_code(pair));
-        suf |= u32::from(greek_maybe(g)) << k;
-    }
-    if pre & suf != 0 {
-        return Some(2);
+        if greek_maybe(g) {
+            if pre & bit != 0 {
+                return Some(2);
+            }
+            suf |= bit;
+        }
     }
     let mut first = pre;
     while first != 0 {
-        let a = first.trailing_zeros();
+        let a = first.trailing_zeros() as usize;
         first &= first - 1;
         // The middle piece's hash, from letter `a` up to each candidate `b` > `a` (at most
-        // `GREEK_BARE_MAX` letters on).
-        let (mut m, mut k) = (GREEK_BARE, a as usize);
-        let mut last =
-            suf & !((2u32 << a) - 1) & ((1u32 << (a as usize + GREEK_BARE_MAX + 1).min(31)) - 1);
-        while last != 0 {
-            let b = last.trailing_zeros() as usize;
-            last &= last - 1;
-            for pair in word.get(2 * k..2 * b).unwrap_or(&[]).chunks_exact(2) {
-                m = greek_step(m, pair_code(pair));
-            }
-            k = b;
-            if greek_maybe(m) {
+        // `GREEK_BARE_MAX` letters on), a letter at a time while it may begin a word.
+        let last = suf & !((2u32 << a) - 1) & ((1u32 << (a + GREEK_BARE_MAX + 1).min(31)) - 1);
+        if last == 0 {
+            continue;
+        }
+        let end = 31 - last.leading_zeros() as usize;
+        let mut m = GREEK_BARE;
+        for (k, pair) in word
+            .get(2 * a..2 * end)
+            .unwrap_or(&[])
+            .chunks_exact(2)
+            .enumerate()
+        {
+            m = greek_step(m, pair_code(pair));
+            if last & (1 << (a + k + 1)) != 0 && greek_maybe(m) {
                 return Some(3);
             }
         }
