@@ -573,6 +573,49 @@ fn long_run_excess(bytes: &[u8]) -> u64 {
     excess
 }
 
+/// A text with a hump at least every this many bytes is read for runs of random case
+/// ([`mixed_case_humps`]).
+const MIXED_HUMP_BYTES: u64 = 8;
+
+/// Letters of a run of ASCII letters from which [`mixed_case_humps`] reads its case.
+const MIXED_FROM: u32 = 8;
+
+/// The humps (a capital after a lower-case letter) of the runs of ASCII letters of random case in
+/// `bytes`: runs of at least [`MIXED_FROM`] letters whose lower-case stretches average under two and
+/// a half letters (random case: 2; `camelCase` words have longer ones: `getUserName` 3, 3, 3), each
+/// to cost
+/// [`feature::WORD_EXCESS_LETTERS`]. o200k splits such runs at every hump as it does `camelCase`,
+/// but random pieces take about 0.6 tokens a letter, not a token a piece.
+fn mixed_case_humps(bytes: &[u8]) -> u64 {
+    // The run so far: letters, lower-case letters, lower-case stretches, humps.
+    let (mut len, mut lower, mut stretches, mut humps) = (0u32, 0u32, 0u32, 0u32);
+    let mut was_lower = false;
+    let mut total = 0u64;
+    for &b in bytes.iter().chain(core::iter::once(&b' ')) {
+        if b.is_ascii_lowercase() {
+            if !was_lower {
+                stretches = stretches.saturating_add(1);
+            }
+            lower = lower.saturating_add(1);
+            len = len.saturating_add(1);
+            was_lower = true;
+        } else if b.is_ascii_uppercase() {
+            if was_lower {
+                humps = humps.saturating_add(1);
+            }
+            len = len.saturating_add(1);
+            was_lower = false;
+        } else {
+            if len >= MIXED_FROM && lower.saturating_mul(2) < stretches.saturating_mul(5) {
+                total = total.saturating_add(u64::from(humps));
+            }
+            (len, lower, stretches, humps) = (0, 0, 0, 0);
+            was_lower = false;
+        }
+    }
+    total
+}
+
 /// Script-aware token estimate for one piece of text (the core). 0 for empty text, at least 1 otherwise.
 pub fn text_tokens(text: &str) -> u64 {
     // A `&str` is valid UTF-8: never None.
@@ -630,6 +673,11 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
         if *excess != 0 {
             *excess = long_run_excess(bytes);
         }
+    }
+    // Many humps (a capital after a letter): letters of random case, whose humps are charged too.
+    let humps = f.get(feature::HUMP).copied().unwrap_or(0);
+    if humps.saturating_mul(MIXED_HUMP_BYTES) >= bytes.len() as u64 {
+        bump(f, feature::WORD_EXCESS_LETTERS, mixed_case_humps(bytes));
     }
     let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
     let sum = |f: &Counts, from: usize, to: usize| {
