@@ -80,6 +80,13 @@ pub(super) fn not_lower_mask(w: u64) -> u64 {
     !lower & HI
 }
 
+/// High bit set in each byte of `w` that is an ASCII letter, either case (SWAR).
+#[inline(always)]
+fn letter_mask(w: u64) -> u64 {
+    // Setting the case bit makes every capital lower-case (and no other byte a letter).
+    !not_lower_mask(w | 0x2020_2020_2020_2020) & 0x8080_8080_8080_8080
+}
+
 /// Length of the run of ASCII lower-case letters at `i`, eight bytes at a time.
 #[inline(always)]
 pub(super) fn lower_run(bytes: &[u8], i: usize) -> usize {
@@ -483,13 +490,9 @@ pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
     while let Some(&b) = bytes.get(i) {
         if !b.is_ascii_alphabetic() {
             // Eight bytes without a letter at a time.
-            const CASE: u64 = 0x2020_2020_2020_2020;
-            const HI: u64 = 0x8080_8080_8080_8080;
             while let Some(c) = bytes.get(i..i + 8) {
                 let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
-                // High bit of each byte that is an ASCII letter.
-                let letter = !not_lower_mask(w | CASE) & HI;
-                if letter != 0 {
+                if letter_mask(w) != 0 {
                     break;
                 }
                 i += 8;
@@ -533,7 +536,6 @@ pub(super) const EXCESS_FROM: u64 = 20;
 /// where a capital follows a lower-case letter (`camelCase` words are pieces of their own in o200k):
 /// eight bytes at a time.
 fn long_run_excess(bytes: &[u8]) -> u64 {
-    const CASE: u64 = 0x2020_2020_2020_2020;
     const HI: u64 = 0x8080_8080_8080_8080;
     let (mut run, mut excess) = (0u64, 0u64);
     let mut end = |run: u64| excess += run.saturating_sub(EXCESS_FROM);
@@ -542,8 +544,7 @@ fn long_run_excess(bytes: &[u8]) -> u64 {
     let mut chunks = bytes.chunks_exact(8);
     for c in &mut chunks {
         let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
-        // A byte is an ASCII letter iff, its case bit set, it is a lower-case letter.
-        let letter = !not_lower_mask(w | CASE) & HI;
+        let letter = letter_mask(w);
         let lower = !not_lower_mask(w) & HI;
         let hump = letter & !lower & ((lower << 8) | lower_before);
         lower_before = (lower >> 56) & 0x80;
@@ -687,6 +688,7 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
     // A text of mostly words of three or four letters (random ones, as a rule): their rare letter
     // pairs, in a second pass. Prose has longer words (and accented text is read as words of its
     // own).
+    let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
     let short = sum(f, feature::WORD_1 + 2, feature::WORD_1 + 3);
     if short >= SHORT_WORDS_MIN {
         let longer = sum(f, feature::WORD_1 + 4, feature::WORD_LONG).saturating_add(sum(
@@ -694,7 +696,6 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
             feature::LATIN_KNOWN,
             feature::LATIN_KNOWN_BARE,
         ));
-        let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
         let dense = short.saturating_mul(SHORT_WORD_BYTES) >= bytes.len() as u64;
         // Random letters of base64 and hex are mostly words of one or two letters (between digits
         // and capitals), which their other features cost.
@@ -714,17 +715,12 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
             bump(f, feature::CYRILLIC_UK_TEXT, cyrillic);
         }
     }
-    let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
     if accented != 0 {
-        let words = f
-            .get(feature::WORD_1..=feature::WORD_LONG)
-            .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
+        let words = sum(f, feature::WORD_1, feature::WORD_LONG);
         if accented.saturating_mul(20) >= words {
             // The words of five letters or more that the word table does not know: rarer in o200k
             // than English ones of their length.
-            let long = f
-                .get(feature::WORD_1 + 4..=feature::WORD_LONG)
-                .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)));
+            let long = sum(f, feature::WORD_1 + 4, feature::WORD_LONG);
             bump(f, feature::LATIN_EXT_A_TEXT, long);
         }
     }
