@@ -9,10 +9,7 @@ fn arbitrary_bytes_never_panic() {
     for len in 0..400usize {
         let mut buf = Vec::with_capacity(len);
         for _ in 0..len {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            buf.push((x >> 24) as u8);
+            buf.push((xorshift(&mut x) >> 24) as u8);
         }
         for kind in [
             ApiKind::ChatCompletions,
@@ -31,14 +28,6 @@ fn arbitrary_bytes_never_panic() {
             let _ = text_tokens(&c.to_string());
         }
     }
-}
-
-/// A deterministic xorshift stream for the generated cases below.
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
 }
 
 #[test]

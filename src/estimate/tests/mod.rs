@@ -30,6 +30,14 @@ fn ok(kind: ApiKind, body: &str) -> Estimate {
     }
 }
 
+/// A deterministic xorshift64 stream for generated cases: steps `x` and returns it.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 mod fast;
 mod text;
 mod walk;

@@ -197,13 +197,8 @@ fn random_letter_words_are_not_estimated_below_o200k() {
     // length rates say one or two tokens a word, o200k splits them into pieces of about two letters.
     // Their rare letter pairs say so.
     let bpe = tiktoken_rs::o200k_base().unwrap();
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    let mut next = move || xorshift(&mut x);
     let mut text = String::new();
     for k in 0..400 {
         let len = 5 + (next() % 8) as usize;
@@ -367,13 +362,8 @@ fn the_word_table_knows_every_word_it_was_built_from_where_the_scanner_reads_it(
 #[test]
 fn words_outside_the_table_are_rarely_taken_for_known_ones() {
     // Random letters: the filter's false positives are 1 in 256 by design.
-    let mut x = 0x1234_5678_9ABC_DEF1u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut x = 0x1234_5678_9ABC_DEF1;
+    let mut next = move || xorshift(&mut x);
     let mut hits = 0;
     let n = 20_000;
     for k in 0..n {
@@ -436,13 +426,8 @@ fn random_short_words_are_read_for_rare_pairs_where_they_are_most_of_the_text() 
     // looked up, and were not read for rare pairs). In a text of mostly such words (junk) their rare
     // pairs are counted by a second pass; prose, whose short words sit among longer ones, is not.
     let bpe = tiktoken_rs::o200k_base().unwrap();
-    let mut x: u64 = 0x0123_4567_89AB_CDEF;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut x = 0x0123_4567_89AB_CDEF;
+    let mut next = move || xorshift(&mut x);
     for (len, sep, min) in [(3, " ", 0.95), (4, " ", 0.7), (3, "\u{200B}", 0.95)] {
         let mut text = String::new();
         for _ in 0..300 {
@@ -475,14 +460,10 @@ fn a_long_run_of_letters_is_never_estimated_low_and_never_lowers_the_estimate() 
     // 1 token, and appended to a text it lowered the text's estimate. o200k: 12,508 for 'x' × 100,000,
     // 6,250 for 'X' × 100,000, about 0.52 a letter for random letters.
     let bpe = tiktoken_rs::o200k_base().unwrap();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut x = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || xorshift(&mut x);
     let random: String = (0..20_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            char::from(b'a' + (x % 26) as u8)
-        })
+        .map(|_| char::from(b'a' + (next() % 26) as u8))
         .collect();
     let prose = "The river runs to the sea past the old mill. ".repeat(50);
     for word in [
@@ -516,10 +497,9 @@ fn random_mixed_case_letters_are_never_estimated_low() {
     let bpe = tiktoken_rs::o200k_base().unwrap();
     for seed in [0x9E37_79B9_7F4A_7C15u64, 0x0123_4567_89AB_CDEF, 42] {
         let mut x = seed;
+        let mut next = move || xorshift(&mut x);
         let mut letter = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             let c = b'a' + (x % 26) as u8;
             char::from(if (x >> 20) & 1 == 1 {
                 c.to_ascii_uppercase()
