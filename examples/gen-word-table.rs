@@ -151,28 +151,9 @@ fn main() {
                 .fold(GREEK_BACK, |h, &c| greek_step(h, c)));
         }
     }
-    let greek_rows: String = greek
-        .chunks(4)
-        .map(|c| {
-            let row: Vec<String> = c.iter().map(|x| format!("{x:#018x}")).collect();
-            format!("    {},\n", row.join(", "))
-        })
-        .collect();
-    let rare_rows: String = rare
-        .chunks(4)
-        .map(|c| {
-            let row: Vec<String> = c.iter().map(|x| format!("{x:#010x}")).collect();
-            format!("    {},\n", row.join(", "))
-        })
-        .collect();
-    let bits = |b: &[u64; 144]| {
-        b.chunks(4)
-            .map(|c| {
-                let row: Vec<String> = c.iter().map(|x| format!("{x:#018x}")).collect();
-                format!("    {},\n", row.join(", "))
-            })
-            .collect::<String>()
-    };
+    let greek_rows = hex_rows(&greek, 18);
+    let rare_rows = hex_rows(&rare, 10);
+    let bits = |b: &[u64; 144]| hex_rows(b, 18);
     let src = format!(
         "//! The word table of `words.rs`, written by `cargo run --release --example gen-word-table`\n\
          //! from o200k_base: do not edit, regenerate. {} words in {} bytes:\n\
@@ -234,4 +215,15 @@ fn main() {
         }
     }
     println!("wrote src/estimate/words.bin and src/estimate/words_table.rs");
+}
+
+/// `values` as source rows of four hexadecimal literals of `width` characters (with `0x`) each.
+fn hex_rows<T: std::fmt::LowerHex>(values: &[T], width: usize) -> String {
+    values
+        .chunks(4)
+        .map(|c| {
+            let row: Vec<String> = c.iter().map(|x| format!("{x:#0width$x}")).collect();
+            format!("    {},\n", row.join(", "))
+        })
+        .collect()
 }
