@@ -457,7 +457,7 @@ fn random_short_words_are_read_for_rare_pairs_where_they_are_most_of_the_text() 
 fn a_long_run_of_letters_is_never_estimated_low_and_never_lowers_the_estimate() {
     // A black-box finding: the fitted per-letter weight of long words is slightly negative (real words
     // of 11+ letters cost about the same whatever their length), so a 100,000-letter word came out at
-    // 1 token, and appended to a text it lowered the text's estimate. o200k: 12,508 for 'x' × 100,000,
+    // 1 token, and appended to a text it lowered the text's estimate. o200k: 12,500 for 'x' × 100,000,
     // 6,250 for 'X' × 100,000, about 0.52 a letter for random letters.
     let bpe = tiktoken_rs::o200k_base().unwrap();
     let mut x = 0x9E37_79B9_7F4A_7C15;
