@@ -190,8 +190,8 @@ fn probes() -> Vec<(&'static str, String)> {
             "alpha\tbeta\t12\n".repeat(200),
         ),
         ("random lower-case letters, words of 8", random_letters),
-        ("random lower-case letters, words of 4", random_4),
-        ("random lower-case letters, words of 3", random_3),
+        ("random lower-case letters, 120 words of 4", random_4),
+        ("random lower-case letters, 150 words of 3", random_3),
         ("hex (512 digits)", hex),
         (
             "UUIDs × 20",
