@@ -8,7 +8,8 @@
 //! | not served: non-2xx from the provider or Envoy's own reply | 0 (full refund)                     | none         |
 //! | cut mid-way (client abort, upstream cut), usage known    | weighted usage                       | provider     |
 //! | cut mid-way, no usage                                    | prompt + output estimated from the bytes streamed, at most the reservation | estimate |
-//! | client gone before any response (host passes a cut with 0 bytes) | the prompt                | estimate     |
+//! | client gone after the request was sent, no final usage (`abandoned_charge` `"reservation"`, the default) | the reservation | estimate |
+//! | the same with `"received"` (before any response: a cut with 0 bytes) | prompt + output estimated from the bytes that reached Envoy | estimate |
 
 use crate::quota::{weighted, Weights};
 use crate::usage::Usage;
@@ -41,6 +42,9 @@ pub enum Ending {
     },
     /// The provider did not serve it (non-2xx, or Envoy answered for it).
     NotServed,
+    /// The client left after the request was sent upstream, before the provider's final usage arrived:
+    /// charged the whole reservation (`quota.abandoned_charge` `"reservation"`).
+    Abandoned,
     /// A 2xx response cut before its end.
     Cut {
         /// Usage, if it arrived before the cut.
@@ -99,7 +103,7 @@ pub fn settle(r: &Reserved, ending: Ending) -> Settlement {
         Ending::Completed { usage: Some(u) } | Ending::Cut { usage: Some(u), .. } => {
             (of_usage(&u, &r.weights), UsageSource::Provider)
         }
-        Ending::Completed { usage: None } => (r.total(), UsageSource::Estimate),
+        Ending::Completed { usage: None } | Ending::Abandoned => (r.total(), UsageSource::Estimate),
         Ending::NotServed => (0, UsageSource::None),
         Ending::Cut {
             usage: None,
@@ -149,6 +153,13 @@ mod tests {
         assert_eq!(s.actual, 130);
         assert_eq!(s.delta, 130 - 1100);
         assert_eq!(s.source, UsageSource::Provider);
+    }
+
+    #[test]
+    fn an_abandoned_request_is_charged_its_whole_reservation() {
+        let s = settle(&r(), Ending::Abandoned);
+        assert_eq!((s.actual, s.delta), (1100, 0));
+        assert_eq!(s.source, UsageSource::Estimate);
     }
 
     #[test]

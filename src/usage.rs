@@ -266,6 +266,10 @@ struct AnthropicParts {
     cache_read: u64,
     cache_write: u64,
     output: u64,
+    /// A `message_delta` with usage was seen: `output` is the message's final count. Before it, the
+    /// `output_tokens` of `message_start` (1) says nothing of what was generated, so the stream has no
+    /// usage yet (a stream cut there is charged as one without usage).
+    finished: bool,
 }
 
 /// Incremental SSE reader: finds usage, the end of the stream and the streamed content size, and
@@ -336,12 +340,13 @@ impl SseScanner {
         }
     }
 
-    /// The provider's usage, once seen (the latest report wins).
+    /// The provider's final usage, once seen (the latest report wins). Anthropic's only once a
+    /// `message_delta` carried the output count: `message_start`'s own usage is not the message's.
     pub fn usage(&self) -> Option<Usage> {
         if self.usage.is_some() {
             return self.usage;
         }
-        self.anthropic.map(|a| {
+        self.anthropic.filter(|a| a.finished).map(|a| {
             let prompt = a
                 .input
                 .saturating_add(a.cache_read)
@@ -585,6 +590,9 @@ impl SseScanner {
             "message_delta" => {
                 if let Some(u) = obj.get("usage").and_then(Value::as_object) {
                     self.merge_anthropic(u);
+                    if let Some(a) = self.anthropic.as_mut() {
+                        a.finished = true;
+                    }
                 }
             }
             "message_stop" => self.completed = true,
@@ -1008,6 +1016,23 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         assert_eq!(s.usage(), Some(u(125, 15, 100, 0)));
         assert!(s.completed());
         assert_eq!(s.content_bytes(), 6);
+    }
+
+    #[test]
+    fn anthropic_stream_has_no_usage_before_message_delta() {
+        // `message_start` reports `output_tokens: 1`: a stream cut after it (the client gone mid-way)
+        // must not be settled as if that were the message's usage.
+        let stream = b"event: message_start\n\
+data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello there\"}}\n\n";
+        let mut s = SseScanner::new(false);
+        s.feed(stream);
+        assert_eq!(s.usage(), None);
+        assert!(!s.completed());
+        assert_eq!(s.content_bytes(), 11);
+        s.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":40}}\n\n");
+        assert_eq!(s.usage(), Some(u(25, 40, 0, 0)));
     }
 
     #[test]

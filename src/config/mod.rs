@@ -41,7 +41,7 @@ pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
-pub use quota::{LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
+pub use quota::{AbandonedCharge, LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
 pub use top::{
     AboveCap, InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER,

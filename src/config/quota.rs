@@ -60,6 +60,9 @@ pub struct QuotaSettings {
     pub exhausted_below: u64,
     /// Add `stream_options.include_usage` to streaming requests and strip the extra chunk.
     pub inject_stream_usage: bool,
+    /// What a request is charged when its client leaves after it was sent, before the provider's final
+    /// usage arrived.
+    pub abandoned_charge: AbandonedCharge,
     /// Breaker on the shim itself.
     pub shim_breaker: BreakerConfig,
     /// First settlement retry delay, doubled per attempt.
@@ -145,6 +148,7 @@ pub(super) struct RawQuota {
     exhausted_recheck_s: Option<u64>,
     exhausted_below: Option<u64>,
     inject_stream_usage: Option<bool>,
+    abandoned_charge: Option<String>,
     shim_breaker: Option<RawShimBreaker>,
     settle_retry_ms: Option<u64>,
     settle_max_attempts: Option<u32>,
@@ -251,6 +255,29 @@ fn quota_failure(
         Some(o) => Err(err(
             field,
             format!("'{o}' is not one of \"open\", \"closed\""),
+        )),
+    }
+}
+
+/// What a request is charged when its client leaves after the request was sent upstream and before the
+/// provider's final usage arrived (`quota.abandoned_charge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbandonedCharge {
+    /// The whole reservation (prompt estimate + output reserved): the provider may go on generating
+    /// (a non-streamed answer runs to its end; hidden reasoning is billed) and tokengate cannot see it.
+    Reservation,
+    /// The prompt estimate plus the output estimated from the bytes that reached Envoy: what a client
+    /// that stops a stream has seen, and no more.
+    Received,
+}
+
+fn abandoned_charge(v: Option<&str>) -> Result<AbandonedCharge, ConfigError> {
+    match v {
+        None | Some("reservation") => Ok(AbandonedCharge::Reservation),
+        Some("received") => Ok(AbandonedCharge::Received),
+        Some(o) => Err(err(
+            "quota.abandoned_charge",
+            format!("'{o}' is not one of \"reservation\", \"received\""),
         )),
     }
 }
@@ -415,6 +442,7 @@ pub(super) fn quota(
             1,
         )?,
         inject_stream_usage: raw.inject_stream_usage.unwrap_or(true),
+        abandoned_charge: abandoned_charge(raw.abandoned_charge.as_deref())?,
         shim_breaker,
         settle_retry_ms: in_range(
             "quota.settle_retry_ms",

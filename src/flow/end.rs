@@ -8,6 +8,7 @@ use super::{Cx, Effect, Level, Metric};
 use crate::accounting::{self, Ending};
 use crate::admission;
 use crate::breaker::{self, Transition};
+use crate::config::AbandonedCharge;
 use crate::failover;
 use crate::quota::{SettleArgs, SettleMode};
 use crate::usage;
@@ -162,22 +163,27 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
         // included, which errs towards charging; capped at the reservation).
         None => (ending_complete, f.resp.json.len() as u64),
     };
-    // No response headers at all (status 0) means the client went away before any answer: the provider
-    // may have billed the prompt, so that is charged (a cut with nothing streamed). Envoy's own failure
-    // replies (503/504 …) and provider errors are not served: refunded.
-    let ending = if status == 0 {
-        Ending::Cut {
-            usage: None,
-            content_bytes: 0,
-        }
-    } else if !(200..300).contains(&status) {
+    // Envoy's own failure replies (503/504 …) and provider errors are not served: refunded. A response
+    // cut before its end is charged its final usage when that arrived. Otherwise, when the client left
+    // (no response headers at all, status 0, or Envoy's `downstream_…` details), the provider may go on
+    // generating what tokengate never sees (a non-streamed answer runs to its end; hidden reasoning is
+    // billed): `abandoned_charge` says whether the whole reservation is charged or the prompt plus the
+    // output that reached Envoy. A stream the upstream cut is charged the prompt plus what arrived.
+    let ending = if status != 0 && !(200..300).contains(&status) {
         Ending::NotServed
-    } else if completed && ending_complete {
+    } else if status != 0 && completed && ending_complete {
         Ending::Completed { usage }
-    } else {
+    } else if usage.is_some() {
         Ending::Cut {
             usage,
             content_bytes,
+        }
+    } else if abandoned_in_full(cx, status) {
+        Ending::Abandoned
+    } else {
+        Ending::Cut {
+            usage: None,
+            content_bytes: if status == 0 { 0 } else { content_bytes },
         }
     };
     let mut settled_any = false;
@@ -210,6 +216,25 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
         &f.quotas,
         cx.cfg,
     )));
+}
+
+/// Whether a response that ended without final usage is charged its whole reservation: the client left
+/// (no response at all, or Envoy's details say the downstream went) and `quota.abandoned_charge` is
+/// `"reservation"`.
+fn abandoned_in_full(cx: &Cx, status: u32) -> bool {
+    let policy = cx
+        .cfg
+        .quota
+        .as_ref()
+        .map_or(AbandonedCharge::Reservation, |q| q.abandoned_charge);
+    if policy != AbandonedCharge::Reservation {
+        return false;
+    }
+    status == 0
+        || cx
+            .host
+            .property(&["response", "code_details"])
+            .is_some_and(|d| d.starts_with(b"downstream_"))
 }
 
 /// `refund_unused` rules: gives back to the bucket what the provider's usage (`usage`, see

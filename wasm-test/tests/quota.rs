@@ -751,12 +751,29 @@ fn injected_usage_chunk_is_not_visible_to_the_client() {
 // 5. Client abort mid-stream
 // ---------------------------------------------------------------------------------------------
 
-#[test]
-fn abort_mid_stream() {
+/// The `actual=` of `tenant`'s audit record, once the access log has it (≤ [`SETTLE_WAIT`]).
+fn audited_actual(envoy: &Envoy, tenant: &str) -> i64 {
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let mut lines = audit_lines(envoy, tenant);
+    while lines.is_empty() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+        lines = audit_lines(envoy, tenant);
+    }
+    println!("access log: {lines:?}");
+    let line = lines.first().expect("an access-log line for the request");
+    assert!(line.contains("usage_source=estimate"), "{line}");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("actual="))
+        .and_then(|v| v.parse().ok())
+        .expect("actual= in the audit record")
+}
+
+/// A chat stream whose client closes after the first content event; returns (charged, reserved,
+/// prompt + output estimated from the content bytes the client got).
+fn leave_a_stream(tenant: &str, quota: Value) -> (i64, i64, i64) {
     const MAX_TOKENS: u64 = 400;
     let s = Stack::start();
-    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
-    let tenant = "abort";
+    let envoy = s.envoy(quota);
     let key = used_key(tenant, &month_label(now_unix()));
     let body = chat_body(MAX_TOKENS, true, None);
     // 4 content events of 100 tokens ("t0 " … "t99 ", 390 bytes) 300 ms apart; the first event (role)
@@ -795,45 +812,134 @@ fn abort_mid_stream() {
         })
         .sum();
     let est_out = content_bytes.div_ceil(4) as i64;
-    let want = prompt_cost + est_out;
-    // Wait for the counter to leave the reservation, then for it to be stable.
-    let deadline = Instant::now() + SETTLE_WAIT;
-    let mut got = get_i64(s.redis(), &key);
-    while got == reserved && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-        got = get_i64(s.redis(), &key);
-    }
+    let received = prompt_cost + est_out;
+    // The audit record is written with the settlement; wait for it, then for the counter.
+    let actual = audited_actual(&envoy, tenant);
+    let got = wait_key(s.redis(), &key, actual);
     println!(
         "reserved {reserved} (prompt {prompt_cost} + {MAX_TOKENS}), client got {content_bytes} content bytes \
-         (≈{est_out} tokens): redis {got}, expected {want}"
+         (≈{est_out} tokens): audit actual {actual}, redis {got}"
     );
-    assert!(
-        got >= prompt_cost && got <= reserved,
-        "prompt ≤ charge ≤ reservation: {got}"
+    assert_eq!(got, actual, "the counter holds what the audit record says");
+    tg::assert_no_panic(&envoy);
+    (got, reserved, received)
+}
+
+#[test]
+fn a_stream_the_client_leaves_is_charged_its_whole_reservation() {
+    // The default `abandoned_charge` ("reservation"): the provider may go on generating after the
+    // client left, and tokengate cannot see it.
+    let (got, reserved, received) = leave_a_stream("abort", json!({"monthly_limit": 1_000_000}));
+    assert!(received < reserved, "{received} {reserved}");
+    assert_eq!(got, reserved, "the whole reservation");
+}
+
+#[test]
+fn a_stream_the_client_leaves_with_abandoned_charge_received_pays_prompt_and_what_arrived() {
+    let (got, reserved, received) = leave_a_stream(
+        "abort-rcv",
+        json!({"monthly_limit": 1_000_000, "abandoned_charge": "received"}),
     );
-    assert!(
-        got < reserved,
-        "an aborted stream is not charged the whole reservation"
-    );
+    assert!(got < reserved, "not the whole reservation: {got}");
     assert_eq!(
-        got, want,
+        got, received,
         "prompt + output estimated from the streamed bytes"
     );
+}
 
-    // The audit record says where the number comes from.
-    let deadline = Instant::now() + SETTLE_WAIT;
-    let mut lines = audit_lines(&envoy, tenant);
-    while lines.is_empty() && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(50));
-        lines = audit_lines(&envoy, tenant);
-    }
-    println!("access log: {lines:?}");
-    let line = lines
-        .first()
-        .expect("an access-log line for the aborted request");
-    assert!(line.contains("usage_source=estimate"), "{line}");
-    assert!(line.contains(&format!("actual={want}")), "{line}");
-    assert!(line.contains(&format!("reserved={reserved}")), "{line}");
+#[test]
+fn a_request_whose_client_leaves_before_the_answer_is_charged_its_whole_reservation() {
+    // The client gives up after 300 ms; the provider answers after 1.5 s (a real one would run the
+    // request to its end and bill it).
+    const MAX_TOKENS: u64 = 300;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let tenant = "gone-early";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let opts = StreamOpts {
+        abort_after_bytes: None,
+        timeout: Duration::from_millis(300),
+    };
+    let h = [
+        ("x-tenant-id", tenant),
+        ("content-type", "application/json"),
+        ("x-mock-delay-ms", "1500"),
+    ];
+    let body = chat_body(MAX_TOKENS, false, None);
+    assert!(http::post_stream(envoy.port, tg::CHAT, &h, &body, &opts).is_err());
+    // The same request answered, to learn the reservation.
+    let full = post_stream(
+        &envoy,
+        tg::CHAT,
+        "probe",
+        &[],
+        &body,
+        &StreamOpts::default(),
+    );
+    let reserved: i64 = full
+        .header("x-tokengate-estimated-tokens")
+        .and_then(|v| v.parse().ok())
+        .expect("estimated header");
+    let actual = audited_actual(&envoy, tenant);
+    assert_eq!(actual, reserved, "audited");
+    let got = wait_key(s.redis(), &key, reserved);
+    assert_eq!(
+        got,
+        reserved,
+        "the whole reservation, not the prompt ({})",
+        reserved - MAX_TOKENS as i64
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn an_anthropic_stream_the_client_leaves_is_not_charged_as_one_output_token() {
+    // `message_start` reports `output_tokens: 1`; the client leaves after two text deltas. Before
+    // the fix that 1 was taken as the message's usage (input + 1 charged for 2000 served).
+    const MAX_TOKENS: u64 = 400;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000, "abandoned_charge": "received"}));
+    let tenant = "abort-anthropic";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let opts = StreamOpts {
+        abort_after_bytes: Some(900),
+        timeout: Duration::from_secs(10),
+    };
+    let r = post_stream(
+        &envoy,
+        "/v1/messages",
+        tenant,
+        &[("x-mock-chunk-delay-ms", "300")],
+        &messages_body(MAX_TOKENS, true),
+        &opts,
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.aborted && !r.complete);
+    let reserved: i64 = r
+        .header("x-tokengate-estimated-tokens")
+        .and_then(|v| v.parse().ok())
+        .expect("estimated header");
+    let prompt_cost = reserved - MAX_TOKENS as i64;
+    let text: usize = http::sse_data(&r.body())
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v.pointer("/delta/text")
+                .and_then(Value::as_str)
+                .map(str::len)
+        })
+        .sum();
+    assert!(text > 0, "a text delta arrived: {}", r.text());
+    let actual = audited_actual(&envoy, tenant);
+    let got = wait_key(s.redis(), &key, actual);
+    println!(
+        "reserved {reserved}, prompt {prompt_cost}, client got {text} text bytes: redis {got}"
+    );
+    assert!(
+        got >= prompt_cost + text.div_ceil(4) as i64,
+        "at least the prompt and the text that arrived: {got}"
+    );
+    assert!(got <= reserved);
     tg::assert_no_panic(&envoy);
 }
 

@@ -16,7 +16,12 @@ fn quota_cfg(extra: Value) -> Value {
 
 /// Sends a chat request and admits its reservation; returns the call and what was reserved.
 fn admitted(e: &FakeEnvoy, body: &str) -> Call {
-    let mut c = e.send("/v1/chat/completions", &[TENANT], body);
+    admitted_at(e, "/v1/chat/completions", body)
+}
+
+/// [`admitted`] on another path.
+fn admitted_at(e: &FakeEnvoy, path: &str, body: &str) -> Call {
+    let mut c = e.send(path, &[TENANT], body);
     clean(&c);
     let callout = c.pending.clone().expect("a reservation callout");
     assert!(segments(&callout.body)
@@ -131,8 +136,22 @@ fn a_stream_cut_mid_way_is_charged_the_prompt_and_the_streamed_output() {
 }
 
 #[test]
-fn a_client_gone_before_any_response_is_charged_the_prompt() {
+fn a_client_gone_before_any_response_is_charged_its_reservation() {
+    // The provider may run a request whose client left to its end (and bill it): by default the whole
+    // reservation is charged.
     let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 1000));
+    e.end(&mut c);
+    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    assert_eq!(actual, reserved);
+    assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
+    assert_eq!(settled(&e), vec![s(actual)]);
+}
+
+#[test]
+fn a_client_gone_before_any_response_is_charged_the_prompt_with_abandoned_charge_received() {
+    let e = envoy(quota_cfg(json!({"abandoned_charge": "received"})));
     let mut c = admitted(&e, &chat("m", "hello", 1000));
     e.end(&mut c);
     let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
@@ -140,6 +159,63 @@ fn a_client_gone_before_any_response_is_charged_the_prompt() {
     assert!(actual > 0 && actual < 50, "the prompt only, got {actual}");
     assert!(actual < reserved);
     assert_eq!(settled(&e), vec![s(actual)]);
+}
+
+/// A stream the client leaves after one content event (Envoy's details say the downstream went).
+fn leave_mid_stream(e: &mut FakeEnvoy, path: &str, body: &str, events: &[&str]) -> (u64, u64) {
+    e.props.insert(
+        "response.code_details".into(),
+        b"downstream_remote_disconnect".to_vec(),
+    );
+    let mut c = admitted_at(e, path, body);
+    e.respond_partly(
+        &mut c,
+        200,
+        &[("content-type", "text/event-stream")],
+        events,
+        false,
+    );
+    e.end(&mut c);
+    clean(&c);
+    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
+    (actual, reserved)
+}
+
+#[test]
+fn a_client_gone_mid_stream_is_charged_its_reservation() {
+    let mut e = envoy(quota_cfg(json!({"inject_stream_usage": false})));
+    let ev = "data: {\"choices\":[{\"delta\":{\"content\":\"word word word\"}}]}\n\n";
+    let (actual, reserved) = leave_mid_stream(
+        &mut e,
+        "/v1/chat/completions",
+        &chat_stream("m", "hello", 1000),
+        &[ev],
+    );
+    assert_eq!(actual, reserved);
+}
+
+#[test]
+fn an_anthropic_stream_left_after_message_start_is_charged_for_what_arrived_not_one_token() {
+    // `message_start` says `output_tokens: 1`; the client leaves after 400 bytes of text. With
+    // "received" the charge is the prompt plus ~100 tokens, never the start event's 1.
+    let mut e = envoy(quota_cfg(json!({"abandoned_charge": "received"})));
+    let body = r#"{"model":"m","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
+    let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n";
+    let text = "abcd".repeat(100);
+    let delta = format!(
+        "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{text}\"}}}}\n\n"
+    );
+    let (actual, reserved) = leave_mid_stream(&mut e, "/v1/messages", body, &[start, &delta]);
+    assert!(
+        actual >= 100 && actual < reserved,
+        "prompt + 100 streamed tokens, got {actual} of {reserved}"
+    );
+    // And by default, the whole reservation.
+    let mut e = envoy(quota_cfg(json!({})));
+    let (actual, reserved) = leave_mid_stream(&mut e, "/v1/messages", body, &[start, &delta]);
+    assert_eq!(actual, reserved);
 }
 
 #[test]
