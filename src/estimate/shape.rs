@@ -233,8 +233,15 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Seed<S> {
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<S::Out, E> {
         Ok(self.0.unsigned(v))
     }
-    fn visit_f64<E: de::Error>(self, _v: f64) -> Result<S::Out, E> {
-        Ok(self.0.number())
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<S::Out, E> {
+        // serde_json reads `-0` (an integer in JSON's grammar, 0 to the providers' Python) as −0.0: a
+        // zero is 0 however it is written. Other numbers with a fraction or exponent stay numbers (a
+        // float `max_tokens` is refused: its cap could not be written back exactly).
+        Ok(if v == 0.0 {
+            self.0.unsigned(0)
+        } else {
+            self.0.number()
+        })
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<S::Out, E> {
         Ok(self.0.string(v))

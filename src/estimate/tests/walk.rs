@@ -134,6 +134,18 @@ fn the_largest_present_of_max_tokens_max_completion_tokens_max_output_tokens_is_
         r#"{"messages":[],"max_tokens":5}"#,
     );
     assert_eq!(e.output_tokens, 5);
+    // `-0` is an integer in JSON (Python reads 0), as `0` is; a fraction is not.
+    for zero in ["-0", "0", "-0.0"] {
+        let e = ok(
+            ApiKind::ChatCompletions,
+            &format!(r#"{{"max_tokens":{zero}}}"#),
+        );
+        assert_eq!(e.requested_output, Some(0), "{zero}");
+    }
+    assert_eq!(
+        est(ApiKind::ChatCompletions, r#"{"max_tokens":64.5}"#),
+        Err(EstimateError::BadField("max_tokens"))
+    );
 }
 
 #[test]
