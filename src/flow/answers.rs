@@ -117,10 +117,14 @@ pub fn quota_exceeded(
     now_unix_s: i64,
     what: &str,
 ) -> Refusal {
-    let mut r = Refusal::new(
-        Class::QuotaExceeded,
-        format!("The monthly token quota {what} is used up ({limit} tokens); it resets at the start of next month."),
-    );
+    // Left but less than this request may use (its prompt estimate and output limit): said so, with
+    // what is left, rather than "used up".
+    let message = if remaining == 0 {
+        format!("The monthly token quota {what} is used up ({limit} tokens); it resets at the start of next month.")
+    } else {
+        format!("The monthly token quota {what} cannot cover this request: {remaining} tokens left of {limit}; lower max_tokens, or wait for the start of next month.")
+    };
+    let mut r = Refusal::new(Class::QuotaExceeded, message);
     r.quota = Some(QuotaView {
         limit,
         remaining,

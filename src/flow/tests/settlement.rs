@@ -497,3 +497,21 @@ fn a_request_with_a_reservation_writes_its_audit_record_once_when_it_is_settled(
     assert_eq!(c.audits, 1);
     assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
 }
+
+#[test]
+fn a_quota_refusal_with_tokens_left_says_how_many_not_used_up() {
+    let used_up = crate::flow::answers::quota_exceeded(2000, 0, 3600, 0, "for this tenant");
+    assert!(
+        used_up.message.contains("is used up (2000 tokens)"),
+        "{}",
+        used_up.message
+    );
+    let short = crate::flow::answers::quota_exceeded(2000, 165, 3600, 0, "for this tenant");
+    assert!(
+        short
+            .message
+            .contains("cannot cover this request: 165 tokens left of 2000"),
+        "{}",
+        short.message
+    );
+}
