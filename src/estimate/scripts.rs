@@ -213,12 +213,45 @@ pub(super) fn alpha_at(bytes: &[u8], j: usize) -> Option<(u8, usize)> {
     }
 }
 
+/// A 64-bit word of four 16-bit lanes `lane`.
+const fn lanes(lane: u64) -> u64 {
+    lane * 0x0001_0001_0001_0001
+}
+
+/// The four-letter step of [`scan_alpha`] for a run of each class: a two-byte letter read as a
+/// little-endian 16-bit lane (lead byte low, continuation byte high) is of the class where
+/// `lane & mask == value`, with lead bytes whose 64 code points are all of it (Cyrillic D0–D1 but
+/// for the letters of [`A_CYRILLIC_UK`], see [`uk_suspects`]; Greek CE–CF; Arabic D8–DB; Hebrew
+/// D7). The other letters of a class (Greek U+0370..=U+037F, Hebrew points, …) and the classes
+/// without a step (mask 0, value 1: no lane matches) go a letter at a time.
+const ALPHA_LANES: [(u64, u64); 6] = [
+    (lanes(0xC0FE), lanes(0x80D0)),
+    (0, 1),
+    (lanes(0xC0FE), lanes(0x80CE)),
+    (lanes(0xC0FC), lanes(0x80D8)),
+    (lanes(0xC0FF), lanes(0x80D7)),
+    (0, 1),
+];
+
+/// Lanes of `w` (as in [`ALPHA_LANES`]) that may be a letter of [`A_CYRILLIC_UK`] if their lead
+/// byte is D0 or D1: bit 6 of the lane set where the continuation byte, with bit 4 flipped after
+/// D1, is 84..=87 (D0 84, 86, 87 and D1 94, 96, 97 are those letters; D0 85 and D1 95, Ѕ and ѕ,
+/// only go the slow way).
+#[inline(always)]
+fn uk_suspects(w: u64) -> u64 {
+    let u = w ^ ((w & lanes(1)) << 12);
+    // The continuation byte's top six bits, 0x21 for 84..=87, then a lane that is not 0x21 sets
+    // bit 6 (at most 63 + 63: no carry into the next lane).
+    let y = ((u >> 10) & lanes(0x3F)) ^ lanes(0x21);
+    ((y + lanes(0x3F)) & lanes(0x40)) ^ lanes(0x40)
+}
+
 /// A run of an alphabetic script from the letter at `i` (`first`: its [`alpha_at`]), and the runs
 /// after it that only single spaces separate (a single space between words has no feature of its
 /// own, see `count_features`); returns the index after the last. Counts what `scan_run` and the
-/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers,
-/// except that a run of two letters or more that the word table knows (see `words.rs`) is counted as
-/// one known word instead of by its letters.
+/// byte-wise loop would, with the common letters four at a time ([`ALPHA_LANES`]) and their
+/// counts kept in registers, except that a run of two letters or more that the word table knows
+/// (see `words.rs`) is counted as one known word instead of by its letters.
 #[inline(never)]
 fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usize {
     let mut letters_of = [0u64; 6];
@@ -230,35 +263,70 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut from = i;
     let mut space = space_before(bytes, i);
     let mut first = first;
+    // `letters_of` before the first letter of the run being read that is not of its class (set
+    // then: put back if the table knows the run).
+    let mut before = letters_of;
     // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
     let mut j = i;
     loop {
-        // The counts before the run, put back if the table knows it.
-        let before = letters_of;
         let class = usize::from(first.0);
-        let mut letters = 0u64;
+        let (mask, value) = ALPHA_LANES.get(class).copied().unwrap_or((0, 1));
+        let cyrillic = class == usize::from(A_CYRILLIC);
+        // Letters of the run; those not of its class (counted as they come, into `letters_of` or
+        // `f`).
+        let mut letters = 1u64;
+        let mut other = 0u64;
         // All its letters are of the tight loop (the others are counted straight into `f`).
         let mut plain = true;
-        let mut next = Some(first);
+        j += first.1;
         loop {
-            while let Some((k, n)) = next {
-                if let Some(l) = letters_of.get_mut(usize::from(k)) {
-                    *l += 1;
+            // Four letters of the class at a time: the lanes before the first that is not one
+            // (not for the classes without the step, Indic among them).
+            while let Some(chunk) = bytes
+                .get(j..)
+                .filter(|_| mask != 0)
+                .and_then(<[u8]>::first_chunk::<8>)
+            {
+                let w = u64::from_le_bytes(*chunk);
+                let mut bad = (w & mask) ^ value;
+                if cyrillic {
+                    bad |= uk_suspects(w);
+                }
+                let k = (bad.trailing_zeros() / 16) as usize;
+                letters += k as u64;
+                j += 2 * k;
+                if k < 4 {
+                    break;
+                }
+            }
+            if let Some((k, n)) = alpha_at(bytes, j) {
+                if usize::from(k) != class {
+                    if other == 0 {
+                        before = letters_of;
+                    }
+                    if let Some(l) = letters_of.get_mut(usize::from(k)) {
+                        *l += 1;
+                    }
+                    other += 1;
                 }
                 letters += 1;
                 j += n;
-                next = alpha_at(bytes, j);
+                continue;
             }
-            // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
+            // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …);
+            // `decode` reads no ASCII byte.
+            if bytes.get(j).is_none_or(|&b| b < 0x80) {
+                break;
+            }
             match decode(bytes, j) {
                 Some((cp, n)) if run_of(classify(cp)) == Some(Run::Alpha) => {
                     if let Some(idx) = char_feature(classify(cp)) {
                         bump(f, idx, 1);
                     }
                     letters += 1;
+                    other += 1;
                     plain = false;
                     j += n;
-                    next = alpha_at(bytes, j);
                 }
                 _ => break,
             }
@@ -269,14 +337,21 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
             && plain
             && (j - from) as u64 == 2 * letters;
         if plain && letters >= 2 && known(bytes, from, j, space) {
-            letters_of = before;
+            if other != 0 {
+                letters_of = before;
+            }
             if let Some(k) = known_runs.get_mut(usize::from(!space)) {
                 *k += 1;
             }
         } else if let Some(n) = greek.then(|| greek_pieces(bytes, from, j, space)).flatten() {
-            letters_of = before;
+            if other != 0 {
+                letters_of = before;
+            }
             bump(f, feature::GREEK_TWO_PIECES + usize::from(n == 3), 1);
         } else {
+            if let Some(l) = letters_of.get_mut(class) {
+                *l += letters - other;
+            }
             if let Some(r) = runs_of.get_mut(class) {
                 *r += 1;
             }
@@ -709,4 +784,74 @@ pub(super) fn scan_run(bytes: &[u8], mut j: usize, run: Run, f: &mut Counts) -> 
         bump(f, feature::ALPHA_LONG, letters.saturating_sub(ALPHA_WORD));
     }
     j
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::super::text::text_features;
+    use super::*;
+
+    /// Letters of `class` that [`scan_alpha`]'s four-letter step takes at the start of `w`.
+    fn step(class: u8, w: u64) -> usize {
+        let (mask, value) = ALPHA_LANES[usize::from(class)];
+        let mut bad = (w & mask) ^ value;
+        if class == A_CYRILLIC {
+            bad |= uk_suspects(w);
+        }
+        (bad.trailing_zeros() / 16) as usize
+    }
+
+    #[test]
+    fn the_four_letter_step_takes_only_letters_of_the_class() {
+        // Every two-byte character in every lane, among three letters the step takes: taken
+        // (and the lanes before it) only if `alpha_at` says it is of the class.
+        let fill = [
+            (A_CYRILLIC, 'д'),
+            (A_GREEK, 'λ'),
+            (A_ARABIC, 'م'),
+            (A_HEBREW, 'ש'),
+        ];
+        let mut taken = [0usize; 4];
+        for (n, &(class, letter)) in fill.iter().enumerate() {
+            let mut lane = [0u8; 2];
+            letter.encode_utf8(&mut lane);
+            let base = lanes(u64::from(u16::from_le_bytes(lane)));
+            assert_eq!(step(class, base), 4, "{letter}");
+            for cp in 0x80u32..0x800 {
+                let mut b = [0u8; 2];
+                char::from_u32(cp).unwrap().encode_utf8(&mut b);
+                let of_class = alpha_at(&b, 0) == Some((class, 2));
+                for at in 0..4 {
+                    let w = (base & !(0xFFFF << (16 * at)))
+                        | (u64::from(u16::from_le_bytes(b)) << (16 * at));
+                    let k = step(class, w);
+                    if of_class && k == 4 {
+                        taken[n] += 1;
+                    } else {
+                        assert_eq!(k, at, "U+{cp:04X} in lane {at}");
+                    }
+                }
+            }
+        }
+        // Cyrillic D0–D1 but for six Ukrainian letters and Ѕ ѕ, Greek CE–CF, Arabic D8–DB,
+        // Hebrew D7: in four lanes each.
+        assert_eq!(taken, [4 * (128 - 8), 4 * 128, 4 * 256, 4 * 64]);
+        // A run of no class with the step takes nothing.
+        assert_eq!(step(A_CYRILLIC_UK, lanes(0x96D1)), 0);
+        assert_eq!(step(A_INDIC, 0), 0);
+    }
+
+    #[test]
+    fn runs_that_mix_classes_count_each_letter_by_its_class() {
+        // Ukrainian letters among Russian ones (the step's slow way), a run of both from a
+        // Ukrainian letter, Greek in a Cyrillic run, Hebrew points.
+        let f = text_features("привітання їжачок абвгдλμνξεж שָׁלוֹם");
+        assert_eq!(f[feature::CYRILLIC_UK], 2);
+        assert_eq!(f[feature::CYRILLIC], 9 + 5 + 6);
+        assert_eq!(f[feature::GREEK], 5);
+        assert_eq!(f[feature::HEBREW], 7);
+        assert_eq!(f[feature::ALPHA_RUNS], 3);
+        assert_eq!(f[feature::HEBREW_RUNS], 1);
+    }
 }
