@@ -233,6 +233,12 @@ const ALPHA_LANES: [(u64, u64); 6] = [
     (0, 1),
 ];
 
+/// [`ALPHA_LANES`] of `class`.
+#[inline(always)]
+fn alpha_lanes(class: usize) -> (u64, u64) {
+    ALPHA_LANES.get(class).copied().unwrap_or((0, 1))
+}
+
 /// Lanes of `w` (as in [`ALPHA_LANES`]) that may be a letter of [`A_CYRILLIC_UK`] if their lead
 /// byte is D0 or D1: bit 6 of the lane set where the continuation byte, with bit 4 flipped after
 /// D1, is 84..=87 (D0 84, 86, 87 and D1 94, 96, 97 are those letters; D0 85 and D1 95, Ѕ and ѕ,
@@ -259,45 +265,54 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut long = 0u64;
     // Known runs after a space and not.
     let mut known_runs = [0u64; 2];
-    // The run being read: where it starts, whether a space comes before it, its first letter.
+    // The run being read: where it starts, whether a space comes before it, its class and its
+    // four-letter step, its letters so far.
     let mut from = i;
     let mut space = space_before(bytes, i);
-    let mut first = first;
+    let mut class = usize::from(first.0);
+    let (mut mask, mut value) = alpha_lanes(class);
+    let mut letters = 1u64;
     // `letters_of` before the first letter of the run being read that is not of its class (set
     // then: put back if the table knows the run).
     let mut before = letters_of;
+    // The letters of the run's class at `j`, four at most (see `ALPHA_LANES`).
+    let step = |j: usize, mask: u64, value: u64, cyrillic: bool| -> usize {
+        let Some(chunk) = bytes
+            .get(j..)
+            .filter(|_| mask != 0)
+            .and_then(<[u8]>::first_chunk::<8>)
+        else {
+            return 0;
+        };
+        let w = u64::from_le_bytes(*chunk);
+        let mut bad = (w & mask) ^ value;
+        if cyrillic {
+            bad |= uk_suspects(w);
+        }
+        (bad.trailing_zeros() / 16) as usize
+    };
     // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
-    let mut j = i;
+    let mut j = i + first.1;
     loop {
-        let class = usize::from(first.0);
-        let (mask, value) = ALPHA_LANES.get(class).copied().unwrap_or((0, 1));
         let cyrillic = class == usize::from(A_CYRILLIC);
-        // Letters of the run; those not of its class (counted as they come, into `letters_of` or
-        // `f`).
-        let mut letters = 1u64;
+        // Letters of the run not of its class (counted as they come, into `letters_of` or `f`).
         let mut other = 0u64;
         // All its letters are of the tight loop (the others are counted straight into `f`).
         let mut plain = true;
-        j += first.1;
         loop {
             // Four letters of the class at a time: the lanes before the first that is not one
             // (not for the classes without the step, Indic among them).
-            while let Some(chunk) = bytes
-                .get(j..)
-                .filter(|_| mask != 0)
-                .and_then(<[u8]>::first_chunk::<8>)
-            {
-                let w = u64::from_le_bytes(*chunk);
-                let mut bad = (w & mask) ^ value;
-                if cyrillic {
-                    bad |= uk_suspects(w);
-                }
-                let k = (bad.trailing_zeros() / 16) as usize;
+            loop {
+                let k = step(j, mask, value, cyrillic);
                 letters += k as u64;
                 j += 2 * k;
                 if k < 4 {
                     break;
                 }
+            }
+            // The run ends at ASCII (as a rule: `alpha_at` and `decode` read none).
+            if bytes.get(j).is_none_or(|&b| b < 0x80) {
+                break;
             }
             if let Some((k, n)) = alpha_at(bytes, j) {
                 if usize::from(k) != class {
@@ -313,11 +328,7 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                 j += n;
                 continue;
             }
-            // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …);
-            // `decode` reads no ASCII byte.
-            if bytes.get(j).is_none_or(|&b| b < 0x80) {
-                break;
-            }
+            // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
             match decode(bytes, j) {
                 Some((cp, n)) if run_of(classify(cp)) == Some(Run::Alpha) => {
                     if let Some(idx) = char_feature(classify(cp)) {
@@ -357,13 +368,22 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
             }
             long += letters.saturating_sub(ALPHA_WORD);
         }
-        // A single space and another letter: the next run.
+        // A single space and another letter: the next run, of the same class (its first letters
+        // by the step) or not.
         if bytes.get(j) == Some(&b' ') {
-            if let Some(letter) = alpha_at(bytes, j + 1) {
-                j += 1;
-                from = j;
-                space = true;
-                first = letter;
+            space = true;
+            from = j + 1;
+            let k = step(from, mask, value, cyrillic);
+            if k > 0 {
+                letters = k as u64;
+                j = from + 2 * k;
+                continue;
+            }
+            if let Some((k, n)) = alpha_at(bytes, from) {
+                class = usize::from(k);
+                (mask, value) = alpha_lanes(class);
+                letters = 1;
+                j = from + n;
                 continue;
             }
         }
