@@ -9,7 +9,7 @@ use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
 use super::words::{
-    greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+    greek_bit, greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
 };
 use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
@@ -445,14 +445,12 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
     let firsts = (n - 1).min(GREEK_FIRST_MAX);
-    let mut bit = 1u32;
+    // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`.
     for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
-        bit <<= 1;
         h = greek_step(h, pair_code(pair));
-        if greek_maybe(h) {
-            pre |= bit;
-        }
+        pre = (pre >> 1) | ((greek_bit(h) as u32) << 31);
     }
+    pre >>= 31 - firsts;
     if pre == 0 {
         return None;
     }
