@@ -263,8 +263,8 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut letters_of = [0u64; 6];
     let mut runs_of = [0u64; 6];
     let mut long = 0u64;
-    // Known runs after a space and not.
-    let mut known_runs = [0u64; 2];
+    // Known runs, and those after a space.
+    let (mut known_runs, mut known_space) = (0u64, 0u64);
     // The run being read: where it starts, whether a space comes before it, its class and its
     // four-letter step, its letters so far.
     let mut from = i;
@@ -351,9 +351,8 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
             if other != 0 {
                 letters_of = before;
             }
-            if let Some(k) = known_runs.get_mut(usize::from(!space)) {
-                *k += 1;
-            }
+            known_runs += 1;
+            known_space += u64::from(space);
         } else if let Some(n) = greek.then(|| greek_pieces(bytes, from, j, space)).flatten() {
             if other != 0 {
                 letters_of = before;
@@ -398,9 +397,8 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
         bump(f, fl, *n);
         bump(f, fr, *r);
     }
-    let [known_space, known_bare] = known_runs;
     bump(f, feature::ALPHA_KNOWN, known_space);
-    bump(f, feature::ALPHA_KNOWN_BARE, known_bare);
+    bump(f, feature::ALPHA_KNOWN_BARE, known_runs - known_space);
     j
 }
 
@@ -433,7 +431,7 @@ fn pair_code(pair: &[u8]) -> u64 {
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
 /// prefix and suffix (the backward one from the end down to the first prefix found, and not past
 /// a suffix that ends a two-piece split); middle pieces only between candidates.
-#[inline(always)]
+#[inline(never)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
     if n > GREEK_PIECES_MAX {
