@@ -9,7 +9,7 @@ use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
 use super::words::{
-    greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+    greek_bit, greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
 };
 use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
@@ -213,41 +213,120 @@ pub(super) fn alpha_at(bytes: &[u8], j: usize) -> Option<(u8, usize)> {
     }
 }
 
+/// A 64-bit word of four 16-bit lanes `lane`.
+const fn lanes(lane: u64) -> u64 {
+    lane * 0x0001_0001_0001_0001
+}
+
+/// The four-letter step of [`scan_alpha`] for a run of each class: a two-byte letter read as a
+/// little-endian 16-bit lane (lead byte low, continuation byte high) is of the class where
+/// `lane & mask == value`, with lead bytes whose 64 code points are all of it (Cyrillic D0–D1 but
+/// for the letters of [`A_CYRILLIC_UK`], see [`uk_suspects`]; Greek CE–CF; Arabic D8–DB; Hebrew
+/// D7). The other letters of a class (Greek U+0370..=U+037F, Hebrew points, …) and the classes
+/// without a step (mask 0, value 1: no lane matches) go a letter at a time.
+const ALPHA_LANES: [(u64, u64); 6] = [
+    (lanes(0xC0FE), lanes(0x80D0)),
+    (0, 1),
+    (lanes(0xC0FE), lanes(0x80CE)),
+    (lanes(0xC0FC), lanes(0x80D8)),
+    (lanes(0xC0FF), lanes(0x80D7)),
+    (0, 1),
+];
+
+/// [`ALPHA_LANES`] of `class`.
+#[inline(always)]
+fn alpha_lanes(class: usize) -> (u64, u64) {
+    ALPHA_LANES.get(class).copied().unwrap_or((0, 1))
+}
+
+/// Lanes of `w` (as in [`ALPHA_LANES`]) that may be a letter of [`A_CYRILLIC_UK`] if their lead
+/// byte is D0 or D1: bit 6 of the lane set where the continuation byte, with bit 4 flipped after
+/// D1, is 84..=87 (D0 84, 86, 87 and D1 94, 96, 97 are those letters; D0 85 and D1 95, Ѕ and ѕ,
+/// only go the slow way).
+#[inline(always)]
+fn uk_suspects(w: u64) -> u64 {
+    let u = w ^ ((w & lanes(1)) << 12);
+    // The continuation byte's top six bits, 0x21 for 84..=87, then a lane that is not 0x21 sets
+    // bit 6 (at most 63 + 63: no carry into the next lane).
+    let y = ((u >> 10) & lanes(0x3F)) ^ lanes(0x21);
+    ((y + lanes(0x3F)) & lanes(0x40)) ^ lanes(0x40)
+}
+
 /// A run of an alphabetic script from the letter at `i` (`first`: its [`alpha_at`]), and the runs
 /// after it that only single spaces separate (a single space between words has no feature of its
 /// own, see `count_features`); returns the index after the last. Counts what `scan_run` and the
-/// byte-wise loop would, with the common letters in a tight loop and their counts kept in registers,
-/// except that a run of two letters or more that the word table knows (see `words.rs`) is counted as
-/// one known word instead of by its letters.
+/// byte-wise loop would, with the common letters four at a time ([`ALPHA_LANES`]) and their
+/// counts kept in registers, except that a run of two letters or more that the word table knows
+/// (see `words.rs`) is counted as one known word instead of by its letters.
 #[inline(never)]
 fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usize {
     let mut letters_of = [0u64; 6];
     let mut runs_of = [0u64; 6];
     let mut long = 0u64;
-    // Known runs after a space and not.
-    let mut known_runs = [0u64; 2];
-    // The run being read: where it starts, whether a space comes before it, its first letter.
+    // Known runs, and those after a space.
+    let (mut known_runs, mut known_space) = (0u64, 0u64);
+    // The run being read: where it starts, whether a space comes before it, its class and its
+    // four-letter step, its letters so far.
     let mut from = i;
     let mut space = space_before(bytes, i);
-    let mut first = first;
+    let mut class = usize::from(first.0);
+    let (mut mask, mut value) = alpha_lanes(class);
+    let mut letters = 1u64;
+    // `letters_of` before the first letter of the run being read that is not of its class (set
+    // then: put back if the table knows the run).
+    let mut before = letters_of;
+    // The letters of the run's class at `j`, four at most (see `ALPHA_LANES`).
+    let step = |j: usize, mask: u64, value: u64, cyrillic: bool| -> usize {
+        let Some(chunk) = bytes
+            .get(j..)
+            .filter(|_| mask != 0)
+            .and_then(<[u8]>::first_chunk::<8>)
+        else {
+            return 0;
+        };
+        let w = u64::from_le_bytes(*chunk);
+        let mut bad = (w & mask) ^ value;
+        if cyrillic {
+            bad |= uk_suspects(w);
+        }
+        (bad.trailing_zeros() / 16) as usize
+    };
     // `j` ≤ `bytes.len()` throughout, so the sums cannot overflow.
-    let mut j = i;
+    let mut j = i + first.1;
     loop {
-        // The counts before the run, put back if the table knows it.
-        let before = letters_of;
-        let class = usize::from(first.0);
-        let mut letters = 0u64;
+        let cyrillic = class == usize::from(A_CYRILLIC);
+        // Letters of the run not of its class (counted as they come, into `letters_of` or `f`).
+        let mut other = 0u64;
         // All its letters are of the tight loop (the others are counted straight into `f`).
         let mut plain = true;
-        let mut next = Some(first);
         loop {
-            while let Some((k, n)) = next {
-                if let Some(l) = letters_of.get_mut(usize::from(k)) {
-                    *l += 1;
+            // Four letters of the class at a time: the lanes before the first that is not one
+            // (not for the classes without the step, Indic among them).
+            loop {
+                let k = step(j, mask, value, cyrillic);
+                letters += k as u64;
+                j += 2 * k;
+                if k < 4 {
+                    break;
+                }
+            }
+            // The run ends at ASCII (as a rule: `alpha_at` and `decode` read none).
+            if bytes.get(j).is_none_or(|&b| b < 0x80) {
+                break;
+            }
+            if let Some((k, n)) = alpha_at(bytes, j) {
+                if usize::from(k) != class {
+                    if other == 0 {
+                        before = letters_of;
+                    }
+                    if let Some(l) = letters_of.get_mut(usize::from(k)) {
+                        *l += 1;
+                    }
+                    other += 1;
                 }
                 letters += 1;
                 j += n;
-                next = alpha_at(bytes, j);
+                continue;
             }
             // Other letters of alphabetic runs (Greek Extended, Arabic presentation forms, …).
             match decode(bytes, j) {
@@ -256,9 +335,9 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                         bump(f, idx, 1);
                     }
                     letters += 1;
+                    other += 1;
                     plain = false;
                     j += n;
-                    next = alpha_at(bytes, j);
                 }
                 _ => break,
             }
@@ -269,26 +348,41 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
             && plain
             && (j - from) as u64 == 2 * letters;
         if plain && letters >= 2 && known(bytes, from, j, space) {
-            letters_of = before;
-            if let Some(k) = known_runs.get_mut(usize::from(!space)) {
-                *k += 1;
+            if other != 0 {
+                letters_of = before;
             }
+            known_runs += 1;
+            known_space += u64::from(space);
         } else if let Some(n) = greek.then(|| greek_pieces(bytes, from, j, space)).flatten() {
-            letters_of = before;
+            if other != 0 {
+                letters_of = before;
+            }
             bump(f, feature::GREEK_TWO_PIECES + usize::from(n == 3), 1);
         } else {
+            if let Some(l) = letters_of.get_mut(class) {
+                *l += letters - other;
+            }
             if let Some(r) = runs_of.get_mut(class) {
                 *r += 1;
             }
             long += letters.saturating_sub(ALPHA_WORD);
         }
-        // A single space and another letter: the next run.
+        // A single space and another letter: the next run, of the same class (its first letters
+        // by the step) or not.
         if bytes.get(j) == Some(&b' ') {
-            if let Some(letter) = alpha_at(bytes, j + 1) {
-                j += 1;
-                from = j;
-                space = true;
-                first = letter;
+            space = true;
+            from = j + 1;
+            let k = step(from, mask, value, cyrillic);
+            if k > 0 {
+                letters = k as u64;
+                j = from + 2 * k;
+                continue;
+            }
+            if let Some((k, n)) = alpha_at(bytes, from) {
+                class = usize::from(k);
+                (mask, value) = alpha_lanes(class);
+                letters = 1;
+                j = from + n;
                 continue;
             }
         }
@@ -303,9 +397,8 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
         bump(f, fl, *n);
         bump(f, fr, *r);
     }
-    let [known_space, known_bare] = known_runs;
     bump(f, feature::ALPHA_KNOWN, known_space);
-    bump(f, feature::ALPHA_KNOWN_BARE, known_bare);
+    bump(f, feature::ALPHA_KNOWN_BARE, known_runs - known_space);
     j
 }
 
@@ -338,7 +431,7 @@ fn pair_code(pair: &[u8]) -> u64 {
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
 /// prefix and suffix (the backward one from the end down to the first prefix found, and not past
 /// a suffix that ends a two-piece split); middle pieces only between candidates.
-#[inline(always)]
+#[inline(never)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
     if n > GREEK_PIECES_MAX {
@@ -350,14 +443,12 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
     let firsts = (n - 1).min(GREEK_FIRST_MAX);
-    let mut bit = 1u32;
+    // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`.
     for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
-        bit <<= 1;
         h = greek_step(h, pair_code(pair));
-        if greek_maybe(h) {
-            pre |= bit;
-        }
+        pre = (pre >> 1) | ((greek_bit(h) as u32) << 31);
     }
+    pre >>= 31 - firsts;
     if pre == 0 {
         return None;
     }
@@ -709,4 +800,74 @@ pub(super) fn scan_run(bytes: &[u8], mut j: usize, run: Run, f: &mut Counts) -> 
         bump(f, feature::ALPHA_LONG, letters.saturating_sub(ALPHA_WORD));
     }
     j
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::super::text::text_features;
+    use super::*;
+
+    /// Letters of `class` that [`scan_alpha`]'s four-letter step takes at the start of `w`.
+    fn step(class: u8, w: u64) -> usize {
+        let (mask, value) = ALPHA_LANES[usize::from(class)];
+        let mut bad = (w & mask) ^ value;
+        if class == A_CYRILLIC {
+            bad |= uk_suspects(w);
+        }
+        (bad.trailing_zeros() / 16) as usize
+    }
+
+    #[test]
+    fn the_four_letter_step_takes_only_letters_of_the_class() {
+        // Every two-byte character in every lane, among three letters the step takes: taken
+        // (and the lanes before it) only if `alpha_at` says it is of the class.
+        let fill = [
+            (A_CYRILLIC, 'д'),
+            (A_GREEK, 'λ'),
+            (A_ARABIC, 'م'),
+            (A_HEBREW, 'ש'),
+        ];
+        let mut taken = [0usize; 4];
+        for (n, &(class, letter)) in fill.iter().enumerate() {
+            let mut lane = [0u8; 2];
+            letter.encode_utf8(&mut lane);
+            let base = lanes(u64::from(u16::from_le_bytes(lane)));
+            assert_eq!(step(class, base), 4, "{letter}");
+            for cp in 0x80u32..0x800 {
+                let mut b = [0u8; 2];
+                char::from_u32(cp).unwrap().encode_utf8(&mut b);
+                let of_class = alpha_at(&b, 0) == Some((class, 2));
+                for at in 0..4 {
+                    let w = (base & !(0xFFFF << (16 * at)))
+                        | (u64::from(u16::from_le_bytes(b)) << (16 * at));
+                    let k = step(class, w);
+                    if of_class && k == 4 {
+                        taken[n] += 1;
+                    } else {
+                        assert_eq!(k, at, "U+{cp:04X} in lane {at}");
+                    }
+                }
+            }
+        }
+        // Cyrillic D0–D1 but for six Ukrainian letters and Ѕ ѕ, Greek CE–CF, Arabic D8–DB,
+        // Hebrew D7: in four lanes each.
+        assert_eq!(taken, [4 * (128 - 8), 4 * 128, 4 * 256, 4 * 64]);
+        // A run of no class with the step takes nothing.
+        assert_eq!(step(A_CYRILLIC_UK, lanes(0x96D1)), 0);
+        assert_eq!(step(A_INDIC, 0), 0);
+    }
+
+    #[test]
+    fn runs_that_mix_classes_count_each_letter_by_its_class() {
+        // Ukrainian letters among Russian ones (the step's slow way), a run of both from a
+        // Ukrainian letter, Greek in a Cyrillic run, Hebrew points.
+        let f = text_features("привітання їжачок абвгдλμνξεж שָׁלוֹם");
+        assert_eq!(f[feature::CYRILLIC_UK], 2);
+        assert_eq!(f[feature::CYRILLIC], 9 + 5 + 6);
+        assert_eq!(f[feature::GREEK], 5);
+        assert_eq!(f[feature::HEBREW], 7);
+        assert_eq!(f[feature::ALPHA_RUNS], 3);
+        assert_eq!(f[feature::HEBREW_RUNS], 1);
+    }
 }

@@ -209,12 +209,19 @@ pub fn greek_slot(h: u64) -> (usize, u64) {
 /// passes with probability about 1 in 250).
 #[inline(always)]
 pub(super) fn greek_maybe(h: u64) -> bool {
+    greek_bit(h) & 1 != 0
+}
+
+/// [`greek_maybe`] as bit 0 of a word whose other bits are of no meaning.
+#[inline(always)]
+pub(super) fn greek_bit(h: u64) -> u64 {
     // Both bits of `greek_slot(h)` set, as two shifts (the same answer).
     let w = GREEK_PIECE_BITS
         .get((h >> 54) as usize)
         .copied()
         .unwrap_or(0);
-    (w >> ((h >> 32) & 63)) & (w >> ((h >> 38) & 63)) & 1 != 0
+    let at = h >> 32;
+    (w >> (at & 63)) & (w >> ((at >> 6) & 63))
 }
 
 /// The table's hash seed and block length (for the generator's checks).
