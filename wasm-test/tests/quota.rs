@@ -1232,7 +1232,7 @@ fn the_binding_model_limit_is_reported_in_headers_and_message() {
         .unwrap_or_default()
         .to_string();
     assert!(
-        msg.contains(&format!("for model '{MODEL}'")) && msg.contains("(10 tokens)"),
+        msg.contains(&format!("for model '{MODEL}'")) && msg.contains("10 tokens left of 10"),
         "{msg}"
     );
     // Admitted under a model limit that leaves less than the tenant's: that limit is shown.
