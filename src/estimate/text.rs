@@ -1,7 +1,7 @@
 //! Text → tokens: one pass over the characters that mimics o200k_base's pre-tokenizer and counts
 //! features, then the weighted sum.
 
-use super::classes::{classify, cp3, decode, Cls};
+use super::classes::{classify, decode, Cls};
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
 use super::words::{known, known_short, rare_pairs, MIN_ASCII};
@@ -104,30 +104,46 @@ pub(super) fn lower_run(bytes: &[u8], i: usize) -> usize {
     n + count_while(bytes, i + n, |b| b.is_ascii_lowercase())
 }
 
-/// The per-letter feature of an accented Latin letter.
-#[inline(always)]
-pub(super) fn latin_ext_feature(cp: u32) -> usize {
-    if (0x100..=0x17F).contains(&cp) && cp != 0x110 && cp != 0x111 {
-        feature::LATIN_EXT_A
-    } else {
-        feature::LATIN_EXT
-    }
-}
+/// The accented Latin letters ([`is_latin_ext`]) of two UTF-8 bytes: one row per lead byte
+/// 0xC3..=0xCA, bit `b1 & 63` set where the second byte `b1` makes one (U+00D7 × and U+00F7 ÷ are
+/// not letters; U+02B0 on are modifier letters).
+const EXT2: [u64; 8] = [
+    !((1 << 0x17) | (1 << 0x37)),
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    (1 << 0x30) - 1,
+];
 
-/// The accented Latin letter at `i` ([`is_latin_ext`]) and its length, from its two or three bytes.
+/// Of [`EXT2`], the letters of Latin Extended-A (U+0100..=U+017F, lead bytes 0xC4 and 0xC5) but for
+/// U+0110 Đ and U+0111 đ: those counted by [`feature::LATIN_EXT_A`], the others by
+/// [`feature::LATIN_EXT`].
+const EXT2_A: [u64; 8] = [0, !(0b11 << 0x10), u64::MAX, 0, 0, 0, 0, 0];
+
+/// The accented Latin letter at `i` ([`is_latin_ext`]): its length (2 or 3 bytes) and whether it
+/// counts as [`feature::LATIN_EXT_A`] (else [`feature::LATIN_EXT`]). No UTF-8 decode: a bit of
+/// [`EXT2`] for two bytes, the lead byte 0xE1 and the second's range for U+1E00..=U+1EFF (Latin
+/// Extended Additional: Vietnamese).
 #[inline(always)]
-fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
+fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
     match *bytes.get(i..)? {
         [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => {
-            let cp = (u32::from(b0 & 0x1F) << 6) | u32::from(b1 & 0x3F);
-            is_latin_ext(cp).then_some((cp, 2))
+            let row = usize::from(b0 - 0xC3);
+            let bit = 1u64 << (b1 & 63);
+            let ext = EXT2.get(row).is_some_and(|&m| m & bit != 0);
+            let ext_a = EXT2_A.get(row).is_some_and(|&m| m & bit != 0);
+            ext.then_some((2, ext_a))
         }
-        // U+1E00..=U+1EFF (Latin Extended Additional: Vietnamese).
-        [0xE1, b1 @ 0xB8..=0xBB, b2 @ 0x80..=0xBF, ..] => Some((cp3(0xE1, b1, b2), 3)),
+        [0xE1, 0xB8..=0xBB, 0x80..=0xBF, ..] => Some((3, false)),
         _ => None,
     }
 }
 
+/// Whether `cp` is an accented Latin letter (of Latin-1, Latin Extended-A and -B, IPA, or Latin
+/// Extended Additional).
 #[inline(always)]
 pub(super) fn is_latin_ext(cp: u32) -> bool {
     matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
@@ -163,15 +179,12 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
         mixed |= lower > 0;
         ext &= lower == 0;
         match latin_ext_at(bytes, i) {
-            Some((cp, n)) => {
+            Some((n, a)) => {
                 i += n;
                 letters += 1;
                 mixed = true;
-                if latin_ext_feature(cp) == feature::LATIN_EXT_A {
-                    ext_a += 1;
-                } else {
-                    ext_other += 1;
-                }
+                ext_a += u64::from(a);
+                ext_other += u64::from(!a);
                 pairs += u64::from(ext);
                 ext = true;
             }
@@ -522,11 +535,11 @@ fn latin_ext_before(bytes: &[u8], i: usize) -> bool {
     let two = i
         .checked_sub(2)
         .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(_, n)| n == 2);
+        .is_some_and(|(n, _)| n == 2);
     two || i
         .checked_sub(3)
         .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(_, n)| n == 3)
+        .is_some_and(|(n, _)| n == 3)
 }
 
 /// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
