@@ -142,6 +142,32 @@ fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
     }
 }
 
+/// [`latin_ext_at`] of the letter whose bytes are the low three of `w` (little-endian).
+#[inline(always)]
+fn latin_ext_in(w: u64) -> Option<(usize, bool)> {
+    let [b0, b1, b2, ..] = w.to_le_bytes();
+    match (b0, b1, b2) {
+        (0xC3..=0xCA, 0x80..=0xBF, _) => {
+            let row = usize::from(b0 - 0xC3);
+            let bit = 1u64 << (b1 & 63);
+            let ext = EXT2.get(row).is_some_and(|&m| m & bit != 0);
+            let ext_a = EXT2_A.get(row).is_some_and(|&m| m & bit != 0);
+            ext.then_some((2, ext_a))
+        }
+        (0xE1, 0xB8..=0xBB, 0x80..=0xBF) => Some((3, false)),
+        _ => None,
+    }
+}
+
+/// The eight bytes at `i` as a little-endian word, if there are eight.
+#[inline(always)]
+fn load8(bytes: &[u8], i: usize) -> Option<u64> {
+    bytes
+        .get(i..i.wrapping_add(8))
+        .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        .map(u64::from_le_bytes)
+}
+
 /// Whether `cp` is an accented Latin letter (of Latin-1, Latin Extended-A and -B, IPA, or Latin
 /// Extended Additional).
 #[inline(always)]
@@ -168,17 +194,29 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     // Accented letters of Latin Extended-A, the others, and those right after another one.
     let (mut ext_a, mut ext_other, mut pairs) = (0u64, 0u64, 0u64);
     loop {
-        // Between accented letters (Vietnamese) the run is often empty: one byte tells.
-        let lower = if bytes.get(i).is_some_and(u8::is_ascii_lowercase) {
-            lower_run(bytes, i)
-        } else {
-            0
+        // One load a step where eight bytes remain: the run of lower-case letters and, when it
+        // ends within the first six, the next letter's bytes.
+        let (lower, next) = match load8(bytes, i) {
+            Some(w) => {
+                let m = not_lower_mask(w);
+                if m == 0 {
+                    (8 + lower_run(bytes, i + 8), None)
+                } else {
+                    let k = (m.trailing_zeros() / 8) as usize;
+                    (k, (k <= 5).then(|| w >> (8 * k)))
+                }
+            }
+            None => (lower_run(bytes, i), None),
         };
         i += lower;
         letters += lower;
         mixed |= lower > 0;
         ext &= lower == 0;
-        match latin_ext_at(bytes, i) {
+        let letter = match next {
+            Some(w) => latin_ext_in(w),
+            None => latin_ext_at(bytes, i),
+        };
+        match letter {
             Some((n, a)) => {
                 i += n;
                 letters += 1;
@@ -202,7 +240,13 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     let accented = ext_a + ext_other > 0;
     if letters >= if accented { 2 } else { MIN_ASCII } {
         let space = space_before(bytes, start);
-        if known(bytes, start, i, space) {
+        let len = i - start;
+        // A word of up to eight bytes: hashed from its first eight, loaded once here.
+        let is_known = match load8(bytes, start) {
+            Some(w) if len <= 8 => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            _ => known(bytes, start, i, space),
+        };
+        if is_known {
             bump(f, known_feature(space), 1);
             return i;
         }
