@@ -175,24 +175,58 @@ pub(super) fn is_latin_ext(cp: u32) -> bool {
     matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
 }
 
-/// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
-/// letters count as lower case), so "camelCase" is two words and "HTTPServer" one, like o200k's
-/// pre-tokenizer. Returns the index after the word (always > `i`).
+/// The lower-case and accented letters of a word from its first one that is not a capital (see
+/// [`scan_word`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Tail {
+    /// The index after the word.
+    end: usize,
+    /// Its letters (from where it was read), each accented one one.
+    letters: usize,
+    /// Its accented letters ([`is_latin_ext`]).
+    ext: u64,
+    /// Those of them counted as [`feature::LATIN_EXT_A`].
+    ext_a: u64,
+    /// Those of them right after another accented letter.
+    pairs: u64,
+}
+
+/// The [`Tail`] of a word at `i`. Where the word ends within the 16 bytes at `i` (most words), from
+/// one load or two (no step per letter): its end is the first byte that is neither a lower-case ASCII letter nor
+/// non-ASCII, and each non-ASCII character before it is read as an accented letter, the first that
+/// is not one ending the word. Else (longer words, the last bytes of the text) [`tail_steps`].
 #[inline(always)]
-pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+pub(super) fn word_tail(bytes: &[u8], i: usize) -> Tail {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    if let Some(w) = load8(bytes, i) {
+        let high = w & HI;
+        let stop = not_lower_mask(w) & !high;
+        if stop != 0 {
+            return tail_in8(i, w, high, stop.trailing_zeros() / 8);
+        }
+        // Words of 8 to 15 bytes: the next eight.
+        if let Some(w2) = load8(bytes, i + 8) {
+            let high2 = w2 & HI;
+            let stop2 = not_lower_mask(w2) & !high2;
+            if stop2 != 0 {
+                let w = u128::from(w) | (u128::from(w2) << 64);
+                let high = u128::from(high) | (u128::from(high2) << 64);
+                return tail_in(i, w, high, 8 + stop2.trailing_zeros() / 8);
+            }
+        }
+    }
+    tail_steps(bytes, i)
+}
+
+/// [`word_tail`] a step at a time: a run of lower-case letters, an accented letter, and again.
+#[inline(always)]
+pub(super) fn tail_steps(bytes: &[u8], i: usize) -> Tail {
     // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
-    let upper = if bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
-        count_while(bytes, start, |b| b.is_ascii_uppercase())
-    } else {
-        0
-    };
-    let mut i = start + upper;
-    let mut letters = upper;
-    let mut mixed = false;
+    let mut i = i;
+    let mut letters = 0;
     // The letter before is an accented one.
-    let mut ext = false;
-    // Accented letters of Latin Extended-A, the others, and those right after another one.
-    let (mut ext_a, mut ext_other, mut pairs) = (0u64, 0u64, 0u64);
+    let mut after_ext = false;
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
     loop {
         // One load a step where eight bytes remain: the run of lower-case letters and, when it
         // ends within the first six, the next letter's bytes.
@@ -210,8 +244,7 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
         };
         i += lower;
         letters += lower;
-        mixed |= lower > 0;
-        ext &= lower == 0;
+        after_ext &= lower == 0;
         let letter = match next {
             Some(w) => latin_ext_in(w),
             None => latin_ext_at(bytes, i),
@@ -220,15 +253,114 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
             Some((n, a)) => {
                 i += n;
                 letters += 1;
-                mixed = true;
+                ext += 1;
                 ext_a += u64::from(a);
-                ext_other += u64::from(!a);
-                pairs += u64::from(ext);
-                ext = true;
+                pairs += u64::from(after_ext);
+                after_ext = true;
             }
             None => break,
         }
     }
+    Tail {
+        end: i,
+        letters,
+        ext,
+        ext_a,
+        pairs,
+    }
+}
+
+/// The [`Tail`] of a word at `i` whose bytes from `i` are the low bytes of `w`, `high` the high bit
+/// of each of them that is not ASCII, `t` (< 16) the first that is neither a lower-case letter nor
+/// non-ASCII: each non-ASCII character before `t` is read as an accented letter, the first that is
+/// not one ending the word.
+#[inline(always)]
+fn tail_in(i: usize, w: u128, high: u128, t: u32) -> Tail {
+    let mut rest = high & !(u128::MAX << (8 * t));
+    // The word's bytes, the continuation bytes of its accented letters, and where the last
+    // accented letter ended (16: none yet).
+    let (mut end, mut cont, mut after) = (t, 0u32, 16u32);
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+    while rest != 0 {
+        let q = rest.trailing_zeros() / 8;
+        // The bytes of a letter at `q` are non-ASCII, so before `t`: `q + n <= t` (< 16).
+        match latin_ext_in((w >> (8 * q)) as u64) {
+            Some((n, a)) => {
+                ext += 1;
+                ext_a += u64::from(a);
+                pairs += u64::from(q == after);
+                after = q + n as u32;
+                cont += n as u32 - 1;
+                rest &= u128::MAX.checked_shl(8 * after).unwrap_or(0);
+            }
+            None => {
+                end = q;
+                break;
+            }
+        }
+    }
+    Tail {
+        end: i + end as usize,
+        letters: (end - cont) as usize,
+        ext,
+        ext_a,
+        pairs,
+    }
+}
+
+/// [`tail_in`] of a word that ends within eight bytes (`t` < 8), in 64 bits (most words: cheaper
+/// than in 128).
+#[inline(always)]
+fn tail_in8(i: usize, w: u64, high: u64, t: u32) -> Tail {
+    let mut rest = high & !(u64::MAX << (8 * t));
+    // The word's bytes, the continuation bytes of its accented letters, and where the last
+    // accented letter ended (8: none yet).
+    let (mut end, mut cont, mut after) = (t, 0u32, 8u32);
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+    while rest != 0 {
+        let q = rest.trailing_zeros() / 8;
+        // The bytes of a letter at `q` are non-ASCII, so before `t`: `q + n <= t` (< 8).
+        match latin_ext_in(w >> (8 * q)) {
+            Some((n, a)) => {
+                ext += 1;
+                ext_a += u64::from(a);
+                pairs += u64::from(q == after);
+                after = q + n as u32;
+                cont += n as u32 - 1;
+                rest &= u64::MAX.checked_shl(8 * after).unwrap_or(0);
+            }
+            None => {
+                end = q;
+                break;
+            }
+        }
+    }
+    Tail {
+        end: i + end as usize,
+        letters: (end - cont) as usize,
+        ext,
+        ext_a,
+        pairs,
+    }
+}
+
+/// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
+/// letters count as lower case), so "camelCase" is two words and "HTTPServer" one, like o200k's
+/// pre-tokenizer. Returns the index after the word (always > `i`).
+#[inline(always)]
+pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+    // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
+    let upper = if bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+        count_while(bytes, start, |b| b.is_ascii_uppercase())
+    } else {
+        0
+    };
+    let tail = word_tail(bytes, start + upper);
+    let i = tail.end;
+    let letters = upper + tail.letters;
+    // Lower-case or accented letters after the capitals.
+    let mixed = tail.letters > 0;
+    let (ext_a, ext_other, pairs) = (tail.ext_a, tail.ext - tail.ext_a, tail.pairs);
     if letters == 0 {
         return start + 1; // not called on a non-letter; guarantees progress anyway
     }

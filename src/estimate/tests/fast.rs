@@ -543,3 +543,58 @@ fn the_fast_walk_agrees_with_the_reference_walk_on_edge_cases() {
     assert!(!accepts(r#"{"messages":[{"content":"\ud800"}]}"#));
     assert!(!accepts(r#"{"temperature":1e400}"#));
 }
+
+#[test]
+fn a_word_tail_read_from_one_or_two_loads_is_the_one_read_a_step_at_a_time() {
+    // Pieces around the edges of what an accented letter is (× ÷ and U+02B0 are not; Đ đ are not
+    // of Latin Extended-A's feature; U+1F00 is Greek), stray and missing continuation bytes.
+    let pieces: [&[u8]; 24] = [
+        b"a",
+        b"z",
+        b"q",
+        b"A",
+        b" ",
+        b"1",
+        b"-",
+        "é".as_bytes(),
+        "ÿ".as_bytes(),
+        "À".as_bytes(),
+        "×".as_bytes(),
+        "÷".as_bytes(),
+        "Đ".as_bytes(),
+        "đ".as_bytes(),
+        "ł".as_bytes(),
+        "ơ".as_bytes(),
+        "ʯ".as_bytes(),
+        "ʰ".as_bytes(),
+        "ḁ".as_bytes(),
+        "ỹ".as_bytes(),
+        "ἀ".as_bytes(),
+        "я".as_bytes(),
+        b"\xa9",
+        b"\xc3",
+    ];
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut checked = 0usize;
+    for len in 0..40usize {
+        for _ in 0..200 {
+            let mut buf = Vec::new();
+            for _ in 0..len {
+                // Letters more often than the rest: long words.
+                let r = (xorshift(&mut x) >> 24) as usize;
+                let piece = if r.is_multiple_of(3) { r / 3 % 3 } else { r % pieces.len() };
+                buf.extend_from_slice(pieces[piece]);
+            }
+            for i in 0..=buf.len() {
+                assert_eq!(
+                    word_tail(&buf, i),
+                    tail_steps(&buf, i),
+                    "at {i} of {:?}",
+                    String::from_utf8_lossy(&buf)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100_000);
+}
