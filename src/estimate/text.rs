@@ -349,21 +349,43 @@ fn tail_in8(i: usize, w: u64, high: u64, t: u32) -> Tail {
 /// pre-tokenizer. Returns the index after the word (always > `i`).
 #[inline(always)]
 pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
-    // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
-    let upper = if bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
-        count_while(bytes, start, |b| b.is_ascii_uppercase())
+    // Index arithmetic here is bounded by `bytes.len()`, so it cannot overflow.
+    let upper = capitals(bytes, start);
+    let tail = word_tail(bytes, start + upper);
+    if upper + tail.letters == 0 {
+        return start + 1; // not called on a non-letter; guarantees progress anyway
+    }
+    let space = space_before(bytes, start);
+    count_read_word(bytes, f, start, upper, &tail, space, after_punct)
+}
+
+/// The capitals at `i` (their number).
+#[inline(always)]
+fn capitals(bytes: &[u8], i: usize) -> usize {
+    if bytes.get(i).is_some_and(u8::is_ascii_uppercase) {
+        count_while(bytes, i, |b| b.is_ascii_uppercase())
     } else {
         0
-    };
-    let tail = word_tail(bytes, start + upper);
+    }
+}
+
+/// Counts the word at `start` of `upper` capitals then `tail` (at least one letter), after a space
+/// if `space` (see [`scan_word`]). Returns the index after it.
+#[inline(always)]
+fn count_read_word(
+    bytes: &[u8],
+    f: &mut Counts,
+    start: usize,
+    upper: usize,
+    tail: &Tail,
+    space: bool,
+    after_punct: bool,
+) -> usize {
     let i = tail.end;
     let letters = upper + tail.letters;
     // Lower-case or accented letters after the capitals.
     let mixed = tail.letters > 0;
     let (ext_a, ext_other, pairs) = (tail.ext_a, tail.ext - tail.ext_a, tail.pairs);
-    if letters == 0 {
-        return start + 1; // not called on a non-letter; guarantees progress anyway
-    }
     if after_punct {
         bump(f, feature::PUNCT_WORD, 1);
     }
@@ -371,7 +393,6 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     // more, words with accented letters of two or more.
     let accented = ext_a + ext_other > 0;
     if letters >= if accented { 2 } else { MIN_ASCII } {
-        let space = space_before(bytes, start);
         let len = i - start;
         // A word of up to eight bytes: hashed from its first eight, loaded once here.
         let is_known = match load8(bytes, start) {
@@ -447,15 +468,14 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
     let mut i = scan_word(bytes, start, f, after_punct);
     // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
     while bytes.get(i) == Some(&b' ') {
-        let next = match bytes.get(i + 1) {
-            Some(b) if b.is_ascii_alphabetic() => true,
-            Some(&b) if b >= 0xC3 => latin_ext_at(bytes, i + 1).is_some(),
-            _ => false,
-        };
-        if !next {
+        // A word after the space, if a letter follows it: read as `scan_word` reads it.
+        let start = i + 1;
+        let upper = capitals(bytes, start);
+        let tail = word_tail(bytes, start + upper);
+        if upper + tail.letters == 0 {
             break;
         }
-        i = scan_word(bytes, i + 1, f, false);
+        i = count_read_word(bytes, f, start, upper, &tail, true, false);
     }
     i
 }
