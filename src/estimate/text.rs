@@ -123,20 +123,41 @@ const EXT2: [u64; 8] = [
 /// [`feature::LATIN_EXT`].
 const EXT2_A: [u64; 8] = [0, !(0b11 << 0x10), u64::MAX, 0, 0, 0, 0, 0];
 
+/// [`EXT2`] and [`EXT2_A`] as one byte per letter (one load a letter), at `(b0 - 0xC3) << 6 | b1 &
+/// 63`: bit 0 set for an accented letter, bit 1 for one of [`feature::LATIN_EXT_A`].
+const EXT2_KIND: [u8; 512] = {
+    let mut t = [0u8; 512];
+    let mut k = 0;
+    while k < 512 {
+        let (row, bit) = (k >> 6, k & 63);
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = ((EXT2[row] >> bit) & 1 | ((EXT2_A[row] >> bit) & 1) << 1) as u8;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// The accented letter of the two bytes `b0` (0xC3..=0xCA) and `b1` (0x80..=0xBF), if they make
+/// one: whether it counts as [`feature::LATIN_EXT_A`].
+#[inline(always)]
+fn ext2(b0: u8, b1: u8) -> Option<bool> {
+    let kind = EXT2_KIND
+        .get(usize::from(b0.wrapping_sub(0xC3)) << 6 | usize::from(b1 & 63))
+        .copied()
+        .unwrap_or(0);
+    (kind != 0).then_some(kind > 1)
+}
+
 /// The accented Latin letter at `i` ([`is_latin_ext`]): its length (2 or 3 bytes) and whether it
-/// counts as [`feature::LATIN_EXT_A`] (else [`feature::LATIN_EXT`]). No UTF-8 decode: a bit of
-/// [`EXT2`] for two bytes, the lead byte 0xE1 and the second's range for U+1E00..=U+1EFF (Latin
+/// counts as [`feature::LATIN_EXT_A`] (else [`feature::LATIN_EXT`]). No UTF-8 decode: [`ext2`] for
+/// two bytes, the lead byte 0xE1 and the second's range for U+1E00..=U+1EFF (Latin
 /// Extended Additional: Vietnamese).
 #[inline(always)]
 fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
     match *bytes.get(i..)? {
-        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => {
-            let row = usize::from(b0 - 0xC3);
-            let bit = 1u64 << (b1 & 63);
-            let ext = EXT2.get(row).is_some_and(|&m| m & bit != 0);
-            let ext_a = EXT2_A.get(row).is_some_and(|&m| m & bit != 0);
-            ext.then_some((2, ext_a))
-        }
+        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => ext2(b0, b1).map(|a| (2, a)),
         [0xE1, 0xB8..=0xBB, 0x80..=0xBF, ..] => Some((3, false)),
         _ => None,
     }
@@ -147,13 +168,7 @@ fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
 fn latin_ext_in(w: u64) -> Option<(usize, bool)> {
     let [b0, b1, b2, ..] = w.to_le_bytes();
     match (b0, b1, b2) {
-        (0xC3..=0xCA, 0x80..=0xBF, _) => {
-            let row = usize::from(b0 - 0xC3);
-            let bit = 1u64 << (b1 & 63);
-            let ext = EXT2.get(row).is_some_and(|&m| m & bit != 0);
-            let ext_a = EXT2_A.get(row).is_some_and(|&m| m & bit != 0);
-            ext.then_some((2, ext_a))
-        }
+        (0xC3..=0xCA, 0x80..=0xBF, _) => ext2(b0, b1).map(|a| (2, a)),
         (0xE1, 0xB8..=0xBB, 0x80..=0xBF) => Some((3, false)),
         _ => None,
     }

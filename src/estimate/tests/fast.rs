@@ -582,7 +582,11 @@ fn a_word_tail_read_from_one_or_two_loads_is_the_one_read_a_step_at_a_time() {
             for _ in 0..len {
                 // Letters more often than the rest: long words.
                 let r = (xorshift(&mut x) >> 24) as usize;
-                let piece = if r.is_multiple_of(3) { r / 3 % 3 } else { r % pieces.len() };
+                let piece = if r.is_multiple_of(3) {
+                    r / 3 % 3
+                } else {
+                    r % pieces.len()
+                };
                 buf.extend_from_slice(pieces[piece]);
             }
             for i in 0..=buf.len() {
