@@ -306,7 +306,8 @@ fn tail_in(i: usize, w: u128, high: u128, t: u32) -> Tail {
                 pairs += u64::from(q == after);
                 after = q + n as u32;
                 cont += n as u32 - 1;
-                rest &= u128::MAX.checked_shl(8 * after).unwrap_or(0);
+                // Its bytes off (each shift < 128; the bits past the top fall off).
+                rest &= (u128::MAX << (8 * q)) << (8 * n);
             }
             None => {
                 end = q;
@@ -342,7 +343,8 @@ fn tail_in8(i: usize, w: u64, high: u64, t: u32) -> Tail {
                 pairs += u64::from(q == after);
                 after = q + n as u32;
                 cont += n as u32 - 1;
-                rest &= u64::MAX.checked_shl(8 * after).unwrap_or(0);
+                // Its bytes off (each shift < 64; the bits past the top fall off).
+                rest &= (u64::MAX << (8 * q)) << (8 * n);
             }
             None => {
                 end = q;
