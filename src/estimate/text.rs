@@ -487,14 +487,25 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
     while bytes.get(i) == Some(&b' ') {
         // A word after the space, if a letter follows it: read as `scan_word` reads it.
         let start = i + 1;
-        let upper = capitals(bytes, start);
-        let tail = word_tail(bytes, start + upper);
-        if upper + tail.letters == 0 {
-            break;
+        let tail = word_tail(bytes, start);
+        if tail.letters == 0 {
+            // A capital, or no letter at all.
+            if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+                break;
+            }
+            i = scan_capitalised(bytes, start, f);
+            continue;
         }
-        i = count_read_word(bytes, f, start, upper, &tail, true, false);
+        i = count_read_word(bytes, f, start, 0, &tail, true, false);
     }
     i
+}
+
+/// [`scan_word`] of a word after a space that starts with a capital (out of line: the lower-case
+/// words of [`scan_words`] keep their loop small).
+#[inline(never)]
+fn scan_capitalised(bytes: &[u8], start: usize, f: &mut Counts) -> usize {
+    scan_word(bytes, start, f, false)
 }
 
 /// What follows a run of spaces: it decides whether the run has a feature of its own.
