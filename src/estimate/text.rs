@@ -155,7 +155,7 @@ fn ext2(b0: u8, b1: u8) -> Option<bool> {
 /// two bytes, the lead byte 0xE1 and the second's range for U+1E00..=U+1EFF (Latin
 /// Extended Additional: Vietnamese).
 #[inline(always)]
-fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
+pub(super) fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
     match *bytes.get(i..)? {
         [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => ext2(b0, b1).map(|a| (2, a)),
         [0xE1, 0xB8..=0xBB, 0x80..=0xBF, ..] => Some((3, false)),

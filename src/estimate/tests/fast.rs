@@ -602,3 +602,22 @@ fn a_word_tail_read_from_one_or_two_loads_is_the_one_read_a_step_at_a_time() {
     }
     assert!(checked > 100_000);
 }
+
+#[test]
+fn accented_letters_are_read_without_a_decode_as_their_code_points_say() {
+    // Every character of two bytes and of U+1000..=U+1FFF: an accented letter iff `is_latin_ext`,
+    // of Latin Extended-A's feature iff U+0100..=U+017F but Đ đ (the rule before the table).
+    let mut letters = 0;
+    for cp in (0x80u32..0x800).chain(0x1000..0x2000) {
+        let c = char::from_u32(cp).unwrap();
+        let mut buf = [0u8; 4];
+        let bytes = c.encode_utf8(&mut buf).as_bytes();
+        let want = is_latin_ext(cp).then(|| {
+            let a = (0x100..=0x17F).contains(&cp) && cp != 0x110 && cp != 0x111;
+            (bytes.len(), a)
+        });
+        assert_eq!(latin_ext_at(bytes, 0), want, "U+{cp:04X}");
+        letters += usize::from(want.is_some());
+    }
+    assert_eq!(letters, 0x2B0 - 0xC0 - 2 + 0x100);
+}
