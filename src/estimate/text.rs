@@ -437,20 +437,33 @@ pub(super) fn punct_before(bytes: &[u8], i: usize) -> bool {
     }
 }
 
-/// [`punct_before`] of a character of two to four bytes ending at `i`.
+/// [`punct_before`] of a character of two to four bytes ending at `i` (text before `i` is valid
+/// UTF-8: the one character that ends there starts at the first byte before `i` that is not a
+/// continuation byte).
 #[inline(never)]
 fn wide_punct_before(bytes: &[u8], i: usize) -> bool {
-    (2..=4).any(|len| {
-        i.checked_sub(len)
-            .and_then(|start| decode(bytes, start))
-            .is_some_and(|(cp, n)| {
-                n == len
-                    && matches!(
-                        classify(cp),
-                        Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
-                    )
-            })
-    })
+    let cont = |k: usize| {
+        i.checked_sub(k)
+            .and_then(|at| bytes.get(at))
+            .is_some_and(|&b| b & 0xC0 == 0x80)
+    };
+    // The byte at `i - 1` is not ASCII; a character of `len` bytes has `len - 1` continuation bytes.
+    let len = if !cont(2) {
+        2
+    } else if !cont(3) {
+        3
+    } else {
+        4
+    };
+    i.checked_sub(len)
+        .and_then(|start| decode(bytes, start))
+        .is_some_and(|(cp, n)| {
+            n == len
+                && matches!(
+                    classify(cp),
+                    Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
+                )
+        })
 }
 
 /// Number of bytes from `i` on whose class is in `classes`.

@@ -536,3 +536,28 @@ fn random_mixed_case_letters_are_never_estimated_low() {
     assert!(text_features(&camel)[feature::HUMP] * 8 >= camel.len() as u64);
     assert_eq!(text_features(&camel)[feature::WORD_EXCESS_LETTERS], 0);
 }
+
+#[test]
+fn a_line_break_after_wide_punctuation_joins_its_piece() {
+    // Punctuation and symbols of two, three and four bytes before a line break (o200k takes the break
+    // into their piece), letters of each length not.
+    for (text, punct) in [
+        ("x«\n", true),
+        ("x—\n", true),
+        ("x😀\n", true),
+        ("xé\n", false),
+        ("x中\n", false),
+        ("x𝐀\n", false),
+        ("«é\n", false),
+        ("é«\n", true),
+        ("中—\n", true),
+        ("—中\n", false),
+    ] {
+        let f = text_features(text);
+        assert_eq!(
+            (f[feature::PUNCT_NEWLINE], f[feature::NEWLINE_RUNS]),
+            if punct { (1, 0) } else { (0, 1) },
+            "{text:?}"
+        );
+    }
+}
