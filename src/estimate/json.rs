@@ -393,10 +393,17 @@ const TMP: usize = 128;
 /// after it still fit.
 const TMP_FULL: usize = TMP - PIECE - 1;
 
-/// Appends `tmp[..o]` to `out`; `o` back to 0.
+/// Appends `tmp[..o]` to `out`; `o` back to 0. Where `out` has room for all of `tmp`, all of it is
+/// copied (a copy of a fixed size, without a call), then cut back.
 #[inline(always)]
 fn flush(tmp: &[u8; TMP], o: &mut usize, out: &mut Vec<u8>) {
-    out.extend_from_slice(tmp.get(..*o).unwrap_or_default());
+    let end = out.len() + *o;
+    if out.capacity() - out.len() >= TMP {
+        out.extend_from_slice(tmp);
+        out.truncate(end);
+    } else {
+        out.extend_from_slice(tmp.get(..*o).unwrap_or_default());
+    }
     *o = 0;
 }
 
