@@ -354,11 +354,29 @@ pub(super) fn prev_class(bytes: &[u8], i: usize) -> u8 {
 
 /// [`feature::PUNCT_MIX`] and [`feature::PUNCT_REPEAT`] of one run of ASCII punctuation: its
 /// characters from the fourth on that differ from the one before, and of those the ones that the
-/// character after repeats.
+/// character after repeats. Eight characters at a time (long runs of junk), then one at a time.
 #[inline(never)]
 pub(crate) fn punct_mix(run: &[u8]) -> (u64, u64) {
-    let (mut mix, mut repeat) = (0, 0);
-    for (k, w) in run.windows(2).enumerate().skip(2) {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // High bit set in exactly the bytes of `t` that are not zero (the sum stays within each byte).
+    let nonzero = |t: u64| (((t & LOW7) + LOW7) | t) & HI;
+    let word = |at: usize| {
+        run.get(at..at + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            .map(u64::from_le_bytes)
+    };
+    let (mut mix, mut repeat) = (0u64, 0u64);
+    // Characters `k + 1 .. k + 9` against the ones before them and after them (all there).
+    let mut k = 2;
+    while let (Some(a), Some(b), Some(c)) = (word(k), word(k + 1), word(k + 2)) {
+        let differ = nonzero(a ^ b);
+        let again = !nonzero(b ^ c) & HI;
+        mix += u64::from(differ.count_ones());
+        repeat += u64::from((differ & again).count_ones());
+        k += 8;
+    }
+    for (k, w) in run.windows(2).enumerate().skip(k) {
         if w.first() != w.get(1) {
             mix += 1;
             repeat += u64::from(run.get(k + 2).is_some_and(|c| Some(c) == w.get(1)));

@@ -561,3 +561,30 @@ fn a_line_break_after_wide_punctuation_joins_its_piece() {
         );
     }
 }
+
+#[test]
+fn punct_mix_counts_like_one_character_at_a_time() {
+    // Runs of every length up to 40 from a few punctuation characters (differing and repeating in
+    // every pattern), against the definition read one character at a time.
+    fn naive(run: &[u8]) -> (u64, u64) {
+        let (mut mix, mut repeat) = (0, 0);
+        for k in 2..run.len().saturating_sub(1) {
+            if run[k] != run[k + 1] {
+                mix += 1;
+                repeat += u64::from(run.get(k + 2) == Some(&run[k + 1]));
+            }
+        }
+        (mix, repeat)
+    }
+    let mut x = 0x5DEE_CE66_D1CE_4E5B;
+    for round in 0..4000 {
+        let len = round % 41;
+        let alphabet: &[u8] = if round % 3 == 0 { b".!" } else { b".,;:!?-" };
+        let run: Vec<u8> = (0..len)
+            .map(|_| alphabet[(xorshift(&mut x) % alphabet.len() as u64) as usize])
+            .collect();
+        assert_eq!(punct_mix(&run), naive(&run), "{:?}", String::from_utf8_lossy(&run));
+    }
+    assert_eq!(punct_mix(b"!!!!.,.,"), (4, 0));
+    assert_eq!(punct_mix(b"...,,"), (1, 1));
+}
