@@ -484,6 +484,42 @@ fn wide_punct_before(bytes: &[u8], i: usize) -> bool {
         })
 }
 
+/// High bit set in each byte of `w` that is not ASCII punctuation (SWAR, exact in every byte).
+#[inline(always)]
+pub(super) fn not_punct_mask(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = ONES * 0x80;
+    // Seven bits of each byte: the sums below stay within it.
+    let x = w & !HI;
+    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
+    let folded = x | (ONES * 0x20);
+    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    (w | !at_least(x, b'!') | at_least(x, 0x7F) | letter | digit) & HI
+}
+
+/// Length of the run of ASCII punctuation at `i` (which is punctuation): most are one character;
+/// long ones (junk) are measured eight bytes at a time.
+#[inline(always)]
+fn punct_run(bytes: &[u8], i: usize) -> usize {
+    if !bytes
+        .get(i + 1)
+        .is_some_and(|&b| byte_class(b) & B_PUNCT != 0)
+    {
+        return 1;
+    }
+    let mut n = 2;
+    // `i + n` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    while let Some(chunk) = bytes.get(i + n..i + n + 8) {
+        let m = not_punct_mask(<[u8; 8]>::try_from(chunk).map_or(0, u64::from_le_bytes));
+        if m != 0 {
+            return n + (m.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + run_of_class(bytes, i + n, B_PUNCT)
+}
+
 /// Number of bytes from `i` on whose class is in `classes`.
 #[inline(always)]
 pub(super) fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
@@ -964,7 +1000,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 bump(f, feature::SPACE_RUNS, 1);
             }
         } else if class & B_PUNCT != 0 {
-            let len = run_of_class(bytes, i, B_PUNCT);
+            let len = punct_run(bytes, i);
             if len >= 4 {
                 let (mix, repeat) = punct_mix(bytes.get(i..i + len).unwrap_or(&[]));
                 bump(f, feature::PUNCT_MIX, mix);
