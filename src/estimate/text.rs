@@ -1033,7 +1033,15 @@ pub(super) fn count_features<const WINDOWS: bool>(
             } else {
                 feature::NEWLINE_RUNS
             };
-            let len = run_of_class(bytes, i, B_NEWLINE);
+            // Most runs are one line break: told from the byte after it.
+            let len = if bytes
+                .get(i + 1)
+                .is_some_and(|&b| byte_class(b) & B_NEWLINE != 0)
+            {
+                run_of_class(bytes, i, B_NEWLINE)
+            } else {
+                1
+            };
             i += len;
             bump(f, newline, 1);
             bump(f, feature::NEWLINE_16, (len / 16) as u64);
