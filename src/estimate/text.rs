@@ -502,9 +502,9 @@ pub(super) fn not_punct_mask(w: u64) -> u64 {
 /// long ones (junk) are measured eight bytes at a time.
 #[inline(always)]
 fn punct_run(bytes: &[u8], i: usize) -> usize {
-    if !bytes
+    if bytes
         .get(i + 1)
-        .is_some_and(|&b| byte_class(b) & B_PUNCT != 0)
+        .is_none_or(|&b| byte_class(b) & B_PUNCT == 0)
     {
         return 1;
     }

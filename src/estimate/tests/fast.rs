@@ -552,7 +552,9 @@ fn scanner_unescapes_like_serde_json() {
     // too); what the scanner reads is what serde_json reads.
     use serde::Deserialize;
     let plain = ["a", "Z", "é", "中", "😀", " ", "/", "7"];
-    let special = ['"', '\\', '\n', '\t', '\r', '\u{1}', '/', 'é', '中', '😀', 'x'];
+    let special = [
+        '"', '\\', '\n', '\t', '\r', '\u{1}', '/', 'é', '中', '😀', 'x',
+    ];
     let mut x = 0x2545_F491_4F6C_DD1D;
     for round in 0..3000 {
         let mut json = String::from("\"");
@@ -588,7 +590,7 @@ fn scanner_unescapes_like_serde_json() {
         json.push('"');
         if round % 2 == 0 {
             // Past the string's end: the body goes on (a string in the middle of a body).
-            json.push_str(" ");
+            json.push(' ');
         }
         let expected: String = serde_json::from_str(&json).unwrap();
         let mut scanner = super::super::json::Scanner::new(json.as_bytes());

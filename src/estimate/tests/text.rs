@@ -583,7 +583,12 @@ fn punct_mix_counts_like_one_character_at_a_time() {
         let run: Vec<u8> = (0..len)
             .map(|_| alphabet[(xorshift(&mut x) % alphabet.len() as u64) as usize])
             .collect();
-        assert_eq!(punct_mix(&run), naive(&run), "{:?}", String::from_utf8_lossy(&run));
+        assert_eq!(
+            punct_mix(&run),
+            naive(&run),
+            "{:?}",
+            String::from_utf8_lossy(&run)
+        );
     }
     assert_eq!(punct_mix(b"!!!!.,.,"), (4, 0));
     assert_eq!(punct_mix(b"...,,"), (1, 1));
