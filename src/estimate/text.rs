@@ -591,11 +591,29 @@ pub(super) fn prev_class(bytes: &[u8], i: usize) -> u8 {
 
 /// [`feature::PUNCT_MIX`] and [`feature::PUNCT_REPEAT`] of one run of ASCII punctuation: its
 /// characters from the fourth on that differ from the one before, and of those the ones that the
-/// character after repeats.
+/// character after repeats. Eight characters at a time (long runs of junk), then one at a time.
 #[inline(never)]
 pub(crate) fn punct_mix(run: &[u8]) -> (u64, u64) {
-    let (mut mix, mut repeat) = (0, 0);
-    for (k, w) in run.windows(2).enumerate().skip(2) {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // High bit set in exactly the bytes of `t` that are not zero (the sum stays within each byte).
+    let nonzero = |t: u64| (((t & LOW7) + LOW7) | t) & HI;
+    let word = |at: usize| {
+        run.get(at..at + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            .map(u64::from_le_bytes)
+    };
+    let (mut mix, mut repeat) = (0u64, 0u64);
+    // Characters `k + 1 .. k + 9` against the ones before them and after them (all there).
+    let mut k = 2;
+    while let (Some(a), Some(b), Some(c)) = (word(k), word(k + 1), word(k + 2)) {
+        let differ = nonzero(a ^ b);
+        let again = !nonzero(b ^ c) & HI;
+        mix += u64::from(differ.count_ones());
+        repeat += u64::from((differ & again).count_ones());
+        k += 8;
+    }
+    for (k, w) in run.windows(2).enumerate().skip(k) {
         if w.first() != w.get(1) {
             mix += 1;
             repeat += u64::from(run.get(k + 2).is_some_and(|c| Some(c) == w.get(1)));
@@ -674,20 +692,69 @@ pub(super) fn punct_before(bytes: &[u8], i: usize) -> bool {
     }
 }
 
-/// [`punct_before`] of a character of two to four bytes ending at `i`.
+/// [`punct_before`] of a character of two to four bytes ending at `i` (text before `i` is valid
+/// UTF-8: the one character that ends there starts at the first byte before `i` that is not a
+/// continuation byte).
 #[inline(never)]
 fn wide_punct_before(bytes: &[u8], i: usize) -> bool {
-    (2..=4).any(|len| {
-        i.checked_sub(len)
-            .and_then(|start| decode(bytes, start))
-            .is_some_and(|(cp, n)| {
-                n == len
-                    && matches!(
-                        classify(cp),
-                        Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
-                    )
-            })
-    })
+    let cont = |k: usize| {
+        i.checked_sub(k)
+            .and_then(|at| bytes.get(at))
+            .is_some_and(|&b| b & 0xC0 == 0x80)
+    };
+    // The byte at `i - 1` is not ASCII; a character of `len` bytes has `len - 1` continuation bytes.
+    let len = if !cont(2) {
+        2
+    } else if !cont(3) {
+        3
+    } else {
+        4
+    };
+    i.checked_sub(len)
+        .and_then(|start| decode(bytes, start))
+        .is_some_and(|(cp, n)| {
+            n == len
+                && matches!(
+                    classify(cp),
+                    Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
+                )
+        })
+}
+
+/// High bit set in each byte of `w` that is not ASCII punctuation (SWAR, exact in every byte).
+#[inline(always)]
+pub(super) fn not_punct_mask(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = ONES * 0x80;
+    // Seven bits of each byte: the sums below stay within it.
+    let x = w & !HI;
+    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
+    let folded = x | (ONES * 0x20);
+    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    (w | !at_least(x, b'!') | at_least(x, 0x7F) | letter | digit) & HI
+}
+
+/// Length of the run of ASCII punctuation at `i` (which is punctuation): most are one character;
+/// long ones (junk) are measured eight bytes at a time.
+#[inline(always)]
+fn punct_run(bytes: &[u8], i: usize) -> usize {
+    if bytes
+        .get(i + 1)
+        .is_none_or(|&b| byte_class(b) & B_PUNCT == 0)
+    {
+        return 1;
+    }
+    let mut n = 2;
+    // `i + n` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    while let Some(chunk) = bytes.get(i + n..i + n + 8) {
+        let m = not_punct_mask(<[u8; 8]>::try_from(chunk).map_or(0, u64::from_le_bytes));
+        if m != 0 {
+            return n + (m.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + run_of_class(bytes, i + n, B_PUNCT)
 }
 
 /// Number of bytes from `i` on whose class is in `classes`.
@@ -1170,7 +1237,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 bump(f, feature::SPACE_RUNS, 1);
             }
         } else if class & B_PUNCT != 0 {
-            let len = run_of_class(bytes, i, B_PUNCT);
+            let len = punct_run(bytes, i);
             if len >= 4 {
                 let (mix, repeat) = punct_mix(bytes.get(i..i + len).unwrap_or(&[]));
                 bump(f, feature::PUNCT_MIX, mix);
@@ -1203,7 +1270,15 @@ pub(super) fn count_features<const WINDOWS: bool>(
             } else {
                 feature::NEWLINE_RUNS
             };
-            let len = run_of_class(bytes, i, B_NEWLINE);
+            // Most runs are one line break: told from the byte after it.
+            let len = if bytes
+                .get(i + 1)
+                .is_some_and(|&b| byte_class(b) & B_NEWLINE != 0)
+            {
+                run_of_class(bytes, i, B_NEWLINE)
+            } else {
+                1
+            };
             i += len;
             bump(f, newline, 1);
             bump(f, feature::NEWLINE_16, (len / 16) as u64);

@@ -621,3 +621,58 @@ fn accented_letters_are_read_without_a_decode_as_their_code_points_say() {
     }
     assert_eq!(letters, 0x2B0 - 0xC0 - 2 + 0x100);
 }
+
+#[test]
+fn scanner_unescapes_like_serde_json() {
+    // Strings of runs of plain characters (of every length: escapes close together, as in code and
+    // tables, far apart, as in prose, and mixes that move between the two ways of finding them),
+    // each run followed by a character that is escaped, sometimes as `\uXXXX` (surrogate pairs
+    // too); what the scanner reads is what serde_json reads.
+    use serde::Deserialize;
+    let plain = ["a", "Z", "é", "中", "😀", " ", "/", "7"];
+    let special = [
+        '"', '\\', '\n', '\t', '\r', '\u{1}', '/', 'é', '中', '😀', 'x',
+    ];
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for round in 0..3000 {
+        let mut json = String::from("\"");
+        let runs = xorshift(&mut x) % 40;
+        for _ in 0..runs {
+            let r = xorshift(&mut x);
+            let len = match r % 4 {
+                0 => r >> 8 & 3,
+                1 => 5 + (r >> 8) % 20,
+                2 => 30 + (r >> 8) % 120,
+                _ => (r >> 8) % 70,
+            };
+            for _ in 0..len {
+                json.push_str(plain[(xorshift(&mut x) % 8) as usize]);
+            }
+            let r = xorshift(&mut x);
+            let c = special[(r % 11) as usize];
+            match c {
+                '"' => json.push_str("\\\""),
+                '\\' => json.push_str("\\\\"),
+                '\n' => json.push_str("\\n"),
+                '\t' => json.push_str("\\t"),
+                '\r' => json.push_str("\\r"),
+                '/' if r >> 8 & 1 == 0 => json.push_str("\\/"),
+                c if (c as u32) < 0x20 || r >> 8 & 1 == 0 => {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        json.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => json.push(c),
+            }
+        }
+        json.push('"');
+        if round % 2 == 0 {
+            // Past the string's end: the body goes on (a string in the middle of a body).
+            json.push(' ');
+        }
+        let expected: String = serde_json::from_str(&json).unwrap();
+        let mut scanner = super::super::json::Scanner::new(json.as_bytes());
+        let got = String::deserialize(&mut scanner).ok();
+        assert_eq!(got.as_deref(), Some(expected.as_str()), "{json}");
+    }
+}
