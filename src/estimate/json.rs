@@ -273,6 +273,11 @@ impl<'de> Scanner<'de> {
         let mut windows = false;
         // Escapes found one at a time in a row less than half a window apart.
         let mut close = 0;
+        // In windows, the bytes are first written to `tmp` (a stack array, its index in a
+        // register, so that a piece and an escape cost no `Vec` length and capacity updates), and
+        // appended to `out` from time to time: the text is `out` then `tmp[..o]`.
+        let mut tmp = [0u8; TMP];
+        let mut o = 0usize;
         loop {
             if !windows {
                 copy(bytes, r, at, out)?;
@@ -294,6 +299,7 @@ impl<'de> Scanner<'de> {
                 continue;
             }
             let Some(window) = bytes.get(base..base + WINDOW) else {
+                flush(&tmp, &mut o, out);
                 // The last bytes of the body, one at a time.
                 loop {
                     match *bytes.get(r).ok_or(Bail)? {
@@ -318,17 +324,39 @@ impl<'de> Scanner<'de> {
             while special != 0 {
                 let k = special.trailing_zeros();
                 let at = base + k as usize;
-                copy(bytes, r, at, out)?;
+                let len = at - r;
+                // A short piece as one block onto `tmp` (while it has room for it and an escape);
+                // else what `tmp` holds, then the piece, onto `out`.
+                let block = if len <= PIECE && o <= TMP_FULL {
+                    match (bytes.get(r..r + PIECE), tmp.get_mut(o..o + PIECE)) {
+                        (Some(src), Some(dst)) => {
+                            dst.copy_from_slice(src);
+                            true
+                        }
+                        _ => false,
+                    }
+                } else {
+                    false
+                };
+                if block {
+                    o += len;
+                } else {
+                    flush(&tmp, &mut o, out);
+                    out.extend_from_slice(bytes.get(r..at).ok_or(Bail)?);
+                }
                 match bytes.get(at) {
                     Some(b'\\') => {
                         let code = *bytes.get(at + 1).ok_or(Bail)?;
                         let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
-                        if simple != 0 {
-                            out.push(simple);
+                        // `o` ≤ TMP_FULL + PIECE < TMP: there is room.
+                        if let (true, Some(slot)) = (simple != 0, tmp.get_mut(o)) {
+                            *slot = simple;
+                            o += 1;
                             r = at + 2;
                             // The backslash and the byte after it (perhaps a quote or backslash).
                             special &= !(3 << k);
                         } else {
+                            flush(&tmp, &mut o, out);
                             r = unescape_one(bytes, at, out)?;
                             special &= u64::MAX
                                 .checked_shl(u32::try_from(r - base).unwrap_or(64))
@@ -336,6 +364,7 @@ impl<'de> Scanner<'de> {
                         }
                     }
                     Some(b'"') => {
+                        flush(&tmp, &mut o, out);
                         self.pos = at + 1;
                         return Ok(self.scratch.as_slice());
                     }
@@ -344,6 +373,7 @@ impl<'de> Scanner<'de> {
             }
             base += WINDOW;
             if !windows {
+                flush(&tmp, &mut o, out);
                 at = find_special(bytes, r.max(base));
             }
         }
@@ -355,6 +385,27 @@ const WINDOW: usize = 64;
 
 /// Bytes [`copy`] copies at once.
 const PIECE: usize = 16;
+
+/// Size of the stack array that [`Scanner::unescape`] writes to in windows.
+const TMP: usize = 128;
+
+/// Most bytes that array holds before a piece is written to it: the piece's block and an escape
+/// after it still fit.
+const TMP_FULL: usize = TMP - PIECE - 1;
+
+/// Appends `tmp[..o]` to `out`; `o` back to 0. Where `out` has room for all of `tmp`, all of it is
+/// copied (a copy of a fixed size, without a call), then cut back.
+#[inline(always)]
+fn flush(tmp: &[u8; TMP], o: &mut usize, out: &mut Vec<u8>) {
+    let end = out.len() + *o;
+    if out.capacity() - out.len() >= TMP {
+        out.extend_from_slice(tmp);
+        out.truncate(end);
+    } else {
+        out.extend_from_slice(tmp.get(..*o).unwrap_or_default());
+    }
+    *o = 0;
+}
 
 /// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20.
 #[inline(always)]

@@ -1,7 +1,7 @@
 //! Text → tokens: one pass over the characters that mimics o200k_base's pre-tokenizer and counts
 //! features, then the weighted sum.
 
-use super::classes::{classify, cp3, decode, Cls};
+use super::classes::{classify, decode, Cls};
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
 use super::words::{known, known_short, rare_pairs, MIN_ASCII};
@@ -104,33 +104,261 @@ pub(super) fn lower_run(bytes: &[u8], i: usize) -> usize {
     n + count_while(bytes, i + n, |b| b.is_ascii_lowercase())
 }
 
-/// The per-letter feature of an accented Latin letter.
-#[inline(always)]
-pub(super) fn latin_ext_feature(cp: u32) -> usize {
-    if (0x100..=0x17F).contains(&cp) && cp != 0x110 && cp != 0x111 {
-        feature::LATIN_EXT_A
-    } else {
-        feature::LATIN_EXT
+/// The accented Latin letters ([`is_latin_ext`]) of two UTF-8 bytes: one row per lead byte
+/// 0xC3..=0xCA, bit `b1 & 63` set where the second byte `b1` makes one (U+00D7 × and U+00F7 ÷ are
+/// not letters; U+02B0 on are modifier letters).
+const EXT2: [u64; 8] = [
+    !((1 << 0x17) | (1 << 0x37)),
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    (1 << 0x30) - 1,
+];
+
+/// Of [`EXT2`], the letters of Latin Extended-A (U+0100..=U+017F, lead bytes 0xC4 and 0xC5) but for
+/// U+0110 Đ and U+0111 đ: those counted by [`feature::LATIN_EXT_A`], the others by
+/// [`feature::LATIN_EXT`].
+const EXT2_A: [u64; 8] = [0, !(0b11 << 0x10), u64::MAX, 0, 0, 0, 0, 0];
+
+/// [`EXT2`] and [`EXT2_A`] as one byte per letter (one load a letter), at `(b0 - 0xC3) << 6 | b1 &
+/// 63`: bit 0 set for an accented letter, bit 1 for one of [`feature::LATIN_EXT_A`].
+const EXT2_KIND: [u8; 512] = {
+    let mut t = [0u8; 512];
+    let mut k = 0;
+    while k < 512 {
+        let (row, bit) = (k >> 6, k & 63);
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = ((EXT2[row] >> bit) & 1 | ((EXT2_A[row] >> bit) & 1) << 1) as u8;
+        }
+        k += 1;
     }
+    t
+};
+
+/// The accented letter of the two bytes `b0` (0xC3..=0xCA) and `b1` (0x80..=0xBF), if they make
+/// one: whether it counts as [`feature::LATIN_EXT_A`].
+#[inline(always)]
+fn ext2(b0: u8, b1: u8) -> Option<bool> {
+    let kind = EXT2_KIND
+        .get(usize::from(b0.wrapping_sub(0xC3)) << 6 | usize::from(b1 & 63))
+        .copied()
+        .unwrap_or(0);
+    (kind != 0).then_some(kind > 1)
 }
 
-/// The accented Latin letter at `i` ([`is_latin_ext`]) and its length, from its two or three bytes.
+/// The accented Latin letter at `i` ([`is_latin_ext`]): its length (2 or 3 bytes) and whether it
+/// counts as [`feature::LATIN_EXT_A`] (else [`feature::LATIN_EXT`]). No UTF-8 decode: [`ext2`] for
+/// two bytes, the lead byte 0xE1 and the second's range for U+1E00..=U+1EFF (Latin
+/// Extended Additional: Vietnamese).
 #[inline(always)]
-fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
+pub(super) fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
     match *bytes.get(i..)? {
-        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => {
-            let cp = (u32::from(b0 & 0x1F) << 6) | u32::from(b1 & 0x3F);
-            is_latin_ext(cp).then_some((cp, 2))
-        }
-        // U+1E00..=U+1EFF (Latin Extended Additional: Vietnamese).
-        [0xE1, b1 @ 0xB8..=0xBB, b2 @ 0x80..=0xBF, ..] => Some((cp3(0xE1, b1, b2), 3)),
+        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => ext2(b0, b1).map(|a| (2, a)),
+        [0xE1, 0xB8..=0xBB, 0x80..=0xBF, ..] => Some((3, false)),
         _ => None,
     }
 }
 
+/// [`latin_ext_at`] of the letter whose bytes are the low three of `w` (little-endian).
+#[inline(always)]
+fn latin_ext_in(w: u64) -> Option<(usize, bool)> {
+    let [b0, b1, b2, ..] = w.to_le_bytes();
+    match (b0, b1, b2) {
+        (0xC3..=0xCA, 0x80..=0xBF, _) => ext2(b0, b1).map(|a| (2, a)),
+        (0xE1, 0xB8..=0xBB, 0x80..=0xBF) => Some((3, false)),
+        _ => None,
+    }
+}
+
+/// The eight bytes at `i` as a little-endian word, if there are eight.
+#[inline(always)]
+fn load8(bytes: &[u8], i: usize) -> Option<u64> {
+    bytes
+        .get(i..i.wrapping_add(8))
+        .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        .map(u64::from_le_bytes)
+}
+
+/// Whether `cp` is an accented Latin letter (of Latin-1, Latin Extended-A and -B, IPA, or Latin
+/// Extended Additional).
 #[inline(always)]
 pub(super) fn is_latin_ext(cp: u32) -> bool {
     matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
+}
+
+/// The lower-case and accented letters of a word from its first one that is not a capital (see
+/// [`scan_word`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Tail {
+    /// The index after the word.
+    end: usize,
+    /// Its letters (from where it was read), each accented one one.
+    letters: usize,
+    /// Its accented letters ([`is_latin_ext`]).
+    ext: u64,
+    /// Those of them counted as [`feature::LATIN_EXT_A`].
+    ext_a: u64,
+    /// Those of them right after another accented letter.
+    pairs: u64,
+}
+
+/// The [`Tail`] of a word at `i`. Where the word ends within the 16 bytes at `i` (most words), from
+/// one load or two (no step per letter): its end is the first byte that is neither a lower-case ASCII letter nor
+/// non-ASCII, and each non-ASCII character before it is read as an accented letter, the first that
+/// is not one ending the word. Else (longer words, the last bytes of the text) [`tail_steps`].
+#[inline(always)]
+pub(super) fn word_tail(bytes: &[u8], i: usize) -> Tail {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    if let Some(w) = load8(bytes, i) {
+        let high = w & HI;
+        let stop = not_lower_mask(w) & !high;
+        if stop != 0 {
+            return tail_in8(i, w, high, stop.trailing_zeros() / 8);
+        }
+        // Words of 8 to 15 bytes: the next eight.
+        if let Some(w2) = load8(bytes, i + 8) {
+            let high2 = w2 & HI;
+            let stop2 = not_lower_mask(w2) & !high2;
+            if stop2 != 0 {
+                let w = u128::from(w) | (u128::from(w2) << 64);
+                let high = u128::from(high) | (u128::from(high2) << 64);
+                return tail_in(i, w, high, 8 + stop2.trailing_zeros() / 8);
+            }
+        }
+    }
+    tail_steps(bytes, i)
+}
+
+/// [`word_tail`] a step at a time: a run of lower-case letters, an accented letter, and again.
+#[inline(always)]
+pub(super) fn tail_steps(bytes: &[u8], i: usize) -> Tail {
+    // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
+    let mut i = i;
+    let mut letters = 0;
+    // The letter before is an accented one.
+    let mut after_ext = false;
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+    loop {
+        // One load a step where eight bytes remain: the run of lower-case letters and, when it
+        // ends within the first six, the next letter's bytes.
+        let (lower, next) = match load8(bytes, i) {
+            Some(w) => {
+                let m = not_lower_mask(w);
+                if m == 0 {
+                    (8 + lower_run(bytes, i + 8), None)
+                } else {
+                    let k = (m.trailing_zeros() / 8) as usize;
+                    (k, (k <= 5).then(|| w >> (8 * k)))
+                }
+            }
+            None => (lower_run(bytes, i), None),
+        };
+        i += lower;
+        letters += lower;
+        after_ext &= lower == 0;
+        let letter = match next {
+            Some(w) => latin_ext_in(w),
+            None => latin_ext_at(bytes, i),
+        };
+        match letter {
+            Some((n, a)) => {
+                i += n;
+                letters += 1;
+                ext += 1;
+                ext_a += u64::from(a);
+                pairs += u64::from(after_ext);
+                after_ext = true;
+            }
+            None => break,
+        }
+    }
+    Tail {
+        end: i,
+        letters,
+        ext,
+        ext_a,
+        pairs,
+    }
+}
+
+/// The [`Tail`] of a word at `i` whose bytes from `i` are the low bytes of `w`, `high` the high bit
+/// of each of them that is not ASCII, `t` (< 16) the first that is neither a lower-case letter nor
+/// non-ASCII: each non-ASCII character before `t` is read as an accented letter, the first that is
+/// not one ending the word.
+#[inline(always)]
+fn tail_in(i: usize, w: u128, high: u128, t: u32) -> Tail {
+    let mut rest = high & !(u128::MAX << (8 * t));
+    // The word's bytes, the continuation bytes of its accented letters, and where the last
+    // accented letter ended (16: none yet).
+    let (mut end, mut cont, mut after) = (t, 0u32, 16u32);
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+    while rest != 0 {
+        let q = rest.trailing_zeros() / 8;
+        // The bytes of a letter at `q` are non-ASCII, so before `t`: `q + n <= t` (< 16).
+        match latin_ext_in((w >> (8 * q)) as u64) {
+            Some((n, a)) => {
+                ext += 1;
+                ext_a += u64::from(a);
+                pairs += u64::from(q == after);
+                after = q + n as u32;
+                cont += n as u32 - 1;
+                // Its bytes off (each shift < 128; the bits past the top fall off).
+                rest &= (u128::MAX << (8 * q)) << (8 * n);
+            }
+            None => {
+                end = q;
+                break;
+            }
+        }
+    }
+    Tail {
+        end: i + end as usize,
+        letters: (end - cont) as usize,
+        ext,
+        ext_a,
+        pairs,
+    }
+}
+
+/// [`tail_in`] of a word that ends within eight bytes (`t` < 8), in 64 bits (most words: cheaper
+/// than in 128).
+#[inline(always)]
+fn tail_in8(i: usize, w: u64, high: u64, t: u32) -> Tail {
+    let mut rest = high & !(u64::MAX << (8 * t));
+    // The word's bytes, the continuation bytes of its accented letters, and where the last
+    // accented letter ended (8: none yet).
+    let (mut end, mut cont, mut after) = (t, 0u32, 8u32);
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+    while rest != 0 {
+        let q = rest.trailing_zeros() / 8;
+        // The bytes of a letter at `q` are non-ASCII, so before `t`: `q + n <= t` (< 8).
+        match latin_ext_in(w >> (8 * q)) {
+            Some((n, a)) => {
+                ext += 1;
+                ext_a += u64::from(a);
+                pairs += u64::from(q == after);
+                after = q + n as u32;
+                cont += n as u32 - 1;
+                // Its bytes off (each shift < 64; the bits past the top fall off).
+                rest &= (u64::MAX << (8 * q)) << (8 * n);
+            }
+            None => {
+                end = q;
+                break;
+            }
+        }
+    }
+    Tail {
+        end: i + end as usize,
+        letters: (end - cont) as usize,
+        ext,
+        ext_a,
+        pairs,
+    }
 }
 
 /// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
@@ -138,49 +366,43 @@ pub(super) fn is_latin_ext(cp: u32) -> bool {
 /// pre-tokenizer. Returns the index after the word (always > `i`).
 #[inline(always)]
 pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
-    // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
-    let upper = if bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
-        count_while(bytes, start, |b| b.is_ascii_uppercase())
-    } else {
-        0
-    };
-    let mut i = start + upper;
-    let mut letters = upper;
-    let mut mixed = false;
-    // The letter before is an accented one.
-    let mut ext = false;
-    // Accented letters of Latin Extended-A, the others, and those right after another one.
-    let (mut ext_a, mut ext_other, mut pairs) = (0u64, 0u64, 0u64);
-    loop {
-        // Between accented letters (Vietnamese) the run is often empty: one byte tells.
-        let lower = if bytes.get(i).is_some_and(u8::is_ascii_lowercase) {
-            lower_run(bytes, i)
-        } else {
-            0
-        };
-        i += lower;
-        letters += lower;
-        mixed |= lower > 0;
-        ext &= lower == 0;
-        match latin_ext_at(bytes, i) {
-            Some((cp, n)) => {
-                i += n;
-                letters += 1;
-                mixed = true;
-                if latin_ext_feature(cp) == feature::LATIN_EXT_A {
-                    ext_a += 1;
-                } else {
-                    ext_other += 1;
-                }
-                pairs += u64::from(ext);
-                ext = true;
-            }
-            None => break,
-        }
-    }
-    if letters == 0 {
+    // Index arithmetic here is bounded by `bytes.len()`, so it cannot overflow.
+    let upper = capitals(bytes, start);
+    let tail = word_tail(bytes, start + upper);
+    if upper + tail.letters == 0 {
         return start + 1; // not called on a non-letter; guarantees progress anyway
     }
+    let space = space_before(bytes, start);
+    count_read_word(bytes, f, start, upper, &tail, space, after_punct)
+}
+
+/// The capitals at `i` (their number).
+#[inline(always)]
+fn capitals(bytes: &[u8], i: usize) -> usize {
+    if bytes.get(i).is_some_and(u8::is_ascii_uppercase) {
+        count_while(bytes, i, |b| b.is_ascii_uppercase())
+    } else {
+        0
+    }
+}
+
+/// Counts the word at `start` of `upper` capitals then `tail` (at least one letter), after a space
+/// if `space` (see [`scan_word`]). Returns the index after it.
+#[inline(always)]
+fn count_read_word(
+    bytes: &[u8],
+    f: &mut Counts,
+    start: usize,
+    upper: usize,
+    tail: &Tail,
+    space: bool,
+    after_punct: bool,
+) -> usize {
+    let i = tail.end;
+    let letters = upper + tail.letters;
+    // Lower-case or accented letters after the capitals.
+    let mixed = tail.letters > 0;
+    let (ext_a, ext_other, pairs) = (tail.ext_a, tail.ext - tail.ext_a, tail.pairs);
     if after_punct {
         bump(f, feature::PUNCT_WORD, 1);
     }
@@ -188,8 +410,13 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
     // more, words with accented letters of two or more.
     let accented = ext_a + ext_other > 0;
     if letters >= if accented { 2 } else { MIN_ASCII } {
-        let space = space_before(bytes, start);
-        if known(bytes, start, i, space) {
+        let len = i - start;
+        // A word of up to eight bytes: hashed from its first eight, loaded once here.
+        let is_known = match load8(bytes, start) {
+            Some(w) if len <= 8 => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            _ => known(bytes, start, i, space),
+        };
+        if is_known {
             bump(f, known_feature(space), 1);
             return i;
         }
@@ -258,17 +485,27 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
     let mut i = scan_word(bytes, start, f, after_punct);
     // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
     while bytes.get(i) == Some(&b' ') {
-        let next = match bytes.get(i + 1) {
-            Some(b) if b.is_ascii_alphabetic() => true,
-            Some(&b) if b >= 0xC3 => latin_ext_at(bytes, i + 1).is_some(),
-            _ => false,
-        };
-        if !next {
-            break;
+        // A word after the space, if a letter follows it: read as `scan_word` reads it.
+        let start = i + 1;
+        let tail = word_tail(bytes, start);
+        if tail.letters == 0 {
+            // A capital, or no letter at all.
+            if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+                break;
+            }
+            i = scan_capitalised(bytes, start, f);
+            continue;
         }
-        i = scan_word(bytes, i + 1, f, false);
+        i = count_read_word(bytes, f, start, 0, &tail, true, false);
     }
     i
+}
+
+/// [`scan_word`] of a word after a space that starts with a capital (out of line: the lower-case
+/// words of [`scan_words`] keep their loop small).
+#[inline(never)]
+fn scan_capitalised(bytes: &[u8], start: usize, f: &mut Counts) -> usize {
+    scan_word(bytes, start, f, false)
 }
 
 /// What follows a run of spaces: it decides whether the run has a feature of its own.
@@ -354,11 +591,29 @@ pub(super) fn prev_class(bytes: &[u8], i: usize) -> u8 {
 
 /// [`feature::PUNCT_MIX`] and [`feature::PUNCT_REPEAT`] of one run of ASCII punctuation: its
 /// characters from the fourth on that differ from the one before, and of those the ones that the
-/// character after repeats.
+/// character after repeats. Eight characters at a time (long runs of junk), then one at a time.
 #[inline(never)]
 pub(crate) fn punct_mix(run: &[u8]) -> (u64, u64) {
-    let (mut mix, mut repeat) = (0, 0);
-    for (k, w) in run.windows(2).enumerate().skip(2) {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // High bit set in exactly the bytes of `t` that are not zero (the sum stays within each byte).
+    let nonzero = |t: u64| (((t & LOW7) + LOW7) | t) & HI;
+    let word = |at: usize| {
+        run.get(at..at + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            .map(u64::from_le_bytes)
+    };
+    let (mut mix, mut repeat) = (0u64, 0u64);
+    // Characters `k + 1 .. k + 9` against the ones before them and after them (all there).
+    let mut k = 2;
+    while let (Some(a), Some(b), Some(c)) = (word(k), word(k + 1), word(k + 2)) {
+        let differ = nonzero(a ^ b);
+        let again = !nonzero(b ^ c) & HI;
+        mix += u64::from(differ.count_ones());
+        repeat += u64::from((differ & again).count_ones());
+        k += 8;
+    }
+    for (k, w) in run.windows(2).enumerate().skip(k) {
         if w.first() != w.get(1) {
             mix += 1;
             repeat += u64::from(run.get(k + 2).is_some_and(|c| Some(c) == w.get(1)));
@@ -437,20 +692,69 @@ pub(super) fn punct_before(bytes: &[u8], i: usize) -> bool {
     }
 }
 
-/// [`punct_before`] of a character of two to four bytes ending at `i`.
+/// [`punct_before`] of a character of two to four bytes ending at `i` (text before `i` is valid
+/// UTF-8: the one character that ends there starts at the first byte before `i` that is not a
+/// continuation byte).
 #[inline(never)]
 fn wide_punct_before(bytes: &[u8], i: usize) -> bool {
-    (2..=4).any(|len| {
-        i.checked_sub(len)
-            .and_then(|start| decode(bytes, start))
-            .is_some_and(|(cp, n)| {
-                n == len
-                    && matches!(
-                        classify(cp),
-                        Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
-                    )
-            })
-    })
+    let cont = |k: usize| {
+        i.checked_sub(k)
+            .and_then(|at| bytes.get(at))
+            .is_some_and(|&b| b & 0xC0 == 0x80)
+    };
+    // The byte at `i - 1` is not ASCII; a character of `len` bytes has `len - 1` continuation bytes.
+    let len = if !cont(2) {
+        2
+    } else if !cont(3) {
+        3
+    } else {
+        4
+    };
+    i.checked_sub(len)
+        .and_then(|start| decode(bytes, start))
+        .is_some_and(|(cp, n)| {
+            n == len
+                && matches!(
+                    classify(cp),
+                    Cls::Punct | Cls::WidePunct | Cls::Symbol | Cls::Emoji | Cls::Other
+                )
+        })
+}
+
+/// High bit set in each byte of `w` that is not ASCII punctuation (SWAR, exact in every byte).
+#[inline(always)]
+pub(super) fn not_punct_mask(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = ONES * 0x80;
+    // Seven bits of each byte: the sums below stay within it.
+    let x = w & !HI;
+    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
+    let folded = x | (ONES * 0x20);
+    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    (w | !at_least(x, b'!') | at_least(x, 0x7F) | letter | digit) & HI
+}
+
+/// Length of the run of ASCII punctuation at `i` (which is punctuation): most are one character;
+/// long ones (junk) are measured eight bytes at a time.
+#[inline(always)]
+fn punct_run(bytes: &[u8], i: usize) -> usize {
+    if bytes
+        .get(i + 1)
+        .is_none_or(|&b| byte_class(b) & B_PUNCT == 0)
+    {
+        return 1;
+    }
+    let mut n = 2;
+    // `i + n` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    while let Some(chunk) = bytes.get(i + n..i + n + 8) {
+        let m = not_punct_mask(<[u8; 8]>::try_from(chunk).map_or(0, u64::from_le_bytes));
+        if m != 0 {
+            return n + (m.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + run_of_class(bytes, i + n, B_PUNCT)
 }
 
 /// Number of bytes from `i` on whose class is in `classes`.
@@ -522,11 +826,11 @@ fn latin_ext_before(bytes: &[u8], i: usize) -> bool {
     let two = i
         .checked_sub(2)
         .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(_, n)| n == 2);
+        .is_some_and(|(n, _)| n == 2);
     two || i
         .checked_sub(3)
         .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(_, n)| n == 3)
+        .is_some_and(|(n, _)| n == 3)
 }
 
 /// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
@@ -933,7 +1237,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 bump(f, feature::SPACE_RUNS, 1);
             }
         } else if class & B_PUNCT != 0 {
-            let len = run_of_class(bytes, i, B_PUNCT);
+            let len = punct_run(bytes, i);
             if len >= 4 {
                 let (mix, repeat) = punct_mix(bytes.get(i..i + len).unwrap_or(&[]));
                 bump(f, feature::PUNCT_MIX, mix);
@@ -966,7 +1270,15 @@ pub(super) fn count_features<const WINDOWS: bool>(
             } else {
                 feature::NEWLINE_RUNS
             };
-            let len = run_of_class(bytes, i, B_NEWLINE);
+            // Most runs are one line break: told from the byte after it.
+            let len = if bytes
+                .get(i + 1)
+                .is_some_and(|&b| byte_class(b) & B_NEWLINE != 0)
+            {
+                run_of_class(bytes, i, B_NEWLINE)
+            } else {
+                1
+            };
             i += len;
             bump(f, newline, 1);
             bump(f, feature::NEWLINE_16, (len / 16) as u64);

@@ -543,3 +543,136 @@ fn the_fast_walk_agrees_with_the_reference_walk_on_edge_cases() {
     assert!(!accepts(r#"{"messages":[{"content":"\ud800"}]}"#));
     assert!(!accepts(r#"{"temperature":1e400}"#));
 }
+
+#[test]
+fn a_word_tail_read_from_one_or_two_loads_is_the_one_read_a_step_at_a_time() {
+    // Pieces around the edges of what an accented letter is (× ÷ and U+02B0 are not; Đ đ are not
+    // of Latin Extended-A's feature; U+1F00 is Greek), stray and missing continuation bytes.
+    let pieces: [&[u8]; 24] = [
+        b"a",
+        b"z",
+        b"q",
+        b"A",
+        b" ",
+        b"1",
+        b"-",
+        "é".as_bytes(),
+        "ÿ".as_bytes(),
+        "À".as_bytes(),
+        "×".as_bytes(),
+        "÷".as_bytes(),
+        "Đ".as_bytes(),
+        "đ".as_bytes(),
+        "ł".as_bytes(),
+        "ơ".as_bytes(),
+        "ʯ".as_bytes(),
+        "ʰ".as_bytes(),
+        "ḁ".as_bytes(),
+        "ỹ".as_bytes(),
+        "ἀ".as_bytes(),
+        "я".as_bytes(),
+        b"\xa9",
+        b"\xc3",
+    ];
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut checked = 0usize;
+    for len in 0..40usize {
+        for _ in 0..200 {
+            let mut buf = Vec::new();
+            for _ in 0..len {
+                // Letters more often than the rest: long words.
+                let r = (xorshift(&mut x) >> 24) as usize;
+                let piece = if r.is_multiple_of(3) {
+                    r / 3 % 3
+                } else {
+                    r % pieces.len()
+                };
+                buf.extend_from_slice(pieces[piece]);
+            }
+            for i in 0..=buf.len() {
+                assert_eq!(
+                    word_tail(&buf, i),
+                    tail_steps(&buf, i),
+                    "at {i} of {:?}",
+                    String::from_utf8_lossy(&buf)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100_000);
+}
+
+#[test]
+fn accented_letters_are_read_without_a_decode_as_their_code_points_say() {
+    // Every character of two bytes and of U+1000..=U+1FFF: an accented letter iff `is_latin_ext`,
+    // of Latin Extended-A's feature iff U+0100..=U+017F but Đ đ (the rule before the table).
+    let mut letters = 0;
+    for cp in (0x80u32..0x800).chain(0x1000..0x2000) {
+        let c = char::from_u32(cp).unwrap();
+        let mut buf = [0u8; 4];
+        let bytes = c.encode_utf8(&mut buf).as_bytes();
+        let want = is_latin_ext(cp).then(|| {
+            let a = (0x100..=0x17F).contains(&cp) && cp != 0x110 && cp != 0x111;
+            (bytes.len(), a)
+        });
+        assert_eq!(latin_ext_at(bytes, 0), want, "U+{cp:04X}");
+        letters += usize::from(want.is_some());
+    }
+    assert_eq!(letters, 0x2B0 - 0xC0 - 2 + 0x100);
+}
+
+#[test]
+fn scanner_unescapes_like_serde_json() {
+    // Strings of runs of plain characters (of every length: escapes close together, as in code and
+    // tables, far apart, as in prose, and mixes that move between the two ways of finding them),
+    // each run followed by a character that is escaped, sometimes as `\uXXXX` (surrogate pairs
+    // too); what the scanner reads is what serde_json reads.
+    use serde::Deserialize;
+    let plain = ["a", "Z", "é", "中", "😀", " ", "/", "7"];
+    let special = [
+        '"', '\\', '\n', '\t', '\r', '\u{1}', '/', 'é', '中', '😀', 'x',
+    ];
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for round in 0..3000 {
+        let mut json = String::from("\"");
+        let runs = xorshift(&mut x) % 40;
+        for _ in 0..runs {
+            let r = xorshift(&mut x);
+            let len = match r % 4 {
+                0 => r >> 8 & 3,
+                1 => 5 + (r >> 8) % 20,
+                2 => 30 + (r >> 8) % 120,
+                _ => (r >> 8) % 70,
+            };
+            for _ in 0..len {
+                json.push_str(plain[(xorshift(&mut x) % 8) as usize]);
+            }
+            let r = xorshift(&mut x);
+            let c = special[(r % 11) as usize];
+            match c {
+                '"' => json.push_str("\\\""),
+                '\\' => json.push_str("\\\\"),
+                '\n' => json.push_str("\\n"),
+                '\t' => json.push_str("\\t"),
+                '\r' => json.push_str("\\r"),
+                '/' if r >> 8 & 1 == 0 => json.push_str("\\/"),
+                c if (c as u32) < 0x20 || r >> 8 & 1 == 0 => {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        json.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => json.push(c),
+            }
+        }
+        json.push('"');
+        if round % 2 == 0 {
+            // Past the string's end: the body goes on (a string in the middle of a body).
+            json.push(' ');
+        }
+        let expected: String = serde_json::from_str(&json).unwrap();
+        let mut scanner = super::super::json::Scanner::new(json.as_bytes());
+        let got = String::deserialize(&mut scanner).ok();
+        assert_eq!(got.as_deref(), Some(expected.as_str()), "{json}");
+    }
+}

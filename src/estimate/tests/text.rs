@@ -536,3 +536,79 @@ fn random_mixed_case_letters_are_never_estimated_low() {
     assert!(text_features(&camel)[feature::HUMP] * 8 >= camel.len() as u64);
     assert_eq!(text_features(&camel)[feature::WORD_EXCESS_LETTERS], 0);
 }
+
+#[test]
+fn a_line_break_after_wide_punctuation_joins_its_piece() {
+    // Punctuation and symbols of two, three and four bytes before a line break (o200k takes the break
+    // into their piece), letters of each length not.
+    for (text, punct) in [
+        ("x«\n", true),
+        ("x—\n", true),
+        ("x😀\n", true),
+        ("xé\n", false),
+        ("x中\n", false),
+        ("x𝐀\n", false),
+        ("«é\n", false),
+        ("é«\n", true),
+        ("中—\n", true),
+        ("—中\n", false),
+    ] {
+        let f = text_features(text);
+        assert_eq!(
+            (f[feature::PUNCT_NEWLINE], f[feature::NEWLINE_RUNS]),
+            if punct { (1, 0) } else { (0, 1) },
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn punct_mix_counts_like_one_character_at_a_time() {
+    // Runs of every length up to 40 from a few punctuation characters (differing and repeating in
+    // every pattern), against the definition read one character at a time.
+    fn naive(run: &[u8]) -> (u64, u64) {
+        let (mut mix, mut repeat) = (0, 0);
+        for k in 2..run.len().saturating_sub(1) {
+            if run[k] != run[k + 1] {
+                mix += 1;
+                repeat += u64::from(run.get(k + 2) == Some(&run[k + 1]));
+            }
+        }
+        (mix, repeat)
+    }
+    let mut x = 0x5DEE_CE66_D1CE_4E5B;
+    for round in 0..4000 {
+        let len = round % 41;
+        let alphabet: &[u8] = if round % 3 == 0 { b".!" } else { b".,;:!?-" };
+        let run: Vec<u8> = (0..len)
+            .map(|_| alphabet[(xorshift(&mut x) % alphabet.len() as u64) as usize])
+            .collect();
+        assert_eq!(
+            punct_mix(&run),
+            naive(&run),
+            "{:?}",
+            String::from_utf8_lossy(&run)
+        );
+    }
+    assert_eq!(punct_mix(b"!!!!.,.,"), (4, 0));
+    assert_eq!(punct_mix(b"...,,"), (1, 1));
+}
+
+#[test]
+fn not_punct_mask_is_exact_in_every_byte() {
+    // Every byte value in every position of a word, among neighbours of every kind.
+    let fill = [b'!', b'a', 0xC3, b' '];
+    for &around in &fill {
+        for b in 0..=255u8 {
+            for k in 0..8 {
+                let mut w = [around; 8];
+                w[k] = b;
+                let m = not_punct_mask(u64::from_le_bytes(w));
+                for (j, &c) in w.iter().enumerate() {
+                    let flagged = (m >> (8 * j + 7)) & 1 == 1;
+                    assert_eq!(flagged, !c.is_ascii_punctuation(), "{w:x?} byte {j}");
+                }
+            }
+        }
+    }
+}
