@@ -515,34 +515,38 @@ fn count(
 
     // Words of five letters or more that the table knows (see `words.rs`): counted as such, and
     // taken off their length, capitals and long letters (in `Tally::add_to`).
+    // Spaces before each byte (bit 0: the byte before the window).
+    let blank_prev = (blank << 1) | u64::from(space_before);
     let mut known_starts = 0u64;
+    // The letters of the known words (their capitals are counted once, after the loop).
+    let mut known_spans = 0u64;
     let mut long5 = r5;
     while long5 != 0 {
         let first = long5.trailing_zeros();
         long5 &= long5 - 1;
         let len = (word_end >> first).trailing_zeros() + 1;
-        let space = if first == 0 {
-            space_before
-        } else {
-            (blank >> (first - 1)) & 1 != 0
-        };
+        let space = (blank_prev >> first) & 1 != 0;
+        let span = (u64::MAX >> (64 - len)) << first;
         let (from, len) = (first as usize, len as usize);
         if known(rest, from, from + len, space) {
             known_starts |= 1 << first;
-            if let Some(k) = t.known.get_mut(usize::from(!space)) {
-                *k += 1;
-            }
+            known_spans |= span;
             if let Some(k) = t.known_len.get_mut(len.min(11)) {
                 *k += 1;
             }
             if len >= 11 {
                 t.known_long_letters += len as u64;
             }
-            let span = (u64::MAX >> (64 - len)) << first;
-            t.known_upper += u64::from((upper & span).count_ones());
-        } else if (upper & ((u64::MAX >> (64 - len)) << first)).count_ones() <= 1 {
+        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 {
             t.rare_pairs += rare_pairs(rest, from, from + len);
         }
+    }
+    if known_starts != 0 {
+        let spaced = u64::from((known_starts & blank_prev).count_ones());
+        let [known_space, known_bare] = &mut t.known;
+        *known_space += spaced;
+        *known_bare += u64::from(known_starts.count_ones()) - spaced;
+        t.known_upper += u64::from((upper & known_spans).count_ones());
     }
 
     // Rarer: letters of long words; all-capital words of two letters or more; digit groups.
