@@ -35,102 +35,87 @@ pub(super) const MIN_TEXT: usize = 64;
 /// Bytes the byte-wise loop reads after a window that looked like prose, before the next window.
 pub(super) const PROSE: usize = 192;
 
-/// The classes of the bytes of one window as three bit planes (bit `k` for byte `k`): the class of a
-/// byte is `p0 + 2 p1 + 4 p2` of its bits, punctuation 0, lower case 1, upper case 2, digit 3, space
-/// or tab 4, LF or CR 5, other control character or DEL 6.
-#[derive(Default)]
-struct Planes {
-    p0: u64,
-    p1: u64,
-    p2: u64,
+/// The classes of the bytes of one ASCII window (bit `k` for byte `k`).
+struct Classes {
+    lower: u64,
+    upper: u64,
+    digit: u64,
+    /// Spaces and tabs.
+    space: u64,
+    /// LF and CR.
+    newline: u64,
+    /// Other control characters and DEL.
+    control: u64,
+    tab: u64,
 }
 
-impl Planes {
-    /// Adds word `k` (bytes `8k..8k + 8`), `x`, assuming its bytes below 0x21 are spaces and LFs (see
-    /// [`planes_common`]); the rest is recorded in `other`.
+impl Classes {
+    /// The classes of the 64 bytes of `w` (eight little-endian words, every byte below 0x80): the
+    /// bytes are turned into seven bit planes (bit `k` of plane `i` is bit `i` of byte `k`) by
+    /// transposing each word's 8×8 bit matrix and then the 8×8 byte matrix of the words, and the
+    /// classes are read from the planes with a few operations on whole windows (cheaper than
+    /// classifying eight bytes at a time and gathering each class's bits).
     #[inline(always)]
-    fn add_common(&mut self, x: u64, k: usize, other: &mut u64) {
-        let [p0, p1, p2] = planes_common(x, other);
-        self.put(k, p0, p1, p2);
+    fn of(w: [u64; 8]) -> Self {
+        let [b0, b1, b2, b3, b4, b5, b6, _] = bit_planes(w);
+        let low5 = b0 | b1 | b2 | b3 | b4;
+        // The low five bits 1..=26: a letter where bit 6 is set.
+        let alpha = low5 & !(b4 & b3 & (b2 | (b1 & b0)));
+        let below_20 = !b6 & !b5;
+        // 0x08..=0x0F.
+        let eights = below_20 & !b4 & b3;
+        let tab = eights & !b2 & !b1 & b0;
+        let lf = eights & !b2 & b1 & !b0;
+        let cr = eights & b2 & !b1 & b0;
+        let del = b6 & b5 & b4 & b3 & b2 & b1 & b0;
+        Classes {
+            lower: b6 & b5 & alpha,
+            upper: b6 & !b5 & alpha,
+            digit: !b6 & b5 & b4 & !(b3 & (b2 | b1)),
+            space: (b5 & !b6 & !low5) | tab,
+            newline: lf | cr,
+            control: (below_20 & !tab & !lf & !cr) | del,
+            tab,
+        }
     }
-
-    /// Adds word `k`, `x`, whatever its bytes.
-    #[inline(always)]
-    fn add(&mut self, x: u64, k: usize) {
-        let [p0, p1, p2] = planes(x);
-        self.put(k, p0, p1, p2);
-    }
-
-    #[inline(always)]
-    fn put(&mut self, k: usize, p0: u64, p1: u64, p2: u64) {
-        let at = 8 * k;
-        self.p0 |= gather(p0) << at;
-        self.p1 |= gather(p1) << at;
-        self.p2 |= gather(p2) << at;
-    }
 }
 
-/// The high bit of each byte of `m` (which has no other bits), gathered into the eight low bits (bit
-/// `j` for byte `j`): one multiplication puts bit `8j + 7` on bit `56 + j` (each on its own bit, so
-/// nothing carries).
+/// The bit planes of the 64 bytes of `w`: bit `8k + j` of plane `i` is bit `i` of byte `j` of `w[k]`.
 #[inline(always)]
-fn gather(m: u64) -> u64 {
-    m.wrapping_mul(0x0002_0408_1020_4081) >> 56
-}
-
-/// The three class planes (see [`Planes`]) of the eight bytes of `x`, as high bits. Exact for bytes
-/// below 0x80 up to the first byte that is not: the sums below stay within each byte there (a carry
-/// out of a byte of 0x80 or more only reaches the bytes after it, which the caller ignores).
-#[inline(always)]
-fn planes(x: u64) -> [u64; 3] {
-    // High bit set iff the byte is at least `c`.
-    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
-    // High bit clear iff the byte is `c`.
-    let not = |c: u8| (x ^ (ONES * u64::from(c))).wrapping_add(ONES * 0x7F);
-    let [lower, upper, digit] = letters_digits(x);
-    let low = !at_least(x, b'!');
-    let newline = !(not(b'\n') & not(b'\r'));
-    let tab = !not(b'\t');
-    // DEL is the only ASCII byte from 0x7F on.
-    let del = at_least(x, 0x7F);
-    let control = (low & !at_least(x, b' ') & !newline & !tab) | del;
-    [
-        (lower | digit | newline) & HI,
-        (upper | digit | control) & HI,
-        (low | del) & HI,
-    ]
-}
-
-/// Lower-case letters, upper-case letters and digits of an ASCII word (high bit of each byte; the same
-/// carry caveat as [`planes`]).
-#[inline(always)]
-fn letters_digits(x: u64) -> [u64; 3] {
-    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
-    // Folding case (setting bit 5) maps exactly the letters onto `a..=z`; upper-case letters have bit
-    // 5 clear (`x << 2` moves it to bit 7).
-    let folded = x | (ONES * 0x20);
-    let letter = at_least(folded, b'a') & !at_least(folded, b'z' + 1);
-    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
-    [letter & (x << 2), letter & !(x << 2), digit]
-}
-
-/// [`planes`] for words whose only bytes below 0x21 are spaces and LFs (most text): cheaper, and
-/// `other` gets a high bit for each other byte below 0x21 and each DEL (then the window is classified
-/// again by [`planes`]).
-#[inline(always)]
-fn planes_common(x: u64, other: &mut u64) -> [u64; 3] {
-    let at_least = |v: u64, c: u8| v.wrapping_add(ONES * u64::from(0x80 - c));
-    let not = |c: u8| (x ^ (ONES * u64::from(c))).wrapping_add(ONES * 0x7F);
-    let [lower, upper, digit] = letters_digits(x);
-    let low = !at_least(x, b'!');
-    let not_lf = not(b'\n');
-    // Below 0x21 but neither a space nor LF is below 0x20 and not LF.
-    *other |= ((!at_least(x, b' ') & not_lf) | at_least(x, 0x7F)) & HI;
-    [
-        (lower | digit | !not_lf) & HI,
-        (upper | digit) & HI,
-        low & HI,
-    ]
+fn bit_planes(w: [u64; 8]) -> [u64; 8] {
+    // Each word's 8×8 bit matrix (row: byte, column: bit) transposed: bit `j` of byte `i` becomes
+    // bit `i` of byte `j` (Hacker's Delight, 7-3).
+    let t = w.map(|x| {
+        let s = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+        let x = x ^ s ^ (s << 7);
+        let s = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+        let x = x ^ s ^ (s << 14);
+        let s = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+        x ^ s ^ (s << 28)
+    });
+    // The 8×8 byte matrix of the words (row: word, column: byte) transposed, by swapping blocks of
+    // four, two and one bytes.
+    let [t0, t1, t2, t3, t4, t5, t6, t7] = t;
+    let swap = |a: u64, b: u64, shift: u32, mask: u64| {
+        let s = ((a >> shift) ^ b) & mask;
+        (a ^ (s << shift), b ^ s)
+    };
+    const M32: u64 = 0x0000_0000_FFFF_FFFF;
+    const M16: u64 = 0x0000_FFFF_0000_FFFF;
+    const M8: u64 = 0x00FF_00FF_00FF_00FF;
+    let (t0, t4) = swap(t0, t4, 32, M32);
+    let (t1, t5) = swap(t1, t5, 32, M32);
+    let (t2, t6) = swap(t2, t6, 32, M32);
+    let (t3, t7) = swap(t3, t7, 32, M32);
+    let (t0, t2) = swap(t0, t2, 16, M16);
+    let (t1, t3) = swap(t1, t3, 16, M16);
+    let (t4, t6) = swap(t4, t6, 16, M16);
+    let (t5, t7) = swap(t5, t7, 16, M16);
+    let (t0, t1) = swap(t0, t1, 8, M8);
+    let (t2, t3) = swap(t2, t3, 8, M8);
+    let (t4, t5) = swap(t4, t5, 8, M8);
+    let (t6, t7) = swap(t6, t7, 8, M8);
+    [t0, t1, t2, t3, t4, t5, t6, t7]
 }
 
 /// The eight bytes at `k * 8` of a window as a little-endian word.
@@ -266,59 +251,27 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         }
     }
     let mut buf = [b'a'; WINDOW];
-    let (src, words): (&[u8; WINDOW], usize) = match rest.first_chunk::<WINDOW>() {
-        Some(full) => (full, 8),
+    let src: &[u8; WINDOW] = match rest.first_chunk::<WINDOW>() {
+        Some(full) => full,
         None => {
-            // The end of the text: padded with letters (which need no second look, see
-            // `planes_common`; masked out below).
+            // The end of the text: padded with letters (masked out below).
             match buf.get_mut(..rest.len()) {
                 Some(head) => head.copy_from_slice(rest),
                 None => return declined,
             }
-            (&buf, rest.len().div_ceil(8))
+            &buf
         }
     };
-    // Classified first, the window's high bits gathered on the way (a window declined here is rare:
-    // most are declined on their first 16 bytes above).
-    let mut high = 0u64;
-    let mut planes = Planes::default();
-    let mut other = 0u64;
-    if words == 8 {
-        // Straight-line code: the compiler unrolls a loop of known length.
-        for k in 0..8 {
-            let x = word(src, k);
-            high |= x;
-            planes.add_common(x, k, &mut other);
-        }
-    } else {
-        for k in 0..words {
-            let x = word(src, k);
-            high |= x;
-            planes.add_common(x, k, &mut other);
-        }
-    }
-    if high & HI != 0 {
-        let first = (0..words)
-            .map(|k| word(src, k) & HI)
-            .position(|h| h != 0)
-            .unwrap_or(0);
-        let h = word(src, first) & HI;
+    let w: [u64; 8] = core::array::from_fn(|k| word(src, k));
+    // A window declined here is rare: most are declined on their first 16 bytes above.
+    if w.iter().fold(0, |h, &x| h | x) & HI != 0 {
+        let first = w.iter().position(|&x| x & HI != 0).unwrap_or(0);
+        let h = w.get(first).copied().unwrap_or(0) & HI;
         return Step::Declined {
             until: i + 8 * first + (h.trailing_zeros() / 8) as usize + WINDOW,
         };
     }
-    let mut tabs = 0u64;
-    if other != 0 {
-        // Tabs, CRs, other control characters or DEL (perhaps past the end of the text).
-        planes = Planes::default();
-        for k in 0..words {
-            let x = word(src, k);
-            planes.add(x, k);
-            // High bit clear iff the byte is a tab (no carry: every byte is below 0x80 here).
-            let not_tab = (x ^ (ONES * u64::from(b'\t'))).wrapping_add(ONES * 0x7F);
-            tabs |= gather(!not_tab & HI) << (8 * k);
-        }
-    }
+    let classes = Classes::of(w);
     let len = rest.len().min(WINDOW);
     // The class of the byte before the window, as far as the first piece cares.
     let before = i
@@ -334,7 +287,7 @@ pub(super) fn window(bytes: &[u8], i: usize, after_punct: bool, t: &mut Tally) -
         space: before == b' ',
         punct: punct_before(bytes, i),
     };
-    match count(&planes, src, rest, len == rest.len(), before, tabs, t) {
+    match count(&classes, src, rest, len == rest.len(), before, t) {
         Some((end, single, prose)) => Step::Counted {
             next: i + end,
             after_punct: single,
@@ -402,12 +355,11 @@ struct Before {
 /// bytes of `rest`, the text from the window on).
 #[inline(always)]
 fn count(
-    planes: &Planes,
+    classes: &Classes,
     src: &[u8; WINDOW],
     rest: &[u8],
     end_of_text: bool,
     before: Before,
-    tabs: u64,
     t: &mut Tally,
 ) -> Option<(usize, bool, bool)> {
     let Before {
@@ -420,14 +372,14 @@ fn count(
     } = before;
     let len = rest.len().min(WINDOW);
     let valid = u64::MAX >> (WINDOW - len);
-    let (p0, p1, p2) = (planes.p0 & valid, planes.p1 & valid, planes.p2 & valid);
-    let lower = p0 & !p1 & !p2;
-    let upper = p1 & !p0 & !p2;
-    let digit = p0 & p1 & !p2;
-    let space = p2 & !p0 & !p1;
-    let newline = p2 & p0 & !p1;
-    let control = p2 & p1 & !p0;
-    let punct = valid & !(p0 | p1 | p2);
+    let lower = classes.lower & valid;
+    let upper = classes.upper & valid;
+    let digit = classes.digit & valid;
+    let space = classes.space & valid;
+    let newline = classes.newline & valid;
+    let control = classes.control & valid;
+    let tabs = classes.tab & valid;
+    let punct = valid & !(lower | upper | digit | space | newline | control);
     let letter = lower | upper;
 
     // Words: a run of upper case then lower case letters ("HTTPServer", "camel" + "Case").
