@@ -85,14 +85,18 @@ impl Classes {
 fn bit_planes(w: [u64; 8]) -> [u64; 8] {
     // Each word's 8×8 bit matrix (row: byte, column: bit) transposed: bit `j` of byte `i` becomes
     // bit `i` of byte `j` (Hacker's Delight, 7-3).
-    let t = w.map(|x| {
-        let s = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
-        let x = x ^ s ^ (s << 7);
-        let s = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
-        let x = x ^ s ^ (s << 14);
-        let s = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
-        x ^ s ^ (s << 28)
-    });
+    // Step by step over all eight words (which compilers vectorize).
+    let mut t = w;
+    for (shift, mask) in [
+        (7, 0x00AA_00AA_00AA_00AAu64),
+        (14, 0x0000_CCCC_0000_CCCC),
+        (28, 0x0000_0000_F0F0_F0F0),
+    ] {
+        for x in t.iter_mut() {
+            let s = (*x ^ (*x >> shift)) & mask;
+            *x ^= s ^ (s << shift);
+        }
+    }
     // The 8×8 byte matrix of the words (row: word, column: byte) transposed, by swapping blocks of
     // four, two and one bytes.
     let [t0, t1, t2, t3, t4, t5, t6, t7] = t;
