@@ -81,25 +81,12 @@ impl Classes {
 }
 
 /// The bit planes of the 64 bytes of `w`: bit `8k + j` of plane `i` is bit `i` of byte `j` of `w[k]`.
+/// Two 8×8 transposes by swapping blocks (Hacker's Delight, 7-3): of the byte matrix of the words
+/// (row: word, column: byte), which makes word `j` the bytes `j` of every word; then, byte by byte,
+/// of the matrix of those words' bits (row: word, column: bit of the byte).
 #[inline(always)]
 fn bit_planes(w: [u64; 8]) -> [u64; 8] {
-    // Each word's 8×8 bit matrix (row: byte, column: bit) transposed: bit `j` of byte `i` becomes
-    // bit `i` of byte `j` (Hacker's Delight, 7-3).
-    // Step by step over all eight words (which compilers vectorize).
-    let mut t = w;
-    for (shift, mask) in [
-        (7, 0x00AA_00AA_00AA_00AAu64),
-        (14, 0x0000_CCCC_0000_CCCC),
-        (28, 0x0000_0000_F0F0_F0F0),
-    ] {
-        for x in t.iter_mut() {
-            let s = (*x ^ (*x >> shift)) & mask;
-            *x ^= s ^ (s << shift);
-        }
-    }
-    // The 8×8 byte matrix of the words (row: word, column: byte) transposed, by swapping blocks of
-    // four, two and one bytes.
-    let [t0, t1, t2, t3, t4, t5, t6, t7] = t;
+    let [t0, t1, t2, t3, t4, t5, t6, t7] = w;
     let swap = |a: u64, b: u64, shift: u32, mask: u64| {
         let s = ((a >> shift) ^ b) & mask;
         (a ^ (s << shift), b ^ s)
@@ -119,6 +106,22 @@ fn bit_planes(w: [u64; 8]) -> [u64; 8] {
     let (t2, t3) = swap(t2, t3, 8, M8);
     let (t4, t5) = swap(t4, t5, 8, M8);
     let (t6, t7) = swap(t6, t7, 8, M8);
+    // Bit `i` of each byte of word `j` swapped with bit `j` of the same byte of word `i`.
+    const M4: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    const M2: u64 = 0x3333_3333_3333_3333;
+    const M1: u64 = 0x5555_5555_5555_5555;
+    let (t0, t4) = swap(t0, t4, 4, M4);
+    let (t1, t5) = swap(t1, t5, 4, M4);
+    let (t2, t6) = swap(t2, t6, 4, M4);
+    let (t3, t7) = swap(t3, t7, 4, M4);
+    let (t0, t2) = swap(t0, t2, 2, M2);
+    let (t1, t3) = swap(t1, t3, 2, M2);
+    let (t4, t6) = swap(t4, t6, 2, M2);
+    let (t5, t7) = swap(t5, t7, 2, M2);
+    let (t0, t1) = swap(t0, t1, 1, M1);
+    let (t2, t3) = swap(t2, t3, 1, M1);
+    let (t4, t5) = swap(t4, t5, 1, M1);
+    let (t6, t7) = swap(t6, t7, 1, M1);
     [t0, t1, t2, t3, t4, t5, t6, t7]
 }
 
