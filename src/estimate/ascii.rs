@@ -5,9 +5,10 @@
 //! long on average, so that dispatch, and the loop that finds where each short run ends, cost most of
 //! the time. For ASCII the features of a piece depend only on its class, its length and its neighbours,
 //! so here they are computed for a whole window from bit masks (bit `k` for byte `k` of the window):
-//! eight bytes are classified at once as one `u64` (SWAR) into three bit planes (a class number per
-//! byte), the planes gathered into masks by one multiplication per word, and the counts taken with
-//! population counts of masks (compilers vectorize those). Word lengths too: the starts of words of at
+//! the window's 64 bytes are turned into bit planes (bit `k` of plane `i` is bit `i` of byte `k`) by
+//! two 8×8 transposes of words, the classes read from the planes with a few operations on whole
+//! masks, and the counts taken with population counts of masks (compilers vectorize those). Word
+//! lengths too: the starts of words of at
 //! least `k` letters are a mask for each `k` up to 11, so only the rarer long and all-capital words
 //! and the digit runs (groups of three) are visited one by one.
 //!
@@ -597,4 +598,42 @@ fn count(
     // Whether the piece before `end` is a single punctuation character.
     let single = end < 64 && (single_punct_before >> end) & 1 != 0;
     Some((end, single, runs <= 2 && !newlines && digit == 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The classes of one byte, as `Classes` has them: lower, upper, digit, space or tab, LF or CR,
+    /// other control or DEL, tab.
+    fn class_of(b: u8) -> [bool; 7] {
+        [
+            b.is_ascii_lowercase(),
+            b.is_ascii_uppercase(),
+            b.is_ascii_digit(),
+            b == b' ' || b == b'\t',
+            b == b'\n' || b == b'\r',
+            (b < 0x20 && b != b'\t' && b != b'\n' && b != b'\r') || b == 0x7F,
+            b == b'\t',
+        ]
+    }
+
+    #[test]
+    fn classes_of_every_ascii_byte_at_every_position() {
+        // Windows whose byte `k` is `(k * step + shift) % 128`: every byte value at many positions.
+        for step in [1u32, 3, 5, 7, 11, 13, 17, 29, 31, 37, 61, 63, 127] {
+            for shift in 0..128u32 {
+                let src: [u8; WINDOW] =
+                    core::array::from_fn(|k| ((k as u32 * step + shift) % 128) as u8);
+                let c = Classes::of(core::array::from_fn(|k| word(&src, k)));
+                let masks = [
+                    c.lower, c.upper, c.digit, c.space, c.newline, c.control, c.tab,
+                ];
+                for (k, &b) in src.iter().enumerate() {
+                    let got = masks.map(|m| (m >> k) & 1 != 0);
+                    assert_eq!(got, class_of(b), "byte {b:#04x} at {k}");
+                }
+            }
+        }
+    }
 }
