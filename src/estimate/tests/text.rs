@@ -631,3 +631,13 @@ fn not_digit_mask_is_exact_in_every_byte() {
         }
     }
 }
+
+#[test]
+fn classify_other_shortcuts_agree_with_the_general_case() {
+    for c in 0..=0x10FFFFu32 {
+        assert!(
+            classify_other(c) == classify_general(c),
+            "U+{c:04X}: the shortcut's class differs"
+        );
+    }
+}
