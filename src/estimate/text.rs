@@ -1289,6 +1289,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
             i += len;
             // `len.div_ceil(3)` (`len` ≤ `bytes.len()`: the sum cannot overflow), without the
             // overflow-safe sequence `div_ceil` compiles to.
+            #[allow(clippy::manual_div_ceil)]
             bump(f, feature::DIGIT_GROUPS, ((len + 2) / 3) as u64);
         } else if class & B_NEWLINE != 0 {
             let newline = if punct_before(bytes, i) {
