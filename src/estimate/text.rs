@@ -1196,7 +1196,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
             if b == b' '
                 && bytes
                     .get(i + 1)
-                    .is_some_and(|&n| n != b' ' && n != b'\t' && n != 0xEF && !n.is_ascii_digit())
+                    .is_some_and(|&n| byte_class(n) & (B_SPACE | B_DIGIT) == 0 && n != 0xEF)
             {
                 i += 1;
                 continue;
