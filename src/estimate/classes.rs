@@ -102,6 +102,20 @@ pub(super) fn classify(c: u32) -> Cls {
 /// Class of any code point (the general case of [`classify`]).
 #[inline(never)]
 pub(super) fn classify_other(c: u32) -> Cls {
+    // The commonest blocks of symbols and emoji first (junk, decorated text): what the general
+    // case below says of them, in one range check each.
+    if c.wrapping_sub(0x2070) <= 0x2BFF - 0x2070 {
+        return Cls::Symbol;
+    }
+    if c.wrapping_sub(0x1F000) <= 0x1FAFF - 0x1F000 {
+        return Cls::Emoji;
+    }
+    classify_general(c)
+}
+
+/// [`classify_other`] without its shortcuts (the test that checks them compares with this).
+#[inline(always)]
+pub(super) fn classify_general(c: u32) -> Cls {
     match classify_block(c) {
         Cls::Other if c >= 0x800 => {
             if (0x2000..=0x2BFF).contains(&c) {

@@ -612,3 +612,32 @@ fn not_punct_mask_is_exact_in_every_byte() {
         }
     }
 }
+
+#[test]
+fn not_digit_mask_is_exact_in_every_byte() {
+    // Every byte value in every position of a word, among neighbours of every kind.
+    let fill = [b'7', b'a', 0xC3, b'/', b':'];
+    for &around in &fill {
+        for b in 0..=255u8 {
+            for k in 0..8 {
+                let mut w = [around; 8];
+                w[k] = b;
+                let m = not_digit_mask(u64::from_le_bytes(w));
+                for (j, &c) in w.iter().enumerate() {
+                    let flagged = (m >> (8 * j + 7)) & 1 == 1;
+                    assert_eq!(flagged, !c.is_ascii_digit(), "{w:x?} byte {j}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn classify_other_shortcuts_agree_with_the_general_case() {
+    for c in 0..=0x10FFFFu32 {
+        assert!(
+            classify_other(c) == classify_general(c),
+            "U+{c:04X}: the shortcut's class differs"
+        );
+    }
+}
