@@ -342,18 +342,24 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                 _ => break,
             }
         }
-        // A Greek word of two-byte letters only (not one of Greek Extended).
-        let greek = class == usize::from(A_GREEK)
-            && letters >= GREEK_PIECES_MIN
-            && plain
-            && (j - from) as u64 == 2 * letters;
+        // A Greek word of two-byte letters only (not one of Greek Extended), asked for only
+        // where the table does not know the run.
+        let greek = || {
+            class == usize::from(A_GREEK)
+                && letters >= GREEK_PIECES_MIN
+                && plain
+                && (j - from) as u64 == 2 * letters
+        };
         if plain && letters >= 2 && known(bytes, from, j, space) {
             if other != 0 {
                 letters_of = before;
             }
             known_runs += 1;
             known_space += u64::from(space);
-        } else if let Some(n) = greek.then(|| greek_pieces(bytes, from, j, space)).flatten() {
+        } else if let Some(n) = greek()
+            .then(|| greek_pieces(bytes, from, j, space))
+            .flatten()
+        {
             if other != 0 {
                 letters_of = before;
             }

@@ -155,6 +155,21 @@ pub(super) fn known_short(w: u64, len: usize, space: bool) -> bool {
     has(short_hash(w, len, space, SEED))
 }
 
+/// [`RARE_PAIR`]'s row of every byte (row `b & 31` at `b`): a byte's row without the `& 31`, and
+/// an index the compiler knows to be in bounds.
+static RARE_ROW: [u32; 256] = {
+    let mut rows = [0u32; 256];
+    let mut b = 0;
+    while b < 256 {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            rows[b] = RARE_PAIR[b & 31];
+        }
+        b += 1;
+    }
+    rows
+};
+
 /// The rare letter pairs in the ASCII letters `bytes[from..to]` (see `RARE_PAIR` in
 /// `words_table.rs`): where o200k seldom joins two letters of a word it does not know (random letter
 /// strings have about one pair in three rare, a word of real text one pair in a hundred).
@@ -166,8 +181,8 @@ pub(super) fn rare_pairs(bytes: &[u8], from: usize, to: usize) -> u64 {
     };
     let (mut n, mut prev) = (0u32, first);
     for &b in rest {
-        // `& 31` folds case: `A`/`a` is 1, …, `Z`/`z` 26 (and is within the 32 rows).
-        let row = RARE_PAIR.get(usize::from(prev & 31)).copied().unwrap_or(0);
+        // `& 31` folds case: `A`/`a` is 1, …, `Z`/`z` 26 (and is within the 32 bits).
+        let row = RARE_ROW.get(usize::from(prev)).copied().unwrap_or(0);
         n += (row >> (b & 31)) & 1;
         prev = b;
     }
