@@ -405,6 +405,7 @@ mod tests {
             "weights": {"m1": {"input": 1, "output": 4, "cached_input": 0.5, "reasoning": 4}},
             "month_offset_minutes": 540, "grace_seconds": 60, "idempotency_window_s": 0,
             "exhausted_recheck_s": 5, "exhausted_below": 10, "inject_stream_usage": false,
+            "abandoned_charge": "received",
             "shim_breaker": {"failure_threshold": 2, "window_ms": 1000, "recovery_ms": 500},
             "settle_retry_ms": 100, "settle_max_attempts": 3, "clock_skew_s": 0},
           "global_buckets": {"cluster": "webdis", "authority": "webdis", "timeout_ms": 80,
@@ -414,12 +415,22 @@ mod tests {
         let c = parse(every.as_bytes()).unwrap();
         assert_eq!(c.on_store_error, StoreFailure::Deny);
         assert!(c.rules[0].refund_unused);
-        assert_eq!(c.quota.unwrap().exhausted_below, 10);
+        let q = c.quota.unwrap();
+        assert_eq!(q.exhausted_below, 10);
+        assert_eq!(q.abandoned_charge, AbandonedCharge::Received);
         assert_eq!(c.global.unwrap().on_failure, GlobalFailure::Closed);
     }
 
     #[test]
     fn refusal_lines_stay_on_one_line_whatever_the_config_holds() {
+        let line = refusal(&with(
+            "",
+            r#","quota":{"cluster":"w","monthly_limit":1,"abandoned_charge":"all"}"#,
+        ));
+        assert_eq!(
+            line,
+            "quota.abandoned_charge: 'all' is not one of \"reservation\", \"received\""
+        );
         let line = refusal(&with(r#","name":"a\nb""#, ""));
         assert_eq!(
             line,
