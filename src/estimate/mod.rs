@@ -56,7 +56,8 @@
 //! input), `responses.rs` (Responses input items), `anthropic.rs` (Anthropic messages and document
 //! sources), `parts.rs` (content parts of every family), on the visitors of `shape.rs`, read by
 //! `json.rs` (the fast scanner) or serde_json; `output.rs` is the output reservation. Text is counted
-//! by `text.rs` (the pass over the characters), `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs`
+//! by `text.rs` (the pass over the characters), `latin.rs` (words of Latin letters, accented or
+//! not), `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs`
 //! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), and weighed by
 //! `weights.rs` with the weights of `fitted.rs`.
 //!
@@ -74,6 +75,7 @@ mod classes;
 mod completions;
 mod fitted;
 mod json;
+mod latin;
 mod output;
 mod parts;
 mod responses;

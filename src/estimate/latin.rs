@@ -1,0 +1,392 @@
+//! Words of Latin letters: ASCII words with accented letters among them (Latin-1, Extended-A, the
+//! Vietnamese block), read as o200k's pre-tokenizer splits them (capitals, then lower-case letters),
+//! each looked up in the word table and counted (see `scan_word`); `scan_words` reads the words after
+//! it that single spaces separate without going back to the byte-wise loop of `text.rs`.
+
+use super::text::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
+use super::weights::feature;
+use super::words::{known, known_short, rare_pairs, MIN_ASCII};
+
+/// The accented Latin letters ([`is_latin_ext`]) of two UTF-8 bytes: one row per lead byte
+/// 0xC3..=0xCA, bit `b1 & 63` set where the second byte `b1` makes one (U+00D7 × and U+00F7 ÷ are
+/// not letters; U+02B0 on are modifier letters).
+const EXT2: [u64; 8] = [
+    !((1 << 0x17) | (1 << 0x37)),
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    u64::MAX,
+    (1 << 0x30) - 1,
+];
+
+/// Of [`EXT2`], the letters of Latin Extended-A (U+0100..=U+017F, lead bytes 0xC4 and 0xC5) but for
+/// U+0110 Đ and U+0111 đ: those counted by [`feature::LATIN_EXT_A`], the others by
+/// [`feature::LATIN_EXT`].
+const EXT2_A: [u64; 8] = [0, !(0b11 << 0x10), u64::MAX, 0, 0, 0, 0, 0];
+
+/// [`EXT2`] and [`EXT2_A`] as one byte per letter (one load a letter), at `(b0 - 0xC3) << 6 | b1 &
+/// 63`: bit 0 set for an accented letter, bit 1 for one of [`feature::LATIN_EXT_A`].
+const EXT2_KIND: [u8; 512] = {
+    let mut t = [0u8; 512];
+    let mut k = 0;
+    while k < 512 {
+        let (row, bit) = (k >> 6, k & 63);
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = ((EXT2[row] >> bit) & 1 | ((EXT2_A[row] >> bit) & 1) << 1) as u8;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// The accented letter of the two bytes `b0` (0xC3..=0xCA) and `b1` (0x80..=0xBF), if they make
+/// one: whether it counts as [`feature::LATIN_EXT_A`].
+#[inline(always)]
+fn ext2(b0: u8, b1: u8) -> Option<bool> {
+    let kind = EXT2_KIND
+        .get(usize::from(b0.wrapping_sub(0xC3)) << 6 | usize::from(b1 & 63))
+        .copied()
+        .unwrap_or(0);
+    (kind != 0).then_some(kind > 1)
+}
+
+/// The accented Latin letter at `i` ([`is_latin_ext`]): its length (2 or 3 bytes) and whether it
+/// counts as [`feature::LATIN_EXT_A`] (else [`feature::LATIN_EXT`]). No UTF-8 decode: [`ext2`] for
+/// two bytes, the lead byte 0xE1 and the second's range for U+1E00..=U+1EFF (Latin
+/// Extended Additional: Vietnamese).
+#[inline(always)]
+pub(super) fn latin_ext_at(bytes: &[u8], i: usize) -> Option<(usize, bool)> {
+    match *bytes.get(i..)? {
+        [b0 @ 0xC3..=0xCA, b1 @ 0x80..=0xBF, ..] => ext2(b0, b1).map(|a| (2, a)),
+        [0xE1, 0xB8..=0xBB, 0x80..=0xBF, ..] => Some((3, false)),
+        _ => None,
+    }
+}
+
+/// [`latin_ext_at`] of the letter whose bytes are the low three of `w` (little-endian).
+#[inline(always)]
+fn latin_ext_in(w: u64) -> Option<(usize, bool)> {
+    let [b0, b1, b2, ..] = w.to_le_bytes();
+    match (b0, b1, b2) {
+        (0xC3..=0xCA, 0x80..=0xBF, _) => ext2(b0, b1).map(|a| (2, a)),
+        (0xE1, 0xB8..=0xBB, 0x80..=0xBF) => Some((3, false)),
+        _ => None,
+    }
+}
+
+/// The eight bytes at `i` as a little-endian word, if there are eight.
+#[inline(always)]
+fn load8(bytes: &[u8], i: usize) -> Option<u64> {
+    bytes
+        .get(i..i.wrapping_add(8))
+        .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        .map(u64::from_le_bytes)
+}
+
+/// Whether `cp` is an accented Latin letter (of Latin-1, Latin Extended-A and -B, IPA, or Latin
+/// Extended Additional).
+#[inline(always)]
+pub(super) fn is_latin_ext(cp: u32) -> bool {
+    matches!(cp, 0xC0..=0xD6 | 0xD8..=0xF6 | 0xF8..=0x2AF | 0x1E00..=0x1EFF)
+}
+
+/// The lower-case and accented letters of a word from its first one that is not a capital (see
+/// [`scan_word`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Tail {
+    /// The index after the word.
+    end: usize,
+    /// Its letters (from where it was read), each accented one one.
+    letters: usize,
+    /// Its accented letters ([`is_latin_ext`]).
+    ext: u64,
+    /// Those of them counted as [`feature::LATIN_EXT_A`].
+    ext_a: u64,
+    /// Those of them right after another accented letter.
+    pairs: u64,
+}
+
+/// The [`Tail`] of a word at `i`. Where the word ends within the 16 bytes at `i` (most words), from
+/// one load or two (no step per letter): its end is the first byte that is neither a lower-case ASCII letter nor
+/// non-ASCII, and each non-ASCII character before it is read as an accented letter, the first that
+/// is not one ending the word. Else (longer words, the last bytes of the text) [`tail_steps`].
+#[inline(always)]
+pub(super) fn word_tail(bytes: &[u8], i: usize) -> Tail {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    if let Some(w) = load8(bytes, i) {
+        let high = w & HI;
+        let stop = not_lower_mask(w) & !high;
+        if stop != 0 {
+            return tail_in8(i, w, high, stop.trailing_zeros() / 8);
+        }
+        // Words of 8 to 15 bytes: the next eight.
+        if let Some(w2) = load8(bytes, i + 8) {
+            let high2 = w2 & HI;
+            let stop2 = not_lower_mask(w2) & !high2;
+            if stop2 != 0 {
+                let w = u128::from(w) | (u128::from(w2) << 64);
+                let high = u128::from(high) | (u128::from(high2) << 64);
+                return tail_in(i, w, high, 8 + stop2.trailing_zeros() / 8);
+            }
+        }
+    }
+    tail_steps(bytes, i)
+}
+
+/// [`word_tail`] a step at a time: a run of lower-case letters, an accented letter, and again.
+#[inline(always)]
+pub(super) fn tail_steps(bytes: &[u8], i: usize) -> Tail {
+    // Index arithmetic below is bounded by `bytes.len()`, so it cannot overflow.
+    let mut i = i;
+    let mut letters = 0;
+    // The letter before is an accented one.
+    let mut after_ext = false;
+    let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+    loop {
+        // One load a step where eight bytes remain: the run of lower-case letters and, when it
+        // ends within the first six, the next letter's bytes.
+        let (lower, next) = match load8(bytes, i) {
+            Some(w) => {
+                let m = not_lower_mask(w);
+                if m == 0 {
+                    (8 + lower_run(bytes, i + 8), None)
+                } else {
+                    let k = (m.trailing_zeros() / 8) as usize;
+                    (k, (k <= 5).then(|| w >> (8 * k)))
+                }
+            }
+            None => (lower_run(bytes, i), None),
+        };
+        i += lower;
+        letters += lower;
+        after_ext &= lower == 0;
+        let letter = match next {
+            Some(w) => latin_ext_in(w),
+            None => latin_ext_at(bytes, i),
+        };
+        match letter {
+            Some((n, a)) => {
+                i += n;
+                letters += 1;
+                ext += 1;
+                ext_a += u64::from(a);
+                pairs += u64::from(after_ext);
+                after_ext = true;
+            }
+            None => break,
+        }
+    }
+    Tail {
+        end: i,
+        letters,
+        ext,
+        ext_a,
+        pairs,
+    }
+}
+
+/// Defines `$name(i, w, high, t) -> Tail` over words of `$ty`: the [`Tail`] of a word at `i` whose
+/// bytes from `i` are the low bytes of `w`, `high` the high bit of each of them that is not ASCII, `t`
+/// (< the width in bytes) the first that is neither a lower-case letter nor non-ASCII: each non-ASCII
+/// character before `t` is read as an accented letter, the first that is not one ending the word.
+macro_rules! tail_in {
+    ($(#[$doc:meta])* $name:ident, $ty:ty) => {
+        $(#[$doc])*
+        #[inline(always)]
+        fn $name(i: usize, w: $ty, high: $ty, t: u32) -> Tail {
+            let mut rest = high & !(<$ty>::MAX << (8 * t));
+            // The word's bytes, the continuation bytes of its accented letters, and where the last
+            // accented letter ended (the width: none yet).
+            let (mut end, mut cont, mut after) = (t, 0u32, <$ty>::BITS / 8);
+            let (mut ext, mut ext_a, mut pairs) = (0u64, 0u64, 0u64);
+            while rest != 0 {
+                let q = rest.trailing_zeros() / 8;
+                // The bytes of a letter at `q` are non-ASCII, so before `t`: `q + n <= t`.
+                #[allow(clippy::unnecessary_cast)] // u128 → u64 in one of the two
+                match latin_ext_in((w >> (8 * q)) as u64) {
+                    Some((n, a)) => {
+                        ext += 1;
+                        ext_a += u64::from(a);
+                        pairs += u64::from(q == after);
+                        after = q + n as u32;
+                        cont += n as u32 - 1;
+                        // Its bytes off (each shift < the width; the bits past the top fall off).
+                        rest &= (<$ty>::MAX << (8 * q)) << (8 * n);
+                    }
+                    None => {
+                        end = q;
+                        break;
+                    }
+                }
+            }
+            Tail {
+                end: i + end as usize,
+                letters: (end - cont) as usize,
+                ext,
+                ext_a,
+                pairs,
+            }
+        }
+    };
+}
+
+tail_in!(
+    /// A word that may end within sixteen bytes.
+    tail_in,
+    u128
+);
+tail_in!(
+    /// A word that ends within eight bytes (most words: cheaper than in 128 bits).
+    tail_in8,
+    u64
+);
+
+/// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
+/// letters count as lower case), so "camelCase" is two words and "HTTPServer" one, like o200k's
+/// pre-tokenizer. Returns the index after the word (always > `i`).
+#[inline(always)]
+pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+    // Index arithmetic here is bounded by `bytes.len()`, so it cannot overflow.
+    let upper = capitals(bytes, start);
+    let tail = word_tail(bytes, start + upper);
+    if upper + tail.letters == 0 {
+        return start + 1; // not called on a non-letter; guarantees progress anyway
+    }
+    let space = space_before(bytes, start);
+    count_read_word(bytes, f, start, upper, &tail, space, after_punct)
+}
+
+/// The capitals at `i` (their number).
+#[inline(always)]
+fn capitals(bytes: &[u8], i: usize) -> usize {
+    if bytes.get(i).is_some_and(u8::is_ascii_uppercase) {
+        count_while(bytes, i, |b| b.is_ascii_uppercase())
+    } else {
+        0
+    }
+}
+
+/// Counts the word at `start` of `upper` capitals then `tail` (at least one letter), after a space
+/// if `space` (see [`scan_word`]). Returns the index after it.
+#[inline(always)]
+fn count_read_word(
+    bytes: &[u8],
+    f: &mut Counts,
+    start: usize,
+    upper: usize,
+    tail: &Tail,
+    space: bool,
+    after_punct: bool,
+) -> usize {
+    let i = tail.end;
+    let letters = upper + tail.letters;
+    // Lower-case or accented letters after the capitals.
+    let mixed = tail.letters > 0;
+    let (ext_a, ext_other, pairs) = (tail.ext_a, tail.ext - tail.ext_a, tail.pairs);
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    // A word the table knows is one token (see `words.rs`): plain ASCII words of five letters or
+    // more, words with accented letters of two or more.
+    let accented = ext_a + ext_other > 0;
+    if letters >= if accented { 2 } else { MIN_ASCII } {
+        let len = i - start;
+        // A word of up to eight bytes: hashed from its first eight, loaded once here.
+        let is_known = match load8(bytes, start) {
+            Some(w) if len <= 8 => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            _ => known(bytes, start, i, space),
+        };
+        if is_known {
+            bump(f, known_feature(space), 1);
+            return i;
+        }
+        if !accented && upper <= 1 {
+            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
+        }
+    }
+    if mixed {
+        bump(f, feature::LATIN_EXT_A, ext_a);
+        bump(f, feature::LATIN_EXT, ext_other);
+        bump(f, feature::LATIN_EXT_PAIR, pairs);
+    }
+    count_word(f, letters);
+    if upper > 0 {
+        let upper = u64::try_from(upper).unwrap_or(u64::MAX);
+        bump(f, feature::UPPER, upper);
+        if !mixed && upper >= 2 {
+            bump(f, feature::CAPS_WORD_CHARS, upper);
+        }
+    }
+    i
+}
+
+/// Whether the byte before `i` is a space (a word there is looked up with its leading space).
+#[inline(always)]
+pub(super) fn space_before(bytes: &[u8], i: usize) -> bool {
+    bytes.get(i.wrapping_sub(1)) == Some(&b' ')
+}
+
+/// The feature of a Latin word the table knows: [`feature::LATIN_KNOWN`] after a space, else
+/// [`feature::LATIN_KNOWN_BARE`].
+#[inline(always)]
+pub(super) fn known_feature(space: bool) -> usize {
+    if space {
+        feature::LATIN_KNOWN
+    } else {
+        feature::LATIN_KNOWN_BARE
+    }
+}
+
+/// Counts a word of `len` ASCII lower-case letters at `i` (not after an ASCII letter): one known
+/// word, or by its length. `w`: the eight bytes at `i` if the word is shorter than eight letters.
+#[inline(always)]
+pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usize, w: Option<u64>) {
+    if len >= MIN_ASCII {
+        let space = space_before(bytes, i);
+        let is_known = match w {
+            Some(w) => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            None => known(bytes, i, i + len, space),
+        };
+        if is_known {
+            bump(f, known_feature(space), 1);
+            return;
+        }
+        bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, i, i + len));
+    }
+    count_word(f, len);
+}
+
+/// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
+/// space before a letter has no feature of its own, see [`count_features`]): text with accented
+/// letters (European languages, Vietnamese) is read word after word without going back to the
+/// byte-wise loop. Returns the index after the last word.
+#[inline(never)]
+pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+    let mut i = scan_word(bytes, start, f, after_punct);
+    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
+    while bytes.get(i) == Some(&b' ') {
+        // A word after the space, if a letter follows it: read as `scan_word` reads it.
+        let start = i + 1;
+        let tail = word_tail(bytes, start);
+        if tail.letters == 0 {
+            // A capital, or no letter at all.
+            if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+                break;
+            }
+            i = scan_capitalised(bytes, start, f);
+            continue;
+        }
+        i = count_read_word(bytes, f, start, 0, &tail, true, false);
+    }
+    i
+}
+
+/// [`scan_word`] of a word after a space that starts with a capital (out of line: the lower-case
+/// words of [`scan_words`] keep their loop small).
+#[inline(never)]
+fn scan_capitalised(bytes: &[u8], start: usize, f: &mut Counts) -> usize {
+    scan_word(bytes, start, f, false)
+}
