@@ -87,42 +87,52 @@ impl Classes {
 /// of the matrix of those words' bits (row: word, column: bit of the byte).
 #[inline(always)]
 fn bit_planes(w: [u64; 8]) -> [u64; 8] {
-    let [t0, t1, t2, t3, t4, t5, t6, t7] = w;
+    // Blocks of 4, 2 and 1 bytes, then, within each byte, of 4, 2 and 1 bits (bit `i` of each
+    // byte of word `j` swapped with bit `j` of the same byte of word `i`).
+    let bytes = transpose8(
+        w,
+        [32, 16, 8],
+        [
+            0x0000_0000_FFFF_FFFF,
+            0x0000_FFFF_0000_FFFF,
+            0x00FF_00FF_00FF_00FF,
+        ],
+    );
+    transpose8(
+        bytes,
+        [4, 2, 1],
+        [
+            0x0F0F_0F0F_0F0F_0F0F,
+            0x3333_3333_3333_3333,
+            0x5555_5555_5555_5555,
+        ],
+    )
+}
+
+/// One 8×8 transpose of blocks of `w`: the blocks of `shift[0]` bits selected by `mask[0]` swapped
+/// between words four apart, then of `shift[1]` between words two apart, then of `shift[2]` between
+/// neighbours.
+#[inline(always)]
+fn transpose8(w: [u64; 8], shift: [u32; 3], mask: [u64; 3]) -> [u64; 8] {
     let swap = |a: u64, b: u64, shift: u32, mask: u64| {
         let s = ((a >> shift) ^ b) & mask;
         (a ^ (s << shift), b ^ s)
     };
-    const M32: u64 = 0x0000_0000_FFFF_FFFF;
-    const M16: u64 = 0x0000_FFFF_0000_FFFF;
-    const M8: u64 = 0x00FF_00FF_00FF_00FF;
-    let (t0, t4) = swap(t0, t4, 32, M32);
-    let (t1, t5) = swap(t1, t5, 32, M32);
-    let (t2, t6) = swap(t2, t6, 32, M32);
-    let (t3, t7) = swap(t3, t7, 32, M32);
-    let (t0, t2) = swap(t0, t2, 16, M16);
-    let (t1, t3) = swap(t1, t3, 16, M16);
-    let (t4, t6) = swap(t4, t6, 16, M16);
-    let (t5, t7) = swap(t5, t7, 16, M16);
-    let (t0, t1) = swap(t0, t1, 8, M8);
-    let (t2, t3) = swap(t2, t3, 8, M8);
-    let (t4, t5) = swap(t4, t5, 8, M8);
-    let (t6, t7) = swap(t6, t7, 8, M8);
-    // Bit `i` of each byte of word `j` swapped with bit `j` of the same byte of word `i`.
-    const M4: u64 = 0x0F0F_0F0F_0F0F_0F0F;
-    const M2: u64 = 0x3333_3333_3333_3333;
-    const M1: u64 = 0x5555_5555_5555_5555;
-    let (t0, t4) = swap(t0, t4, 4, M4);
-    let (t1, t5) = swap(t1, t5, 4, M4);
-    let (t2, t6) = swap(t2, t6, 4, M4);
-    let (t3, t7) = swap(t3, t7, 4, M4);
-    let (t0, t2) = swap(t0, t2, 2, M2);
-    let (t1, t3) = swap(t1, t3, 2, M2);
-    let (t4, t6) = swap(t4, t6, 2, M2);
-    let (t5, t7) = swap(t5, t7, 2, M2);
-    let (t0, t1) = swap(t0, t1, 1, M1);
-    let (t2, t3) = swap(t2, t3, 1, M1);
-    let (t4, t5) = swap(t4, t5, 1, M1);
-    let (t6, t7) = swap(t6, t7, 1, M1);
+    let [t0, t1, t2, t3, t4, t5, t6, t7] = w;
+    let [s0, s1, s2] = shift;
+    let [m0, m1, m2] = mask;
+    let (t0, t4) = swap(t0, t4, s0, m0);
+    let (t1, t5) = swap(t1, t5, s0, m0);
+    let (t2, t6) = swap(t2, t6, s0, m0);
+    let (t3, t7) = swap(t3, t7, s0, m0);
+    let (t0, t2) = swap(t0, t2, s1, m1);
+    let (t1, t3) = swap(t1, t3, s1, m1);
+    let (t4, t6) = swap(t4, t6, s1, m1);
+    let (t5, t7) = swap(t5, t7, s1, m1);
+    let (t0, t1) = swap(t0, t1, s2, m2);
+    let (t2, t3) = swap(t2, t3, s2, m2);
+    let (t4, t5) = swap(t4, t5, s2, m2);
+    let (t6, t7) = swap(t6, t7, s2, m2);
     [t0, t1, t2, t3, t4, t5, t6, t7]
 }
 

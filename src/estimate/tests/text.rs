@@ -594,19 +594,18 @@ fn punct_mix_counts_like_one_character_at_a_time() {
     assert_eq!(punct_mix(b"...,,"), (1, 1));
 }
 
-#[test]
-fn not_punct_mask_is_exact_in_every_byte() {
-    // Every byte value in every position of a word, among neighbours of every kind.
-    let fill = [b'!', b'a', 0xC3, b' '];
-    for &around in &fill {
+/// `mask` sets the high bit of exactly the bytes that are not `class`: every byte value in every
+/// position of a word, among neighbours of every kind (`fill`).
+fn assert_mask_exact(mask: fn(u64) -> u64, class: fn(&u8) -> bool, fill: &[u8]) {
+    for &around in fill {
         for b in 0..=255u8 {
             for k in 0..8 {
                 let mut w = [around; 8];
                 w[k] = b;
-                let m = not_punct_mask(u64::from_le_bytes(w));
-                for (j, &c) in w.iter().enumerate() {
+                let m = mask(u64::from_le_bytes(w));
+                for (j, c) in w.iter().enumerate() {
                     let flagged = (m >> (8 * j + 7)) & 1 == 1;
-                    assert_eq!(flagged, !c.is_ascii_punctuation(), "{w:x?} byte {j}");
+                    assert_eq!(flagged, !class(c), "{w:x?} byte {j}");
                 }
             }
         }
@@ -614,22 +613,21 @@ fn not_punct_mask_is_exact_in_every_byte() {
 }
 
 #[test]
+fn not_punct_mask_is_exact_in_every_byte() {
+    assert_mask_exact(
+        not_punct_mask,
+        u8::is_ascii_punctuation,
+        &[b'!', b'a', 0xC3, b' '],
+    );
+}
+
+#[test]
 fn not_digit_mask_is_exact_in_every_byte() {
-    // Every byte value in every position of a word, among neighbours of every kind.
-    let fill = [b'7', b'a', 0xC3, b'/', b':'];
-    for &around in &fill {
-        for b in 0..=255u8 {
-            for k in 0..8 {
-                let mut w = [around; 8];
-                w[k] = b;
-                let m = not_digit_mask(u64::from_le_bytes(w));
-                for (j, &c) in w.iter().enumerate() {
-                    let flagged = (m >> (8 * j + 7)) & 1 == 1;
-                    assert_eq!(flagged, !c.is_ascii_digit(), "{w:x?} byte {j}");
-                }
-            }
-        }
-    }
+    assert_mask_exact(
+        not_digit_mask,
+        u8::is_ascii_digit,
+        &[b'7', b'a', 0xC3, b'/', b':'],
+    );
 }
 
 #[test]
