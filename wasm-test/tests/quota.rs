@@ -751,6 +751,22 @@ fn injected_usage_chunk_is_not_visible_to_the_client() {
 // 5. Client abort mid-stream
 // ---------------------------------------------------------------------------------------------
 
+/// `x-tokengate-estimated-tokens` of a streamed response (the reservation).
+fn stream_estimate(r: &http::StreamResponse) -> i64 {
+    r.header("x-tokengate-estimated-tokens")
+        .and_then(|v| v.parse().ok())
+        .expect("estimated header")
+}
+
+/// Bytes of the strings at `pointer` in the SSE events of `body` (the generated text that arrived).
+fn sse_text_bytes(body: &[u8], pointer: &str) -> usize {
+    http::sse_data(body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v.pointer(pointer).and_then(Value::as_str).map(str::len))
+        .sum()
+}
+
 /// The `actual=` of `tenant`'s audit record, once the access log has it (≤ [`SETTLE_WAIT`]).
 fn audited_actual(envoy: &Envoy, tenant: &str) -> i64 {
     let deadline = Instant::now() + SETTLE_WAIT;
@@ -797,20 +813,9 @@ fn leave_a_stream(tenant: &str, quota: Value) -> (i64, i64, i64) {
         r.aborted,
         r.complete
     );
-    let reserved = r
-        .header("x-tokengate-estimated-tokens")
-        .and_then(|v| v.parse::<i64>().ok())
-        .expect("estimated header");
+    let reserved = stream_estimate(&r);
     let prompt_cost = reserved - MAX_TOKENS as i64;
-    let content_bytes: usize = http::sse_data(&r.body())
-        .iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| {
-            v.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-                .map(str::len)
-        })
-        .sum();
+    let content_bytes: usize = sse_text_bytes(&r.body(), "/choices/0/delta/content");
     let est_out = content_bytes.div_ceil(4) as i64;
     let received = prompt_cost + est_out;
     // The audit record is written with the settlement; wait for it, then for the counter.
@@ -876,10 +881,7 @@ fn a_request_whose_client_leaves_before_the_answer_is_charged_its_whole_reservat
         &body,
         &StreamOpts::default(),
     );
-    let reserved: i64 = full
-        .header("x-tokengate-estimated-tokens")
-        .and_then(|v| v.parse().ok())
-        .expect("estimated header");
+    let reserved = stream_estimate(&full);
     let actual = audited_actual(&envoy, tenant);
     assert_eq!(actual, reserved, "audited");
     let got = wait_key(s.redis(), &key, reserved);
@@ -915,20 +917,9 @@ fn an_anthropic_stream_the_client_leaves_is_not_charged_as_one_output_token() {
     );
     assert_eq!(r.status, 200);
     assert!(r.aborted && !r.complete);
-    let reserved: i64 = r
-        .header("x-tokengate-estimated-tokens")
-        .and_then(|v| v.parse().ok())
-        .expect("estimated header");
+    let reserved = stream_estimate(&r);
     let prompt_cost = reserved - MAX_TOKENS as i64;
-    let text: usize = http::sse_data(&r.body())
-        .iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| {
-            v.pointer("/delta/text")
-                .and_then(Value::as_str)
-                .map(str::len)
-        })
-        .sum();
+    let text: usize = sse_text_bytes(&r.body(), "/delta/text");
     assert!(text > 0, "a text delta arrived: {}", r.text());
     let actual = audited_actual(&envoy, tenant);
     let got = wait_key(s.redis(), &key, actual);
@@ -966,10 +957,7 @@ fn cut_json_answer_is_charged_prompt_plus_the_bytes_that_arrived() {
     );
     assert_eq!(r.status, 200);
     assert!(!r.complete, "the client sees the cut");
-    let reserved = r
-        .header("x-tokengate-estimated-tokens")
-        .and_then(|v| v.parse::<i64>().ok())
-        .expect("estimated header");
+    let reserved = stream_estimate(&r);
     let prompt_cost = reserved - MAX_TOKENS as i64;
     let arrived = r.body().len() as i64;
     assert!(arrived > 100, "part of the body arrived: {arrived}");
