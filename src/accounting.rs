@@ -8,7 +8,7 @@
 //! | not served: non-2xx from the provider or Envoy's own reply | 0 (full refund)                     | none         |
 //! | cut mid-way (client abort, upstream cut), usage known    | weighted usage                       | provider     |
 //! | cut mid-way, no usage                                    | prompt + output estimated from the bytes streamed, at most the reservation | estimate |
-//! | client gone after the request was sent, no final usage (`abandoned_charge` `"reservation"`, the default) | the reservation | estimate |
+//! | client gone after the request was sent, no final usage (`abandoned_charge` `"reservation"`, the default) | the reservation, or prompt + output from the bytes that arrived if more | estimate |
 //! | the same with `"received"` (before any response: a cut with 0 bytes) | prompt + output estimated from the bytes that reached Envoy | estimate |
 
 use crate::quota::{weighted, Weights};
@@ -43,8 +43,13 @@ pub enum Ending {
     /// The provider did not serve it (non-2xx, or Envoy answered for it).
     NotServed,
     /// The client left after the request was sent upstream, before the provider's final usage arrived:
-    /// charged the whole reservation (`quota.abandoned_charge` `"reservation"`).
-    Abandoned,
+    /// charged the whole reservation (`quota.abandoned_charge` `"reservation"`), or the prompt and the
+    /// output estimated from the bytes that arrived where that is more (a provider that generated past
+    /// the output reserved, reading the limit otherwise than tokengate did).
+    Abandoned {
+        /// Bytes of generated text seen.
+        content_bytes: u64,
+    },
     /// A 2xx response cut before its end.
     Cut {
         /// Usage, if it arrived before the cut.
@@ -103,7 +108,14 @@ pub fn settle(r: &Reserved, ending: Ending) -> Settlement {
         Ending::Completed { usage: Some(u) } | Ending::Cut { usage: Some(u), .. } => {
             (of_usage(&u, &r.weights), UsageSource::Provider)
         }
-        Ending::Completed { usage: None } | Ending::Abandoned => (r.total(), UsageSource::Estimate),
+        Ending::Completed { usage: None } => (r.total(), UsageSource::Estimate),
+        Ending::Abandoned { content_bytes } => {
+            let out_tokens = crate::usage::estimate_tokens_from_bytes(content_bytes);
+            let streamed = r
+                .prompt_cost
+                .saturating_add(weighted(0, out_tokens, 0, 0, &r.weights));
+            (r.total().max(streamed), UsageSource::Estimate)
+        }
         Ending::NotServed => (0, UsageSource::None),
         Ending::Cut {
             usage: None,
@@ -157,9 +169,17 @@ mod tests {
 
     #[test]
     fn an_abandoned_request_is_charged_its_whole_reservation() {
-        let s = settle(&r(), Ending::Abandoned);
+        let s = settle(&r(), Ending::Abandoned { content_bytes: 400 });
         assert_eq!((s.actual, s.delta), (1100, 0));
         assert_eq!(s.source, UsageSource::Estimate);
+        // More arrived than the output reserved (the provider read the limit otherwise): that is charged.
+        let s = settle(
+            &r(),
+            Ending::Abandoned {
+                content_bytes: 8000,
+            },
+        );
+        assert_eq!((s.actual, s.delta), (100 + 2000, 1000));
     }
 
     #[test]

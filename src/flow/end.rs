@@ -179,7 +179,9 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
             content_bytes,
         }
     } else if abandoned_in_full(cx, status) {
-        Ending::Abandoned
+        Ending::Abandoned {
+            content_bytes: if status == 0 { 0 } else { content_bytes },
+        }
     } else {
         Ending::Cut {
             usage: None,
