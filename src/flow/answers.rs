@@ -122,7 +122,7 @@ pub fn quota_exceeded(
     let message = if remaining == 0 {
         format!("The monthly token quota {what} is used up ({limit} tokens); it resets at the start of next month.")
     } else {
-        format!("The monthly token quota {what} cannot cover this request: {remaining} tokens left of {limit}; lower max_tokens, or wait for the start of next month.")
+        format!("The monthly token quota {what} cannot cover this request: {remaining} tokens left of {limit}; it resets at the start of next month.")
     };
     let mut r = Refusal::new(Class::QuotaExceeded, message);
     r.quota = Some(QuotaView {
