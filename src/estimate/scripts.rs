@@ -3,7 +3,7 @@
 
 use super::classes::{
     alpha_run_feature, char_feature, classify, cp3, decode, han_feature, hangul_feature, plain_cp3,
-    run_of, thai_feature, Cls, Run,
+    run_of, thai_feature, Cls, Run, THAI_FEATURE,
 };
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
@@ -682,45 +682,127 @@ pub(super) fn scan_hangul(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     j
 }
 
+/// Bits of a Thai feature count packed in [`scan_thai`]'s accumulator (three counts of 21 bits).
+const THAI_FIELD: u32 = 21;
+
+/// What one Thai character (its code from U+0E00) adds to [`scan_thai`]'s accumulator: one in the
+/// field of its feature ([`feature::THAI_COMMON`], [`feature::THAI`], [`feature::THAI_RARE`]).
+static THAI_INC: [u64; 0x80] = {
+    let mut t = [0u64; 0x80];
+    let mut i = 0;
+    while i < 0x80 {
+        let f = THAI_FEATURE[i] as usize;
+        let field = if f == feature::THAI_COMMON {
+            0
+        } else if f == feature::THAI {
+            1
+        } else {
+            2
+        };
+        t[i] = 1 << (field * THAI_FIELD);
+        i += 1;
+    }
+    t
+};
+
+/// Thai characters [`scan_thai`] reads before it adds its accumulator to the counts (so that no
+/// 21-bit field can wrap: at most two such chunks are added up between two flushes).
+const THAI_CHUNK: usize = 1 << 20;
+
+/// Adds the packed counts of [`scan_thai`]'s accumulator `acc` to `f`.
+#[inline(always)]
+fn thai_flush(f: &mut Counts, acc: u64) {
+    let mask = (1u64 << THAI_FIELD) - 1;
+    bump(f, feature::THAI_COMMON, acc & mask);
+    bump(f, feature::THAI, (acc >> THAI_FIELD) & mask);
+    bump(f, feature::THAI_RARE, acc >> (2 * THAI_FIELD));
+}
+
 /// Rest of a run of Thai from `j` (the first character is counted); returns the index after it.
 #[inline(never)]
 pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     let mut runs = 0u64;
+    // The characters' features are counted in the fields of `acc` (see `THAI_INC`), added to `f`
+    // at the end and after every `THAI_CHUNK` characters: no read-modify-write of `f` a character.
+    let mut acc = 0u64;
+    let mut flushed = j;
+    let inc = |b1: u8, b2: u8| {
+        let code = (usize::from(b1 & 1) << 6) | usize::from(b2 & 0x3F);
+        THAI_INC.get(code).copied().unwrap_or(0)
+    };
     // U+0E00..=U+0E7F is E0 B8 80..=E0 B9 BF; nothing else is in a Thai run.
     loop {
-        while let Some(&[0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF, ..]) = bytes.get(j..) {
-            bump(
-                f,
-                thai_feature((u32::from(b1 & 1) << 6) | u32::from(b2 & 0x3F)),
-                1,
-            );
+        // At most `THAI_CHUNK` characters from `j`.
+        let head = bytes
+            .get(..j.saturating_add(3 * THAI_CHUNK))
+            .unwrap_or(bytes);
+        while let Some(&[0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF, ..]) = head.get(j..) {
+            acc += inc(b1, b2);
             j += 3;
+        }
+        if j - flushed >= 3 * THAI_CHUNK {
+            thai_flush(f, acc);
+            acc = 0;
+            flushed = j;
+            if head.len() < bytes.len() {
+                // The chunk ended, maybe not the run.
+                continue;
+            }
         }
         // One space and another Thai character: as in `scan_hangul`.
         match bytes.get(j..j + 4) {
             Some(&[b' ', 0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF]) => {
                 runs += 1;
-                bump(
-                    f,
-                    thai_feature((u32::from(b1 & 1) << 6) | u32::from(b2 & 0x3F)),
-                    1,
-                );
+                acc += inc(b1, b2);
                 j += 4;
             }
             _ => break,
         }
     }
+    thai_flush(f, acc);
     bump(f, feature::THAI_RUNS, runs);
     j
 }
 
-/// Whether the pair of Thai codes `a`, `b` is set in `bits` (see `words_table.rs`).
-#[inline(always)]
-fn thai_pair(bits: &[u64; 144], a: usize, b: usize) -> bool {
+/// [`THAI_FLAGS`] bit: the pair is an o200k token ([`THAI_PAIR`]).
+const PAIR: u8 = 1;
+/// [`THAI_FLAGS`] bit: the pair begins a Thai word of the table ([`THAI_PREFIX`]).
+const PREFIX: u8 = 2;
+/// [`THAI_FLAGS`] bit: the pair is the second and third characters of one ([`THAI_MID`]).
+const MID: u8 = 4;
+/// [`THAI_FLAGS`] bit: the pair ends a four-character one ([`THAI_END4`]).
+const END4: u8 = 8;
+
+/// The four Thai pair bitmaps in one byte a pair of codes `a`, `b` (index `128 a + b`, codes 96 and
+/// up in none), so that one load answers all four.
+static THAI_FLAGS: [u8; 0x80 * 0x80] = {
     const CODES: usize = 96;
-    let k = a * CODES + b;
-    a < CODES && b < CODES && bits.get(k / 64).is_some_and(|w| (w >> (k % 64)) & 1 != 0)
+    let mut t = [0u8; 0x80 * 0x80];
+    let mut a = 0;
+    while a < CODES {
+        let mut b = 0;
+        while b < CODES {
+            let k = a * CODES + b;
+            t[a * 0x80 + b] = thai_bit(&THAI_PAIR, k) * PAIR
+                | thai_bit(&THAI_PREFIX, k) * PREFIX
+                | thai_bit(&THAI_MID, k) * MID
+                | thai_bit(&THAI_END4, k) * END4;
+            b += 1;
+        }
+        a += 1;
+    }
+    t
+};
+
+/// Bit `k` of a Thai pair bitmap, at compile time.
+const fn thai_bit(bits: &[u64; 144], k: usize) -> u8 {
+    ((bits[k / 64] >> (k % 64)) & 1) as u8
 }
+
+/// [`thai_tokens`]' code of a space (its low seven bits are a code in no pair of [`THAI_FLAGS`]).
+const THAI_SPACE: u32 = 0x17F;
+/// [`thai_tokens`]' code past the end of the run.
+const THAI_END: u32 = 0x27F;
 
 /// [`feature::THAI_TOKENS`] of the Thai run `bytes[from..to]` (Thai characters and single spaces):
 /// o200k tokens by greedy longest match over the Thai words of the word table (four or three
@@ -732,52 +814,79 @@ fn thai_pair(bits: &[u64; 144], a: usize, b: usize) -> bool {
 pub(super) fn thai_tokens(bytes: &[u8], from: usize, to: usize) -> u64 {
     let run = bytes.get(from..to).unwrap_or(&[]);
     // The run holds only Thai characters (E0 B8 80..=E0 B9 BF) and spaces: a lead byte E0 is one.
-    let code = |k: usize| match run.get(k..k + 3) {
-        Some(&[0xE0, b1, b2]) => Some((usize::from(b1 & 1) << 6) | usize::from(b2 & 0x3F)),
-        _ => None,
+    // The code at `k` and the index after it.
+    let read = |k: usize| match run.get(k..k + 3) {
+        Some(&[0xE0, b1, b2]) => ((u32::from(b1 & 1) << 6) | u32::from(b2 & 0x3F), k + 3),
+        _ if k < run.len() => (THAI_SPACE, k + 1),
+        _ => (THAI_END, k),
     };
+    let flags = |a: u32, b: u32| {
+        THAI_FLAGS
+            .get((((a & 0x7F) << 7) | (b & 0x7F)) as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    // A window of the next four codes, each read once: `w0` at `pos`, `w3` ending at `rd`.
+    let (mut w0, k) = read(0);
+    let (mut w1, k) = read(k);
+    let (mut w2, k) = read(k);
+    let (mut w3, mut rd) = read(k);
+    let mut pos = 0;
     let mut n = 0u64;
-    let mut i = 0;
-    // The code at `i`, carried over from the last step where it was read there.
-    let mut at = code(0);
-    // `i` ≤ `run.len()`: the sums cannot overflow.
-    while i < run.len() {
-        let Some(a) = at else {
+    // Moves the window on by one to four codes.
+    macro_rules! shift {
+        (1) => {
+            (w0, w1, w2) = (w1, w2, w3);
+            (w3, rd) = read(rd);
+        };
+        (2) => {
+            (w0, w1) = (w2, w3);
+            (w2, rd) = read(rd);
+            (w3, rd) = read(rd);
+        };
+        (3) => {
+            w0 = w3;
+            (w1, rd) = read(rd);
+            (w2, rd) = read(rd);
+            (w3, rd) = read(rd);
+        };
+        (4) => {
+            (w0, rd) = read(rd);
+            (w1, rd) = read(rd);
+            (w2, rd) = read(rd);
+            (w3, rd) = read(rd);
+        };
+    }
+    // `pos` ≤ `rd` ≤ `run.len()`: the sums cannot overflow.
+    while w0 != THAI_END {
+        if w0 == THAI_SPACE {
             // A space between two Thai characters.
-            i += 1;
-            at = code(i);
+            pos += 1;
+            shift!(1);
             continue;
-        };
+        }
         n += 1;
-        let next = code(i + 3);
-        let Some(b) = next else {
-            i += 3;
-            at = next;
-            continue;
-        };
-        if thai_pair(&THAI_PREFIX, a, b) {
-            if let Some(c) = code(i + 6).filter(|&c| thai_pair(&THAI_MID, b, c)) {
-                let w = from + i;
-                if code(i + 9).is_some_and(|d| thai_pair(&THAI_END4, c, d))
-                    && known(bytes, w, w + 12, false)
-                {
-                    i += 12;
-                    at = code(i);
-                    continue;
-                }
-                if known(bytes, w, w + 9, false) {
-                    i += 9;
-                    at = code(i);
-                    continue;
-                }
+        // A space or the end has no flags: the pair, the word's middle or its end is not there.
+        let ab = flags(w0, w1);
+        if ab & PREFIX != 0 && flags(w1, w2) & MID != 0 {
+            let w = from + pos;
+            if flags(w2, w3) & END4 != 0 && known(bytes, w, w + 12, false) {
+                pos += 12;
+                shift!(4);
+                continue;
+            }
+            if known(bytes, w, w + 9, false) {
+                pos += 9;
+                shift!(3);
+                continue;
             }
         }
-        if thai_pair(&THAI_PAIR, a, b) {
-            i += 6;
-            at = code(i);
+        if ab & PAIR != 0 {
+            pos += 6;
+            shift!(2);
         } else {
-            i += 3;
-            at = next;
+            pos += 3;
+            shift!(1);
         }
     }
     n
