@@ -705,9 +705,10 @@ static THAI_INC: [u64; 0x80] = {
     t
 };
 
-/// Thai characters [`scan_thai`] reads before it adds its accumulator to the counts (so that no
-/// 21-bit field can wrap: at most two such chunks are added up between two flushes).
-const THAI_CHUNK: usize = 1 << 20;
+/// Thai characters [`scan_thai`] reads at most before it adds its accumulator to the counts (so
+/// that no 21-bit field can wrap: fewer than two such chunks and one character are added up
+/// between two flushes, < 2^20 + 1).
+const THAI_CHUNK: usize = 1 << 19;
 
 /// Adds the packed counts of [`scan_thai`]'s accumulator `acc` to `f`.
 #[inline(always)]
@@ -723,7 +724,7 @@ fn thai_flush(f: &mut Counts, acc: u64) {
 pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
     let mut runs = 0u64;
     // The characters' features are counted in the fields of `acc` (see `THAI_INC`), added to `f`
-    // at the end and after every `THAI_CHUNK` characters: no read-modify-write of `f` a character.
+    // at the end and after about `THAI_CHUNK` characters: no read-modify-write of `f` a character.
     let mut acc = 0u64;
     let mut flushed = j;
     let inc = |b1: u8, b2: u8| {
@@ -736,6 +737,15 @@ pub(super) fn scan_thai(bytes: &[u8], mut j: usize, f: &mut Counts) -> usize {
         let head = bytes
             .get(..j.saturating_add(3 * THAI_CHUNK))
             .unwrap_or(bytes);
+        // Two characters at a time: E0 B8|B9 80..BF twice in the low six bytes of eight.
+        while let Some(&eight) = head.get(j..).and_then(|t| t.first_chunk::<8>()) {
+            let x = u64::from_le_bytes(eight);
+            if x & 0xC0FE_FFC0_FEFF != 0x80B8_E080_B8E0 {
+                break;
+            }
+            acc += inc((x >> 8) as u8, (x >> 16) as u8) + inc((x >> 32) as u8, (x >> 40) as u8);
+            j += 6;
+        }
         while let Some(&[0xE0, b1 @ 0xB8..=0xB9, b2 @ 0x80..=0xBF, ..]) = head.get(j..) {
             acc += inc(b1, b2);
             j += 3;
