@@ -687,6 +687,7 @@ const THAI_FIELD: u32 = 21;
 
 /// What one Thai character (its code from U+0E00) adds to [`scan_thai`]'s accumulator: one in the
 /// field of its feature ([`feature::THAI_COMMON`], [`feature::THAI`], [`feature::THAI_RARE`]).
+#[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
 static THAI_INC: [u64; 0x80] = {
     let mut t = [0u64; 0x80];
     let mut i = 0;
@@ -785,6 +786,7 @@ const END4: u8 = 8;
 
 /// The four Thai pair bitmaps in one byte a pair of codes `a`, `b` (index `128 a + b`, codes 96 and
 /// up in none), so that one load answers all four.
+#[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
 static THAI_FLAGS: [u8; 0x80 * 0x80] = {
     const CODES: usize = 96;
     let mut t = [0u8; 0x80 * 0x80];
@@ -793,10 +795,10 @@ static THAI_FLAGS: [u8; 0x80 * 0x80] = {
         let mut b = 0;
         while b < CODES {
             let k = a * CODES + b;
-            t[a * 0x80 + b] = thai_bit(&THAI_PAIR, k) * PAIR
-                | thai_bit(&THAI_PREFIX, k) * PREFIX
-                | thai_bit(&THAI_MID, k) * MID
-                | thai_bit(&THAI_END4, k) * END4;
+            t[a * 0x80 + b] = (thai_bit(&THAI_PAIR, k) * PAIR)
+                | (thai_bit(&THAI_PREFIX, k) * PREFIX)
+                | (thai_bit(&THAI_MID, k) * MID)
+                | (thai_bit(&THAI_END4, k) * END4);
             b += 1;
         }
         a += 1;
@@ -805,6 +807,7 @@ static THAI_FLAGS: [u8; 0x80 * 0x80] = {
 };
 
 /// Bit `k` of a Thai pair bitmap, at compile time.
+#[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
 const fn thai_bit(bits: &[u64; 144], k: usize) -> u8 {
     ((bits[k / 64] >> (k % 64)) & 1) as u8
 }
