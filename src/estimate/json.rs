@@ -298,7 +298,12 @@ impl<'de> Scanner<'de> {
                 }
                 continue;
             }
-            let Some(window) = bytes.get(base..base + WINDOW) else {
+            // The window and the 64 bytes after it (the byte after an escape at its end, and the
+            // fixed-size copies of pieces, are read from it without a bounds check).
+            let Some(w) = bytes
+                .get(base..)
+                .and_then(<[u8]>::first_chunk::<{ 2 * WINDOW }>)
+            else {
                 flush(&tmp, &mut o, out);
                 // The last bytes of the body, one at a time.
                 loop {
@@ -316,68 +321,87 @@ impl<'de> Scanner<'de> {
                     }
                 }
             };
-            // Bits of the window from `r` on (an escape that began in the last window may reach in).
-            let skip = u32::try_from(r.saturating_sub(base)).unwrap_or(u32::MAX);
-            let mut special = special_bits(window) & u64::MAX.checked_shl(skip).unwrap_or(0);
+            // Bytes of the window before `rel` are copied or unescaped (`r` ≥ `base`: the window
+            // before was copied to its end; an escape that began there may reach in).
+            let mut rel = r - base;
+            let window = w.get(..WINDOW).unwrap_or_default();
+            let mut special = special_bits(window)
+                & u64::MAX
+                    .checked_shl(u32::try_from(rel).unwrap_or(u32::MAX))
+                    .unwrap_or(0);
             // Back to one escape at a time after a window with one or none.
             windows = special & special.wrapping_sub(1) != 0;
+            // `tmp` holds less than a window's bytes from the windows before (it is flushed when it
+            // holds more) and what this one unescaped: `o` < 64 + `rel` < `HELD` wherever it is
+            // written to.
             while special != 0 {
-                let k = special.trailing_zeros();
-                let at = base + k as usize;
-                let len = at - r;
-                // A short piece as one block onto `tmp` (while it has room for it and an escape);
-                // else what `tmp` holds, then the piece, onto `out`.
-                let block = if len <= PIECE && o <= TMP_FULL {
-                    match (bytes.get(r..r + PIECE), tmp.get_mut(o..o + PIECE)) {
-                        (Some(src), Some(dst)) => {
-                            dst.copy_from_slice(src);
-                            true
-                        }
-                        _ => false,
+                let k = special.trailing_zeros() as usize;
+                o = piece(w, rel, k, &mut tmp, o);
+                // `k` < 64: the byte and the next are in `w`.
+                let b = w.get(k).copied().unwrap_or(0);
+                let code = w.get(k + 1).copied().unwrap_or(0);
+                let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
+                if b == b'\\' && simple != 0 {
+                    if let Some(slot) = tmp.get_mut(o & (HELD - 1)) {
+                        *slot = simple;
                     }
-                } else {
-                    false
-                };
-                if block {
-                    o += len;
-                } else {
-                    flush(&tmp, &mut o, out);
-                    out.extend_from_slice(bytes.get(r..at).ok_or(Bail)?);
+                    o += 1;
+                    rel = k + 2;
+                    // The backslash and the byte after it (perhaps a quote or backslash).
+                    special &= !(3 << k);
+                    continue;
                 }
-                match bytes.get(at) {
-                    Some(b'\\') => {
-                        let code = *bytes.get(at + 1).ok_or(Bail)?;
-                        let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
-                        // `o` ≤ TMP_FULL + PIECE < TMP: there is room.
-                        if let (true, Some(slot)) = (simple != 0, tmp.get_mut(o)) {
-                            *slot = simple;
-                            o += 1;
-                            r = at + 2;
-                            // The backslash and the byte after it (perhaps a quote or backslash).
-                            special &= !(3 << k);
-                        } else {
-                            flush(&tmp, &mut o, out);
-                            r = unescape_one(bytes, at, out)?;
-                            special &= u64::MAX
-                                .checked_shl(u32::try_from(r - base).unwrap_or(64))
-                                .unwrap_or(0);
-                        }
+                flush(&tmp, &mut o, out);
+                let at = base + k;
+                match b {
+                    b'\\' => {
+                        r = unescape_one(bytes, at, out)?;
+                        rel = r - base;
+                        special &= u64::MAX
+                            .checked_shl(u32::try_from(rel).unwrap_or(64))
+                            .unwrap_or(0);
                     }
-                    Some(b'"') => {
-                        flush(&tmp, &mut o, out);
+                    b'"' => {
                         self.pos = at + 1;
                         return Ok(self.scratch.as_slice());
                     }
                     _ => return Err(Bail),
                 }
             }
+            if windows && rel < WINDOW {
+                // The rest of the window (the next one starts after it).
+                o = piece(w, rel, WINDOW, &mut tmp, o);
+                rel = WINDOW;
+            }
+            if !windows || o >= WINDOW {
+                flush(&tmp, &mut o, out);
+            }
+            r = base + rel;
             base += WINDOW;
             if !windows {
-                flush(&tmp, &mut o, out);
                 at = find_special(bytes, r.max(base));
             }
         }
     }
+}
+
+/// Copies the bytes `rel..k` of the window `w` (`rel` ≤ `k` ≤ 64, `rel` < 64) to `tmp` at `o`
+/// (< [`HELD`]) as a block of 16 bytes or, if longer, of 64; the index after them in `tmp`.
+#[inline(always)]
+fn piece(w: &[u8; 2 * WINDOW], rel: usize, k: usize, tmp: &mut [u8; TMP], o: usize) -> usize {
+    let len = k - rel;
+    let from = rel & (WINDOW - 1);
+    let to = o & (HELD - 1);
+    if len <= PIECE {
+        if let (Some(src), Some(dst)) = (w.get(from..from + PIECE), tmp.get_mut(to..to + PIECE)) {
+            dst.copy_from_slice(src);
+        }
+    } else if let (Some(src), Some(dst)) =
+        (w.get(from..from + WINDOW), tmp.get_mut(to..to + WINDOW))
+    {
+        dst.copy_from_slice(src);
+    }
+    o + len
 }
 
 /// Bytes [`Scanner::unescape`] looks at in one step.
@@ -386,20 +410,20 @@ const WINDOW: usize = 64;
 /// Bytes [`copy`] copies at once.
 const PIECE: usize = 16;
 
-/// Size of the stack array that [`Scanner::unescape`] writes to in windows.
-const TMP: usize = 128;
+/// Bytes the stack array that [`Scanner::unescape`] writes to in windows holds at most before it is
+/// flushed (a power of two: its index is masked by `HELD - 1`).
+const HELD: usize = 2 * WINDOW;
 
-/// Most bytes that array holds before a piece is written to it: the piece's block and an escape
-/// after it still fit.
-const TMP_FULL: usize = TMP - PIECE - 1;
+/// Size of that array: a window's block past what it holds.
+const TMP: usize = HELD + WINDOW;
 
-/// Appends `tmp[..o]` to `out`; `o` back to 0. Where `out` has room for all of `tmp`, all of it is
-/// copied (a copy of a fixed size, without a call), then cut back.
+/// Appends `tmp[..o]` to `out` (`o` ≤ [`HELD`]); `o` back to 0. Where `out` has room for that
+/// many bytes, all are copied (a copy of a fixed size, without a call), then cut back.
 #[inline(always)]
 fn flush(tmp: &[u8; TMP], o: &mut usize, out: &mut Vec<u8>) {
     let end = out.len() + *o;
-    if out.capacity() - out.len() >= TMP {
-        out.extend_from_slice(tmp);
+    if out.capacity() - out.len() >= HELD && *o <= HELD {
+        out.extend_from_slice(tmp.get(..HELD).unwrap_or_default());
         out.truncate(end);
     } else {
         out.extend_from_slice(tmp.get(..*o).unwrap_or_default());
@@ -424,14 +448,14 @@ fn special_bits(window: &[u8]) -> u64 {
 #[inline(always)]
 fn special_exact(x: u64) -> u64 {
     const LOW7: u64 = ONES * 0x7F;
-    // The high bit of `((t & LOW7) + LOW7) | t` is set iff the byte of `t` is not zero: the sum stays
-    // within each byte.
-    let nonzero = |t: u64| ((t & LOW7) + LOW7) | t;
-    let quote = nonzero(x ^ (ONES * u64::from(b'"')));
-    let backslash = nonzero(x ^ (ONES * u64::from(b'\\')));
-    // The high bit of `(x & LOW7) + 0x60` is set iff the low seven bits are 0x20 or more.
-    let at_least_space = ((x & LOW7) + ONES * 0x60) | x;
-    !(quote & backslash & at_least_space) & HI
+    // The low seven bits of each byte: sums of them and 0x7F or 0x60 stay within the byte. The
+    // high bit of `(t ^ c) + LOW7` is set iff `t` ≠ `c`; that of `t + 0x60` iff `t` ≥ 0x20.
+    let t = x & LOW7;
+    let quote = (t ^ (ONES * u64::from(b'"'))) + LOW7;
+    let backslash = (t ^ (ONES * u64::from(b'\\'))) + LOW7;
+    let at_least_space = t + ONES * 0x60;
+    // A byte with its high bit set is none of them.
+    !((quote & backslash & at_least_space) | x) & HI
 }
 
 /// Appends `bytes[r..at]` to `out`.
