@@ -459,8 +459,8 @@ fn count(
     // after the piece before).
     let single_punct_before =
         (punct << 1) & !(punct << 2) & !(blank << 2) & !(u64::from(space_before) << 1);
-    // Starts of words of at least `k` letters (`at_least[k - 1]`, up to 11): the word goes on over
-    // the `k - 1` bytes after its start.
+    // A word of at least `k` letters goes on over the `k - 1` bytes after its start; `five`: the
+    // starts of the words of five letters or more.
     let go_on = letter & !word_start;
     let five = word_start & counted & (go_on >> 1) & (go_on >> 2) & (go_on >> 3) & (go_on >> 4);
     // Words of five letters or more that the table knows (see `words.rs`): counted as such, and left
@@ -472,7 +472,8 @@ fn count(
     } else {
         (0, 0)
     };
-    // The starts of the words of at least `k` letters but the known ones (`at_least[k - 1]`).
+    // The starts of the words of at least `k` letters but the known ones (`at_least[k - 1]`, up
+    // to 11).
     let mut at_least = [0u64; 11];
     let mut r = word_start & counted & !known_starts;
     for (k, slot) in at_least.iter_mut().enumerate() {
