@@ -163,13 +163,9 @@ pub(super) struct Tally {
     newline_16: u64,
     tabs: u64,
     indent_tabs: u64,
-    /// Words the table knows, after a space and not (see `words.rs`).
+    /// Words the table knows, after a space and not (see `words.rs`; left out of the counts above:
+    /// their lengths, letters and capitals).
     known: [u64; 2],
-    /// What the known words would have counted otherwise, taken off the counts above: words by
-    /// length (index: letters, 11 = 11 or more), letters of the long ones, capitals.
-    known_len: [u64; 12],
-    known_long_letters: u64,
-    known_upper: u64,
     /// Line-break runs right after punctuation; tabs right before a letter.
     punct_newlines: u64,
     tab_words: u64,
@@ -186,29 +182,23 @@ impl Tally {
         bump(f, feature::PUNCT_RUNS, runs);
         bump(f, feature::NEWLINE_RUNS, newlines);
         bump(f, feature::OTHER, controls);
-        bump(f, feature::UPPER, uppers.saturating_sub(self.known_upper));
+        bump(f, feature::UPPER, uppers);
         bump(f, feature::SPACE_BEFORE_DIGIT, before_digit);
         bump(f, feature::SPACE_RUNS, space_runs);
         bump(f, feature::PUNCT_WORD, punct_words);
         // Words of each length 1..=8, 9 or 10, 11 or more (each count at least the next: every word
         // of k + 1 letters or more has k or more).
-        // Known words are counted as such instead (all of five letters or more).
-        let [_, _, _, _, _, k5, k6, k7, k8, k9, k10, k11] = self.known_len;
-        for (k, ((a, b), known)) in [w1, w2, w3, w4, w5, w6, w7, w8]
+        // Known words (all of five letters or more) are not in these: they are counted as such.
+        for (k, (a, b)) in [w1, w2, w3, w4, w5, w6, w7, w8]
             .iter()
             .zip([w2, w3, w4, w5, w6, w7, w8, w9])
-            .zip([0, 0, 0, 0, k5, k6, k7, k8])
             .enumerate()
         {
-            bump(f, feature::WORD_1 + k, (a - b).saturating_sub(known));
+            bump(f, feature::WORD_1 + k, a - b);
         }
-        bump(f, feature::WORD_9_10, (w9 - w11).saturating_sub(k9 + k10));
-        bump(f, feature::WORD_LONG, w11.saturating_sub(k11));
-        bump(
-            f,
-            feature::WORD_LONG_CHARS,
-            self.long_letters.saturating_sub(self.known_long_letters),
-        );
+        bump(f, feature::WORD_9_10, w9 - w11);
+        bump(f, feature::WORD_LONG, w11);
+        bump(f, feature::WORD_LONG_CHARS, self.long_letters);
         bump(f, feature::WORD_EXCESS_LETTERS, self.over_20);
         bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
         bump(f, feature::TAB_WORD, self.tab_words);
@@ -352,6 +342,45 @@ pub(super) fn mostly(bytes: &[u8]) -> bool {
     ascii * 16 >= samples * 7 && samples > 0
 }
 
+/// The words of five letters or more at the bits of `five` (their ends at those of `word_end`) that
+/// the table knows (see `words.rs`): counts them, after a space (`blank_prev`) and not, and the
+/// rare letter pairs of the others that have at most one capital (of `upper`); returns the known
+/// words' starts and their letters. Out of line: its loop has the registers to itself.
+#[inline(never)]
+fn known_words(
+    rest: &[u8],
+    five: u64,
+    word_end: u64,
+    blank_prev: u64,
+    upper: u64,
+    t: &mut Tally,
+) -> (u64, u64) {
+    let (mut starts, mut spans) = (0u64, 0u64);
+    let (mut n, mut spaced, mut rare) = (0u64, 0u64, 0u64);
+    let mut at = five;
+    while at != 0 {
+        let first = at.trailing_zeros();
+        at &= at - 1;
+        let len = (word_end >> first).trailing_zeros() + 1;
+        let space = (blank_prev >> first) & 1 != 0;
+        let span = (u64::MAX >> (64 - len)) << first;
+        let (from, len) = (first as usize, len as usize);
+        if known(rest, from, from + len, space) {
+            starts |= 1 << first;
+            spans |= span;
+            n += 1;
+            spaced += u64::from(space);
+        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 {
+            rare += rare_pairs(rest, from, from + len);
+        }
+    }
+    let [known_space, known_bare] = &mut t.known;
+    *known_space += spaced;
+    *known_bare += n - spaced;
+    t.rare_pairs += rare;
+    (starts, spans)
+}
+
 /// What the piece before a window was, as far as the window's first piece cares.
 #[derive(Clone, Copy)]
 struct Before {
@@ -430,11 +459,23 @@ fn count(
     // after the piece before).
     let single_punct_before =
         (punct << 1) & !(punct << 2) & !(blank << 2) & !(u64::from(space_before) << 1);
-    // Starts of words of at least `k` letters (`at_least[k - 1]`, up to 11): the word goes on over
-    // the `k - 1` bytes after its start.
+    // A word of at least `k` letters goes on over the `k - 1` bytes after its start; `five`: the
+    // starts of the words of five letters or more.
     let go_on = letter & !word_start;
+    let five = word_start & counted & (go_on >> 1) & (go_on >> 2) & (go_on >> 3) & (go_on >> 4);
+    // Words of five letters or more that the table knows (see `words.rs`): counted as such, and left
+    // out of the masks of word lengths, capitals and long letters below.
+    // Spaces before each byte (bit 0: the byte before the window).
+    let blank_prev = (blank << 1) | u64::from(space_before);
+    let (known_starts, known_spans) = if five != 0 {
+        known_words(rest, five, word_end, blank_prev, upper, t)
+    } else {
+        (0, 0)
+    };
+    // The starts of the words of at least `k` letters but the known ones (`at_least[k - 1]`, up
+    // to 11).
     let mut at_least = [0u64; 11];
-    let mut r = word_start & counted;
+    let mut r = word_start & counted & !known_starts;
     for (k, slot) in at_least.iter_mut().enumerate() {
         *slot = r;
         r &= go_on >> (k + 1);
@@ -452,7 +493,7 @@ fn count(
         punct_start & counted,
         newline_start & !punct_prev & counted,
         control & counted,
-        upper & counted,
+        upper & !known_spans & counted,
         last_space & blank & (digit >> 1) & counted,
         last_space & (space << 1) & !(newline >> 1) & !before_end & counted,
         word_start & single_punct_before & counted,
@@ -483,42 +524,6 @@ fn count(
         *sum += c;
     }
 
-    // Words of five letters or more that the table knows (see `words.rs`): counted as such, and
-    // taken off their length, capitals and long letters (in `Tally::add_to`).
-    // Spaces before each byte (bit 0: the byte before the window).
-    let blank_prev = (blank << 1) | u64::from(space_before);
-    let mut known_starts = 0u64;
-    // The letters of the known words (their capitals are counted once, after the loop).
-    let mut known_spans = 0u64;
-    let mut long5 = r5;
-    while long5 != 0 {
-        let first = long5.trailing_zeros();
-        long5 &= long5 - 1;
-        let len = (word_end >> first).trailing_zeros() + 1;
-        let space = (blank_prev >> first) & 1 != 0;
-        let span = (u64::MAX >> (64 - len)) << first;
-        let (from, len) = (first as usize, len as usize);
-        if known(rest, from, from + len, space) {
-            known_starts |= 1 << first;
-            known_spans |= span;
-            if let Some(k) = t.known_len.get_mut(len.min(11)) {
-                *k += 1;
-            }
-            if len >= 11 {
-                t.known_long_letters += len as u64;
-            }
-        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 {
-            t.rare_pairs += rare_pairs(rest, from, from + len);
-        }
-    }
-    if known_starts != 0 {
-        let spaced = u64::from((known_starts & blank_prev).count_ones());
-        let [known_space, known_bare] = &mut t.known;
-        *known_space += spaced;
-        *known_bare += u64::from(known_starts.count_ones()) - spaced;
-        t.known_upper += u64::from((upper & known_spans).count_ones());
-    }
-
     // Rarer: letters of long words; all-capital words of two letters or more; digit groups.
     let ends = word_end & counted;
     let mut long = r11;
@@ -528,9 +533,7 @@ fn count(
         let last = (ends & (u64::MAX << first)).trailing_zeros();
         let len = last - first + 1;
         t.long_letters += u64::from(len);
-        t.over_20 += u64::from(
-            u64::from(len) > super::text::EXCESS_FROM && (known_starts >> first) & 1 == 0,
-        );
+        t.over_20 += u64::from(u64::from(len) > super::text::EXCESS_FROM);
     }
     let mut caps = ends & upper & go_on;
     while caps != 0 {
