@@ -306,7 +306,11 @@ fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
                 bump(f, feature::LATIN_KNOWN, 1);
                 return Some(start + len);
             }
-            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, start + len));
+            bump(
+                f,
+                feature::LATIN_RARE_PAIR,
+                rare_pairs(bytes, start, start + len),
+            );
         }
         count_word(f, len);
         return Some(start + len);
@@ -350,7 +354,9 @@ fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
         ext_a: u64::from((sum >> 3) & 7),
         pairs: count_high(leads & ends),
     };
-    Some(count_read_word(bytes, f, start, 0, &tail, true, false, true))
+    Some(count_read_word(
+        bytes, f, start, 0, &tail, true, false, true,
+    ))
 }
 
 /// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
@@ -382,6 +388,7 @@ fn capitals(bytes: &[u8], i: usize) -> usize {
 /// if `space` (see [`scan_word`]); `looked_up`: the caller has found it not in the word table.
 /// Returns the index after it.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // inlined in every caller, where the flags are constants
 fn count_read_word(
     bytes: &[u8],
     f: &mut Counts,
