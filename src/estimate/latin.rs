@@ -5,7 +5,7 @@
 
 use super::text::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
 use super::weights::feature;
-use super::words::{known, known_short, rare_pairs, MIN_ASCII};
+use super::words::{known, known_low, rare_pairs, MIN_ASCII};
 
 /// The accented Latin letters ([`is_latin_ext`]) of two UTF-8 bytes: one row per lead byte
 /// 0xC3..=0xCA, bit `b1 & 63` set where the second byte `b1` makes one (U+00D7 × and U+00F7 ÷ are
@@ -36,6 +36,31 @@ const EXT2_KIND: [u8; 512] = {
         #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
         {
             t[k] = ((EXT2[row] >> bit) & 1 | ((EXT2_A[row] >> bit) & 1) << 1) as u8;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// The accented letters of [`EXT2_KIND`] and the Vietnamese block by the low six bits of their lead
+/// byte and of the byte after it, at `(b0 & 63) << 6 | b1 & 63` (4 KB; only the rows of lead bytes
+/// 0xC3..=0xCA and 0xE1 are read), as counts to add up (see [`tail_in8`]): 0 for no letter, else 1
+/// (a letter) plus 8 for one of [`feature::LATIN_EXT_A`] (lead bytes 0xC3..=0xCA, [`EXT2_KIND`])
+/// or plus 64 for one of three bytes (0xE1 before 0xB8..=0xBB: U+1E00..=U+1EFF). Valid only where
+/// the caller knows that `b0` is a lead byte and the bytes after it continuation bytes.
+static EXT_LEAD: [u8; 4096] = {
+    let mut t = [0u8; 4096];
+    let mut k = 0;
+    while k < 4096 {
+        let (row, b1) = (k >> 6, k & 63);
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            if row >= 0xC3 & 63 && row <= 0xCA & 63 {
+                let kind = EXT2_KIND[(row - (0xC3 & 63)) << 6 | b1];
+                t[k] = (kind & 1) | (kind >> 1) << 3;
+            } else if row == 0xE1 & 63 && b1 >= 0xB8 & 63 && b1 <= 0xBB & 63 {
+                t[k] = 1 | 64;
+            }
         }
         k += 1;
     }
@@ -244,6 +269,96 @@ tail_in!(
     u64
 );
 
+/// The number of bytes of `m` whose high bit is set (`m`: high bits only).
+#[inline(always)]
+fn count_high(m: u64) -> u64 {
+    // Each byte of `m >> 7` is 0 or 1: their sum, at most 8, in the top byte.
+    (m >> 7).wrapping_mul(0x0101_0101_0101_0101) >> 56
+}
+
+/// A word after a space of lower-case and accented letters that ends within the eight bytes at
+/// `start` (most words of European languages and Vietnamese), counted as [`scan_words`] counts it
+/// (the index after it); `None` (nothing counted) for the rest: a capital or no letter at `start`,
+/// a longer word, fewer than eight bytes left, a non-ASCII character that is not an accented
+/// letter of two or three bytes. Its letters from masks (the lead bytes, the continuation bytes
+/// and the letters' ends; one table load a letter to tell it and its feature), the word-table
+/// lookup from the same eight bytes, and an accented letter's feature counts and pairs only for a
+/// word the table does not know.
+#[inline(always)]
+fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let w = load8(bytes, start)?;
+    let high = w & HI;
+    let stop = not_lower_mask(w) & !high;
+    if stop == 0 {
+        return None;
+    }
+    let t = stop.trailing_zeros() / 8;
+    if t == 0 {
+        return None;
+    }
+    let region = high & !(u64::MAX << (8 * t));
+    let len = t as usize;
+    if region == 0 {
+        // ASCII lower-case letters only (as `count_read_word` counts them).
+        if len >= MIN_ASCII {
+            if known_low(w, len, true) {
+                bump(f, feature::LATIN_KNOWN, 1);
+                return Some(start + len);
+            }
+            bump(
+                f,
+                feature::LATIN_RARE_PAIR,
+                rare_pairs(bytes, start, start + len),
+            );
+        }
+        count_word(f, len);
+        return Some(start + len);
+    }
+    // Lead bytes (0b11xxxxxx: bit 6 shifted onto bit 7) and of them those of three bytes or more
+    // (0b111xxxxx); the others must be continuation bytes, exactly those the leads need.
+    let leads = region & (w << 1);
+    let long = leads & (w << 2);
+    if region & !leads != (leads << 8 | long << 16) {
+        return None;
+    }
+    // [`EXT_LEAD`]'s counts of the letters: at most four (eight bytes), so the fields (letters in
+    // bits 0..3, of Latin Extended-A in 3..6, of three bytes in 6..8) do not carry into each other.
+    let (mut rest, mut sum) = (leads, 0u32);
+    while rest != 0 {
+        // The lead byte at the low bits of `v`, the next byte above it.
+        let v = w >> (rest.trailing_zeros() & 0x38);
+        let kind = EXT_LEAD
+            .get(((v & 63) << 6 | (v >> 8) & 63) as usize & 0xFFF)
+            .copied()
+            .unwrap_or(0);
+        if kind == 0 {
+            return None;
+        }
+        sum += u32::from(kind);
+        rest &= rest - 1;
+    }
+    let ext = sum & 7;
+    // Each letter of two bytes has one continuation byte, of three two.
+    let letters = t - ext - (sum >> 6);
+    if letters >= if ext > 0 { 2 } else { MIN_ASCII as u32 } && known_low(w, len, true) {
+        bump(f, feature::LATIN_KNOWN, 1);
+        return Some(start + len);
+    }
+    // Where each letter ends: an accented letter there follows another.
+    let ends = (leads ^ long) << 16 | long << 24;
+    let tail = Tail {
+        end: start + len,
+        letters: letters as usize,
+        ext: u64::from(ext),
+        ext_a: u64::from((sum >> 3) & 7),
+        pairs: count_high(leads & ends),
+    };
+    Some(count_read_word(
+        bytes, f, start, 0, &tail, true, false, true,
+    ))
+}
+
 /// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
 /// letters count as lower case), so "camelCase" is two words and "HTTPServer" one, like o200k's
 /// pre-tokenizer. Returns the index after the word (always > `i`).
@@ -256,7 +371,7 @@ pub(super) fn scan_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct:
         return start + 1; // not called on a non-letter; guarantees progress anyway
     }
     let space = space_before(bytes, start);
-    count_read_word(bytes, f, start, upper, &tail, space, after_punct)
+    count_read_word(bytes, f, start, upper, &tail, space, after_punct, false)
 }
 
 /// The capitals at `i` (their number).
@@ -270,8 +385,10 @@ fn capitals(bytes: &[u8], i: usize) -> usize {
 }
 
 /// Counts the word at `start` of `upper` capitals then `tail` (at least one letter), after a space
-/// if `space` (see [`scan_word`]). Returns the index after it.
+/// if `space` (see [`scan_word`]); `looked_up`: the caller has found it not in the word table.
+/// Returns the index after it.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // inlined in every caller, where the flags are constants
 fn count_read_word(
     bytes: &[u8],
     f: &mut Counts,
@@ -280,6 +397,7 @@ fn count_read_word(
     tail: &Tail,
     space: bool,
     after_punct: bool,
+    looked_up: bool,
 ) -> usize {
     let i = tail.end;
     let letters = upper + tail.letters;
@@ -295,10 +413,11 @@ fn count_read_word(
     if letters >= if accented { 2 } else { MIN_ASCII } {
         let len = i - start;
         // A word of up to eight bytes: hashed from its first eight, loaded once here.
-        let is_known = match load8(bytes, start) {
-            Some(w) if len <= 8 => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
-            _ => known(bytes, start, i, space),
-        };
+        let is_known = !looked_up
+            && match load8(bytes, start) {
+                Some(w) if len <= 8 => known_low(w, len, space),
+                _ => known(bytes, start, i, space),
+            };
         if is_known {
             bump(f, known_feature(space), 1);
             return i;
@@ -347,7 +466,7 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
     if len >= MIN_ASCII {
         let space = space_before(bytes, i);
         let is_known = match w {
-            Some(w) => known_short(w & (u64::MAX >> (64 - 8 * len)), len, space),
+            Some(w) => known_low(w, len, space),
             None => known(bytes, i, i + len, space),
         };
         if is_known {
@@ -370,6 +489,10 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
     while bytes.get(i) == Some(&b' ') {
         // A word after the space, if a letter follows it: read as `scan_word` reads it.
         let start = i + 1;
+        if let Some(end) = spaced_word(bytes, start, f) {
+            i = end;
+            continue;
+        }
         let tail = word_tail(bytes, start);
         if tail.letters == 0 {
             // A capital, or no letter at all.
@@ -379,7 +502,7 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
             i = scan_capitalised(bytes, start, f);
             continue;
         }
-        i = count_read_word(bytes, f, start, 0, &tail, true, false);
+        i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
     }
     i
 }

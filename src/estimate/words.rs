@@ -76,8 +76,8 @@ fn finish(h: u64) -> u64 {
 
 /// The hash state before the chunks of a word of `len` bytes (`space`: with a leading space).
 #[inline(always)]
-fn start(seed: u64, len: usize, space: bool) -> u64 {
-    seed ^ (((len as u64) << 1) | u64::from(space)).wrapping_mul(K0)
+const fn start(seed: u64, len: usize, space: bool) -> u64 {
+    seed ^ (((len as u64) << 1) | space as u64).wrapping_mul(K0)
 }
 
 /// Hash of the word `bytes[from..to]` (1..=[`MAX_WORD`] bytes), with a leading space or not, under
@@ -110,12 +110,44 @@ fn mask(len: usize) -> u64 {
     u64::MAX >> (64 - 8 * len.clamp(1, 8))
 }
 
-/// [`word_hash`] of a word of 1..=8 bytes given as a little-endian word with zeros past the word
-/// (the same hash).
+/// [`start`] under [`SEED`] of the words of 0..=8 bytes, at `len << 1 | space` (one load instead of
+/// a multiplication).
+static SHORT_START: [u64; 18] = {
+    let mut t = [0u64; 18];
+    let mut k = 0;
+    while k < 18 {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = start(SEED, k >> 1, k & 1 != 0);
+        }
+        k += 1;
+    }
+    t
+};
+
+/// [`word_hash`] under [`SEED`] of the word of `len` (1..=8) bytes that are the low ones of `w`
+/// (the bytes above them need not be zero): the same hash, its start and mask from tables.
 #[inline(always)]
-fn short_hash(w: u64, len: usize, space: bool, seed: u64) -> u64 {
-    finish(mix(start(seed, len, space), w))
+fn short_hash_masked(w: u64, len: usize, space: bool) -> u64 {
+    let at = len << 1 | usize::from(space);
+    let h = SHORT_START.get(at).copied().unwrap_or(0);
+    let word = w & SHORT_MASK.get(len).copied().unwrap_or(0);
+    finish(mix(h, word))
 }
+
+/// The low `len` bytes set, at `len` (0..=8).
+static SHORT_MASK: [u64; 9] = {
+    let mut t = [0u64; 9];
+    let mut k = 1;
+    while k < 9 {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = u64::MAX >> (64 - 8 * k);
+        }
+        k += 1;
+    }
+    t
+};
 
 /// The three bytes of a filter with blocks of `block` bytes that hash `h` picks, and its
 /// fingerprint.
@@ -149,10 +181,10 @@ pub(super) fn known(bytes: &[u8], from: usize, to: usize, space: bool) -> bool {
     (1..=MAX_WORD).contains(&len) && has(word_hash(bytes, from, to, space, SEED))
 }
 
-/// [`known`] for a word of 1..=8 bytes given as a little-endian word with zeros past it.
+/// [`known`] for a word of 1..=8 bytes that are the low bytes of `w` (whatever comes after them).
 #[inline(always)]
-pub(super) fn known_short(w: u64, len: usize, space: bool) -> bool {
-    has(short_hash(w, len, space, SEED))
+pub(super) fn known_low(w: u64, len: usize, space: bool) -> bool {
+    has(short_hash_masked(w, len, space))
 }
 
 /// [`RARE_PAIR`]'s row of every byte (row `b & 31` at `b`): a byte's row without the `& 31`, and
