@@ -478,24 +478,20 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     while first != 0 {
         let a = first.trailing_zeros() as usize;
         first &= first - 1;
-        // The middle piece's hash, from letter `a` up to each candidate `b` > `a` (at most
-        // `GREEK_BARE_MAX` letters on), a letter at a time while it may begin a word.
-        let last = suf & !((2u32 << a) - 1) & ((1u32 << (a + GREEK_BARE_MAX + 1).min(31)) - 1);
-        if last == 0 {
-            continue;
-        }
-        let end = 31 - last.leading_zeros() as usize;
+        // The middle piece's hash, from letter `a` up to each candidate end `b` (a suffix's start,
+        // `a` < `b` ≤ `a + GREEK_BARE_MAX`), a letter at a time: bit 0 of `ends` is the letter
+        // just hashed.
+        let mut ends = (suf >> a) >> 1 & ((1 << GREEK_BARE_MAX) - 1);
         let mut m = GREEK_BARE;
-        for (k, pair) in word
-            .get(2 * a..2 * end)
-            .unwrap_or(&[])
-            .chunks_exact(2)
-            .enumerate()
-        {
+        for pair in word.get(2 * a..).unwrap_or(&[]).chunks_exact(2) {
+            if ends == 0 {
+                break;
+            }
             m = greek_step(m, pair_code(pair));
-            if last & (1 << (a + k + 1)) != 0 && greek_maybe(m) {
+            if ends & 1 != 0 && greek_maybe(m) {
                 return Some(3);
             }
+            ends >>= 1;
         }
     }
     None
