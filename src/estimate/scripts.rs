@@ -994,4 +994,108 @@ mod tests {
         assert_eq!(f[feature::ALPHA_RUNS], 3);
         assert_eq!(f[feature::HEBREW_RUNS], 1);
     }
+
+    /// [`thai_tokens`] as it was before its window of codes and flag bytes (73ae547): the
+    /// reference the fast one must match.
+    fn thai_tokens_reference(bytes: &[u8], from: usize, to: usize) -> u64 {
+        let pair = |bits: &[u64; 144], a: usize, b: usize| {
+            let k = a * 96 + b;
+            a < 96 && b < 96 && (bits[k / 64] >> (k % 64)) & 1 != 0
+        };
+        let run = &bytes[from..to];
+        let code = |k: usize| match run.get(k..k + 3) {
+            Some(&[0xE0, b1, b2]) => Some((usize::from(b1 & 1) << 6) | usize::from(b2 & 0x3F)),
+            _ => None,
+        };
+        let (mut n, mut i, mut at) = (0u64, 0, code(0));
+        while i < run.len() {
+            let Some(a) = at else {
+                i += 1;
+                at = code(i);
+                continue;
+            };
+            n += 1;
+            let next = code(i + 3);
+            let Some(b) = next else {
+                i += 3;
+                at = next;
+                continue;
+            };
+            if pair(&THAI_PREFIX, a, b) {
+                if let Some(c) = code(i + 6).filter(|&c| pair(&THAI_MID, b, c)) {
+                    let w = from + i;
+                    if code(i + 9).is_some_and(|d| pair(&THAI_END4, c, d))
+                        && known(bytes, w, w + 12, false)
+                    {
+                        i += 12;
+                        at = code(i);
+                        continue;
+                    }
+                    if known(bytes, w, w + 9, false) {
+                        i += 9;
+                        at = code(i);
+                        continue;
+                    }
+                }
+            }
+            if pair(&THAI_PAIR, a, b) {
+                i += 6;
+                at = code(i);
+            } else {
+                i += 3;
+                at = next;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn thai_tokens_counts_like_the_plain_reference() {
+        // The Thai characters of the corpus (words of the table among them), cut at random and
+        // joined again with single spaces, plus random Thai codes: the fast count matches the
+        // plain one on every run, as part of a longer text (a word lookup may read the bytes
+        // around the run).
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        let mut chars: Vec<char> = Vec::new();
+        for name in ["thai.jsonl", "mixed.jsonl", "short.jsonl"] {
+            let body = std::fs::read_to_string(dir.join(name)).unwrap();
+            chars.extend(body.chars().filter(|c| ('\u{0E00}'..='\u{0E7F}').contains(c)));
+        }
+        assert!(chars.len() > 10_000, "{} Thai characters", chars.len());
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = |m: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % m as u64) as usize
+        };
+        let (mut runs, mut words) = (0, 0u64);
+        for case in 0..3_000 {
+            let mut run = String::new();
+            for piece in 0..1 + next(6) {
+                if piece > 0 {
+                    run.push(' ');
+                }
+                if case % 5 == 4 {
+                    // Random codes, table words or not.
+                    for _ in 0..1 + next(9) {
+                        run.push(char::from_u32(0x0E00 + next(128) as u32).unwrap());
+                    }
+                } else {
+                    let start = next(chars.len());
+                    let len = 1 + next(12);
+                    run.extend(chars.iter().skip(start).take(len));
+                }
+            }
+            let text = format!("x{run}.");
+            let to = text.len() - 1;
+            let got = thai_tokens(text.as_bytes(), 1, to);
+            let want = thai_tokens_reference(text.as_bytes(), 1, to);
+            assert_eq!(got, want, "{run:?}");
+            runs += 1;
+            words += u64::from(got < (run.chars().filter(|&c| c != ' ').count() as u64));
+        }
+        // The merged paths (pairs and table words) were taken, not only one character a token.
+        assert!(words > 1_000, "{words} of {runs} runs merged characters");
+    }
 }
