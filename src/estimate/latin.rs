@@ -513,3 +513,78 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
 fn scan_capitalised(bytes: &[u8], start: usize, f: &mut Counts) -> usize {
     scan_word(bytes, start, f, false)
 }
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::super::weights::NUM_FEATURES;
+    use super::*;
+
+    #[test]
+    fn a_spaced_word_is_counted_as_the_general_path_counts_it() {
+        // Words after a space from corpus words and random letters (ASCII, accented of two and three
+        // bytes, capitals, digits, other characters): wherever `spaced_word` takes a word, it ends
+        // where `word_tail` + `count_read_word` (what `scan_words` did before it) end and counts the
+        // same features.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        let mut words: Vec<String> = Vec::new();
+        for name in ["vietnamese.jsonl", "latin.jsonl", "english.jsonl"] {
+            let body = std::fs::read_to_string(dir.join(name)).unwrap();
+            words.extend(
+                body.split([' ', '"'])
+                    .filter(|w| !w.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        let pieces: Vec<char> = "abcdefghijklmnopqrstuvwxyzàáâãäåæçèéêëìíîïñòóôõöøùúûüýÿāăąćčďđēęěğīıłńňōőœřśşšťūůűźżžơưạảấầẩẫậắằẳẵặẹẻẽếềểễệỉịọỏốồổỗộớờởỡợụủứừửữựỳỵỷỹAZÀÉĐ09.,'’-中ß"
+            .chars()
+            .collect();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |m: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % m as u64) as usize
+        };
+        let (mut taken, mut unknown) = (0, 0);
+        for _ in 0..20_000 {
+            let mut text = String::from(" ");
+            if next(2) == 0 {
+                text.push_str(&words[next(words.len())]);
+            } else {
+                for _ in 0..1 + next(9) {
+                    // Mostly lower-case letters, as words are.
+                    let k = if next(3) == 0 {
+                        next(pieces.len())
+                    } else {
+                        next(26)
+                    };
+                    text.push(pieces[k]);
+                }
+            }
+            text.push_str([" ", ".", "", " và", "\n"][next(5)]);
+            text.push_str("        ");
+            let bytes = text.as_bytes();
+            let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
+            let Some(end) = spaced_word(bytes, 1, &mut fast) else {
+                assert_eq!(
+                    fast, [0u64; NUM_FEATURES],
+                    "{text:?}: counted, then refused"
+                );
+                continue;
+            };
+            let tail = word_tail(bytes, 1);
+            assert!(tail.letters > 0, "{text:?}: taken, but no word there");
+            let want = count_read_word(bytes, &mut plain, 1, 0, &tail, true, false, false);
+            assert_eq!(end, want, "{text:?}");
+            assert_eq!(fast, plain, "{text:?}");
+            taken += 1;
+            unknown += usize::from(!known(bytes, 1, end, true));
+        }
+        // Both of its paths ran: words the table knows and words it does not.
+        assert!(
+            taken > 5_000 && unknown > 1_000 && taken - unknown > 1_000,
+            "{taken} taken, {unknown} unknown"
+        );
+    }
+}

@@ -1059,7 +1059,10 @@ mod tests {
         let mut chars: Vec<char> = Vec::new();
         for name in ["thai.jsonl", "mixed.jsonl", "short.jsonl"] {
             let body = std::fs::read_to_string(dir.join(name)).unwrap();
-            chars.extend(body.chars().filter(|c| ('\u{0E00}'..='\u{0E7F}').contains(c)));
+            chars.extend(
+                body.chars()
+                    .filter(|c| ('\u{0E00}'..='\u{0E7F}').contains(c)),
+            );
         }
         assert!(chars.len() > 10_000, "{} Thai characters", chars.len());
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
