@@ -35,6 +35,8 @@ struct Pending {
     model: Option<String>,
     key: String,
     typical: u64,
+    /// The sync is the shim breaker's half-open probe ([`shim::admit_background`]).
+    probe: bool,
 }
 
 /// The VM's lease state.
@@ -208,29 +210,49 @@ pub(super) fn flush(cx: &mut Cx) {
 pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
     // Before any sync reads the accounts: this VM's usage is in what they report.
     flush(cx);
-    if shim::is_open(cx, &q.cluster, &q.shim_breaker) {
+    // Half-open: one sync only, the probe; its failure opens the breaker again.
+    let Some(probe) = shim::admit_background(cx, &q.cluster, &q.shim_breaker) else {
         return;
-    }
+    };
     let now = cx.now();
-    let retries = cx.cfg.cas_max_retries;
     if cx.worker.leases.envoy == 0 {
         cx.worker.leases.envoy = lease::envoy_id(cx.store(), now);
     }
-    let n = cx.worker.leases.dirty.len().min(DIRTY_PER_TICK);
-    let dirty: Vec<_> = cx.worker.leases.dirty.drain(..n).collect();
-    for (tenant, model, cost) in dirty {
-        start(cx, q, l, &tenant, model.as_deref(), cost);
+    if probe {
+        while !cx.worker.leases.dirty.is_empty() {
+            let (tenant, model, cost) = cx.worker.leases.dirty.remove(0);
+            if start(cx, q, l, &tenant, model.as_deref(), cost, true) {
+                return;
+            }
+        }
+    } else {
+        let n = cx.worker.leases.dirty.len().min(DIRTY_PER_TICK);
+        let dirty: Vec<_> = cx.worker.leases.dirty.drain(..n).collect();
+        for (tenant, model, cost) in dirty {
+            start(cx, q, l, &tenant, model.as_deref(), cost, false);
+        }
     }
+    if !leader_slice(cx, q, l, probe) && probe {
+        // Nothing to sync now: the permit is given back.
+        shim::release_probe(cx, &q.cluster);
+    }
+}
+
+/// On the leader, syncs of a slice of all accounts; with `probe`, only the first that needs one (true
+/// when it was sent).
+fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) -> bool {
+    let now = cx.now();
+    let retries = cx.cfg.cas_max_retries;
     if cx.worker.leases.owner == 0 {
         cx.worker.leases.owner = crate::journal::owner_id(cx.store(), retries).unwrap_or(0);
     }
     let owner = cx.worker.leases.owner;
     if owner == 0 || !crate::journal::claim_key(cx.store(), lease::LEADER, owner, now, retries) {
-        return;
+        return false;
     }
     let total = lease::REGISTRY.registered(cx.store());
     if total == 0 {
-        return;
+        return false;
     }
     for _ in 0..SCAN_PER_TICK.min(total) {
         let i = cx.worker.leases.cursor % total;
@@ -243,11 +265,15 @@ pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
             Some((t, m)) => (t.to_string(), Some(m.to_string())),
             None => continue,
         };
-        start(cx, q, l, &tenant, model.as_deref(), 0);
+        if start(cx, q, l, &tenant, model.as_deref(), 0, probe) && probe {
+            return true;
+        }
     }
+    false
 }
 
-/// Starts a sync of one account if it needs one.
+/// Starts a sync of one account if it needs one (true: a callout was made; `probe`: it is the shim
+/// breaker's probe).
 fn start(
     cx: &mut Cx,
     q: &QuotaSettings,
@@ -255,7 +281,8 @@ fn start(
     tenant: &str,
     model: Option<&str>,
     typical: u64,
-) {
+    probe: bool,
+) -> bool {
     let key = lease::account_key(tenant, model);
     let now = cx.now();
     let now_s = super::headers::unix_s(cx, q);
@@ -272,7 +299,7 @@ fn start(
         retries: cx.cfg.cas_max_retries,
     };
     let Some((plan, _)) = lease::begin_sync(cx.store(), &key, &sc) else {
-        return;
+        return false;
     };
     let label = month_label(plan.month);
     let keys = QuotaKeys::new(tenant, model, &label, "-");
@@ -315,6 +342,7 @@ fn start(
             model: model.map(str::to_string),
             key,
             typical,
+            probe,
         },
     );
     cx.inc(Metric::QuotaLeaseSyncs);
@@ -325,6 +353,7 @@ fn start(
         q.timeout_ms,
         body,
     )));
+    true
 }
 
 /// A sync answered (or its dispatch was refused).
@@ -362,6 +391,11 @@ pub(super) fn on_reply(
         typical_cost: p.typical,
         retries: cx.cfg.cas_max_retries,
     };
+    if p.probe {
+        // The shim answered unless it was unreachable: that closes or re-opens its breaker.
+        let up = !matches!(parsed, Err((ShimError::Unavailable, _)));
+        shim::record(cx, &q.cluster, &q.shim_breaker, up, true);
+    }
     match parsed {
         Ok(r) => {
             cx.worker.leases.loaded = true;
@@ -379,7 +413,7 @@ pub(super) fn on_reply(
                 cx.worker.leases.loaded = false;
             } else {
                 cx.inc(Metric::QuotaShimErrors);
-                if e == ShimError::Unavailable {
+                if e == ShimError::Unavailable && !p.probe {
                     shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
                 }
                 cx.log_failure(

@@ -62,6 +62,29 @@ pub fn is_open(cx: &Cx, cluster: &str, cfg: &BreakerConfig) -> bool {
     }
 }
 
+/// Background callouts (lease syncs and give-backs, queued credits) ask here before each tick's
+/// batch: `None` while the breaker is open (or half-open with its probes out: nothing is sent),
+/// `Some(false)` while it is closed (a batch may go), `Some(true)` with a half-open probe permit taken:
+/// one callout only, whose outcome is recorded as the probe ([`record`] with `probe`), or the permit
+/// given back ([`release_probe`]) if none is made. Without it, failed background work sent again at
+/// every tick once the recovery time had passed, and never re-opened the breaker.
+pub fn admit_background(cx: &mut Cx, cluster: &str, cfg: &BreakerConfig) -> Option<bool> {
+    match crate::store::peek::<breaker::BreakerState>(cx.store(), &key(cluster)) {
+        Ok((Some(st), _)) => match breaker::peek_state(&st, cfg, cx.now()) {
+            (_, wait) if wait > 0 => None,
+            (breaker::State::Closed, _) => Some(false),
+            _ => admit(cx, cluster, cfg).ok(),
+        },
+        _ => Some(false),
+    }
+}
+
+/// Gives back a probe permit taken by [`admit_background`] that no callout used.
+pub fn release_probe(cx: &mut Cx, cluster: &str) {
+    let retries = cx.cfg.cas_max_retries;
+    let _ = breaker::release_probe_shared(cx.store(), &key(cluster), retries);
+}
+
 fn log_transition(cx: &mut Cx, cluster: &str, t: breaker::Transition) {
     cx.log(
         Level::Warn,

@@ -2154,6 +2154,36 @@ fn a_busy_tenant_is_served_from_its_lease_and_charged_exactly_what_it_used() {
 }
 
 #[test]
+fn while_redis_stays_down_lease_syncs_are_one_probe_per_recovery_window() {
+    // bb6 black-box: with Redis down, once the shim breaker's 5 s recovery had passed, lease syncs
+    // went out at every 20 ms tick (248 in 9 s for one tenant at 5 requests a second).
+    let mut s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 100_000_000,
+        "lease": {"min_tokens": 50000, "idle_s": 60, "refresh_ms": 500}}));
+    let tenant = "outage";
+    let body = chat_body(40, false, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while envoy.stat("tokengate_quota_leased") == 0 {
+        assert!(Instant::now() < deadline, "no lease after 10 s");
+        ok(&post(&envoy, tenant, &[], &body));
+    }
+    drop(s.redis.take());
+    // 12 s of requests served from the lease (10 a second), Webdis answering 503 to every sync.
+    let syncs0 = envoy.stat("tokengate_quota_lease_syncs");
+    let (start, mut served) = (Instant::now(), 0);
+    while start.elapsed() < Duration::from_secs(12) && served < 200 {
+        ok(&post(&envoy, tenant, &[], &body));
+        served += 1;
+        thread::sleep(Duration::from_millis(100));
+    }
+    let syncs = envoy.stat("tokengate_quota_lease_syncs") - syncs0;
+    println!("{served} requests served from the lease in 12 s of outage; {syncs} lease syncs");
+    // Refreshes until the breaker opens (3 failures), then one probe a 5 s window: about 6.
+    assert!(syncs <= 12, "{syncs} lease syncs in 12 s of outage");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
 fn a_leased_tenant_is_never_served_beyond_its_limit() {
     let s = Stack::start();
     let limit = 30_000i64;

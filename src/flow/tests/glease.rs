@@ -245,6 +245,53 @@ fn a_held_lease_is_spent_while_redis_is_down_then_on_failure_applies() {
 }
 
 #[test]
+fn while_the_shim_stays_down_background_calls_are_one_probe_per_recovery_window() {
+    // As for quota leases (bb6): top-ups asked by the tick must not go out at every tick once the
+    // breaker's recovery has passed, while the shim stays down.
+    let e = envoy(cfg(
+        json!({"requests_per_minute": 100_000}),
+        json!({}),
+        "closed",
+    ));
+    let (mut c, cost) = warm_up(&e);
+    e.reply(&mut c, 200, &admitted(800_000, 2_000 * cost as i64, 2_000));
+    // Spend most of it: the lease is low, and each request served from it asks for a top-up.
+    let mut spent = 0;
+    while account(&e).tokens >= 400 * cost && spent < 2_000 {
+        let c = send(&e, 0);
+        assert!(c.forwarded && c.pending.is_none());
+        spent += 1;
+    }
+    e.root_callouts.borrow_mut().clear();
+    for _ in 0..3 {
+        let mut o = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", "other")],
+            &chat("m", "hi", 100),
+        );
+        e.dead_shim(&mut o);
+    }
+    // 12 s of ticks (20 ms), a request from the lease every tick, every call to the shim failing.
+    let mut sent = Vec::new();
+    for tick in 0..600 {
+        e.advance_ms(20);
+        let mut c = send(&e, 0);
+        if c.pending.is_some() {
+            e.dead_shim(&mut c);
+        }
+        e.tick(0);
+        while e.reply_root(0, 503, "").is_some() {
+            sent.push(tick);
+        }
+    }
+    assert!(!sent.is_empty(), "top-ups were asked");
+    assert!(
+        sent.windows(2).all(|w| w[1] - w[0] >= 5_000 / 20),
+        "calls sent at ticks {sent:?}"
+    );
+}
+
+#[test]
 fn a_cached_refusal_does_not_refuse_what_the_lease_still_holds() {
     let e = envoy(cfg(json!({}), json!({}), "closed"));
     let (mut c, cost) = warm_up(&e);

@@ -118,17 +118,80 @@ fn a_lease_keeps_serving_while_the_shim_is_down_and_its_usage_is_reported_after(
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(c.forwarded && c.pending.is_none());
     usage_answer(&e, &mut c, 44);
-    // Nothing is sent while the breaker is open; once it lets calls through the usage is reported.
+    // Nothing is sent while the breaker is open; once it lets calls through the usage is reported
+    // (the first sync is the breaker's probe, alone: its success closes the breaker).
     e.root_callouts.borrow_mut().clear();
     e.tick(0);
     assert!(lease_calls(&e).is_empty());
     e.advance_ms(5_100);
     e.tick(0);
+    assert_eq!(lease_calls(&e).len(), 1, "the probe alone");
+    if lease_calls(&e)[0].0 != "44" {
+        e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+        e.tick(0);
+    }
     assert!(
         lease_calls(&e).iter().any(|c| c.0 == "44"),
         "{:?}",
         lease_calls(&e)
     );
+}
+
+#[test]
+fn while_the_shim_stays_down_lease_syncs_are_one_probe_per_recovery_window() {
+    // bb6 black-box: with Redis down, once the shim breaker's recovery had passed every tick (20 ms)
+    // sent the failed syncs again (248 in 9 s for one tenant), and their failures never re-opened it.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    for _ in 0..3 {
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", "other")],
+            &chat("m", "hi", 5),
+        );
+        e.dead_shim(&mut c);
+    }
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    usage_answer(&e, &mut c, 44);
+    e.root_callouts.borrow_mut().clear();
+    // Four recovery windows (5 s) of ticks (20 ms each) with every sync failing: each sync is the
+    // breaker's probe, alone, and its failure opens the breaker for another window.
+    let mut sent = Vec::new();
+    for tick in 0..4 * 5_000 / 20 {
+        e.advance_ms(20);
+        e.tick(0);
+        while e.reply_root(0, 503, "").is_some() {
+            sent.push(tick);
+        }
+    }
+    assert!(sent.len() >= 2, "syncs sent at ticks {sent:?}");
+    assert!(
+        sent.windows(2).all(|w| w[1] - w[0] >= 5_000 / 20),
+        "syncs sent at ticks {sent:?}"
+    );
+    // The shim is back: probes succeed (closing the breaker) and the usage is reported.
+    let mut reported = false;
+    for _ in 0..3 {
+        e.advance_ms(5_100);
+        e.tick(0);
+        let calls = lease_calls(&e);
+        assert!(calls.len() <= 1, "{calls:?}");
+        reported |= calls.iter().any(|c| c.0 == "44");
+        if e.reply_root(0, 200, &lease_reply(1000, 1104, 2, 44)).is_none() {
+            break;
+        }
+    }
+    assert!(reported, "the usage was reported");
+    let key = crate::flow::shim::key("webdis");
+    let (st, _) = crate::store::peek::<crate::breaker::BreakerState>(&e.store, &key).unwrap();
+    assert_eq!(st.unwrap().state(), crate::breaker::State::Closed);
 }
 
 #[test]
