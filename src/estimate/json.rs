@@ -217,6 +217,30 @@ impl<'de> Scanner<'de> {
     #[inline(always)]
     fn ascii_key(&mut self) -> Res<Option<&'de [u8]>> {
         let start = self.pos;
+        // Most keys end within 16 bytes: their end and whether they are ASCII from two words (no
+        // search in blocks, no separate ASCII test).
+        if let Some(block) = self.bytes.get(start..).and_then(<[u8]>::first_chunk::<16>) {
+            let x = u128::from_le_bytes(*block);
+            // The lowest set bit of each word's mask is exact, so the lowest of the two is too.
+            let m = u128::from(special_mask(x as u64))
+                | u128::from(special_mask((x >> 64) as u64)) << 64;
+            if m != 0 {
+                let len = (m.trailing_zeros() / 8) as usize;
+                return match block.get(len) {
+                    Some(b'"') => {
+                        // The high bits of the bytes before the quote (`len` ≤ 15).
+                        let before = (1u128 << (8 * len)) - 1;
+                        if x & before & (u128::from(HI) << 64 | u128::from(HI)) != 0 {
+                            return Ok(None);
+                        }
+                        self.pos = start + len + 1;
+                        Ok(Some(block.get(..len).ok_or(Bail)?))
+                    }
+                    Some(b'\\') => Ok(None),
+                    _ => Err(Bail),
+                };
+            }
+        }
         let i = find_special(self.bytes, start);
         match self.bytes.get(i) {
             Some(b'"') => {
