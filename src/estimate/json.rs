@@ -241,6 +241,15 @@ impl<'de> Scanner<'de> {
                 };
             }
         }
+        self.long_ascii_key()
+    }
+
+    /// [`Scanner::ascii_key`] of a key that does not end within 16 bytes (or near the body's end):
+    /// out of line, so that the common case needs fewer registers.
+    #[cold]
+    #[inline(never)]
+    fn long_ascii_key(&mut self) -> Res<Option<&'de [u8]>> {
+        let start = self.pos;
         let i = find_special(self.bytes, start);
         match self.bytes.get(i) {
             Some(b'"') => {
@@ -285,8 +294,14 @@ impl<'de> Scanner<'de> {
         let out = &mut self.scratch;
         out.clear();
         // Room for the longest the string can be unescaped (the rest of the body): no reallocation
-        // below, and no bytes to set beforehand.
-        out.reserve(bytes.len() - start + PIECE);
+        // below, and no bytes to set beforehand. The first time, allocated as that (a later string
+        // starts later and needs less), without `reserve`'s growth path.
+        let room = bytes.len() - start + PIECE;
+        if out.capacity() == 0 {
+            *out = Vec::with_capacity(room);
+        } else {
+            out.reserve(room);
+        }
         out.extend_from_slice(bytes.get(start..esc).ok_or(Bail)?);
         // Bytes before `r` are copied or unescaped. Escapes far apart (most text) are found one
         // after the other; close together (code, JSON), a window at a time (`base`: where the
