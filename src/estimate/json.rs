@@ -217,6 +217,39 @@ impl<'de> Scanner<'de> {
     #[inline(always)]
     fn ascii_key(&mut self) -> Res<Option<&'de [u8]>> {
         let start = self.pos;
+        // Most keys end within 16 bytes: their end and whether they are ASCII from two words (no
+        // search in blocks, no separate ASCII test).
+        if let Some(block) = self.bytes.get(start..).and_then(<[u8]>::first_chunk::<16>) {
+            let x = u128::from_le_bytes(*block);
+            // The lowest set bit of each word's mask is exact, so the lowest of the two is too.
+            let m = u128::from(special_mask(x as u64))
+                | u128::from(special_mask((x >> 64) as u64)) << 64;
+            if m != 0 {
+                let len = (m.trailing_zeros() / 8) as usize;
+                return match block.get(len) {
+                    Some(b'"') => {
+                        // The high bits of the bytes before the quote (`len` ≤ 15).
+                        let before = (1u128 << (8 * len)) - 1;
+                        if x & before & (u128::from(HI) << 64 | u128::from(HI)) != 0 {
+                            return Ok(None);
+                        }
+                        self.pos = start + len + 1;
+                        Ok(Some(block.get(..len).ok_or(Bail)?))
+                    }
+                    Some(b'\\') => Ok(None),
+                    _ => Err(Bail),
+                };
+            }
+        }
+        self.long_ascii_key()
+    }
+
+    /// [`Scanner::ascii_key`] of a key that does not end within 16 bytes (or near the body's end):
+    /// out of line, so that the common case needs fewer registers.
+    #[cold]
+    #[inline(never)]
+    fn long_ascii_key(&mut self) -> Res<Option<&'de [u8]>> {
+        let start = self.pos;
         let i = find_special(self.bytes, start);
         match self.bytes.get(i) {
             Some(b'"') => {
@@ -261,8 +294,14 @@ impl<'de> Scanner<'de> {
         let out = &mut self.scratch;
         out.clear();
         // Room for the longest the string can be unescaped (the rest of the body): no reallocation
-        // below, and no bytes to set beforehand.
-        out.reserve(bytes.len() - start + PIECE);
+        // below, and no bytes to set beforehand. The first time, allocated as that (a later string
+        // starts later and needs less), without `reserve`'s growth path.
+        let room = bytes.len() - start + PIECE;
+        if out.capacity() == 0 {
+            *out = Vec::with_capacity(room);
+        } else {
+            out.reserve(room);
+        }
         out.extend_from_slice(bytes.get(start..esc).ok_or(Bail)?);
         // Bytes before `r` are copied or unescaped. Escapes far apart (most text) are found one
         // after the other; close together (code, JSON), a window at a time (`base`: where the
@@ -469,10 +508,23 @@ fn copy(bytes: &[u8], r: usize, at: usize, out: &mut Vec<u8>) -> Res<()> {
             out.extend_from_slice(src);
             out.truncate(end);
         }
-        _ => out.extend_from_slice(bytes.get(r..at).ok_or(Bail)?),
+        _ => match bytes.get(r..r + LONG_PIECE) {
+            // Up to 128 bytes (a line of prose between line breaks): one fixed-size copy too,
+            // without a `memcpy` call. `out` has the room: [`Scanner::unescape`] reserves the rest of
+            // the body from the string's start and 16 bytes more, and this reads no further.
+            Some(src) if len <= LONG_PIECE => {
+                let end = out.len() + len;
+                out.extend_from_slice(src);
+                out.truncate(end);
+            }
+            _ => out.extend_from_slice(bytes.get(r..at).ok_or(Bail)?),
+        },
     }
     Ok(())
 }
+
+/// Bytes [`copy`] copies at once when a piece is longer than [`PIECE`].
+const LONG_PIECE: usize = 8 * PIECE;
 
 /// The escape at `r` (a backslash) unescaped onto `out`; the index after it.
 #[inline(always)]
@@ -579,9 +631,13 @@ fn find_special(bytes: &[u8], at: usize) -> usize {
     // Long strings: 64 bytes at a time by a test that compilers turn into a few vector instructions
     // where the target has them (SSE2 and NEON are part of x86_64 and aarch64). On other targets (wasm32
     // without simd128) it would be a loop over bytes, so there the words below do all the work.
+    // Written as an OR of byte comparisons, the block's answer is one `pmovmskb` (x86_64) rather
+    // than a minimum reduced across the vector.
     let mut blocks = rest.chunks_exact(if VECTOR_SCAN { 64 } else { usize::MAX });
     for block in &mut blocks {
-        if block.iter().fold(u8::MAX, |m, &b| m.min(special_min(b))) == 0 {
+        if block.iter().fold(false, |any, &b| {
+            any | (b == b'"') | (b == b'\\') | (b < 0x20)
+        }) {
             break;
         }
         i += 64;
@@ -605,13 +661,6 @@ fn find_special(bytes: &[u8], at: usize) -> usize {
 
 /// Whether [`find_special`] first tests blocks of 64 bytes (see there).
 const VECTOR_SCAN: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
-
-/// 0 exactly when `b` is a quote, a backslash or below 0x20 (in a form that vectorizes: a minimum of
-/// differences).
-#[inline(always)]
-fn special_min(b: u8) -> u8 {
-    (b ^ b'"').min(b ^ b'\\').min(b.saturating_sub(0x1F))
-}
 
 /// Implements the `deserialize_*` methods that the visitors never call: the scanner gives up.
 macro_rules! bail {

@@ -76,48 +76,167 @@ pub(super) enum Key {
 
 impl Key {
     pub(super) fn of(s: &[u8]) -> Key {
-        match s {
-            b"model" => Key::Model,
-            b"stream" => Key::Stream,
-            b"stream_options" => Key::StreamOptions,
-            b"include_usage" => Key::IncludeUsage,
-            b"max_tokens" => Key::MaxTokens,
-            b"max_completion_tokens" => Key::MaxCompletionTokens,
-            b"max_output_tokens" => Key::MaxOutputTokens,
-            b"n" => Key::N,
-            b"messages" => Key::Messages,
-            b"tools" => Key::Tools,
-            b"functions" => Key::Functions,
-            b"response_format" => Key::ResponseFormat,
-            b"prompt" => Key::Prompt,
-            b"suffix" => Key::Suffix,
-            b"input" => Key::Input,
-            b"instructions" => Key::Instructions,
-            b"text" => Key::Text,
-            b"system" => Key::System,
-            b"content" => Key::Content,
-            b"name" => Key::Name,
-            b"tool_calls" => Key::ToolCalls,
-            b"function_call" => Key::FunctionCall,
-            b"tool_call_id" => Key::ToolCallId,
-            b"function" => Key::Function,
-            b"arguments" => Key::Arguments,
-            b"type" => Key::Type,
-            b"output" => Key::Output,
-            b"thinking" => Key::Thinking,
-            b"source" => Key::Source,
-            b"data" => Key::Data,
-            b"best_of" => Key::BestOf,
-            b"prediction" => Key::Prediction,
-            b"refusal" => Key::Refusal,
-            b"input_audio" => Key::InputAudio,
-            b"file" => Key::File,
-            b"file_data" => Key::FileData,
-            b"file_id" => Key::FileId,
-            b"format" => Key::Format,
-            b"title" => Key::Title,
-            b"context" => Key::Context,
-            b"role" => Key::Role,
+        // By length first, then each key of that length compared whole (a comparison of a known
+        // length: one or two word compares), not byte by byte as a match on byte patterns does.
+        let is = |name: &[u8]| s == name;
+        match s.len() {
+            1 => {
+                if is(b"n") {
+                    Key::N
+                } else {
+                    Key::Other
+                }
+            }
+            4 => {
+                if is(b"text") {
+                    Key::Text
+                } else if is(b"name") {
+                    Key::Name
+                } else if is(b"type") {
+                    Key::Type
+                } else if is(b"data") {
+                    Key::Data
+                } else if is(b"file") {
+                    Key::File
+                } else if is(b"role") {
+                    Key::Role
+                } else {
+                    Key::Other
+                }
+            }
+            5 => {
+                if is(b"model") {
+                    Key::Model
+                } else if is(b"tools") {
+                    Key::Tools
+                } else if is(b"input") {
+                    Key::Input
+                } else if is(b"title") {
+                    Key::Title
+                } else {
+                    Key::Other
+                }
+            }
+            6 => {
+                if is(b"stream") {
+                    Key::Stream
+                } else if is(b"prompt") {
+                    Key::Prompt
+                } else if is(b"suffix") {
+                    Key::Suffix
+                } else if is(b"system") {
+                    Key::System
+                } else if is(b"output") {
+                    Key::Output
+                } else if is(b"source") {
+                    Key::Source
+                } else if is(b"format") {
+                    Key::Format
+                } else {
+                    Key::Other
+                }
+            }
+            7 => {
+                if is(b"content") {
+                    Key::Content
+                } else if is(b"best_of") {
+                    Key::BestOf
+                } else if is(b"refusal") {
+                    Key::Refusal
+                } else if is(b"file_id") {
+                    Key::FileId
+                } else if is(b"context") {
+                    Key::Context
+                } else {
+                    Key::Other
+                }
+            }
+            8 => {
+                if is(b"messages") {
+                    Key::Messages
+                } else if is(b"function") {
+                    Key::Function
+                } else if is(b"thinking") {
+                    Key::Thinking
+                } else {
+                    Key::Other
+                }
+            }
+            9 => {
+                if is(b"functions") {
+                    Key::Functions
+                } else if is(b"arguments") {
+                    Key::Arguments
+                } else if is(b"file_data") {
+                    Key::FileData
+                } else {
+                    Key::Other
+                }
+            }
+            10 => {
+                if is(b"max_tokens") {
+                    Key::MaxTokens
+                } else if is(b"tool_calls") {
+                    Key::ToolCalls
+                } else if is(b"prediction") {
+                    Key::Prediction
+                } else {
+                    Key::Other
+                }
+            }
+            11 => {
+                if is(b"input_audio") {
+                    Key::InputAudio
+                } else {
+                    Key::Other
+                }
+            }
+            12 => {
+                if is(b"instructions") {
+                    Key::Instructions
+                } else if is(b"tool_call_id") {
+                    Key::ToolCallId
+                } else {
+                    Key::Other
+                }
+            }
+            13 => {
+                if is(b"include_usage") {
+                    Key::IncludeUsage
+                } else if is(b"function_call") {
+                    Key::FunctionCall
+                } else {
+                    Key::Other
+                }
+            }
+            14 => {
+                if is(b"stream_options") {
+                    Key::StreamOptions
+                } else {
+                    Key::Other
+                }
+            }
+            15 => {
+                if is(b"response_format") {
+                    Key::ResponseFormat
+                } else {
+                    Key::Other
+                }
+            }
+            17 => {
+                if is(b"max_output_tokens") {
+                    Key::MaxOutputTokens
+                } else {
+                    Key::Other
+                }
+            }
+            21 => {
+                if is(b"max_completion_tokens") {
+                    Key::MaxCompletionTokens
+                } else {
+                    Key::Other
+                }
+            }
             _ => Key::Other,
         }
     }

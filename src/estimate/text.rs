@@ -611,21 +611,43 @@ pub(super) fn tokens_of<const WINDOWS: bool>(bytes: &[u8], windows: bool) -> Opt
         return None;
     }
     derive(&mut f, bytes);
+    Some(rounded(weighed(&f)))
+}
+
+/// The weighted sum of the counts, in feature order (as a plain loop over all of them would add).
+/// Zero counts add nothing (the sum is never -0.0), so they are skipped, four at a time: short
+/// texts touch few features.
+#[inline(always)]
+fn weighed(f: &Counts) -> f64 {
     let mut sum = 0.0f64;
-    // In feature order, as a plain loop over all of them would add. Zero counts add nothing (the sum
-    // is never -0.0), so they are skipped, four at a time: short texts touch few features.
     for (counts, weights) in f.chunks_exact(4).zip(WEIGHTS.chunks_exact(4)) {
         if counts.iter().fold(0, |any, &c| any | c) != 0 {
-            for (count, w) in counts.iter().zip(weights) {
-                if *count != 0 {
-                    // u64 → f64 loses precision only beyond 2^53 features, far beyond any body.
-                    sum += *count as f64 * w;
+            for (&count, w) in counts.iter().zip(weights) {
+                if count != 0 {
+                    // Every count is at most twice the text's length in bytes (a slice in memory:
+                    // below 2^62), so below 2^63 and converted as an i64 (one instruction; u64's
+                    // takes six) to the same value. u64 → f64 loses precision only beyond 2^53
+                    // features, far beyond any body.
+                    sum += count as i64 as f64 * w;
                 }
             }
         }
     }
-    // `as` saturates for f64 → u64 (NaN → 0).
-    Some((sum.round() as u64).max(1))
+    sum
+}
+
+/// `sum.round()` as a count of at least 1 (`as` saturates, NaN → 0). Between 0 and 2^62 without
+/// libm's `round` call (the baseline x86-64 target has no rounding instruction): the truncation and
+/// the exact fraction left (`sum - trunc(sum)` is exact), rounded half away from zero as `round`.
+#[inline(always)]
+fn rounded(sum: f64) -> u64 {
+    if (0.0..4.6e18).contains(&sum) {
+        let t = sum as i64;
+        let up = sum - t as f64 >= 0.5;
+        (t as u64 + u64::from(up)).max(1)
+    } else {
+        (sum.round() as u64).max(1)
+    }
 }
 
 /// The features that describe the whole text (of a non-empty text): [`feature::TEXT`], from the

@@ -2,7 +2,7 @@
 
 /// Number of features [`text_features`](super::text_features) counts.
 pub const NUM_FEATURES: usize = 84;
-// `utf8_tokens` weighs the features four at a time.
+// `weighed` (text.rs) weighs the features four at a time.
 const _: () = assert!(NUM_FEATURES.is_multiple_of(4));
 
 /// Feature indices (documentation for the calibration program and [`WEIGHTS`]).
