@@ -9,7 +9,8 @@ use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
 use super::words::{
-    greek_bit, greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+    greek_bit, greek_maybe, greek_step, known, known_run, GREEK_BACK, GREEK_BARE, GREEK_SPACED,
+    MAX_WORD,
 };
 use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
@@ -350,7 +351,7 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                 && plain
                 && (j - from) as u64 == 2 * letters
         };
-        if plain && letters >= 2 && known(bytes, from, j, space) {
+        if plain && letters >= 2 && known_run(bytes, from, j, space) {
             if other != 0 {
                 letters_of = before;
             }
