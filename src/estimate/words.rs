@@ -42,7 +42,7 @@ const K2: u64 = 0x94D0_49BB_1331_11EB;
 
 /// The eight bytes of `bytes` at `at` as a little-endian word, zeros past the end.
 #[inline(always)]
-fn load(bytes: &[u8], at: usize) -> u64 {
+pub(super) fn load(bytes: &[u8], at: usize) -> u64 {
     match bytes.get(at..at.saturating_add(8)) {
         Some(c) => u64::from_le_bytes(<[u8; 8]>::try_from(c).unwrap_or([0; 8])),
         None => load_tail(bytes, at),
