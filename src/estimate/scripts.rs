@@ -9,7 +9,8 @@ use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
 use super::words::{
-    greek_bit, greek_maybe, greek_step, known, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
+    greek_bit, greek_maybe, greek_step, known, known_run, load, GREEK_BACK, GREEK_BARE,
+    GREEK_SPACED, MAX_WORD,
 };
 use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
@@ -350,7 +351,7 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
                 && plain
                 && (j - from) as u64 == 2 * letters
         };
-        if plain && letters >= 2 && known(bytes, from, j, space) {
+        if plain && letters >= 2 && known_run(bytes, from, j, space) {
             if other != 0 {
                 letters_of = before;
             }
@@ -418,16 +419,22 @@ const GREEK_PIECES_MAX: usize = 24;
 const GREEK_FIRST_MAX: usize = 8;
 const GREEK_BARE_MAX: usize = 8;
 
-/// The code of a Greek letter from its two bytes: its code point − U+0370 + 1 (1..=144). For a
-/// two-byte letter `(b0 << 6) + b1` is its code point + 0x3080 (the bytes' marker bits).
+/// The codes of four Greek letters from their eight bytes (`w`, little-endian): a letter's code
+/// point − U+0370 + 1 (1..=144) in the low byte of its 16-bit lane, the high byte 0. For a two-byte
+/// letter `(b0 << 6) + b1` is its code point + 0x3080 (the bytes' marker bits); no lane carries
+/// into the next, and a lane past the word's end (its code is not read) borrows only from those
+/// above it.
 #[inline(always)]
-fn pair_code(pair: &[u8]) -> u64 {
-    match *pair {
-        [b0, b1] => (u64::from(b0) << 6)
-            .wrapping_add(u64::from(b1))
-            .wrapping_sub(0x3080 + 0x36F),
-        _ => 0,
-    }
+fn pair_codes(w: u64) -> u64 {
+    let lead = w & lanes(0xFF);
+    let cont = (w >> 8) & lanes(0xFF);
+    ((lead << 6) + cont).wrapping_sub(lanes(0x3080 + 0x36F))
+}
+
+/// The code ([`pair_codes`]) in the low byte of a lane.
+#[inline(always)]
+fn lane_code(lane: &[u8]) -> u64 {
+    u64::from(lane.first().copied().unwrap_or(0))
 }
 
 /// The Greek word `bytes[from..to]` (two-byte letters only, after a space if `space`) as o200k
@@ -445,13 +452,19 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     }
     // Bit `k` (1..n): the first `k` letters may be a word of the table; the letters from the `k`th
     // on may be one without a space.
-    let word = bytes.get(from..to)?;
+    // The letters' codes, computed once for the three passes: letter `k`'s in the low byte of
+    // the 16-bit lane at `2 * k`.
+    let mut codes = [0u8; 2 * GREEK_PIECES_MAX];
+    for (k, out) in codes.chunks_exact_mut(8).enumerate().take(n.div_ceil(4)) {
+        out.copy_from_slice(&pair_codes(load(bytes, from + 8 * k)).to_le_bytes());
+    }
+    let word = codes.get(..2 * n)?;
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
     let firsts = (n - 1).min(GREEK_FIRST_MAX);
     // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`.
     for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
-        h = greek_step(h, pair_code(pair));
+        h = greek_step(h, lane_code(pair));
         pre = (pre >> 1) | ((greek_bit(h) as u32) << 31);
     }
     pre >>= 31 - firsts;
@@ -466,7 +479,7 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let mut bit = 1u32 << n;
     for pair in word.get(2 * lowest..).unwrap_or(&[]).chunks_exact(2).rev() {
         bit >>= 1;
-        g = greek_step(g, pair_code(pair));
+        g = greek_step(g, lane_code(pair));
         if greek_maybe(g) {
             if pre & bit != 0 {
                 return Some(2);
@@ -487,7 +500,7 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
             if ends == 0 {
                 break;
             }
-            m = greek_step(m, pair_code(pair));
+            m = greek_step(m, lane_code(pair));
             if ends & 1 != 0 && greek_maybe(m) {
                 return Some(3);
             }
@@ -980,6 +993,31 @@ mod tests {
         // A run of no class with the step takes nothing.
         assert_eq!(step(A_CYRILLIC_UK, lanes(0x96D1)), 0);
         assert_eq!(step(A_INDIC, 0), 0);
+    }
+
+    #[test]
+    fn four_letter_codes_are_each_letters_code() {
+        // Every two-byte letter of U+0370..=U+03FF in every lane, among others and before the
+        // text's end (zeros).
+        let letters: Vec<char> = (0x370u32..0x400).filter_map(char::from_u32).collect();
+        for (i, &c) in letters.iter().enumerate() {
+            let mut text = String::new();
+            for k in 0..4 {
+                text.push(letters[(i + 37 * k) % letters.len()]);
+            }
+            let w = u64::from_le_bytes(text.as_bytes()[..8].try_into().unwrap());
+            let codes = pair_codes(w).to_le_bytes();
+            for (k, ch) in text.chars().enumerate() {
+                assert_eq!(u32::from(codes[2 * k]), u32::from(ch) - 0x36F, "{c}");
+                assert_eq!(codes[2 * k + 1], 0);
+            }
+            // The last letter before zeros: its code unchanged.
+            let w = u64::from_le_bytes(text.as_bytes()[..8].try_into().unwrap()) & 0xFFFF;
+            assert_eq!(
+                u32::from(pair_codes(w) as u8),
+                u32::from(text.chars().next().unwrap()) - 0x36F
+            );
+        }
     }
 
     #[test]
