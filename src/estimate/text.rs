@@ -510,12 +510,23 @@ fn long_run_excess(bytes: &[u8]) -> u64 {
     for c in &mut chunks {
         let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
         let letter = letter_mask(w);
+        let non_letter = !letter & HI;
+        // A chunk whose last byte is not a letter, where the letters up to its first non-letter
+        // close a run of at most `EXCESS_FROM` (humps or not, the run is no longer): no excess,
+        // and the next chunk starts a run, after a byte that is not a lower-case letter (junk of
+        // other scripts and symbols: most chunks). The humps are not read.
+        if (non_letter >> 63) != 0
+            && run + u64::from(non_letter.trailing_zeros() / 8) <= EXCESS_FROM
+        {
+            (run, lower_before) = (0, 0);
+            continue;
+        }
         let lower = !not_lower_mask(w) & HI;
         let hump = letter & !lower & ((lower << 8) | lower_before);
         lower_before = (lower >> 56) & 0x80;
         // Boundaries: non-letters, and capitals after a lower-case letter (counted as boundaries,
         // so the run after a hump starts one letter short: never more excess than there is).
-        let m = (!letter & HI) | hump;
+        let m = non_letter | hump;
         if m == 0 {
             run += 8;
             continue;
