@@ -90,7 +90,7 @@ pub(super) fn classify(c: u32) -> Cls {
         return thai_class(c);
     }
     // Below U+3000, a block of 16 code points of one class (most of them: symbols, punctuation,
-    // the scripts without a run loop) by one load.
+    // the scripts without a run loop) by one load (the others by their row in `classify_other`).
     if let Some(&Some(cls)) = LOW_BLOCKS.get((c >> 4) as usize) {
         return cls;
     }
@@ -107,6 +107,21 @@ pub(super) fn classify(c: u32) -> Cls {
 /// Class of any code point (the general case of [`classify`]).
 #[inline(never)]
 pub(super) fn classify_other(c: u32) -> Cls {
+    // Below U+3000 by the tables: the block's class, or (a block of more than one class, where
+    // `classify` sends them) its row.
+    let block = (c >> 4) as usize;
+    if let Some(&uniform) = LOW_BLOCKS.get(block) {
+        if let Some(cls) = uniform {
+            return cls;
+        }
+        if let Some(&cls) = LOW_ROW
+            .get(block)
+            .and_then(|&row| LOW_MIXED.get(usize::from(row)))
+            .and_then(|row| row.get((c & 15) as usize))
+        {
+            return cls;
+        }
+    }
     // The commonest blocks of symbols and emoji first (junk, decorated text): what the general
     // case below says of them, in one range check each.
     if c.wrapping_sub(0x2070) <= 0x2BFF - 0x2070 {
@@ -133,24 +148,83 @@ pub(super) fn classify_general(c: u32) -> Cls {
     }
 }
 
-/// Blocks of 16 code points below U+3000 (block `k`: U+`16k`..=U+`16k+15`): the class
-/// [`classify_general`] gives every code point of the block, or None where they differ.
-pub(super) static LOW_BLOCKS: [Option<Cls>; 0x300] = {
-    let mut t = [None; 0x300];
+/// Blocks of 16 code points below U+3000 (block `k`: U+`16k`..=U+`16k+15`).
+const LOW_BLOCK_COUNT: usize = 0x300;
+
+/// The class [`classify_general`] gives every code point of block `k` (see [`LOW_BLOCKS`]), or
+/// None where they differ.
+const fn uniform_block(k: usize) -> Option<Cls> {
+    let first = general_low(16 * k as u32);
+    let mut c = 16 * k as u32 + 1;
+    while c < 16 * (k as u32 + 1) {
+        if general_low(c) as u8 != first as u8 {
+            return None;
+        }
+        c += 1;
+    }
+    Some(first)
+}
+
+/// [`uniform_block`] of every block below U+3000.
+pub(super) static LOW_BLOCKS: [Option<Cls>; LOW_BLOCK_COUNT] = {
+    let mut t = [None; LOW_BLOCK_COUNT];
     let mut k = 0;
     while k < t.len() {
-        let first = general_low(16 * k as u32);
-        let mut uniform = true;
-        let mut c = 16 * k as u32 + 1;
-        while c < 16 * (k as u32 + 1) {
-            uniform &= general_low(c) as u8 == first as u8;
-            c += 1;
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = uniform_block(k);
         }
-        if uniform {
+        k += 1;
+    }
+    t
+};
+
+/// Blocks below U+3000 of more than one class (ASCII, Latin-1, Ukrainian letters, Thai, general
+/// punctuation: spaces, zero-width characters and line separators among it).
+const MIXED_BLOCKS: usize = {
+    let (mut n, mut k) = (0, 0);
+    while k < LOW_BLOCK_COUNT {
+        if uniform_block(k).is_none() {
+            n += 1;
+        }
+        k += 1;
+    }
+    assert!(n <= 256, "a row index is a byte");
+    n
+};
+
+/// The row in [`LOW_MIXED`] of each block of more than one class (0, unread, for the others).
+static LOW_ROW: [u8; LOW_BLOCK_COUNT] = {
+    let mut t = [0u8; LOW_BLOCK_COUNT];
+    let (mut n, mut k) = (0, 0);
+    while k < LOW_BLOCK_COUNT {
+        if uniform_block(k).is_none() {
             #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
             {
-                t[k] = Some(first);
+                t[k] = n as u8;
             }
+            n += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// [`classify_general`] of every code point of the blocks of more than one class, in their order.
+static LOW_MIXED: [[Cls; 16]; MIXED_BLOCKS] = {
+    let mut t = [[Cls::Other; 16]; MIXED_BLOCKS];
+    let (mut n, mut k) = (0, 0);
+    while k < LOW_BLOCK_COUNT {
+        if uniform_block(k).is_none() {
+            let mut j = 0;
+            while j < 16 {
+                #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+                {
+                    t[n][j] = general_low((16 * k + j) as u32);
+                }
+                j += 1;
+            }
+            n += 1;
         }
         k += 1;
     }
@@ -539,6 +613,7 @@ mod tests {
         // Blocks of one class are most below U+3000 (symbols, scripts without a run loop).
         let uniform = LOW_BLOCKS.iter().filter(|b| b.is_some()).count();
         assert!(uniform > 0x280, "{uniform} uniform blocks");
+        assert_eq!(uniform + MIXED_BLOCKS, LOW_BLOCK_COUNT);
     }
 
     #[test]
