@@ -47,7 +47,7 @@ pub(super) enum Cls {
 }
 
 #[inline(always)]
-pub(super) fn ascii_cls(b: u8) -> Cls {
+pub(super) const fn ascii_cls(b: u8) -> Cls {
     if b.is_ascii_lowercase() {
         Cls::Lower
     } else if b.is_ascii_uppercase() {
@@ -58,7 +58,7 @@ pub(super) fn ascii_cls(b: u8) -> Cls {
         Cls::Newline
     } else if b == b' ' || b == b'\t' || b == 0x0b || b == 0x0c {
         Cls::Space
-    } else if !(0x20..0x7f).contains(&b) {
+    } else if !matches!(b, 0x20..=0x7E) {
         Cls::Other
     } else {
         Cls::Punct
@@ -89,6 +89,11 @@ pub(super) fn classify(c: u32) -> Cls {
     if thai < 0x80 {
         return thai_class(c);
     }
+    // Below U+3000, a block of 16 code points of one class (most of them: symbols, punctuation,
+    // the scripts without a run loop) by one load (the others by their row in `classify_other`).
+    if let Some(&Some(cls)) = LOW_BLOCKS.get((c >> 4) as usize) {
+        return cls;
+    }
     match c {
         0x3001..=0x303F => Cls::WidePunct,
         0x3040..=0x309F => Cls::Hiragana,
@@ -102,6 +107,21 @@ pub(super) fn classify(c: u32) -> Cls {
 /// Class of any code point (the general case of [`classify`]).
 #[inline(never)]
 pub(super) fn classify_other(c: u32) -> Cls {
+    // Below U+3000 by the tables: the block's class, or (a block of more than one class, where
+    // `classify` sends them) its row.
+    let block = (c >> 4) as usize;
+    if let Some(&uniform) = LOW_BLOCKS.get(block) {
+        if let Some(cls) = uniform {
+            return cls;
+        }
+        if let Some(&cls) = LOW_ROW
+            .get(block)
+            .and_then(|&row| LOW_MIXED.get(usize::from(row)))
+            .and_then(|row| row.get((c & 15) as usize))
+        {
+            return cls;
+        }
+    }
     // The commonest blocks of symbols and emoji first (junk, decorated text): what the general
     // case below says of them, in one range check each.
     if c.wrapping_sub(0x2070) <= 0x2BFF - 0x2070 {
@@ -128,45 +148,154 @@ pub(super) fn classify_general(c: u32) -> Cls {
     }
 }
 
+/// Blocks of 16 code points below U+3000 (block `k`: U+`16k`..=U+`16k+15`).
+const LOW_BLOCK_COUNT: usize = 0x300;
+
+/// The class [`classify_general`] gives every code point of block `k` (see [`LOW_BLOCKS`]), or
+/// None where they differ.
+const fn uniform_block(k: usize) -> Option<Cls> {
+    let first = general_low(16 * k as u32);
+    let mut c = 16 * k as u32 + 1;
+    while c < 16 * (k as u32 + 1) {
+        if general_low(c) as u8 != first as u8 {
+            return None;
+        }
+        c += 1;
+    }
+    Some(first)
+}
+
+/// [`uniform_block`] of every block below U+3000.
+pub(super) static LOW_BLOCKS: [Option<Cls>; LOW_BLOCK_COUNT] = {
+    let mut t = [None; LOW_BLOCK_COUNT];
+    let mut k = 0;
+    while k < t.len() {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            t[k] = uniform_block(k);
+        }
+        k += 1;
+    }
+    t
+};
+
+/// Blocks below U+3000 of more than one class (ASCII, Latin-1, Ukrainian letters, Thai, general
+/// punctuation: spaces, zero-width characters and line separators among it).
+const MIXED_BLOCKS: usize = {
+    let (mut n, mut k) = (0, 0);
+    while k < LOW_BLOCK_COUNT {
+        if uniform_block(k).is_none() {
+            n += 1;
+        }
+        k += 1;
+    }
+    assert!(n <= 256, "a row index is a byte");
+    n
+};
+
+/// The row in [`LOW_MIXED`] of each block of more than one class (0, unread, for the others).
+static LOW_ROW: [u8; LOW_BLOCK_COUNT] = {
+    let mut t = [0u8; LOW_BLOCK_COUNT];
+    let (mut n, mut k) = (0, 0);
+    while k < LOW_BLOCK_COUNT {
+        if uniform_block(k).is_none() {
+            #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+            {
+                t[k] = n as u8;
+            }
+            n += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// [`classify_general`] of every code point of the blocks of more than one class, in their order.
+static LOW_MIXED: [[Cls; 16]; MIXED_BLOCKS] = {
+    let mut t = [[Cls::Other; 16]; MIXED_BLOCKS];
+    let (mut n, mut k) = (0, 0);
+    while k < LOW_BLOCK_COUNT {
+        if uniform_block(k).is_none() {
+            let mut j = 0;
+            while j < 16 {
+                #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+                {
+                    t[n][j] = general_low((16 * k + j) as u32);
+                }
+                j += 1;
+            }
+            n += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// [`classify_general`] below U+3000.
+const fn general_low(c: u32) -> Cls {
+    match classify_low(c) {
+        Cls::Other if c >= 0x800 => {
+            if matches!(c, 0x2000..=0x2BFF) {
+                Cls::Symbol
+            } else {
+                Cls::OtherWide
+            }
+        }
+        cls => cls,
+    }
+}
+
 /// [`classify_other`] by block, before characters from U+0800 on without a class are told apart.
 #[inline(always)]
 pub(super) fn classify_block(c: u32) -> Cls {
     // Nested ranges so that the common blocks are reached in a few comparisons.
     if c < 0x3000 {
-        if c < 0x370 {
-            return match c {
-                0..=0x7F => u8::try_from(c).map_or(Cls::Other, ascii_cls),
-                0xA0 => Cls::Space,
-                0x85 => Cls::Newline,
-                0xAD => Cls::ZeroWidth,
-                0xD7 | 0xF7 => Cls::Other,
-                0xC0..=0x2AF => Cls::LatinExt,
-                _ => Cls::Other,
-            };
-        }
-        if c < 0x1000 {
-            return match c {
-                0x370..=0x3FF => Cls::Greek,
-                0x404 | 0x406 | 0x407 | 0x454 | 0x456 | 0x457 | 0x490 | 0x491 => Cls::CyrillicUk,
-                0x400..=0x52F => Cls::Cyrillic,
-                0x590..=0x5FF => Cls::Hebrew,
-                0x600..=0x6FF | 0x750..=0x77F | 0x8A0..=0x8FF => Cls::Arabic,
-                0x900..=0xDFF => Cls::Indic,
-                0xE00..=0xE7F => thai_class(c),
-                _ => Cls::Other,
-            };
-        }
+        return classify_low(c);
+    }
+    classify_high(c)
+}
+
+/// [`classify_block`] below U+3000.
+#[inline(always)]
+const fn classify_low(c: u32) -> Cls {
+    if c < 0x370 {
         return match c {
-            0x1100..=0x11FF => Cls::HangulRare,
-            0x1E00..=0x1EFF => Cls::LatinExt,
-            0x1F00..=0x1FFF => Cls::Greek,
-            0x2000..=0x200A | 0x202F | 0x205F => Cls::Space,
-            0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F => Cls::ZeroWidth,
-            0x2028 | 0x2029 => Cls::Newline,
-            0x2010..=0x206F => Cls::Punct,
+            0..=0x7F => ascii_cls((c & 0x7F) as u8),
+            0xA0 => Cls::Space,
+            0x85 => Cls::Newline,
+            0xAD => Cls::ZeroWidth,
+            0xD7 | 0xF7 => Cls::Other,
+            0xC0..=0x2AF => Cls::LatinExt,
             _ => Cls::Other,
         };
     }
+    if c < 0x1000 {
+        return match c {
+            0x370..=0x3FF => Cls::Greek,
+            0x404 | 0x406 | 0x407 | 0x454 | 0x456 | 0x457 | 0x490 | 0x491 => Cls::CyrillicUk,
+            0x400..=0x52F => Cls::Cyrillic,
+            0x590..=0x5FF => Cls::Hebrew,
+            0x600..=0x6FF | 0x750..=0x77F | 0x8A0..=0x8FF => Cls::Arabic,
+            0x900..=0xDFF => Cls::Indic,
+            0xE00..=0xE7F => thai_class_slow(c),
+            _ => Cls::Other,
+        };
+    }
+    match c {
+        0x1100..=0x11FF => Cls::HangulRare,
+        0x1E00..=0x1EFF => Cls::LatinExt,
+        0x1F00..=0x1FFF => Cls::Greek,
+        0x2000..=0x200A | 0x202F | 0x205F => Cls::Space,
+        0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F => Cls::ZeroWidth,
+        0x2028 | 0x2029 => Cls::Newline,
+        0x2010..=0x206F => Cls::Punct,
+        _ => Cls::Other,
+    }
+}
+
+/// [`classify_block`] from U+3000 on.
+#[inline(always)]
+fn classify_high(c: u32) -> Cls {
     if c < 0xA000 {
         return match c {
             0x4E00..=0x9FFF => classify(c),
@@ -257,9 +386,74 @@ pub(super) fn run_of(c: Cls) -> Option<Run> {
     }
 }
 
+/// Every class, in the order of their discriminants (the build checks it).
+const ALL_CLS: [Cls; 31] = [
+    Cls::Lower,
+    Cls::Upper,
+    Cls::Digit,
+    Cls::Space,
+    Cls::Newline,
+    Cls::Punct,
+    Cls::LatinExt,
+    Cls::Cyrillic,
+    Cls::CyrillicUk,
+    Cls::Greek,
+    Cls::Arabic,
+    Cls::Hebrew,
+    Cls::Indic,
+    Cls::Thai,
+    Cls::ThaiCommon,
+    Cls::ThaiRare,
+    Cls::Hiragana,
+    Cls::Katakana,
+    Cls::HalfwidthKana,
+    Cls::Han,
+    Cls::HanRare,
+    Cls::HanMerge,
+    Cls::Hangul,
+    Cls::HangulRare,
+    Cls::HangulMerge,
+    Cls::WidePunct,
+    Cls::Emoji,
+    Cls::ZeroWidth,
+    Cls::Symbol,
+    Cls::OtherWide,
+    Cls::Other,
+];
+
+/// [`CHAR_FEATURE`]'s entry of a class without a per-character feature.
+const NO_FEATURE: u8 = u8::MAX;
+
+/// [`char_feature_of`] of every class by its discriminant ([`NO_FEATURE`] for None): a load
+/// instead of a jump table's indirect branch.
+static CHAR_FEATURE: [u8; ALL_CLS.len()] = {
+    let mut t = [NO_FEATURE; ALL_CLS.len()];
+    let mut i = 0;
+    while i < t.len() {
+        #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
+        {
+            assert!(ALL_CLS[i] as usize == i, "ALL_CLS out of order");
+            if let Some(f) = char_feature_of(ALL_CLS[i]) {
+                assert!(f < NO_FEATURE as usize, "feature index too large");
+                t[i] = f as u8;
+            }
+        }
+        i += 1;
+    }
+    t
+};
+
 /// Per-character feature of a script class (None for classes handled elsewhere).
-#[inline]
+#[inline(always)]
 pub(super) fn char_feature(c: Cls) -> Option<usize> {
+    match CHAR_FEATURE.get(c as usize) {
+        Some(&f) if f != NO_FEATURE => Some(usize::from(f)),
+        _ => None,
+    }
+}
+
+/// [`char_feature`] by a `match` (what its table holds).
+const fn char_feature_of(c: Cls) -> Option<usize> {
     Some(match c {
         Cls::LatinExt => feature::LATIN_EXT,
         Cls::Cyrillic => feature::CYRILLIC,
@@ -400,4 +594,35 @@ pub(super) fn decode(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
 pub(super) fn packed_class(table: &[u8], i: u32) -> u8 {
     let i = i as usize;
     table.get(i >> 2).map_or(0, |b| (b >> ((i & 3) * 2)) & 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_and_its_block_table_agree_with_the_general_case() {
+        // Every non-ASCII code point (`classify`'s callers decode UTF-8 first), through the
+        // block table, the ranges before it and `classify_other`.
+        for c in 0x80..=0x10FFFFu32 {
+            assert!(
+                classify(c) == classify_general(c),
+                "U+{c:04X}: classify differs from classify_general"
+            );
+        }
+        // Blocks of one class are most below U+3000 (symbols, scripts without a run loop).
+        let uniform = LOW_BLOCKS.iter().filter(|b| b.is_some()).count();
+        assert!(uniform > 0x280, "{uniform} uniform blocks");
+        assert_eq!(uniform + MIXED_BLOCKS, LOW_BLOCK_COUNT);
+    }
+
+    #[test]
+    fn the_per_character_feature_table_is_the_match() {
+        for (i, &c) in ALL_CLS.iter().enumerate() {
+            assert_eq!(c as usize, i);
+            assert_eq!(char_feature(c), char_feature_of(c));
+        }
+        assert_eq!(char_feature(Cls::Symbol), Some(feature::SYMBOL));
+        assert_eq!(char_feature(Cls::Lower), None);
+    }
 }

@@ -500,30 +500,60 @@ pub(super) const EXCESS_FROM: u64 = 20;
 /// Letters beyond the 20th of every run of ASCII letters in `bytes`, a run ending at a non-letter or
 /// where a capital follows a lower-case letter (`camelCase` words are pieces of their own in o200k):
 /// eight bytes at a time.
-fn long_run_excess(bytes: &[u8]) -> u64 {
+pub(super) fn long_run_excess(bytes: &[u8]) -> u64 {
     const HI: u64 = 0x8080_8080_8080_8080;
     let (mut run, mut excess) = (0u64, 0u64);
-    let mut end = |run: u64| excess += run.saturating_sub(EXCESS_FROM);
     // High bit of byte 0 set iff the byte before the chunk was a lower-case letter.
     let mut lower_before = 0u64;
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
-        let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
+    // One chunk of eight bytes.
+    let step = |w: u64, run: &mut u64, lower_before: &mut u64, excess: &mut u64| {
         let letter = letter_mask(w);
+        let non_letter = !letter & HI;
+        // A chunk whose last byte is not a letter, where the letters up to its first non-letter
+        // close a run of at most `EXCESS_FROM` (humps or not, the run is no longer): no excess,
+        // and the next chunk starts a run, after a byte that is not a lower-case letter (junk of
+        // other scripts and symbols: most chunks). The humps are not read.
+        if (non_letter >> 63) != 0
+            && *run + u64::from(non_letter.trailing_zeros() / 8) <= EXCESS_FROM
+        {
+            (*run, *lower_before) = (0, 0);
+            return;
+        }
         let lower = !not_lower_mask(w) & HI;
-        let hump = letter & !lower & ((lower << 8) | lower_before);
-        lower_before = (lower >> 56) & 0x80;
+        let hump = letter & !lower & ((lower << 8) | *lower_before);
+        *lower_before = (lower >> 56) & 0x80;
         // Boundaries: non-letters, and capitals after a lower-case letter (counted as boundaries,
         // so the run after a hump starts one letter short: never more excess than there is).
-        let m = (!letter & HI) | hump;
+        let m = non_letter | hump;
         if m == 0 {
-            run += 8;
+            *run += 8;
+            return;
+        }
+        *run += u64::from(m.trailing_zeros() / 8);
+        *excess += run.saturating_sub(EXCESS_FROM);
+        *run = u64::from(m.leading_zeros() / 8);
+    };
+    let word = |c: &[u8]| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
+    // Sixteen bytes at a time; without an ASCII letter (other scripts, symbols), they end the run.
+    let mut pairs = bytes.chunks_exact(16);
+    for p in &mut pairs {
+        let (w1, w2) = (
+            word(p.get(..8).unwrap_or_default()),
+            word(p.get(8..).unwrap_or_default()),
+        );
+        if letter_mask(w1) | letter_mask(w2) == 0 {
+            excess += run.saturating_sub(EXCESS_FROM);
+            (run, lower_before) = (0, 0);
             continue;
         }
-        run += u64::from(m.trailing_zeros() / 8);
-        end(run);
-        run = u64::from(m.leading_zeros() / 8);
+        step(w1, &mut run, &mut lower_before, &mut excess);
+        step(w2, &mut run, &mut lower_before, &mut excess);
     }
+    let mut chunks = pairs.remainder().chunks_exact(8);
+    for c in &mut chunks {
+        step(word(c), &mut run, &mut lower_before, &mut excess);
+    }
+    let mut end = |run: u64| excess += run.saturating_sub(EXCESS_FROM);
     let mut was_lower = lower_before != 0;
     for &b in chunks.remainder() {
         let hump = was_lower && b.is_ascii_uppercase();

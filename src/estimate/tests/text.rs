@@ -639,3 +639,54 @@ fn classify_other_shortcuts_agree_with_the_general_case() {
         );
     }
 }
+
+#[test]
+fn long_run_excess_agrees_with_a_byte_at_a_time_count() {
+    // The same runs a byte at a time (a non-letter or a hump ends a run; a hump's capital starts
+    // none), over random texts of letters of both cases, long runs, humps and non-letters (ASCII
+    // and not), at every length to 96 (16-byte steps, 8-byte steps and the bytes left).
+    fn reference(bytes: &[u8]) -> u64 {
+        let (mut run, mut excess, mut was_lower) = (0u64, 0u64, false);
+        for &b in bytes.iter().chain(core::iter::once(&b' ')) {
+            let hump = was_lower && b.is_ascii_uppercase();
+            was_lower = b.is_ascii_lowercase();
+            if b.is_ascii_alphabetic() && !hump {
+                run += 1;
+            } else {
+                excess += run.saturating_sub(EXCESS_FROM);
+                run = 0;
+            }
+        }
+        excess
+    }
+    let pieces: [&[u8]; 7] = [
+        b"abcdefghijklmnopqrstuvwxyzabcdefgh",
+        b"ABCDEFGHIJKLMNOPQRSTUVWXY",
+        b"x",
+        b"Q",
+        b" ",
+        "\u{3b1}\u{2014}".as_bytes(),
+        b"7-",
+    ];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut seen = 0;
+    for _ in 0..4000 {
+        let len = (xorshift(&mut x) % 97) as usize;
+        let mut text = Vec::new();
+        while text.len() < len {
+            let p = pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()];
+            let take = 1 + (xorshift(&mut x) >> 24) as usize % p.len();
+            text.extend_from_slice(&p[..take]);
+        }
+        text.truncate(len);
+        let want = reference(&text);
+        seen += usize::from(want != 0);
+        assert_eq!(
+            long_run_excess(&text),
+            want,
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    assert!(seen > 400, "only {seen} texts with excess");
+}
