@@ -184,7 +184,9 @@ fn while_the_shim_stays_down_lease_syncs_are_one_probe_per_recovery_window() {
         let calls = lease_calls(&e);
         assert!(calls.len() <= 1, "{calls:?}");
         reported |= calls.iter().any(|c| c.0 == "44");
-        if e.reply_root(0, 200, &lease_reply(1000, 1104, 2, 44)).is_none() {
+        if e.reply_root(0, 200, &lease_reply(1000, 1104, 2, 44))
+            .is_none()
+        {
             break;
         }
     }
