@@ -42,6 +42,30 @@ fn usage_answer(e: &FakeEnvoy, c: &mut Call, total: u64) {
     );
 }
 
+/// A first request reserved per request (30 used), then the tick's lease call answered: 1,000 held.
+fn granted_a_lease(e: &FakeEnvoy) {
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(e, &mut c, 30);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+}
+
+/// Three reservations of another tenant find the shim dead: its breaker opens.
+fn break_the_shim(e: &FakeEnvoy) {
+    for _ in 0..3 {
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", "other")],
+            &chat("m", "hi", 5),
+        );
+        e.dead_shim(&mut c);
+    }
+}
+
 #[test]
 fn a_cold_tenant_reserves_per_request_then_spends_from_a_lease_without_callouts() {
     let e = envoy(cfg(json!({"min_tokens": 1000})));
@@ -98,23 +122,9 @@ fn a_cold_tenant_reserves_per_request_then_spends_from_a_lease_without_callouts(
 #[test]
 fn a_lease_keeps_serving_while_the_shim_is_down_and_its_usage_is_reported_after() {
     let e = envoy(cfg(json!({"min_tokens": 1000})));
-    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
-    e.reply(&mut c, 200, &reserved(60, 1_000_000));
-    usage_answer(&e, &mut c, 30);
-    e.tick(0);
-    e.root_callouts
-        .borrow_mut()
-        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
-    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    granted_a_lease(&e);
     // The shim breaks (three failures open its breaker); the lease still covers requests.
-    for _ in 0..3 {
-        let mut c = e.send(
-            "/v1/chat/completions",
-            &[("x-tenant-id", "other")],
-            &chat("m", "hi", 5),
-        );
-        e.dead_shim(&mut c);
-    }
+    break_the_shim(&e);
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(c.forwarded && c.pending.is_none());
     usage_answer(&e, &mut c, 44);
@@ -142,22 +152,8 @@ fn while_the_shim_stays_down_lease_syncs_are_one_probe_per_recovery_window() {
     // bb6 black-box: with Redis down, once the shim breaker's recovery had passed every tick (20 ms)
     // sent the failed syncs again (248 in 9 s for one tenant), and their failures never re-opened it.
     let e = envoy(cfg(json!({"min_tokens": 1000})));
-    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
-    e.reply(&mut c, 200, &reserved(60, 1_000_000));
-    usage_answer(&e, &mut c, 30);
-    e.tick(0);
-    e.root_callouts
-        .borrow_mut()
-        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
-    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
-    for _ in 0..3 {
-        let mut c = e.send(
-            "/v1/chat/completions",
-            &[("x-tenant-id", "other")],
-            &chat("m", "hi", 5),
-        );
-        e.dead_shim(&mut c);
-    }
+    granted_a_lease(&e);
+    break_the_shim(&e);
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     usage_answer(&e, &mut c, 44);
     e.root_callouts.borrow_mut().clear();
@@ -199,14 +195,7 @@ fn while_the_shim_stays_down_lease_syncs_are_one_probe_per_recovery_window() {
 #[test]
 fn an_idle_lease_is_given_back() {
     let e = envoy(cfg(json!({"min_tokens": 1000, "idle_s": 5})));
-    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
-    e.reply(&mut c, 200, &reserved(60, 1_000_000));
-    usage_answer(&e, &mut c, 30);
-    e.tick(0);
-    e.root_callouts
-        .borrow_mut()
-        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
-    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    granted_a_lease(&e);
     e.advance_ms(6_000);
     e.root_callouts.borrow_mut().clear();
     e.tick(0);
@@ -250,14 +239,7 @@ fn a_tenant_served_from_a_lease_moments_ago_is_not_refused_from_its_exhausted_ma
     use crate::quota::ExhaustedMarker;
     use crate::store::{Codec, SharedStore};
     let e = envoy(cfg(json!({"min_tokens": 1000})));
-    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
-    e.reply(&mut c, 200, &reserved(60, 1_000_000));
-    usage_answer(&e, &mut c, 30);
-    e.tick(0);
-    e.root_callouts
-        .borrow_mut()
-        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
-    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    granted_a_lease(&e);
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(c.forwarded && c.pending.is_none(), "served from the lease");
     usage_answer(&e, &mut c, 40);
@@ -295,14 +277,7 @@ fn a_tenant_served_from_a_lease_moments_ago_is_not_refused_from_its_exhausted_ma
 #[test]
 fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tick() {
     let e = FakeEnvoy::new(&cfg(json!({"min_tokens": 1000})).to_string(), 2);
-    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
-    e.reply(&mut c, 200, &reserved(60, 1_000_000));
-    usage_answer(&e, &mut c, 30);
-    e.tick(0);
-    e.root_callouts
-        .borrow_mut()
-        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
-    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    granted_a_lease(&e);
     let key = crate::lease::account_key("acme", Some("m"));
     let account = || {
         let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
@@ -368,14 +343,7 @@ fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tic
 #[test]
 fn a_worker_torn_down_writes_the_leased_requests_it_kept() {
     let e = envoy(cfg(json!({"min_tokens": 1000})));
-    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
-    e.reply(&mut c, 200, &reserved(60, 1_000_000));
-    usage_answer(&e, &mut c, 30);
-    e.tick(0);
-    e.root_callouts
-        .borrow_mut()
-        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
-    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    granted_a_lease(&e);
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(c.pending.is_none(), "served from the lease");
     usage_answer(&e, &mut c, 40);
