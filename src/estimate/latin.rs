@@ -540,12 +540,7 @@ mod tests {
             .chars()
             .collect();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = |m: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % m as u64) as usize
-        };
+        let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
         let (mut taken, mut unknown) = (0, 0);
         for _ in 0..20_000 {
             let mut text = String::from(" ");

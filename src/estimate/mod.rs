@@ -86,6 +86,7 @@ mod text;
 mod tools;
 mod top;
 mod weights;
+mod whole;
 mod words;
 mod words_table;
 

@@ -1104,12 +1104,7 @@ mod tests {
         }
         assert!(chars.len() > 10_000, "{} Thai characters", chars.len());
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = |m: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % m as u64) as usize
-        };
+        let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
         let (mut runs, mut words) = (0, 0u64);
         for case in 0..3_000 {
             let mut run = String::new();

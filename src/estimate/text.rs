@@ -3,11 +3,11 @@
 
 use super::classes::{classify, decode, Cls};
 pub(super) use super::latin::{
-    count_lower_word, is_latin_ext, latin_ext_at, scan_word, scan_words, space_before,
+    count_lower_word, is_latin_ext, scan_word, scan_words, space_before,
 };
 use super::scripts::scan_non_ascii;
 use super::weights::{feature, NUM_FEATURES, WEIGHTS};
-use super::words::rare_pairs;
+pub(super) use super::whole::{derive, EXCESS_FROM};
 
 /// Feature counters of one text: the [`NUM_FEATURES`] features.
 pub(super) type Counts = [u64; NUM_FEATURES];
@@ -85,7 +85,7 @@ pub(super) fn not_lower_mask(w: u64) -> u64 {
 
 /// High bit set in each byte of `w` that is an ASCII letter, either case (SWAR).
 #[inline(always)]
-fn letter_mask(w: u64) -> u64 {
+pub(super) fn letter_mask(w: u64) -> u64 {
     // Setting the case bit makes every capital lower-case (and no other byte a letter).
     !not_lower_mask(w | 0x2020_2020_2020_2020) & 0x8080_8080_8080_8080
 }
@@ -436,182 +436,6 @@ pub fn text_features(text: &str) -> [u64; NUM_FEATURES] {
     f
 }
 
-/// Fewest words of three or four ASCII letters in a text for [`derive`] to read their rare letter
-/// pairs ([`feature::LATIN_RARE_PAIR_SHORT`]).
-pub(super) const SHORT_WORDS_MIN: u64 = 8;
-/// … and at least one such word per this many bytes of the text (a few short words in a long text
-/// of another script are not worth a second pass).
-const SHORT_WORD_BYTES: u64 = 16;
-
-/// The rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
-/// letters in `bytes`, read as the scanner reads words (capitals then lower-case letters, so
-/// `camelCase` is two): of those with at most one capital, and not next to an accented Latin letter
-/// (a piece of a word of their own).
-#[inline(never)]
-pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
-    let mut n = 0u64;
-    let mut i = 0usize;
-    // `i` ≤ `bytes.len()` throughout, so the sums cannot overflow.
-    while let Some(&b) = bytes.get(i) {
-        if !b.is_ascii_alphabetic() {
-            // Eight bytes without a letter at a time.
-            while let Some(c) = bytes.get(i..i + 8) {
-                let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
-                if letter_mask(w) != 0 {
-                    break;
-                }
-                i += 8;
-            }
-            if bytes.get(i).is_some_and(|b| !b.is_ascii_alphabetic()) {
-                i += 1;
-            }
-            continue;
-        }
-        let upper = count_while(bytes, i, |b| b.is_ascii_uppercase());
-        let end = i + upper + lower_run(bytes, i + upper);
-        if (3..=4).contains(&(end - i))
-            && upper <= 1
-            && latin_ext_at(bytes, end).is_none()
-            && !latin_ext_before(bytes, i)
-        {
-            n += rare_pairs(bytes, i, end);
-        }
-        // A letter starts at `i`: `end` > `i`.
-        i = end;
-    }
-    n
-}
-
-/// Whether an accented Latin letter ([`is_latin_ext`]) ends right before `i`.
-fn latin_ext_before(bytes: &[u8], i: usize) -> bool {
-    let two = i
-        .checked_sub(2)
-        .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(n, _)| n == 2);
-    two || i
-        .checked_sub(3)
-        .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(n, _)| n == 3)
-}
-
-/// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
-pub(super) const EXCESS_FROM: u64 = 20;
-
-/// Letters beyond the 20th of every run of ASCII letters in `bytes`, a run ending at a non-letter or
-/// where a capital follows a lower-case letter (`camelCase` words are pieces of their own in o200k):
-/// eight bytes at a time.
-pub(super) fn long_run_excess(bytes: &[u8]) -> u64 {
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let (mut run, mut excess) = (0u64, 0u64);
-    // High bit of byte 0 set iff the byte before the chunk was a lower-case letter.
-    let mut lower_before = 0u64;
-    // One chunk of eight bytes.
-    let step = |w: u64, run: &mut u64, lower_before: &mut u64, excess: &mut u64| {
-        let letter = letter_mask(w);
-        let non_letter = !letter & HI;
-        // A chunk whose last byte is not a letter, where the letters up to its first non-letter
-        // close a run of at most `EXCESS_FROM` (humps or not, the run is no longer): no excess,
-        // and the next chunk starts a run, after a byte that is not a lower-case letter (junk of
-        // other scripts and symbols: most chunks). The humps are not read.
-        if (non_letter >> 63) != 0
-            && *run + u64::from(non_letter.trailing_zeros() / 8) <= EXCESS_FROM
-        {
-            (*run, *lower_before) = (0, 0);
-            return;
-        }
-        let lower = !not_lower_mask(w) & HI;
-        let hump = letter & !lower & ((lower << 8) | *lower_before);
-        *lower_before = (lower >> 56) & 0x80;
-        // Boundaries: non-letters, and capitals after a lower-case letter (counted as boundaries,
-        // so the run after a hump starts one letter short: never more excess than there is).
-        let m = non_letter | hump;
-        if m == 0 {
-            *run += 8;
-            return;
-        }
-        *run += u64::from(m.trailing_zeros() / 8);
-        *excess += run.saturating_sub(EXCESS_FROM);
-        *run = u64::from(m.leading_zeros() / 8);
-    };
-    let word = |c: &[u8]| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
-    // Sixteen bytes at a time; without an ASCII letter (other scripts, symbols), they end the run.
-    let mut pairs = bytes.chunks_exact(16);
-    for p in &mut pairs {
-        let (w1, w2) = (
-            word(p.get(..8).unwrap_or_default()),
-            word(p.get(8..).unwrap_or_default()),
-        );
-        if letter_mask(w1) | letter_mask(w2) == 0 {
-            excess += run.saturating_sub(EXCESS_FROM);
-            (run, lower_before) = (0, 0);
-            continue;
-        }
-        step(w1, &mut run, &mut lower_before, &mut excess);
-        step(w2, &mut run, &mut lower_before, &mut excess);
-    }
-    let mut chunks = pairs.remainder().chunks_exact(8);
-    for c in &mut chunks {
-        step(word(c), &mut run, &mut lower_before, &mut excess);
-    }
-    let mut end = |run: u64| excess += run.saturating_sub(EXCESS_FROM);
-    let mut was_lower = lower_before != 0;
-    for &b in chunks.remainder() {
-        let hump = was_lower && b.is_ascii_uppercase();
-        was_lower = b.is_ascii_lowercase();
-        if b.is_ascii_alphabetic() && !hump {
-            run += 1;
-        } else {
-            end(run);
-            run = 0;
-        }
-    }
-    end(run);
-    excess
-}
-
-/// A text with a hump at least every this many bytes is read for runs of random case
-/// ([`mixed_case_humps`]).
-const MIXED_HUMP_BYTES: u64 = 8;
-
-/// Letters of a run of ASCII letters from which [`mixed_case_humps`] reads its case.
-const MIXED_FROM: u32 = 8;
-
-/// The humps (a capital after a lower-case letter) of the runs of ASCII letters of random case in
-/// `bytes`: runs of at least [`MIXED_FROM`] letters whose lower-case stretches average under two and
-/// a half letters (random case: 2; `camelCase` words have longer ones: `getUserName` 3, 3, 3), each
-/// to cost
-/// [`feature::WORD_EXCESS_LETTERS`]. o200k splits such runs at every hump as it does `camelCase`,
-/// but random pieces take about 0.6 tokens a letter, not a token a piece.
-fn mixed_case_humps(bytes: &[u8]) -> u64 {
-    // The run so far: letters, lower-case letters, lower-case stretches, humps.
-    let (mut len, mut lower, mut stretches, mut humps) = (0u32, 0u32, 0u32, 0u32);
-    let mut was_lower = false;
-    let mut total = 0u64;
-    for &b in bytes.iter().chain(core::iter::once(&b' ')) {
-        if b.is_ascii_lowercase() {
-            if !was_lower {
-                stretches = stretches.saturating_add(1);
-            }
-            lower = lower.saturating_add(1);
-            len = len.saturating_add(1);
-            was_lower = true;
-        } else if b.is_ascii_uppercase() {
-            if was_lower {
-                humps = humps.saturating_add(1);
-            }
-            len = len.saturating_add(1);
-            was_lower = false;
-        } else {
-            if len >= MIXED_FROM && lower.saturating_mul(2) < stretches.saturating_mul(5) {
-                total = total.saturating_add(u64::from(humps));
-            }
-            (len, lower, stretches, humps) = (0, 0, 0, 0);
-            was_lower = false;
-        }
-    }
-    total
-}
-
 /// Script-aware token estimate for one piece of text (the core). 0 for empty text, at least 1 otherwise.
 pub fn text_tokens(text: &str) -> u64 {
     // A `&str` is valid UTF-8: never None.
@@ -677,69 +501,6 @@ fn rounded(sum: f64) -> u64 {
         (t as u64 + u64::from(up)).max(1)
     } else {
         (sum.round() as u64).max(1)
-    }
-}
-
-/// The features that describe the whole text (of a non-empty text): [`feature::TEXT`], from the
-/// counts of the others [`feature::CYRILLIC_UK_TEXT`] and [`feature::LATIN_EXT_A_TEXT`], and from
-/// `bytes` [`feature::WORD_EXCESS_LETTERS`] (only when the loops saw a word of more than 20 letters).
-#[inline(always)]
-pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
-    bump(f, feature::TEXT, 1);
-    // The loops count the words of more than 20 letters there; only then are their letters counted.
-    if let Some(excess) = f.get_mut(feature::WORD_EXCESS_LETTERS) {
-        if *excess != 0 {
-            *excess = long_run_excess(bytes);
-        }
-    }
-    // Many humps (a capital after a letter): letters of random case, whose humps are charged too.
-    let humps = f.get(feature::HUMP).copied().unwrap_or(0);
-    if humps.saturating_mul(MIXED_HUMP_BYTES) >= bytes.len() as u64 {
-        bump(f, feature::WORD_EXCESS_LETTERS, mixed_case_humps(bytes));
-    }
-    let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
-    let sum = |f: &Counts, from: usize, to: usize| {
-        f.get(from..=to)
-            .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)))
-    };
-    // A text of mostly words of three or four letters (random ones, as a rule): their rare letter
-    // pairs, in a second pass. Prose has longer words (and accented text is read as words of its
-    // own).
-    let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
-    let short = sum(f, feature::WORD_1 + 2, feature::WORD_1 + 3);
-    if short >= SHORT_WORDS_MIN {
-        let longer = sum(f, feature::WORD_1 + 4, feature::WORD_LONG).saturating_add(sum(
-            f,
-            feature::LATIN_KNOWN,
-            feature::LATIN_KNOWN_BARE,
-        ));
-        let dense = short.saturating_mul(SHORT_WORD_BYTES) >= bytes.len() as u64;
-        // Random letters of base64 and hex are mostly words of one or two letters (between digits
-        // and capitals), which their other features cost.
-        let shorter = sum(f, feature::WORD_1, feature::WORD_1 + 1);
-        if dense
-            && short > longer.saturating_mul(2)
-            && short >= shorter
-            && accented.saturating_mul(4) < short
-        {
-            bump(f, feature::LATIN_RARE_PAIR_SHORT, short_rare_pairs(bytes));
-        }
-    }
-    let uk = count(f, feature::CYRILLIC_UK);
-    if uk != 0 {
-        let cyrillic = count(f, feature::CYRILLIC).saturating_add(uk);
-        if uk.saturating_mul(40) >= cyrillic {
-            bump(f, feature::CYRILLIC_UK_TEXT, cyrillic);
-        }
-    }
-    if accented != 0 {
-        let words = sum(f, feature::WORD_1, feature::WORD_LONG);
-        if accented.saturating_mul(20) >= words {
-            // The words of five letters or more that the word table does not know: rarer in o200k
-            // than English ones of their length.
-            let long = sum(f, feature::WORD_1 + 4, feature::WORD_LONG);
-            bump(f, feature::LATIN_EXT_A_TEXT, long);
-        }
     }
 }
 

@@ -6,6 +6,7 @@ use super::parts::*;
 use super::tables::*;
 use super::text::*;
 use super::top::*;
+use super::whole::*;
 use super::*;
 use serde_json::Value;
 
@@ -31,7 +32,7 @@ fn ok(kind: ApiKind, body: &str) -> Estimate {
 }
 
 /// A deterministic xorshift64 stream for generated cases: steps `x` and returns it.
-fn xorshift(x: &mut u64) -> u64 {
+pub(super) fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;
