@@ -189,7 +189,7 @@ pub mod feature {
     pub const WORD_EXCESS_LETTERS: usize = 79;
     /// Rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
     /// letters (at most the first a capital, not part of a word with accented letters) in a text
-    /// whose words are mostly such short words (see `derive` in `text.rs`): random short words, which
+    /// whose words are mostly such short words (see `derive` in `whole.rs`): random short words, which
     /// o200k splits (about 1.8 tokens a word of three random letters, 2.2 of four) where the length
     /// features say one. Counted by a second pass over the text, only for such texts (prose has
     /// longer words and few rare pairs in its short ones). Set by hand.
