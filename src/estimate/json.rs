@@ -363,7 +363,7 @@ impl<'de> Scanner<'de> {
             // Bytes of the window before `rel` are copied or unescaped (`r` ≥ `base`: the window
             // before was copied to its end; an escape that began there may reach in).
             let mut rel = r - base;
-            let window = w.get(..WINDOW).unwrap_or_default();
+            let window = w.first_chunk::<WINDOW>().unwrap_or(&[0; WINDOW]);
             let mut special = special_bits(window)
                 & u64::MAX
                     .checked_shl(u32::try_from(rel).unwrap_or(u32::MAX))
@@ -472,13 +472,30 @@ fn flush(tmp: &[u8; TMP], o: &mut usize, out: &mut Vec<u8>) {
 
 /// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20.
 #[inline(always)]
-fn special_bits(window: &[u8]) -> u64 {
+fn special_bits(window: &[u8; WINDOW]) -> u64 {
+    // Where the target has vector instructions, the bytes are compared one by one (compilers turn
+    // that into 16-byte compares), each special one marked by its high bit; else eight at a time
+    // in words.
+    let mut marked = [0u8; WINDOW];
+    if VECTOR_SCAN {
+        for (m, &b) in marked.iter_mut().zip(window) {
+            *m = u8::from((b == b'"') | (b == b'\\') | (b < 0x20)) << 7;
+        }
+    }
     let mut bits = 0u64;
-    for (k, chunk) in window.chunks_exact(8).enumerate() {
+    for (k, (chunk, mark)) in window
+        .chunks_exact(8)
+        .zip(marked.chunks_exact(8))
+        .enumerate()
+    {
+        let high = if VECTOR_SCAN {
+            word(mark)
+        } else {
+            special_exact(word(chunk))
+        };
         // The high bit of each byte, gathered into the top byte by one multiplication (each bit
         // lands on its own position, so nothing carries).
-        let byte = special_exact(word(chunk)).wrapping_mul(0x0002_0408_1020_4081) >> 56;
-        bits |= byte << (8 * k);
+        bits |= high.wrapping_mul(0x0002_0408_1020_4081) >> 56 << (8 * k);
     }
     bits
 }
