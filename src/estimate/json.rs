@@ -368,8 +368,8 @@ impl<'de> Scanner<'de> {
                 & u64::MAX
                     .checked_shl(u32::try_from(rel).unwrap_or(u32::MAX))
                     .unwrap_or(0);
-            // Back to one escape at a time after a window with one or none.
-            windows = special & special.wrapping_sub(1) != 0;
+            // Back to one escape at a time after a window without one.
+            windows = special != 0;
             // `tmp` holds less than a window's bytes from the windows before (it is flushed when it
             // holds more) and what this one unescaped: `o` < 64 + `rel` < `HELD` wherever it is
             // written to.
