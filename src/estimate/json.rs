@@ -329,7 +329,7 @@ impl<'de> Scanner<'de> {
                     _ => return Err(Bail),
                 }
                 at = find_special(bytes, r);
-                close = if at - r < WINDOW / 2 { close + 1 } else { 0 };
+                close = if at - r < WINDOW { close + 1 } else { 0 };
                 if close > 2 {
                     windows = true;
                     base = r;
