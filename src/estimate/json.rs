@@ -444,7 +444,7 @@ fn piece(w: &[u8; 2 * WINDOW], rel: usize, k: usize, tmp: &mut [u8; TMP], o: usi
 }
 
 /// Bytes [`Scanner::unescape`] looks at in one step.
-const WINDOW: usize = 64;
+pub(super) const WINDOW: usize = 64;
 
 /// Bytes [`copy`] copies at once.
 const PIECE: usize = 16;
@@ -470,34 +470,49 @@ fn flush(tmp: &[u8; TMP], o: &mut usize, out: &mut Vec<u8>) {
     *o = 0;
 }
 
-/// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20.
+/// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20: where the target
+/// has vector instructions from the bytes compared one by one (compilers turn that into 16-byte
+/// compares), else eight at a time in words.
 #[inline(always)]
 fn special_bits(window: &[u8; WINDOW]) -> u64 {
-    // Where the target has vector instructions, the bytes are compared one by one (compilers turn
-    // that into 16-byte compares), each special one marked by its high bit; else eight at a time
-    // in words.
-    let mut marked = [0u8; WINDOW];
     if VECTOR_SCAN {
-        for (m, &b) in marked.iter_mut().zip(window) {
-            *m = u8::from((b == b'"') | (b == b'\\') | (b < 0x20)) << 7;
-        }
+        special_bits_bytes(window)
+    } else {
+        special_bits_words(window)
+    }
+}
+
+/// [`special_bits`] from byte compares: each special byte marked by its high bit, the marks of
+/// eight bytes gathered as in [`special_bits_words`].
+#[inline(always)]
+pub(super) fn special_bits_bytes(window: &[u8; WINDOW]) -> u64 {
+    let mut marked = [0u8; WINDOW];
+    for (m, &b) in marked.iter_mut().zip(window) {
+        *m = u8::from((b == b'"') | (b == b'\\') | (b < 0x20)) << 7;
     }
     let mut bits = 0u64;
-    for (k, (chunk, mark)) in window
-        .chunks_exact(8)
-        .zip(marked.chunks_exact(8))
-        .enumerate()
-    {
-        let high = if VECTOR_SCAN {
-            word(mark)
-        } else {
-            special_exact(word(chunk))
-        };
-        // The high bit of each byte, gathered into the top byte by one multiplication (each bit
-        // lands on its own position, so nothing carries).
-        bits |= high.wrapping_mul(0x0002_0408_1020_4081) >> 56 << (8 * k);
+    for (k, chunk) in marked.chunks_exact(8).enumerate() {
+        bits |= gathered(word(chunk)) << (8 * k);
     }
     bits
+}
+
+/// [`special_bits`] from words of eight bytes ([`special_exact`]).
+#[inline(always)]
+pub(super) fn special_bits_words(window: &[u8; WINDOW]) -> u64 {
+    let mut bits = 0u64;
+    for (k, chunk) in window.chunks_exact(8).enumerate() {
+        bits |= gathered(special_exact(word(chunk))) << (8 * k);
+    }
+    bits
+}
+
+/// The high bit of each byte of `high` (the only bits set) as the eight low bits, byte `j`'s as bit
+/// `j`: gathered into the top byte by one multiplication (each bit lands on its own position, so
+/// nothing carries).
+#[inline(always)]
+fn gathered(high: u64) -> u64 {
+    high.wrapping_mul(0x0002_0408_1020_4081) >> 56
 }
 
 /// High bit set in exactly the bytes of `x` that are a quote, a backslash or below 0x20.
