@@ -690,11 +690,11 @@ fn a_window_of_byte_compares_marks_what_its_words_mark() {
         0xFF, b'a', b't', b'n',
     ];
     let mut x = 0x2545_F491_4F6C_DD1D;
-    for round in 0..20_000 {
+    for round in 0..20_000u32 {
         let mut window = [0u8; WINDOW];
         for b in &mut window {
             let r = xorshift(&mut x);
-            *b = if round % 3 == 0 {
+            *b = if round.is_multiple_of(3) {
                 r as u8
             } else {
                 edges[(r % edges.len() as u64) as usize]
@@ -715,9 +715,11 @@ fn scanner_unescapes_tables_like_serde_json() {
     // escape, an escaped quote or backslash, or a run of backslashes; what it reads is what
     // serde_json reads.
     use serde::Deserialize;
-    let cells = ["", "7", "ab", "1.5", "naïve", "中文", "x y z", "| a |", "-----", "😀"];
+    let cells = [
+        "", "7", "ab", "1.5", "naïve", "中文", "x y z", "| a |", "-----", "😀",
+    ];
     let mut x = 0x9E37_79B9_7F4A_7C15;
-    for round in 0..2000 {
+    for round in 0..2000u32 {
         let mut json = String::from("\"");
         let rows = xorshift(&mut x) % 30;
         for _ in 0..rows {
@@ -734,14 +736,18 @@ fn scanner_unescapes_tables_like_serde_json() {
                     3 => "\\\\\\\\\\t",
                     4 => "\\/",
                     5 => " | ",
-                    _ if round % 2 == 0 => "\\t",
+                    _ if round.is_multiple_of(2) => "\\t",
                     _ => ",",
                 };
                 if c + 1 < cols {
                     json.push_str(sep);
                 }
             }
-            json.push_str(if xorshift(&mut x) % 5 == 0 { "\\r\\n" } else { "\\n" });
+            json.push_str(if xorshift(&mut x).is_multiple_of(5) {
+                "\\r\\n"
+            } else {
+                "\\n"
+            });
         }
         json.push('"');
         let expected: String = serde_json::from_str(&json).unwrap();
