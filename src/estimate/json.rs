@@ -373,6 +373,33 @@ impl<'de> Scanner<'de> {
             // `tmp` holds less than a window's bytes from the windows before (it is flushed when it
             // holds more) and what this one unescaped: `o` < 64 + `rel` < `HELD` wherever it is
             // written to.
+            //
+            // First the escapes as if every special byte were a backslash (in a run of them every
+            // second one begins an escape): each checked to be a backslash with a simple escape's
+            // code, the byte after it cleared with the escape's bit. At the first that is not (a
+            // quote, a control character, `\u`), the loop after this one reads on from there.
+            let mut starts = escapes(special);
+            while starts != 0 {
+                let k = starts.trailing_zeros() as usize;
+                // `k` < 64: the byte and the next are in `w`.
+                let b = w.get(k).copied().unwrap_or(0);
+                let code = w.get(k + 1).copied().unwrap_or(0);
+                let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
+                if b != b'\\' || simple == 0 {
+                    special &= u64::MAX << k;
+                    break;
+                }
+                o = piece(w, rel, k, &mut tmp, o);
+                if let Some(slot) = tmp.get_mut(o & (HELD - 1)) {
+                    *slot = simple;
+                }
+                o += 1;
+                rel = k + 2;
+                starts &= starts - 1;
+            }
+            if starts == 0 {
+                special = 0;
+            }
             while special != 0 {
                 let k = special.trailing_zeros() as usize;
                 o = piece(w, rel, k, &mut tmp, o);
@@ -513,6 +540,16 @@ pub(super) fn special_bits_words(window: &[u8; WINDOW]) -> u64 {
 #[inline(always)]
 fn gathered(high: u64) -> u64 {
     high.wrapping_mul(0x0002_0408_1020_4081) >> 56
+}
+
+/// Of the special bytes at the bits of `special` (none escaped by a backslash before the first bit),
+/// those where an escape would begin if each were a backslash: in a run of them, every second one
+/// from the run's first. Found for all runs at once by one subtraction whose borrow runs through
+/// each run (simdjson's test for odd runs of backslashes).
+#[inline(always)]
+pub(super) fn escapes(special: u64) -> u64 {
+    const ODD: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+    (((special << 1) | ODD).wrapping_sub(special) ^ ODD) & special
 }
 
 /// High bit set in exactly the bytes of `x` that are a quote, a backslash or below 0x20.

@@ -756,3 +756,31 @@ fn scanner_unescapes_tables_like_serde_json() {
         assert_eq!(got.as_deref(), Some(expected.as_str()), "{json}");
     }
 }
+
+#[test]
+fn escapes_begin_where_a_backslash_at_a_time_finds_them() {
+    // The bits where escapes begin in a window of backslashes (every second of a run, from its
+    // first), from one subtraction, against the bits found one at a time; dense and sparse masks.
+    use super::super::json::escapes;
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for round in 0..20_000u32 {
+        let mut special = xorshift(&mut x);
+        for _ in 0..round % 4 {
+            special |= xorshift(&mut x);
+        }
+        if round.is_multiple_of(5) {
+            special &= xorshift(&mut x);
+        }
+        let mut want = 0u64;
+        let mut k = 0;
+        while k < 64 {
+            if special >> k & 1 == 1 {
+                want |= 1 << k;
+                k += 2;
+            } else {
+                k += 1;
+            }
+        }
+        assert_eq!(escapes(special), want, "{special:#066b}");
+    }
+}
