@@ -330,7 +330,7 @@ impl<'de> Scanner<'de> {
                 }
                 at = find_special(bytes, r);
                 close = if at - r < WINDOW { close + 1 } else { 0 };
-                if close > 1 {
+                if close > 2 {
                     windows = true;
                     base = r;
                     close = 0;
