@@ -11,10 +11,11 @@
 //! numbers other than plain non-negative integers are parsed by serde_json itself.
 //!
 //! What it does differently is speed. Escapes far apart (prose) are found with a search that compilers
-//! turn into vector instructions; close together (code, JSON-in-a-string: an escape every ten bytes
-//! or so), a window of 64 bytes is looked at at a time, the positions of its quotes, backslashes and
-//! control characters found as one bit mask, so that the work per escape is a few instructions that
-//! do not wait on one another (serde_json finds each escape from the last and pays a `memcpy` call
+//! turn into vector instructions; close together (code, tables, JSON-in-a-string: an escape every
+//! ten bytes or so), a window of 64 bytes is looked at at a time, the positions of its quotes,
+//! backslashes and control characters found as one bit mask (from 16-byte vector compares where the
+//! target has them), so that the work per escape is a few instructions that do not wait on one
+//! another (serde_json finds each escape from the last and pays a `memcpy` call
 //! and a dispatch for it). Short pieces between escapes are copied as one 16-byte block. Plain ASCII
 //! keys are handed over as bytes, without a call to `std::str::from_utf8`. Strings are checked for
 //! UTF-8 where serde_json checks them (every string but the counted ones, which
@@ -310,7 +311,7 @@ impl<'de> Scanner<'de> {
         let mut at = esc;
         let mut base = esc;
         let mut windows = false;
-        // Escapes found one at a time in a row less than half a window apart.
+        // Escapes found one at a time in a row less than a window apart.
         let mut close = 0;
         // In windows, the bytes are first written to `tmp` (a stack array, its index in a
         // register, so that a piece and an escape cost no `Vec` length and capacity updates), and
@@ -329,7 +330,7 @@ impl<'de> Scanner<'de> {
                     _ => return Err(Bail),
                 }
                 at = find_special(bytes, r);
-                close = if at - r < WINDOW / 2 { close + 1 } else { 0 };
+                close = if at - r < WINDOW { close + 1 } else { 0 };
                 if close > 2 {
                     windows = true;
                     base = r;
@@ -363,16 +364,44 @@ impl<'de> Scanner<'de> {
             // Bytes of the window before `rel` are copied or unescaped (`r` ≥ `base`: the window
             // before was copied to its end; an escape that began there may reach in).
             let mut rel = r - base;
-            let window = w.get(..WINDOW).unwrap_or_default();
+            let window = w.first_chunk::<WINDOW>().unwrap_or(&[0; WINDOW]);
             let mut special = special_bits(window)
                 & u64::MAX
                     .checked_shl(u32::try_from(rel).unwrap_or(u32::MAX))
                     .unwrap_or(0);
-            // Back to one escape at a time after a window with one or none.
-            windows = special & special.wrapping_sub(1) != 0;
+            // Back to one escape at a time after a window without one (a window with one costs
+            // less than finding it alone: rows of a table, lines of code).
+            windows = special != 0;
             // `tmp` holds less than a window's bytes from the windows before (it is flushed when it
             // holds more) and what this one unescaped: `o` < 64 + `rel` < `HELD` wherever it is
             // written to.
+            //
+            // First the escapes as if every special byte were a backslash (in a run of them every
+            // second one begins an escape): each checked to be a backslash with a simple escape's
+            // code, the byte after it cleared with the escape's bit. At the first that is not (a
+            // quote, a control character, `\u`), the loop after this one reads on from there.
+            let mut starts = escapes(special);
+            while starts != 0 {
+                let k = starts.trailing_zeros() as usize;
+                // `k` < 64: the byte and the next are in `w`.
+                let b = w.get(k).copied().unwrap_or(0);
+                let code = w.get(k + 1).copied().unwrap_or(0);
+                let simple = ESCAPES.get(usize::from(code)).copied().unwrap_or(0);
+                if b != b'\\' || simple == 0 {
+                    special &= u64::MAX << k;
+                    break;
+                }
+                o = piece(w, rel, k, &mut tmp, o);
+                if let Some(slot) = tmp.get_mut(o & (HELD - 1)) {
+                    *slot = simple;
+                }
+                o += 1;
+                rel = k + 2;
+                starts &= starts - 1;
+            }
+            if starts == 0 {
+                special = 0;
+            }
             while special != 0 {
                 let k = special.trailing_zeros() as usize;
                 o = piece(w, rel, k, &mut tmp, o);
@@ -444,7 +473,7 @@ fn piece(w: &[u8; 2 * WINDOW], rel: usize, k: usize, tmp: &mut [u8; TMP], o: usi
 }
 
 /// Bytes [`Scanner::unescape`] looks at in one step.
-const WINDOW: usize = 64;
+pub(super) const WINDOW: usize = 64;
 
 /// Bytes [`copy`] copies at once.
 const PIECE: usize = 16;
@@ -470,17 +499,59 @@ fn flush(tmp: &[u8; TMP], o: &mut usize, out: &mut Vec<u8>) {
     *o = 0;
 }
 
-/// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20.
+/// Bit `k` set when byte `k` of the window is a quote, a backslash or below 0x20: where the target
+/// has vector instructions from the bytes compared one by one (compilers turn that into 16-byte
+/// compares), else eight at a time in words.
 #[inline(always)]
-fn special_bits(window: &[u8]) -> u64 {
+fn special_bits(window: &[u8; WINDOW]) -> u64 {
+    if VECTOR_SCAN {
+        special_bits_bytes(window)
+    } else {
+        special_bits_words(window)
+    }
+}
+
+/// [`special_bits`] from byte compares: each special byte marked by its high bit, the marks of
+/// eight bytes gathered as in [`special_bits_words`].
+#[inline(always)]
+pub(super) fn special_bits_bytes(window: &[u8; WINDOW]) -> u64 {
+    let mut marked = [0u8; WINDOW];
+    for (m, &b) in marked.iter_mut().zip(window) {
+        *m = u8::from((b == b'"') | (b == b'\\') | (b < 0x20)) << 7;
+    }
     let mut bits = 0u64;
-    for (k, chunk) in window.chunks_exact(8).enumerate() {
-        // The high bit of each byte, gathered into the top byte by one multiplication (each bit
-        // lands on its own position, so nothing carries).
-        let byte = special_exact(word(chunk)).wrapping_mul(0x0002_0408_1020_4081) >> 56;
-        bits |= byte << (8 * k);
+    for (k, chunk) in marked.chunks_exact(8).enumerate() {
+        bits |= gathered(word(chunk)) << (8 * k);
     }
     bits
+}
+
+/// [`special_bits`] from words of eight bytes ([`special_exact`]).
+#[inline(always)]
+pub(super) fn special_bits_words(window: &[u8; WINDOW]) -> u64 {
+    let mut bits = 0u64;
+    for (k, chunk) in window.chunks_exact(8).enumerate() {
+        bits |= gathered(special_exact(word(chunk))) << (8 * k);
+    }
+    bits
+}
+
+/// The high bit of each byte of `high` (the only bits set) as the eight low bits, byte `j`'s as bit
+/// `j`: gathered into the top byte by one multiplication (each bit lands on its own position, so
+/// nothing carries).
+#[inline(always)]
+fn gathered(high: u64) -> u64 {
+    high.wrapping_mul(0x0002_0408_1020_4081) >> 56
+}
+
+/// Of the special bytes at the bits of `special` (none escaped by a backslash before the first bit),
+/// those where an escape would begin if each were a backslash: in a run of them, every second one
+/// from the run's first. Found for all runs at once by one subtraction whose borrow runs through
+/// each run (simdjson's test for odd runs of backslashes).
+#[inline(always)]
+pub(super) fn escapes(special: u64) -> u64 {
+    const ODD: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+    (((special << 1) | ODD).wrapping_sub(special) ^ ODD) & special
 }
 
 /// High bit set in exactly the bytes of `x` that are a quote, a backslash or below 0x20.

@@ -677,3 +677,110 @@ fn scanner_unescapes_like_serde_json() {
         assert_eq!(got.as_deref(), Some(expected.as_str()), "{json}");
     }
 }
+
+#[test]
+fn a_window_of_byte_compares_marks_what_its_words_mark() {
+    // The special-byte mask of a window (quotes, backslashes, control characters) from byte
+    // compares (vector targets) and from words of eight bytes (the rest): the same bits, on windows
+    // of bytes near each test's edges (0x1F / 0x20, 0x22, 0x5C, their values with the high bit
+    // set, 0x7F / 0x80) and random ones.
+    use super::super::json::{special_bits_bytes, special_bits_words, WINDOW};
+    let edges = [
+        0x00, 0x1F, 0x20, 0x21, 0x22, 0x23, 0x5B, 0x5C, 0x5D, 0x7F, 0x80, 0x9F, 0xA0, 0xA2, 0xDC,
+        0xFF, b'a', b't', b'n',
+    ];
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for round in 0..20_000u32 {
+        let mut window = [0u8; WINDOW];
+        for b in &mut window {
+            let r = xorshift(&mut x);
+            *b = if round.is_multiple_of(3) {
+                r as u8
+            } else {
+                edges[(r % edges.len() as u64) as usize]
+            };
+        }
+        let exact = window.iter().enumerate().fold(0u64, |m, (k, &b)| {
+            m | u64::from(b == b'"' || b == b'\\' || b < 0x20) << k
+        });
+        assert_eq!(special_bits_bytes(&window), exact, "{window:?}");
+        assert_eq!(special_bits_words(&window), exact, "{window:?}");
+    }
+}
+
+#[test]
+fn scanner_unescapes_tables_like_serde_json() {
+    // Escapes every few bytes and rows with one line break (TSV, CSV and Markdown tables), so that
+    // the scanner moves in and out of its windows at every offset, with now and then a `\uXXXX`
+    // escape, an escaped quote or backslash, or a run of backslashes; what it reads is what
+    // serde_json reads.
+    use serde::Deserialize;
+    let cells = [
+        "", "7", "ab", "1.5", "naïve", "中文", "x y z", "| a |", "-----", "😀",
+    ];
+    let mut x = 0x9E37_79B9_7F4A_7C15;
+    for round in 0..2000u32 {
+        let mut json = String::from("\"");
+        let rows = xorshift(&mut x) % 30;
+        for _ in 0..rows {
+            let cols = xorshift(&mut x) % 9;
+            for c in 0..cols {
+                let r = xorshift(&mut x);
+                for _ in 0..=(r >> 8) % 4 {
+                    json.push_str(cells[(r >> 16) as usize % cells.len()]);
+                }
+                let sep = match r % 16 {
+                    0 => "\\u0009",
+                    1 => "\\\"",
+                    2 => "\\\\",
+                    3 => "\\\\\\\\\\t",
+                    4 => "\\/",
+                    5 => " | ",
+                    _ if round.is_multiple_of(2) => "\\t",
+                    _ => ",",
+                };
+                if c + 1 < cols {
+                    json.push_str(sep);
+                }
+            }
+            json.push_str(if xorshift(&mut x).is_multiple_of(5) {
+                "\\r\\n"
+            } else {
+                "\\n"
+            });
+        }
+        json.push('"');
+        let expected: String = serde_json::from_str(&json).unwrap();
+        let mut scanner = super::super::json::Scanner::new(json.as_bytes());
+        let got = String::deserialize(&mut scanner).ok();
+        assert_eq!(got.as_deref(), Some(expected.as_str()), "{json}");
+    }
+}
+
+#[test]
+fn escapes_begin_where_a_backslash_at_a_time_finds_them() {
+    // The bits where escapes begin in a window of backslashes (every second of a run, from its
+    // first), from one subtraction, against the bits found one at a time; dense and sparse masks.
+    use super::super::json::escapes;
+    let mut x = 0x2545_F491_4F6C_DD1D;
+    for round in 0..20_000u32 {
+        let mut special = xorshift(&mut x);
+        for _ in 0..round % 4 {
+            special |= xorshift(&mut x);
+        }
+        if round.is_multiple_of(5) {
+            special &= xorshift(&mut x);
+        }
+        let mut want = 0u64;
+        let mut k = 0;
+        while k < 64 {
+            if special >> k & 1 == 1 {
+                want |= 1 << k;
+                k += 2;
+            } else {
+                k += 1;
+            }
+        }
+        assert_eq!(escapes(special), want, "{special:#066b}");
+    }
+}
