@@ -545,7 +545,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
     // ASCII is read a window at a time (see `ascii.rs`) from here on.
     let mut windows_at = if windows { 0 } else { usize::MAX };
     let mut tally = super::ascii::Tally::default();
-    while let Some(&b) = bytes.get(i) {
+    'bytes: while let Some(&b) = bytes.get(i) {
         if WINDOWS && b < 0x80 && i >= windows_at {
             match super::ascii::window(bytes, i, after_punct, &mut tally) {
                 super::ascii::Step::Counted {
@@ -596,9 +596,6 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             bump(f, feature::PUNCT_WORD, 1);
                         }
                         i += len;
-                        if next != b' ' {
-                            break;
-                        }
                         let after = if len < 7 {
                             (w >> (8 * (len + 1))) as u8
                         } else {
@@ -607,13 +604,36 @@ pub(super) fn count_features<const WINDOWS: bool>(
                                 None => break,
                             }
                         };
-                        if after.is_ascii_lowercase() {
+                        if next == b' ' {
+                            if after.is_ascii_lowercase() {
+                                i += 1;
+                                was_punct = false;
+                                continue;
+                            }
+                            if after.is_ascii_uppercase() {
+                                i = scan_word(bytes, i + 1, f, false);
+                            }
+                            break;
+                        }
+                        if !after.is_ascii_lowercase() {
+                            break;
+                        }
+                        // Cells of words: a lone tab between two words (a piece of its own, before
+                        // a letter), or a single punctuation character (`a,b`: it merges into the
+                        // word after it), as the tab and punctuation branches count them.
+                        if next == b'\t' {
+                            bump(f, feature::TAB, 1);
+                            bump(f, feature::TAB_WORD, 1);
                             i += 1;
                             was_punct = false;
                             continue;
                         }
-                        if after.is_ascii_uppercase() {
-                            i = scan_word(bytes, i + 1, f, false);
+                        if byte_class(next) & B_PUNCT != 0 {
+                            bump(f, feature::PUNCT, 1);
+                            bump(f, feature::PUNCT_RUNS, 1);
+                            i += 1;
+                            was_punct = true;
+                            continue;
                         }
                         break;
                     }
@@ -643,13 +663,31 @@ pub(super) fn count_features<const WINDOWS: bool>(
         } else if class & B_SPACE != 0 {
             // The common case first: one space between two words has no feature of its own (it has
             // one only before a digit, ASCII or fullwidth, whose UTF-8 starts with 0xEF).
-            if b == b' '
-                && bytes
-                    .get(i + 1)
-                    .is_some_and(|&n| byte_class(n) & (B_SPACE | B_DIGIT) == 0 && n != 0xEF)
-            {
-                i += 1;
-                continue;
+            if b == b' ' {
+                // `at`: a space; Markdown's ` | ` between cells taken in the same step (the pipe is
+                // a run of one after a space: it does not merge into what follows).
+                let mut at = i;
+                while let Some(&n) = bytes.get(at + 1) {
+                    let class = byte_class(n);
+                    if class & (B_SPACE | B_DIGIT) == 0 && n != 0xEF {
+                        if n == b'|' && bytes.get(at + 2) == Some(&b' ') {
+                            bump(f, feature::PUNCT, 1);
+                            bump(f, feature::PUNCT_RUNS, 1);
+                            at += 2;
+                            continue;
+                        }
+                        i = at + 1;
+                        continue 'bytes;
+                    }
+                    if class & B_DIGIT != 0 {
+                        // A lone space before an ASCII digit: a piece of its own.
+                        bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                        i = at + 1;
+                        continue 'bytes;
+                    }
+                    break;
+                }
+                i = at;
             }
             // A single tab (tab-separated values): one piece of its own (none before a line break,
             // which takes it into its piece).
