@@ -418,6 +418,19 @@ fn digits(bytes: &[u8], mut i: usize, f: &mut Counts) -> (usize, bool) {
     (i, single_punct)
 }
 
+/// A lone tab between two cells, the next one starting with `cell`: counted as the byte-wise loop
+/// counts a lone tab after a cell (not at a line's start) where `cell` is ASCII and not a space, a
+/// tab or a line break (then returned; None, and nothing counted, otherwise).
+#[inline(always)]
+fn cell_after_tab(cell: u8, f: &mut Counts) -> Option<u8> {
+    if cell >= 0x80 || byte_class(cell) & (B_SPACE | B_NEWLINE) != 0 {
+        return None;
+    }
+    bump(f, feature::TAB, 1);
+    bump(f, feature::TAB_WORD, u64::from(cell.is_ascii_alphabetic()));
+    Some(cell)
+}
+
 /// Number of bytes from `i` on whose class is in `classes`.
 #[inline(always)]
 pub(super) fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
@@ -615,18 +628,22 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             }
                             break;
                         }
-                        if !after.is_ascii_lowercase() {
+                        // Cells: a lone tab after the word (a piece of its own) before a cell
+                        // that starts with ASCII, and the word after it; a single punctuation
+                        // character between two words (`a,b`: it merges into the word after it);
+                        // as the tab and punctuation branches count them.
+                        if next == b'\t' {
+                            if let Some(cell) = cell_after_tab(after, f) {
+                                i += 1;
+                                if cell.is_ascii_lowercase() {
+                                    was_punct = false;
+                                    continue;
+                                }
+                            }
                             break;
                         }
-                        // Cells of words: a lone tab between two words (a piece of its own, before
-                        // a letter), or a single punctuation character (`a,b`: it merges into the
-                        // word after it), as the tab and punctuation branches count them.
-                        if next == b'\t' {
-                            bump(f, feature::TAB, 1);
-                            bump(f, feature::TAB_WORD, 1);
-                            i += 1;
-                            was_punct = false;
-                            continue;
+                        if !after.is_ascii_lowercase() {
+                            break;
                         }
                         if byte_class(next) & B_PUNCT != 0 {
                             bump(f, feature::PUNCT, 1);
@@ -670,11 +687,22 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 while let Some(&n) = bytes.get(at + 1) {
                     let class = byte_class(n);
                     if class & (B_SPACE | B_DIGIT) == 0 && n != 0xEF {
-                        if n == b'|' && bytes.get(at + 2) == Some(&b' ') {
-                            bump(f, feature::PUNCT, 1);
-                            bump(f, feature::PUNCT_RUNS, 1);
-                            at += 2;
-                            continue;
+                        if n == b'|' {
+                            if bytes.get(at + 2) == Some(&b' ') {
+                                bump(f, feature::PUNCT, 1);
+                                bump(f, feature::PUNCT_RUNS, 1);
+                                at += 2;
+                                continue;
+                            }
+                            // A row's end and the next row's start (` |\n| `): the line break
+                            // follows punctuation.
+                            if bytes.get(at + 2..at + 5) == Some(b"\n| ") {
+                                bump(f, feature::PUNCT, 2);
+                                bump(f, feature::PUNCT_RUNS, 2);
+                                bump(f, feature::PUNCT_NEWLINE, 1);
+                                at += 4;
+                                continue;
+                            }
                         }
                         i = at + 1;
                         continue 'bytes;
@@ -721,6 +749,12 @@ pub(super) fn count_features<const WINDOWS: bool>(
             }
             let len = run_of_class(bytes, i, B_SPACE);
             let after = after_spaces(bytes, i + len);
+            if after == AfterSpaces::Newline && len < 16 {
+                // Before a line break or the end: part of its piece, no tab feature (fewer than
+                // 16 tabs), no letter after it.
+                i += len;
+                continue;
+            }
             if bytes.get(i + len - 1) == Some(&b'\t') && letter_at(bytes, i + len) {
                 bump(f, feature::TAB_WORD, 1);
             }
@@ -773,9 +807,24 @@ pub(super) fn count_features<const WINDOWS: bool>(
             if prev_class(bytes, i) & (B_LOWER | B_UPPER) != 0 {
                 bump(f, feature::ALNUM_SWITCH, 1);
             }
-            let (next, single_punct) = digits(bytes, i, f);
-            i = next;
-            after_punct = single_punct;
+            loop {
+                let (next, single_punct) = digits(bytes, i, f);
+                i = next;
+                after_punct = single_punct;
+                // A lone tab after the cell, before one that starts with ASCII: the digits of
+                // the next cell in the same step.
+                if bytes.get(i) != Some(&b'\t') {
+                    break;
+                }
+                let Some(cell) = bytes.get(i + 1).and_then(|&c| cell_after_tab(c, f)) else {
+                    break;
+                };
+                i += 1;
+                after_punct = false;
+                if !cell.is_ascii_digit() {
+                    break;
+                }
+            }
         } else if class & B_NEWLINE != 0 {
             let newline = if punct_before(bytes, i) {
                 feature::PUNCT_NEWLINE
