@@ -551,6 +551,18 @@ pub(super) fn count_features<const WINDOWS: bool>(
     f: &mut Counts,
     windows: bool,
 ) -> bool {
+    count_pieces::<WINDOWS, true>(bytes, f, windows)
+}
+
+/// [`count_features`]; `CELLS`: with the steps that take a table's cells and their separators
+/// together (a lone tab and the cell after it, ` | `, a word after `,`), else each piece on its own
+/// (the plain loop, for the tests: the counts are the same).
+#[inline(always)]
+pub(super) fn count_pieces<const WINDOWS: bool, const CELLS: bool>(
+    bytes: &[u8],
+    f: &mut Counts,
+    windows: bool,
+) -> bool {
     // Index arithmetic is bounded by `bytes.len()` (≤ isize::MAX), so plain `+` cannot overflow.
     let mut i = 0usize;
     // The previous run was a single ASCII punctuation character (it merges into a following word).
@@ -632,18 +644,18 @@ pub(super) fn count_features<const WINDOWS: bool>(
                         // that starts with ASCII, and the word after it; a single punctuation
                         // character between two words (`a,b`: it merges into the word after it);
                         // as the tab and punctuation branches count them.
-                        if next == b'\t' {
-                            if let Some(cell) = cell_after_tab(after, f) {
-                                i += 1;
-                                if cell.is_ascii_lowercase() {
-                                    was_punct = false;
-                                    continue;
-                                }
-                            }
+                        if !CELLS {
                             break;
                         }
                         if !after.is_ascii_lowercase() {
                             break;
+                        }
+                        if next == b'\t' {
+                            bump(f, feature::TAB, 1);
+                            bump(f, feature::TAB_WORD, 1);
+                            i += 1;
+                            was_punct = false;
+                            continue;
                         }
                         if byte_class(next) & B_PUNCT != 0 {
                             bump(f, feature::PUNCT, 1);
@@ -681,41 +693,39 @@ pub(super) fn count_features<const WINDOWS: bool>(
             // The common case first: one space between two words has no feature of its own (it has
             // one only before a digit, ASCII or fullwidth, whose UTF-8 starts with 0xEF).
             if b == b' ' {
-                // `at`: a space; Markdown's ` | ` between cells taken in the same step (the pipe is
-                // a run of one after a space: it does not merge into what follows).
-                let mut at = i;
-                while let Some(&n) = bytes.get(at + 1) {
+                // Markdown's ` | ` between cells taken in the same step (the pipe is a run of
+                // one after a space: it does not merge into what follows); `i`: a space.
+                while let Some(&n) = bytes.get(i + 1) {
                     let class = byte_class(n);
                     if class & (B_SPACE | B_DIGIT) == 0 && n != 0xEF {
-                        if n == b'|' {
-                            if bytes.get(at + 2) == Some(&b' ') {
+                        if CELLS && n == b'|' {
+                            if bytes.get(i + 2) == Some(&b' ') {
                                 bump(f, feature::PUNCT, 1);
                                 bump(f, feature::PUNCT_RUNS, 1);
-                                at += 2;
+                                i += 2;
                                 continue;
                             }
                             // A row's end and the next row's start (` |\n| `): the line break
                             // follows punctuation.
-                            if bytes.get(at + 2..at + 5) == Some(b"\n| ") {
+                            if bytes.get(i + 2..i + 5) == Some(b"\n| ") {
                                 bump(f, feature::PUNCT, 2);
                                 bump(f, feature::PUNCT_RUNS, 2);
                                 bump(f, feature::PUNCT_NEWLINE, 1);
-                                at += 4;
+                                i += 4;
                                 continue;
                             }
                         }
-                        i = at + 1;
+                        i += 1;
                         continue 'bytes;
                     }
-                    if class & B_DIGIT != 0 {
+                    if CELLS && class & B_DIGIT != 0 {
                         // A lone space before an ASCII digit: a piece of its own.
                         bump(f, feature::SPACE_BEFORE_DIGIT, 1);
-                        i = at + 1;
+                        i += 1;
                         continue 'bytes;
                     }
                     break;
                 }
-                i = at;
             }
             // A single tab (tab-separated values): one piece of its own (none before a line break,
             // which takes it into its piece).
@@ -749,7 +759,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
             }
             let len = run_of_class(bytes, i, B_SPACE);
             let after = after_spaces(bytes, i + len);
-            if after == AfterSpaces::Newline && len < 16 {
+            if CELLS && after == AfterSpaces::Newline && len < 16 {
                 // Before a line break or the end: part of its piece, no tab feature (fewer than
                 // 16 tabs), no letter after it.
                 i += len;
@@ -813,7 +823,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
                 after_punct = single_punct;
                 // A lone tab after the cell, before one that starts with ASCII: the digits of
                 // the next cell in the same step.
-                if bytes.get(i) != Some(&b'\t') {
+                if !CELLS || bytes.get(i) != Some(&b'\t') {
                     break;
                 }
                 let Some(cell) = bytes.get(i + 1).and_then(|&c| cell_after_tab(c, f)) else {
@@ -858,4 +868,73 @@ pub(super) fn count_features<const WINDOWS: bool>(
         tally.add_to(f);
     }
     true
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::super::tests::xorshift;
+    use super::*;
+
+    /// The loop with its cell steps and without (with and without ASCII windows): the same counts
+    /// and the same verdict on UTF-8.
+    fn cells_count_like_pieces(text: &str) {
+        let bytes = text.as_bytes();
+        let mut plain: Counts = [0; NUM_FEATURES];
+        let ok = count_pieces::<false, false>(bytes, &mut plain, false);
+        for windows in [false, true] {
+            let mut cells: Counts = [0; NUM_FEATURES];
+            let verdict = if windows {
+                count_pieces::<true, true>(bytes, &mut cells, true)
+            } else {
+                count_pieces::<false, true>(bytes, &mut cells, false)
+            };
+            assert_eq!(verdict, ok, "{text:?}");
+            assert_eq!(cells, plain, "{text:?} (windows: {windows})");
+        }
+    }
+
+    #[test]
+    fn table_cells_count_like_the_plain_loop() {
+        // Random tables: cells of every kind the cell steps look at (words, digits with their
+        // punctuation, capitals, other scripts, fullwidth digits, punctuation, empty) between every
+        // separator they take and the ones next to them (runs of tabs and spaces, line breaks of
+        // every kind, Markdown's pipes); then the corpus's tables.
+        let cells = [
+            "", "a", "the", "word", "bucket's", "internationalization", "Word", "ABC", "x1",
+            "17%", "-342", "2024-08-23", "710.05", "3,153", "0", "12345678901", "8%-", "снег",
+            "中文", "\u{ff11}\u{ff12}", "é", "Für", "--", "...", "'", "%", "|", "|---|", "\u{1}",
+        ];
+        let seps = [
+            "\t", "\t", "\t", "\t\t", "\n", "\r\n", "\r", ",", ",", " | ", " | ", " |\n| ",
+            " |\n|", " |\r\n| ", " |\n", " ", "  ", "\t\n", "\t\t\n", " \t", "\t ", "\n\t",
+            "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", "               \n", " |", "| ", "|", ",,",
+            ", ", "\u{2028}", "\u{85}", "\t\u{85}", " \u{ff10}",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = |m: usize| (xorshift(&mut x) % m as u64) as usize;
+        for _ in 0..30_000 {
+            let mut text = String::new();
+            if next(3) == 0 {
+                text.push_str(seps[next(seps.len())]);
+            }
+            for _ in 0..1 + next(12) {
+                text.push_str(cells[next(cells.len())]);
+                text.push_str(seps[next(seps.len())]);
+            }
+            if next(2) == 0 {
+                text.push_str(cells[next(cells.len())]);
+            }
+            cells_count_like_pieces(&text);
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        let body = std::fs::read_to_string(dir.join("tables.jsonl")).unwrap();
+        let mut lines = 0;
+        for line in body.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            cells_count_like_pieces(v["text"].as_str().unwrap());
+            lines += 1;
+        }
+        assert!(lines > 50, "{lines} corpus lines");
+    }
 }
