@@ -555,7 +555,8 @@ pub(super) fn count_features<const WINDOWS: bool>(
 }
 
 /// [`count_features`]; `CELLS`: with the steps that take a table's cells and their separators
-/// together (a lone tab and the cell after it, ` | `, a word after `,`), else each piece on its own
+/// together (a lone tab and the word or digits after it, ` | ` and ` |\n| `, a word after `,`, a
+/// lone space before digits, a short blank run before a line break), else each piece on its own
 /// (the plain loop, for the tests: the counts are the same).
 #[inline(always)]
 pub(super) fn count_pieces<const WINDOWS: bool, const CELLS: bool>(
@@ -640,10 +641,9 @@ pub(super) fn count_pieces<const WINDOWS: bool, const CELLS: bool>(
                             }
                             break;
                         }
-                        // Cells: a lone tab after the word (a piece of its own) before a cell
-                        // that starts with ASCII, and the word after it; a single punctuation
-                        // character between two words (`a,b`: it merges into the word after it);
-                        // as the tab and punctuation branches count them.
+                        // Cells of words: a lone tab between two words (a piece of its own,
+                        // before a letter), or a single punctuation character (`a,b`: it merges
+                        // into the word after it), as the tab and punctuation branches count them.
                         if !CELLS {
                             break;
                         }
@@ -901,15 +901,70 @@ mod tests {
         // separator they take and the ones next to them (runs of tabs and spaces, line breaks of
         // every kind, Markdown's pipes); then the corpus's tables.
         let cells = [
-            "", "a", "the", "word", "bucket's", "internationalization", "Word", "ABC", "x1",
-            "17%", "-342", "2024-08-23", "710.05", "3,153", "0", "12345678901", "8%-", "снег",
-            "中文", "\u{ff11}\u{ff12}", "é", "Für", "--", "...", "'", "%", "|", "|---|", "\u{1}",
+            "",
+            "a",
+            "the",
+            "word",
+            "bucket's",
+            "internationalization",
+            "Word",
+            "ABC",
+            "x1",
+            "17%",
+            "-342",
+            "2024-08-23",
+            "710.05",
+            "3,153",
+            "0",
+            "12345678901",
+            "8%-",
+            "снег",
+            "中文",
+            "\u{ff11}\u{ff12}",
+            "é",
+            "Für",
+            "--",
+            "...",
+            "'",
+            "%",
+            "|",
+            "|---|",
+            "\u{1}",
         ];
         let seps = [
-            "\t", "\t", "\t", "\t\t", "\n", "\r\n", "\r", ",", ",", " | ", " | ", " |\n| ",
-            " |\n|", " |\r\n| ", " |\n", " ", "  ", "\t\n", "\t\t\n", " \t", "\t ", "\n\t",
-            "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", "               \n", " |", "| ", "|", ",,",
-            ", ", "\u{2028}", "\u{85}", "\t\u{85}", " \u{ff10}",
+            "\t",
+            "\t",
+            "\t",
+            "\t\t",
+            "\n",
+            "\r\n",
+            "\r",
+            ",",
+            ",",
+            " | ",
+            " | ",
+            " |\n| ",
+            " |\n|",
+            " |\r\n| ",
+            " |\n",
+            " ",
+            "  ",
+            "\t\n",
+            "\t\t\n",
+            " \t",
+            "\t ",
+            "\n\t",
+            "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n",
+            "               \n",
+            " |",
+            "| ",
+            "|",
+            ",,",
+            ", ",
+            "\u{2028}",
+            "\u{85}",
+            "\t\u{85}",
+            " \u{ff10}",
         ];
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
         let mut next = |m: usize| (xorshift(&mut x) % m as u64) as usize;
