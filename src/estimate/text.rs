@@ -418,6 +418,19 @@ fn digits(bytes: &[u8], mut i: usize, f: &mut Counts) -> (usize, bool) {
     (i, single_punct)
 }
 
+/// A lone tab between two cells, the next one starting with `cell`: counted as the byte-wise loop
+/// counts a lone tab after a cell (not at a line's start) where `cell` is ASCII and not a space, a
+/// tab or a line break (then returned; None, and nothing counted, otherwise).
+#[inline(always)]
+fn cell_after_tab(cell: u8, f: &mut Counts) -> Option<u8> {
+    if cell >= 0x80 || byte_class(cell) & (B_SPACE | B_NEWLINE) != 0 {
+        return None;
+    }
+    bump(f, feature::TAB, 1);
+    bump(f, feature::TAB_WORD, u64::from(cell.is_ascii_alphabetic()));
+    Some(cell)
+}
+
 /// Number of bytes from `i` on whose class is in `classes`.
 #[inline(always)]
 pub(super) fn run_of_class(bytes: &[u8], i: usize, classes: u8) -> usize {
@@ -538,6 +551,19 @@ pub(super) fn count_features<const WINDOWS: bool>(
     f: &mut Counts,
     windows: bool,
 ) -> bool {
+    count_pieces::<WINDOWS, true>(bytes, f, windows)
+}
+
+/// [`count_features`]; `CELLS`: with the steps that take a table's cells and their separators
+/// together (a lone tab and the word or digits after it, ` | ` and ` |\n| `, a word after `,`, a
+/// lone space before digits, a short blank run before a line break), else each piece on its own
+/// (the plain loop, for the tests: the counts are the same).
+#[inline(always)]
+pub(super) fn count_pieces<const WINDOWS: bool, const CELLS: bool>(
+    bytes: &[u8],
+    f: &mut Counts,
+    windows: bool,
+) -> bool {
     // Index arithmetic is bounded by `bytes.len()` (≤ isize::MAX), so plain `+` cannot overflow.
     let mut i = 0usize;
     // The previous run was a single ASCII punctuation character (it merges into a following word).
@@ -545,7 +571,7 @@ pub(super) fn count_features<const WINDOWS: bool>(
     // ASCII is read a window at a time (see `ascii.rs`) from here on.
     let mut windows_at = if windows { 0 } else { usize::MAX };
     let mut tally = super::ascii::Tally::default();
-    while let Some(&b) = bytes.get(i) {
+    'bytes: while let Some(&b) = bytes.get(i) {
         if WINDOWS && b < 0x80 && i >= windows_at {
             match super::ascii::window(bytes, i, after_punct, &mut tally) {
                 super::ascii::Step::Counted {
@@ -596,9 +622,6 @@ pub(super) fn count_features<const WINDOWS: bool>(
                             bump(f, feature::PUNCT_WORD, 1);
                         }
                         i += len;
-                        if next != b' ' {
-                            break;
-                        }
                         let after = if len < 7 {
                             (w >> (8 * (len + 1))) as u8
                         } else {
@@ -607,13 +630,39 @@ pub(super) fn count_features<const WINDOWS: bool>(
                                 None => break,
                             }
                         };
-                        if after.is_ascii_lowercase() {
+                        if next == b' ' {
+                            if after.is_ascii_lowercase() {
+                                i += 1;
+                                was_punct = false;
+                                continue;
+                            }
+                            if after.is_ascii_uppercase() {
+                                i = scan_word(bytes, i + 1, f, false);
+                            }
+                            break;
+                        }
+                        // Cells of words: a lone tab between two words (a piece of its own,
+                        // before a letter), or a single punctuation character (`a,b`: it merges
+                        // into the word after it), as the tab and punctuation branches count them.
+                        if !CELLS {
+                            break;
+                        }
+                        if !after.is_ascii_lowercase() {
+                            break;
+                        }
+                        if next == b'\t' {
+                            bump(f, feature::TAB, 1);
+                            bump(f, feature::TAB_WORD, 1);
                             i += 1;
                             was_punct = false;
                             continue;
                         }
-                        if after.is_ascii_uppercase() {
-                            i = scan_word(bytes, i + 1, f, false);
+                        if byte_class(next) & B_PUNCT != 0 {
+                            bump(f, feature::PUNCT, 1);
+                            bump(f, feature::PUNCT_RUNS, 1);
+                            i += 1;
+                            was_punct = true;
+                            continue;
                         }
                         break;
                     }
@@ -643,13 +692,40 @@ pub(super) fn count_features<const WINDOWS: bool>(
         } else if class & B_SPACE != 0 {
             // The common case first: one space between two words has no feature of its own (it has
             // one only before a digit, ASCII or fullwidth, whose UTF-8 starts with 0xEF).
-            if b == b' '
-                && bytes
-                    .get(i + 1)
-                    .is_some_and(|&n| byte_class(n) & (B_SPACE | B_DIGIT) == 0 && n != 0xEF)
-            {
-                i += 1;
-                continue;
+            if b == b' ' {
+                // Markdown's ` | ` between cells taken in the same step (the pipe is a run of
+                // one after a space: it does not merge into what follows); `i`: a space.
+                while let Some(&n) = bytes.get(i + 1) {
+                    let class = byte_class(n);
+                    if class & (B_SPACE | B_DIGIT) == 0 && n != 0xEF {
+                        if CELLS && n == b'|' {
+                            if bytes.get(i + 2) == Some(&b' ') {
+                                bump(f, feature::PUNCT, 1);
+                                bump(f, feature::PUNCT_RUNS, 1);
+                                i += 2;
+                                continue;
+                            }
+                            // A row's end and the next row's start (` |\n| `): the line break
+                            // follows punctuation.
+                            if bytes.get(i + 2..i + 5) == Some(b"\n| ") {
+                                bump(f, feature::PUNCT, 2);
+                                bump(f, feature::PUNCT_RUNS, 2);
+                                bump(f, feature::PUNCT_NEWLINE, 1);
+                                i += 4;
+                                continue;
+                            }
+                        }
+                        i += 1;
+                        continue 'bytes;
+                    }
+                    if CELLS && class & B_DIGIT != 0 {
+                        // A lone space before an ASCII digit: a piece of its own.
+                        bump(f, feature::SPACE_BEFORE_DIGIT, 1);
+                        i += 1;
+                        continue 'bytes;
+                    }
+                    break;
+                }
             }
             // A single tab (tab-separated values): one piece of its own (none before a line break,
             // which takes it into its piece).
@@ -683,6 +759,12 @@ pub(super) fn count_features<const WINDOWS: bool>(
             }
             let len = run_of_class(bytes, i, B_SPACE);
             let after = after_spaces(bytes, i + len);
+            if CELLS && after == AfterSpaces::Newline && len < 16 {
+                // Before a line break or the end: part of its piece, no tab feature (fewer than
+                // 16 tabs), no letter after it.
+                i += len;
+                continue;
+            }
             if bytes.get(i + len - 1) == Some(&b'\t') && letter_at(bytes, i + len) {
                 bump(f, feature::TAB_WORD, 1);
             }
@@ -735,9 +817,24 @@ pub(super) fn count_features<const WINDOWS: bool>(
             if prev_class(bytes, i) & (B_LOWER | B_UPPER) != 0 {
                 bump(f, feature::ALNUM_SWITCH, 1);
             }
-            let (next, single_punct) = digits(bytes, i, f);
-            i = next;
-            after_punct = single_punct;
+            loop {
+                let (next, single_punct) = digits(bytes, i, f);
+                i = next;
+                after_punct = single_punct;
+                // A lone tab after the cell, before one that starts with ASCII: the digits of
+                // the next cell in the same step.
+                if !CELLS || bytes.get(i) != Some(&b'\t') {
+                    break;
+                }
+                let Some(cell) = bytes.get(i + 1).and_then(|&c| cell_after_tab(c, f)) else {
+                    break;
+                };
+                i += 1;
+                after_punct = false;
+                if !cell.is_ascii_digit() {
+                    break;
+                }
+            }
         } else if class & B_NEWLINE != 0 {
             let newline = if punct_before(bytes, i) {
                 feature::PUNCT_NEWLINE
@@ -771,4 +868,128 @@ pub(super) fn count_features<const WINDOWS: bool>(
         tally.add_to(f);
     }
     true
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::super::tests::xorshift;
+    use super::*;
+
+    /// The loop with its cell steps and without (with and without ASCII windows): the same counts
+    /// and the same verdict on UTF-8.
+    fn cells_count_like_pieces(text: &str) {
+        let bytes = text.as_bytes();
+        let mut plain: Counts = [0; NUM_FEATURES];
+        let ok = count_pieces::<false, false>(bytes, &mut plain, false);
+        for windows in [false, true] {
+            let mut cells: Counts = [0; NUM_FEATURES];
+            let verdict = if windows {
+                count_pieces::<true, true>(bytes, &mut cells, true)
+            } else {
+                count_pieces::<false, true>(bytes, &mut cells, false)
+            };
+            assert_eq!(verdict, ok, "{text:?}");
+            assert_eq!(cells, plain, "{text:?} (windows: {windows})");
+        }
+    }
+
+    #[test]
+    fn table_cells_count_like_the_plain_loop() {
+        // Random tables: cells of every kind the cell steps look at (words, digits with their
+        // punctuation, capitals, other scripts, fullwidth digits, punctuation, empty) between every
+        // separator they take and the ones next to them (runs of tabs and spaces, line breaks of
+        // every kind, Markdown's pipes); then the corpus's tables.
+        let cells = [
+            "",
+            "a",
+            "the",
+            "word",
+            "bucket's",
+            "internationalization",
+            "Word",
+            "ABC",
+            "x1",
+            "17%",
+            "-342",
+            "2024-08-23",
+            "710.05",
+            "3,153",
+            "0",
+            "12345678901",
+            "8%-",
+            "снег",
+            "中文",
+            "\u{ff11}\u{ff12}",
+            "é",
+            "Für",
+            "--",
+            "...",
+            "'",
+            "%",
+            "|",
+            "|---|",
+            "\u{1}",
+        ];
+        let seps = [
+            "\t",
+            "\t",
+            "\t",
+            "\t\t",
+            "\n",
+            "\r\n",
+            "\r",
+            ",",
+            ",",
+            " | ",
+            " | ",
+            " |\n| ",
+            " |\n|",
+            " |\r\n| ",
+            " |\n",
+            " ",
+            "  ",
+            "\t\n",
+            "\t\t\n",
+            " \t",
+            "\t ",
+            "\n\t",
+            "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n",
+            "               \n",
+            " |",
+            "| ",
+            "|",
+            ",,",
+            ", ",
+            "\u{2028}",
+            "\u{85}",
+            "\t\u{85}",
+            " \u{ff10}",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = |m: usize| (xorshift(&mut x) % m as u64) as usize;
+        for _ in 0..30_000 {
+            let mut text = String::new();
+            if next(3) == 0 {
+                text.push_str(seps[next(seps.len())]);
+            }
+            for _ in 0..1 + next(12) {
+                text.push_str(cells[next(cells.len())]);
+                text.push_str(seps[next(seps.len())]);
+            }
+            if next(2) == 0 {
+                text.push_str(cells[next(cells.len())]);
+            }
+            cells_count_like_pieces(&text);
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        let body = std::fs::read_to_string(dir.join("tables.jsonl")).unwrap();
+        let mut lines = 0;
+        for line in body.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            cells_count_like_pieces(v["text"].as_str().unwrap());
+            lines += 1;
+        }
+        assert!(lines > 50, "{lines} corpus lines");
+    }
 }
