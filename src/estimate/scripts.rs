@@ -1170,7 +1170,10 @@ mod tests {
             }
         }
         // Every answer was seen, many times.
-        assert!(answers[0] > 1_000 && answers[2] > 1_000 && answers[3] > 300, "{answers:?}");
+        assert!(
+            answers[0] > 1_000 && answers[2] > 1_000 && answers[3] > 300,
+            "{answers:?}"
+        );
     }
 
     /// [`thai_tokens`] as it was before its window of codes and flag bytes (73ae547): the
