@@ -278,14 +278,10 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut before = letters_of;
     // The letters of the run's class at `j`, four at most (see `ALPHA_LANES`).
     let step = |j: usize, mask: u64, value: u64, cyrillic: bool| -> usize {
-        let Some(chunk) = bytes
-            .get(j..)
-            .filter(|_| mask != 0)
-            .and_then(<[u8]>::first_chunk::<8>)
-        else {
+        let Some(chunk) = bytes.get(j..j + 8).filter(|_| mask != 0) else {
             return 0;
         };
-        let w = u64::from_le_bytes(*chunk);
+        let w = u64::from_le_bytes(<[u8; 8]>::try_from(chunk).unwrap_or([0; 8]));
         let mut bad = (w & mask) ^ value;
         if cyrillic {
             bad |= uk_suspects(w);
