@@ -463,21 +463,19 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let firsts = (n - 1).min(GREEK_FIRST_MAX);
     // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`. The
     // first `GREEK_SURE_FIRSTS` prefixes (every word asked for has them) without the loop's count.
-    let forward = |h: &mut u64, pre: &mut u32, pair: &[u8]| {
-        *h = greek_step(*h, lane_code(pair));
+    // Letter `k`'s code (`k` < `n` ≤ `GREEK_PIECES_MAX`: within `codes`).
+    let code = |k: usize| u64::from(codes.get(2 * k).copied().unwrap_or(0));
+    let forward = |h: &mut u64, pre: &mut u32, code: u64| {
+        *h = greek_step(*h, code);
         *pre = (*pre >> 1) | ((greek_bit(*h) as u32) << 31);
     };
     if let Some(sure) = codes.first_chunk::<{ 2 * GREEK_SURE_FIRSTS }>() {
         for pair in sure.chunks_exact(2) {
-            forward(&mut h, &mut pre, pair);
+            forward(&mut h, &mut pre, lane_code(pair));
         }
     }
-    for pair in word
-        .get(2 * GREEK_SURE_FIRSTS..2 * firsts)
-        .unwrap_or(&[])
-        .chunks_exact(2)
-    {
-        forward(&mut h, &mut pre, pair);
+    for k in GREEK_SURE_FIRSTS..firsts {
+        forward(&mut h, &mut pre, code(k));
     }
     pre >>= 31 - firsts;
     if pre == 0 {
@@ -490,8 +488,8 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     // Each answer shifted in without a branch (the first, the suffix of the last letter, ends
     // at bit `n - 1 - lowest`), then moved up to its letter.
     let mut g = GREEK_BACK;
-    for pair in word.get(2 * lowest..).unwrap_or(&[]).chunks_exact(2).rev() {
-        g = greek_step(g, lane_code(pair));
+    for k in (lowest..n).rev() {
+        g = greek_step(g, code(k));
         suf = (suf << 1) | (greek_bit(g) as u32 & 1);
     }
     suf <<= lowest;
