@@ -278,14 +278,10 @@ fn scan_alpha(bytes: &[u8], i: usize, first: (u8, usize), f: &mut Counts) -> usi
     let mut before = letters_of;
     // The letters of the run's class at `j`, four at most (see `ALPHA_LANES`).
     let step = |j: usize, mask: u64, value: u64, cyrillic: bool| -> usize {
-        let Some(chunk) = bytes
-            .get(j..)
-            .filter(|_| mask != 0)
-            .and_then(<[u8]>::first_chunk::<8>)
-        else {
+        let Some(chunk) = bytes.get(j..j + 8).filter(|_| mask != 0) else {
             return 0;
         };
-        let w = u64::from_le_bytes(*chunk);
+        let w = u64::from_le_bytes(<[u8; 8]>::try_from(chunk).unwrap_or([0; 8]));
         let mut bad = (w & mask) ^ value;
         if cyrillic {
             bad |= uk_suspects(w);
@@ -418,6 +414,8 @@ const GREEK_PIECES_MAX: usize = 24;
 /// a piece without a space (o200k's longest).
 const GREEK_FIRST_MAX: usize = 8;
 const GREEK_BARE_MAX: usize = 8;
+/// Prefixes that every word asked for has (`GREEK_PIECES_MIN` − 1).
+const GREEK_SURE_FIRSTS: usize = GREEK_PIECES_MIN as usize - 1;
 
 /// The codes of four Greek letters from their eight bytes (`w`, little-endian): a letter's code
 /// point − U+0370 + 1 (1..=144) in the low byte of its 16-bit lane, the high byte 0. For a two-byte
@@ -442,12 +440,13 @@ fn lane_code(lane: &[u8]) -> u64 {
 /// one without a space (`εμφαν` + `ίζεται`), Some(3) if by two, else None. On the Greek words of
 /// the corpus o200k splits exactly so where it can (the single-token words of the table cannot
 /// tell). One pass forwards and one backwards over the letters ask [`greek_maybe`] for every
-/// prefix and suffix (the backward one from the end down to the first prefix found, and not past
-/// a suffix that ends a two-piece split); middle pieces only between candidates.
+/// prefix and suffix (the backward one from the end down to the first prefix found); middle pieces
+/// only between candidates. None for a word of fewer than [`GREEK_PIECES_MIN`] letters.
 #[inline(never)]
 fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
     let n = (to - from) / 2;
-    if n > GREEK_PIECES_MAX {
+    // `scan_alpha` asks for words of `GREEK_PIECES_MIN` letters or more only.
+    if !(GREEK_PIECES_MIN as usize..=GREEK_PIECES_MAX).contains(&n) {
         return None;
     }
     // Bit `k` (1..n): the first `k` letters may be a word of the table; the letters from the `k`th
@@ -462,10 +461,21 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let (mut pre, mut suf) = (0u32, 0u32);
     let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
     let firsts = (n - 1).min(GREEK_FIRST_MAX);
-    // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`.
-    for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
-        h = greek_step(h, lane_code(pair));
-        pre = (pre >> 1) | ((greek_bit(h) as u32) << 31);
+    // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`. The
+    // first `GREEK_SURE_FIRSTS` prefixes (every word asked for has them) without the loop's count.
+    // Letter `k`'s code (`k` < `n` ≤ `GREEK_PIECES_MAX`: within `codes`).
+    let code = |k: usize| u64::from(codes.get(2 * k).copied().unwrap_or(0));
+    let forward = |h: &mut u64, pre: &mut u32, code: u64| {
+        *h = greek_step(*h, code);
+        *pre = (*pre >> 1) | ((greek_bit(*h) as u32) << 31);
+    };
+    if let Some(sure) = codes.first_chunk::<{ 2 * GREEK_SURE_FIRSTS }>() {
+        for pair in sure.chunks_exact(2) {
+            forward(&mut h, &mut pre, lane_code(pair));
+        }
+    }
+    for k in GREEK_SURE_FIRSTS..firsts {
+        forward(&mut h, &mut pre, code(k));
     }
     pre >>= 31 - firsts;
     if pre == 0 {
@@ -475,17 +485,16 @@ fn greek_pieces(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8>
     let lowest = n
         .saturating_sub(GREEK_BARE_MAX)
         .max(pre.trailing_zeros() as usize);
+    // Each answer shifted in without a branch (the first, the suffix of the last letter, ends
+    // at bit `n - 1 - lowest`), then moved up to its letter.
     let mut g = GREEK_BACK;
-    let mut bit = 1u32 << n;
-    for pair in word.get(2 * lowest..).unwrap_or(&[]).chunks_exact(2).rev() {
-        bit >>= 1;
-        g = greek_step(g, lane_code(pair));
-        if greek_maybe(g) {
-            if pre & bit != 0 {
-                return Some(2);
-            }
-            suf |= bit;
-        }
+    for k in (lowest..n).rev() {
+        g = greek_step(g, code(k));
+        suf = (suf << 1) | (greek_bit(g) as u32 & 1);
+    }
+    suf <<= lowest;
+    if pre & suf != 0 {
+        return Some(2);
     }
     let mut first = pre;
     while first != 0 {
@@ -1031,6 +1040,134 @@ mod tests {
         assert_eq!(f[feature::HEBREW], 7);
         assert_eq!(f[feature::ALPHA_RUNS], 3);
         assert_eq!(f[feature::HEBREW_RUNS], 1);
+    }
+
+    /// [`greek_pieces`] as it was before its first prefixes without the loop's count and its
+    /// backward pass without a branch (7ced0dd): the reference the fast one must match.
+    fn greek_pieces_reference(bytes: &[u8], from: usize, to: usize, space: bool) -> Option<u8> {
+        let n = (to - from) / 2;
+        if n > GREEK_PIECES_MAX {
+            return None;
+        }
+        // Bit `k` (1..n): the first `k` letters may be a word of the table; the letters from the `k`th
+        // on may be one without a space.
+        // The letters' codes, computed once for the three passes: letter `k`'s in the low byte of
+        // the 16-bit lane at `2 * k`.
+        let mut codes = [0u8; 2 * GREEK_PIECES_MAX];
+        for (k, out) in codes.chunks_exact_mut(8).enumerate().take(n.div_ceil(4)) {
+            out.copy_from_slice(&pair_codes(load(bytes, from + 8 * k)).to_le_bytes());
+        }
+        let word = codes.get(..2 * n)?;
+        let (mut pre, mut suf) = (0u32, 0u32);
+        let mut h = if space { GREEK_SPACED } else { GREEK_BARE };
+        let firsts = (n - 1).min(GREEK_FIRST_MAX);
+        // Each answer into bit 31, the earlier ones a bit down: the `k`th at `31 - firsts + k`.
+        for pair in word.get(..2 * firsts).unwrap_or(&[]).chunks_exact(2) {
+            h = greek_step(h, lane_code(pair));
+            pre = (pre >> 1) | ((greek_bit(h) as u32) << 31);
+        }
+        pre >>= 31 - firsts;
+        if pre == 0 {
+            return None;
+        }
+        // A suffix from `k` is of use if `k` is a prefix's end (two pieces) or after one (three).
+        let lowest = n
+            .saturating_sub(GREEK_BARE_MAX)
+            .max(pre.trailing_zeros() as usize);
+        let mut g = GREEK_BACK;
+        let mut bit = 1u32 << n;
+        for pair in word.get(2 * lowest..).unwrap_or(&[]).chunks_exact(2).rev() {
+            bit >>= 1;
+            g = greek_step(g, lane_code(pair));
+            if greek_maybe(g) {
+                if pre & bit != 0 {
+                    return Some(2);
+                }
+                suf |= bit;
+            }
+        }
+        let mut first = pre;
+        while first != 0 {
+            let a = first.trailing_zeros() as usize;
+            first &= first - 1;
+            // The middle piece's hash, from letter `a` up to each candidate end `b` (a suffix's start,
+            // `a` < `b` ≤ `a + GREEK_BARE_MAX`), a letter at a time: bit 0 of `ends` is the letter
+            // just hashed.
+            let mut ends = (suf >> a) >> 1 & ((1 << GREEK_BARE_MAX) - 1);
+            let mut m = GREEK_BARE;
+            for pair in word.get(2 * a..).unwrap_or(&[]).chunks_exact(2) {
+                if ends == 0 {
+                    break;
+                }
+                m = greek_step(m, lane_code(pair));
+                if ends & 1 != 0 && greek_maybe(m) {
+                    return Some(3);
+                }
+                ends >>= 1;
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn greek_pieces_answers_like_the_plain_reference() {
+        // Words of the corpus's Greek text glued together without spaces (two-piece and
+        // three-piece splits among them), cut at random letters, and random Greek letters, each
+        // after a space and not: the same answer for every word of 6..=24 letters, and None for
+        // the shorter ones (never asked for).
+        let body = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/greek.jsonl"),
+        )
+        .unwrap();
+        let words: Vec<Vec<char>> = body
+            .split(|c: char| !('\u{0370}'..='\u{03FF}').contains(&c))
+            .filter(|w| !w.is_empty())
+            .map(|w| w.chars().collect())
+            .collect();
+        assert!(words.len() > 1_000, "{} Greek words", words.len());
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
+        let mut answers = [0usize; 4];
+        for case in 0..40_000 {
+            let mut word: Vec<char> = Vec::new();
+            if case % 7 == 6 {
+                for _ in 0..1 + next(26) {
+                    word.push(char::from_u32(0x0370 + next(144) as u32).unwrap_or('α'));
+                }
+            } else {
+                for _ in 0..1 + next(3) {
+                    word.extend(&words[next(words.len())]);
+                }
+                let cut = next(word.len() + 1);
+                if case % 3 == 0 {
+                    word.drain(..cut.min(word.len() / 2));
+                } else if case % 3 == 1 {
+                    word.truncate(cut.max(word.len() / 2));
+                }
+            }
+            let w: String = word.iter().collect();
+            // Two-byte letters only, as `scan_alpha` asks.
+            if w.len() != 2 * word.len() || word.is_empty() {
+                continue;
+            }
+            let text = format!("x {w}.");
+            let (from, to) = (2, 2 + w.len());
+            for space in [false, true] {
+                let got = greek_pieces(text.as_bytes(), from, to, space);
+                if word.len() < GREEK_PIECES_MIN as usize {
+                    assert_eq!(got, None, "{w}");
+                    continue;
+                }
+                let want = greek_pieces_reference(text.as_bytes(), from, to, space);
+                assert_eq!(got, want, "{w} space {space}");
+                answers[usize::from(got.unwrap_or(0))] += 1;
+            }
+        }
+        // Every answer was seen, many times.
+        assert!(
+            answers[0] > 1_000 && answers[2] > 1_000 && answers[3] > 300,
+            "{answers:?}"
+        );
     }
 
     /// [`thai_tokens`] as it was before its window of codes and flag bytes (73ae547): the
