@@ -276,16 +276,23 @@ fn count_high(m: u64) -> u64 {
     (m >> 7).wrapping_mul(0x0101_0101_0101_0101) >> 56
 }
 
-/// A word after a space of lower-case and accented letters that ends within the eight bytes at
-/// `start` (most words of European languages and Vietnamese), counted as [`scan_words`] counts it
-/// (the index after it); `None` (nothing counted) for the rest: a capital or no letter at `start`,
-/// a longer word, fewer than eight bytes left, a non-ASCII character that is not an accented
-/// letter of two or three bytes. Its letters from masks (the lead bytes, the continuation bytes
-/// and the letters' ends; one table load a letter to tell it and its feature), the word-table
-/// lookup from the same eight bytes, and an accented letter's feature counts and pairs only for a
-/// word the table does not know.
+/// A word of lower-case and accented letters at `start` that ends within the eight bytes there
+/// (most words of European languages and Vietnamese), counted as [`scan_word`] counts it (after a
+/// space if `space`, after punctuation if `after_punct`): the index after it and whether a space
+/// follows it; `None` (nothing counted) for the rest: a capital or no letter at `start`, a longer
+/// word, fewer than eight bytes left, a non-ASCII character that is not an accented letter of two
+/// or three bytes. Its letters from masks (the lead bytes, the continuation bytes and the letters'
+/// ends; one table load a letter to tell it and its feature), the word-table lookup from the same
+/// eight bytes, and an accented letter's feature counts and pairs only for a word the table does
+/// not know.
 #[inline(always)]
-fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
+fn short_word(
+    bytes: &[u8],
+    start: usize,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+) -> Option<(usize, bool)> {
     const HI: u64 = 0x8080_8080_8080_8080;
     let w = load8(bytes, start)?;
     let high = w & HI;
@@ -297,23 +304,25 @@ fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
     if t == 0 {
         return None;
     }
+    // The byte after the word (`t` < 8: within `w`).
+    let spaced = (w >> (8 * t)) as u8 == b' ';
+    let end = start + t as usize;
     let region = high & !(u64::MAX << (8 * t));
     let len = t as usize;
     if region == 0 {
         // ASCII lower-case letters only (as `count_read_word` counts them).
+        if after_punct {
+            bump(f, feature::PUNCT_WORD, 1);
+        }
         if len >= MIN_ASCII {
-            if known_low(w, len, true) {
-                bump(f, feature::LATIN_KNOWN, 1);
-                return Some(start + len);
+            if known_low(w, len, space) {
+                bump(f, known_feature(space), 1);
+                return Some((end, spaced));
             }
-            bump(
-                f,
-                feature::LATIN_RARE_PAIR,
-                rare_pairs(bytes, start, start + len),
-            );
+            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, end));
         }
         count_word(f, len);
-        return Some(start + len);
+        return Some((end, spaced));
     }
     // Lead bytes (0b11xxxxxx: bit 6 shifted onto bit 7) and of them those of three bytes or more
     // (0b111xxxxx); the others must be continuation bytes, exactly those the leads need.
@@ -324,38 +333,52 @@ fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
     }
     // [`EXT_LEAD`]'s counts of the letters: at most four (eight bytes), so the fields (letters in
     // bits 0..3, of Latin Extended-A in 3..6, of three bytes in 6..8) do not carry into each other.
-    let (mut rest, mut sum) = (leads, 0u32);
-    while rest != 0 {
+    // The first lead byte out of the loop (there is one: `region` is not empty and is not all
+    // continuation bytes); most words have one accented letter.
+    let kind = |at: u64| {
         // The lead byte at the low bits of `v`, the next byte above it.
-        let v = w >> (rest.trailing_zeros() & 0x38);
-        let kind = EXT_LEAD
+        let v = w >> (at.trailing_zeros() & 0x38);
+        EXT_LEAD
             .get(((v & 63) << 6 | (v >> 8) & 63) as usize & 0xFFF)
             .copied()
-            .unwrap_or(0);
-        if kind == 0 {
+            .unwrap_or(0)
+    };
+    let mut sum = u32::from(kind(leads));
+    if sum == 0 {
+        return None;
+    }
+    let mut rest = leads & leads.wrapping_sub(1);
+    while rest != 0 {
+        let k = kind(rest);
+        if k == 0 {
             return None;
         }
-        sum += u32::from(kind);
+        sum += u32::from(k);
         rest &= rest - 1;
     }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    // At least one accented letter (`sum` counts one a lead byte in its low bits).
     let ext = sum & 7;
     // Each letter of two bytes has one continuation byte, of three two.
     let letters = t - ext - (sum >> 6);
-    if letters >= if ext > 0 { 2 } else { MIN_ASCII as u32 } && known_low(w, len, true) {
-        bump(f, feature::LATIN_KNOWN, 1);
-        return Some(start + len);
+    if letters >= 2 && known_low(w, len, space) {
+        bump(f, known_feature(space), 1);
+        return Some((end, spaced));
     }
     // Where each letter ends: an accented letter there follows another.
     let ends = (leads ^ long) << 16 | long << 24;
     let tail = Tail {
-        end: start + len,
+        end,
         letters: letters as usize,
         ext: u64::from(ext),
         ext_a: u64::from((sum >> 3) & 7),
         pairs: count_high(leads & ends),
     };
-    Some(count_read_word(
-        bytes, f, start, 0, &tail, true, false, true,
+    Some((
+        count_read_word(bytes, f, start, 0, &tail, space, false, true),
+        spaced,
     ))
 }
 
@@ -481,16 +504,24 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
 /// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
 /// space before a letter has no feature of its own, see [`count_features`]): text with accented
 /// letters (European languages, Vietnamese) is read word after word without going back to the
-/// byte-wise loop. Returns the index after the last word.
+/// byte-wise loop. Each word of up to eight bytes by [`short_word`], the others the general way.
+/// Returns the index after the last word.
 #[inline(never)]
 pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
-    let mut i = scan_word(bytes, start, f, after_punct);
-    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
-    while bytes.get(i) == Some(&b' ') {
+    let (mut i, mut spaced) =
+        match short_word(bytes, start, f, space_before(bytes, start), after_punct) {
+            Some(word) => word,
+            None => {
+                let i = scan_word(bytes, start, f, after_punct);
+                (i, bytes.get(i) == Some(&b' '))
+            }
+        };
+    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` is a space.
+    while spaced {
         // A word after the space, if a letter follows it: read as `scan_word` reads it.
         let start = i + 1;
-        if let Some(end) = spaced_word(bytes, start, f) {
-            i = end;
+        if let Some((end, next)) = short_word(bytes, start, f, true, false) {
+            (i, spaced) = (end, next);
             continue;
         }
         let tail = word_tail(bytes, start);
@@ -500,9 +531,10 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
                 break;
             }
             i = scan_capitalised(bytes, start, f);
-            continue;
+        } else {
+            i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
         }
-        i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
+        spaced = bytes.get(i) == Some(&b' ');
     }
     i
 }
@@ -520,12 +552,9 @@ mod tests {
     use super::super::weights::NUM_FEATURES;
     use super::*;
 
-    #[test]
-    fn a_spaced_word_is_counted_as_the_general_path_counts_it() {
-        // Words after a space from corpus words and random letters (ASCII, accented of two and three
-        // bytes, capitals, digits, other characters): wherever `spaced_word` takes a word, it ends
-        // where `word_tail` + `count_read_word` (what `scan_words` did before it) end and counts the
-        // same features.
+    /// Words from the corpus (Vietnamese, accented Latin, English) and random letters (ASCII,
+    /// accented of two and three bytes, capitals, digits, other characters), for the tests below.
+    fn word_maker() -> impl FnMut() -> String {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
         let mut words: Vec<String> = Vec::new();
         for name in ["vietnamese.jsonl", "latin.jsonl", "english.jsonl"] {
@@ -540,10 +569,9 @@ mod tests {
             .chars()
             .collect();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
-        let (mut taken, mut unknown) = (0, 0);
-        for _ in 0..20_000 {
-            let mut text = String::from(" ");
+        move || {
+            let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
+            let mut text = String::new();
             if next(2) == 0 {
                 text.push_str(&words[next(words.len())]);
             } else {
@@ -557,11 +585,24 @@ mod tests {
                     text.push(pieces[k]);
                 }
             }
-            text.push_str([" ", ".", "", " và", "\n"][next(5)]);
-            text.push_str("        ");
+            text.push_str([" ", ".", "", " và", "\n", ", "][next(6)]);
+            text
+        }
+    }
+
+    #[test]
+    fn a_short_word_is_counted_as_the_general_path_counts_it() {
+        // Wherever `short_word` takes a word (after a space or not, after punctuation or not), it
+        // ends where `word_tail` + `count_read_word` (what `scan_words` did before it) end, counts
+        // the same features and tells whether a space follows.
+        let mut word = word_maker();
+        let (mut taken, mut unknown) = (0, 0);
+        for k in 0..40_000 {
+            let (space, after_punct) = (k % 2 == 0, k % 3 == 0);
+            let text = format!(" {}        ", word());
             let bytes = text.as_bytes();
             let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
-            let Some(end) = spaced_word(bytes, 1, &mut fast) else {
+            let Some((end, spaced)) = short_word(bytes, 1, &mut fast, space, after_punct) else {
                 assert_eq!(
                     fast, [0u64; NUM_FEATURES],
                     "{text:?}: counted, then refused"
@@ -570,16 +611,66 @@ mod tests {
             };
             let tail = word_tail(bytes, 1);
             assert!(tail.letters > 0, "{text:?}: taken, but no word there");
-            let want = count_read_word(bytes, &mut plain, 1, 0, &tail, true, false, false);
+            let want = count_read_word(bytes, &mut plain, 1, 0, &tail, space, after_punct, false);
             assert_eq!(end, want, "{text:?}");
-            assert_eq!(fast, plain, "{text:?}");
+            assert_eq!(fast, plain, "{text:?} {space} {after_punct}");
+            assert_eq!(spaced, bytes.get(end) == Some(&b' '), "{text:?}");
             taken += 1;
-            unknown += usize::from(!known(bytes, 1, end, true));
+            unknown += usize::from(!known(bytes, 1, end, space));
         }
         // Both of its paths ran: words the table knows and words it does not.
         assert!(
-            taken > 5_000 && unknown > 1_000 && taken - unknown > 1_000,
+            taken > 10_000 && unknown > 2_000 && taken - unknown > 2_000,
             "{taken} taken, {unknown} unknown"
         );
+    }
+
+    /// [`scan_words`] without [`short_word`]: [`scan_word`], then [`word_tail`] and
+    /// [`count_read_word`] for each word after a single space (what it was before).
+    fn scan_words_plain(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+        let mut i = scan_word(bytes, start, f, after_punct);
+        while bytes.get(i) == Some(&b' ') {
+            let start = i + 1;
+            let tail = word_tail(bytes, start);
+            if tail.letters == 0 {
+                if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+                    break;
+                }
+                i = scan_capitalised(bytes, start, f);
+                continue;
+            }
+            i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
+        }
+        i
+    }
+
+    #[test]
+    fn scan_words_counts_as_its_plain_loop_counts() {
+        // Runs of words (corpus words and random letters with punctuation, ends of the text at
+        // every distance) from after a space or not, after punctuation or not: the same end and
+        // the same features as the loop without `short_word`.
+        let mut word = word_maker();
+        for k in 0..20_000 {
+            let mut text = String::from(["", " ", "(", "a"][k % 4]);
+            let from = text.len();
+            for _ in 0..1 + k % 7 {
+                text.push_str(&word());
+                if k % 5 != 0 {
+                    text.push(' ');
+                }
+            }
+            let bytes = text.as_bytes();
+            // The first word starts with a letter, as where `scan_words` is called.
+            let first = text[from..].chars().next().unwrap();
+            if !first.is_alphabetic() || first.is_uppercase() || first == '中' {
+                continue;
+            }
+            let after_punct = k % 3 == 0;
+            let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
+            let end = scan_words(bytes, from, &mut fast, after_punct);
+            let want = scan_words_plain(bytes, from, &mut plain, after_punct);
+            assert_eq!(end, want, "{text:?}");
+            assert_eq!(fast, plain, "{text:?}");
+        }
     }
 }
