@@ -511,10 +511,7 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
     let (mut i, mut spaced) =
         match short_word(bytes, start, f, space_before(bytes, start), after_punct) {
             Some(word) => word,
-            None => {
-                let i = scan_word(bytes, start, f, after_punct);
-                (i, bytes.get(i) == Some(&b' '))
-            }
+            None => first_word(bytes, start, f, after_punct),
         };
     // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` is a space.
     while spaced {
@@ -524,26 +521,38 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
             (i, spaced) = (end, next);
             continue;
         }
-        let tail = word_tail(bytes, start);
-        if tail.letters == 0 {
-            // A capital, or no letter at all.
-            if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
-                break;
-            }
-            i = scan_capitalised(bytes, start, f);
-        } else {
-            i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
+        match spaced_word(bytes, start, f) {
+            Some(word) => (i, spaced) = word,
+            None => break,
         }
-        spaced = bytes.get(i) == Some(&b' ');
     }
     i
 }
 
-/// [`scan_word`] of a word after a space that starts with a capital (out of line: the lower-case
-/// words of [`scan_words`] keep their loop small).
+/// [`scan_word`] of `scan_words`' first word where [`short_word`] does not take it, and whether a
+/// space follows it (out of line: [`short_word`]'s loop stays small).
 #[inline(never)]
-fn scan_capitalised(bytes: &[u8], start: usize, f: &mut Counts) -> usize {
-    scan_word(bytes, start, f, false)
+fn first_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> (usize, bool) {
+    let i = scan_word(bytes, start, f, after_punct);
+    (i, bytes.get(i) == Some(&b' '))
+}
+
+/// A word after a space at `start` that [`short_word`] does not take, as [`scan_word`] reads it:
+/// the index after it and whether a space follows it; `None` (nothing counted) where no letter is
+/// at `start` (out of line: [`short_word`]'s loop stays small).
+#[inline(never)]
+fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<(usize, bool)> {
+    let tail = word_tail(bytes, start);
+    let i = if tail.letters == 0 {
+        // A capital, or no letter at all.
+        if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+            return None;
+        }
+        scan_word(bytes, start, f, false)
+    } else {
+        count_read_word(bytes, f, start, 0, &tail, true, false, false)
+    };
+    Some((i, bytes.get(i) == Some(&b' ')))
 }
 
 #[cfg(test)]
@@ -636,7 +645,7 @@ mod tests {
                 if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
                     break;
                 }
-                i = scan_capitalised(bytes, start, f);
+                i = scan_word(bytes, start, f, false);
                 continue;
             }
             i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
