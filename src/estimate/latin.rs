@@ -298,7 +298,7 @@ fn short_word(
     let high = w & HI;
     let stop = not_lower_mask(w) & !high;
     if stop == 0 {
-        return None;
+        return long_word(bytes, start, w, f, space, after_punct);
     }
     let t = stop.trailing_zeros() / 8;
     if t == 0 {
@@ -375,6 +375,88 @@ fn short_word(
         ext: u64::from(ext),
         ext_a: u64::from((sum >> 3) & 7),
         pairs: count_high(leads & ends),
+    };
+    Some((
+        count_read_word(bytes, f, start, 0, &tail, space, false, true),
+        spaced,
+    ))
+}
+
+/// [`short_word`] of a word of 8 to 15 bytes (`w`: its first eight): the same from sixteen bytes,
+/// the masks in 128 bits, the lookup by [`known`].
+#[inline(always)]
+fn long_word(
+    bytes: &[u8],
+    start: usize,
+    w: u64,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+) -> Option<(usize, bool)> {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let w2 = load8(bytes, start + 8)?;
+    let stop = not_lower_mask(w2) & !(w2 & HI);
+    if stop == 0 {
+        return None;
+    }
+    // 8..=15; the byte after the word in `w2`.
+    let t = 8 + stop.trailing_zeros() / 8;
+    let spaced = (w2 >> (8 * (t - 8))) as u8 == b' ';
+    let end = start + t as usize;
+    let len = t as usize;
+    let w = u128::from(w) | u128::from(w2) << 64;
+    let region = w & (u128::from(HI) << 64 | u128::from(HI)) & !(u128::MAX << (8 * t));
+    if region == 0 {
+        // ASCII lower-case letters only: at least eight, so looked up.
+        if after_punct {
+            bump(f, feature::PUNCT_WORD, 1);
+        }
+        if known(bytes, start, end, space) {
+            bump(f, known_feature(space), 1);
+        } else {
+            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, end));
+            count_word(f, len);
+        }
+        return Some((end, spaced));
+    }
+    // As in [`short_word`].
+    let leads = region & (w << 1);
+    let long = leads & (w << 2);
+    if region & !leads != (leads << 8 | long << 16) {
+        return None;
+    }
+    // At most seven letters of two or more bytes (fifteen bytes): the fields of `sum` do not carry
+    // into each other (those of three bytes from bit 6 up).
+    let (mut rest, mut sum) = (leads, 0u32);
+    while rest != 0 {
+        let v = (w >> (rest.trailing_zeros() & 0x78)) as u64;
+        let kind = EXT_LEAD
+            .get(((v & 63) << 6 | (v >> 8) & 63) as usize & 0xFFF)
+            .copied()
+            .unwrap_or(0);
+        if kind == 0 {
+            return None;
+        }
+        sum += u32::from(kind);
+        rest &= rest - 1;
+    }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    let ext = sum & 7;
+    let letters = t - ext - (sum >> 6);
+    if letters >= 2 && known(bytes, start, end, space) {
+        bump(f, known_feature(space), 1);
+        return Some((end, spaced));
+    }
+    let ends = (leads ^ long) << 16 | long << 24;
+    let pairs = leads & ends;
+    let tail = Tail {
+        end,
+        letters: letters as usize,
+        ext: u64::from(ext),
+        ext_a: u64::from((sum >> 3) & 7),
+        pairs: count_high(pairs as u64) + count_high((pairs >> 64) as u64),
     };
     Some((
         count_read_word(bytes, f, start, 0, &tail, space, false, true),
@@ -601,11 +683,12 @@ mod tests {
 
     #[test]
     fn a_short_word_is_counted_as_the_general_path_counts_it() {
-        // Wherever `short_word` takes a word (after a space or not, after punctuation or not), it
+        // Wherever `short_word` takes a word (after a space or not, after punctuation or not; of up
+        // to eight bytes and, by `long_word`, of up to fifteen), it
         // ends where `word_tail` + `count_read_word` (what `scan_words` did before it) end, counts
         // the same features and tells whether a space follows.
         let mut word = word_maker();
-        let (mut taken, mut unknown) = (0, 0);
+        let (mut taken, mut unknown, mut long, mut long_unknown) = (0, 0, 0, 0);
         for k in 0..40_000 {
             let (space, after_punct) = (k % 2 == 0, k % 3 == 0);
             let text = format!(" {}        ", word());
@@ -626,11 +709,18 @@ mod tests {
             assert_eq!(spaced, bytes.get(end) == Some(&b' '), "{text:?}");
             taken += 1;
             unknown += usize::from(!known(bytes, 1, end, space));
+            long += usize::from(end > 9);
+            long_unknown += usize::from(end > 9 && !known(bytes, 1, end, space));
         }
-        // Both of its paths ran: words the table knows and words it does not.
+        // Both of its paths ran, for words of up to eight bytes and longer ones: words the table
+        // knows and words it does not.
         assert!(
             taken > 10_000 && unknown > 2_000 && taken - unknown > 2_000,
             "{taken} taken, {unknown} unknown"
+        );
+        assert!(
+            long > 2_000 && long_unknown > 500 && long - long_unknown > 200,
+            "{long} long taken, {long_unknown} unknown"
         );
     }
 
