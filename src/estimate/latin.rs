@@ -292,13 +292,14 @@ fn short_word(
     f: &mut Counts,
     space: bool,
     after_punct: bool,
+    first: bool,
 ) -> Option<(usize, bool)> {
     const HI: u64 = 0x8080_8080_8080_8080;
     let w = load8(bytes, start)?;
     let high = w & HI;
     let stop = not_lower_mask(w) & !high;
     if stop == 0 {
-        return long_word(bytes, start, w, f, space, after_punct);
+        return long_word(bytes, start, w, f, space, after_punct, first);
     }
     let t = stop.trailing_zeros() / 8;
     if t == 0 {
@@ -392,12 +393,17 @@ fn long_word(
     f: &mut Counts,
     space: bool,
     after_punct: bool,
+    first: bool,
 ) -> Option<(usize, bool)> {
     const HI: u64 = 0x8080_8080_8080_8080;
     let w2 = load8(bytes, start + 8)?;
     let stop = not_lower_mask(w2) & !(w2 & HI);
     if stop == 0 {
-        return None;
+        return if first {
+            long_run(bytes, start, f, space, after_punct)
+        } else {
+            None
+        };
     }
     // 8..=15; the byte after the word in `w2`.
     let t = 8 + stop.trailing_zeros() / 8;
@@ -462,6 +468,25 @@ fn long_word(
         count_read_word(bytes, f, start, 0, &tail, space, false, true),
         spaced,
     ))
+}
+
+/// [`scan_words`]' first word where it has sixteen bytes or more (random letters, long compounds),
+/// a step at a time ([`tail_steps`]); `None` where no letter is at `start` (out of line: rare in
+/// text).
+#[inline(never)]
+fn long_run(
+    bytes: &[u8],
+    start: usize,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+) -> Option<(usize, bool)> {
+    let tail = tail_steps(bytes, start);
+    if tail.letters == 0 {
+        return None;
+    }
+    let i = count_read_word(bytes, f, start, 0, &tail, space, after_punct, false);
+    Some((i, bytes.get(i) == Some(&b' ')))
 }
 
 /// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
@@ -590,16 +615,22 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
 /// Returns the index after the last word.
 #[inline(never)]
 pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
-    let (mut i, mut spaced) =
-        match short_word(bytes, start, f, space_before(bytes, start), after_punct) {
-            Some(word) => word,
-            None => first_word(bytes, start, f, after_punct),
-        };
+    let (mut i, mut spaced) = match short_word(
+        bytes,
+        start,
+        f,
+        space_before(bytes, start),
+        after_punct,
+        true,
+    ) {
+        Some(word) => word,
+        None => first_word(bytes, start, f, after_punct),
+    };
     // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` is a space.
     while spaced {
         // A word after the space, if a letter follows it: read as `scan_word` reads it.
         let start = i + 1;
-        if let Some((end, next)) = short_word(bytes, start, f, true, false) {
+        if let Some((end, next)) = short_word(bytes, start, f, true, false, false) {
             (i, spaced) = (end, next);
             continue;
         }
@@ -694,7 +725,9 @@ mod tests {
             let text = format!(" {}        ", word());
             let bytes = text.as_bytes();
             let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
-            let Some((end, spaced)) = short_word(bytes, 1, &mut fast, space, after_punct) else {
+            let Some((end, spaced)) =
+                short_word(bytes, 1, &mut fast, space, after_punct, k % 5 == 0)
+            else {
                 assert_eq!(
                     fast, [0u64; NUM_FEATURES],
                     "{text:?}: counted, then refused"
