@@ -43,29 +43,36 @@ const EXT2_KIND: [u8; 512] = {
 };
 
 /// The accented letters of [`EXT2_KIND`] and the Vietnamese block by the low six bits of their lead
-/// byte and of the byte after it, at `(b0 & 63) << 6 | b1 & 63` (4 KB; only the rows of lead bytes
-/// 0xC3..=0xCA and 0xE1 are read), as counts to add up (see [`tail_in8`]): 0 for no letter, else 1
-/// (a letter) plus 8 for one of [`feature::LATIN_EXT_A`] (lead bytes 0xC3..=0xCA, [`EXT2_KIND`])
-/// or plus 64 for one of three bytes (0xE1 before 0xB8..=0xBB: U+1E00..=U+1EFF). Valid only where
-/// the caller knows that `b0` is a lead byte and the bytes after it continuation bytes.
-static EXT_LEAD: [u8; 4096] = {
-    let mut t = [0u8; 4096];
+/// byte and of the byte after it, at `(b0 & 63) | (b1 & 63) << 8` (the two bytes of a
+/// little-endian word masked by `0x3F3F`: no shifts; 16 KB, of which only the columns of lead
+/// bytes 0xC3..=0xCA and 0xE1 are read), as counts to add up (see [`short_word`]): 0 for no
+/// letter, else its continuation bytes (1 or 2) plus 16 for one of [`feature::LATIN_EXT_A`] (lead
+/// bytes 0xC3..=0xCA, [`EXT2_KIND`]); a letter of three bytes is 0xE1 before 0xB8..=0xBB
+/// (U+1E00..=U+1EFF). Valid only where the caller knows that `b0` is a lead byte and the bytes
+/// after it continuation bytes.
+static EXT_LEAD: [u8; EXT_LEAD_LEN] = {
+    let mut t = [0u8; EXT_LEAD_LEN];
     let mut k = 0;
-    while k < 4096 {
-        let (row, b1) = (k >> 6, k & 63);
+    while k < EXT_LEAD_LEN {
+        let (b0, b1) = (k & 63, (k >> 8) & 63);
         #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
         {
-            if row >= 0xC3 & 63 && row <= 0xCA & 63 {
-                let kind = EXT2_KIND[(row - (0xC3 & 63)) << 6 | b1];
-                t[k] = (kind & 1) | (kind >> 1) << 3;
-            } else if row == 0xE1 & 63 && b1 >= 0xB8 & 63 && b1 <= 0xBB & 63 {
-                t[k] = 1 | 64;
+            if k & 0xC0C0 != 0 {
+                // Not a masked index.
+            } else if b0 >= 0xC3 & 63 && b0 <= 0xCA & 63 {
+                let kind = EXT2_KIND[(b0 - (0xC3 & 63)) << 6 | b1];
+                t[k] = (kind & 1) | (kind >> 1) << 4;
+            } else if b0 == 0xE1 & 63 && b1 >= 0xB8 & 63 && b1 <= 0xBB & 63 {
+                t[k] = 2;
             }
         }
         k += 1;
     }
     t
 };
+
+/// [`EXT_LEAD`]'s length: every index masked by `0x3F3F`.
+const EXT_LEAD_LEN: usize = 0x3F3F + 1;
 
 /// The accented letter of the two bytes `b0` (0xC3..=0xCA) and `b1` (0x80..=0xBF), if they make
 /// one: whether it counts as [`feature::LATIN_EXT_A`].
@@ -308,7 +315,8 @@ fn short_word(
     // The byte after the word (`t` < 8: within `w`).
     let spaced = (w >> (8 * t)) as u8 == b' ';
     let end = start + t as usize;
-    let region = high & !(u64::MAX << (8 * t));
+    // The high bits of the bytes before `t` (those of `stop` above it are not high bits).
+    let region = high & stop.wrapping_sub(1);
     let len = t as usize;
     if region == 0 {
         // ASCII lower-case letters only (as `count_read_word` counts them).
@@ -332,17 +340,14 @@ fn short_word(
     if region & !leads != (leads << 8 | long << 16) {
         return None;
     }
-    // [`EXT_LEAD`]'s counts of the letters: at most four (eight bytes), so the fields (letters in
-    // bits 0..3, of Latin Extended-A in 3..6, of three bytes in 6..8) do not carry into each other.
-    // The first lead byte out of the loop (there is one: `region` is not empty and is not all
+    // [`EXT_LEAD`]'s counts of the letters: at most four (eight bytes), so the fields (continuation
+    // bytes in bits 0..4, letters of Latin Extended-A in 4..7) do not carry into each other. The
+    // first lead byte out of the loop (there is one: `region` is not empty and is not all
     // continuation bytes); most words have one accented letter.
     let kind = |at: u64| {
         // The lead byte at the low bits of `v`, the next byte above it.
         let v = w >> (at.trailing_zeros() & 0x38);
-        EXT_LEAD
-            .get(((v & 63) << 6 | (v >> 8) & 63) as usize & 0xFFF)
-            .copied()
-            .unwrap_or(0)
+        EXT_LEAD.get((v & 0x3F3F) as usize).copied().unwrap_or(0)
     };
     let mut sum = u32::from(kind(leads));
     if sum == 0 {
@@ -360,10 +365,8 @@ fn short_word(
     if after_punct {
         bump(f, feature::PUNCT_WORD, 1);
     }
-    // At least one accented letter (`sum` counts one a lead byte in its low bits).
-    let ext = sum & 7;
-    // Each letter of two bytes has one continuation byte, of three two.
-    let letters = t - ext - (sum >> 6);
+    // The word's letters: its bytes but the continuation bytes (at least one accented letter).
+    let letters = t - (sum & 15);
     if letters >= 2 && known_low(w, len, space) {
         bump(f, known_feature(space), 1);
         return Some((end, spaced));
@@ -373,8 +376,8 @@ fn short_word(
     let tail = Tail {
         end,
         letters: letters as usize,
-        ext: u64::from(ext),
-        ext_a: u64::from((sum >> 3) & 7),
+        ext: count_high(leads),
+        ext_a: u64::from((sum >> 4) & 7),
         pairs: count_high(leads & ends),
     };
     Some((
@@ -410,8 +413,9 @@ fn long_word(
     let spaced = (w2 >> (8 * (t - 8))) as u8 == b' ';
     let end = start + t as usize;
     let len = t as usize;
+    // The high bits of the bytes before `t`, as in [`short_word`].
+    let region = u128::from(w & HI) | u128::from(w2 & HI & stop.wrapping_sub(1)) << 64;
     let w = u128::from(w) | u128::from(w2) << 64;
-    let region = w & (u128::from(HI) << 64 | u128::from(HI)) & !(u128::MAX << (8 * t));
     if region == 0 {
         // ASCII lower-case letters only: at least eight, so looked up.
         if after_punct {
@@ -431,15 +435,12 @@ fn long_word(
     if region & !leads != (leads << 8 | long << 16) {
         return None;
     }
-    // At most seven letters of two or more bytes (fifteen bytes): the fields of `sum` do not carry
-    // into each other (those of three bytes from bit 6 up).
+    // At most seven letters of two or more bytes (fifteen bytes): the fields of `sum` (at most 14
+    // continuation bytes, 7 letters of Latin Extended-A) do not carry into each other.
     let (mut rest, mut sum) = (leads, 0u32);
     while rest != 0 {
         let v = (w >> (rest.trailing_zeros() & 0x78)) as u64;
-        let kind = EXT_LEAD
-            .get(((v & 63) << 6 | (v >> 8) & 63) as usize & 0xFFF)
-            .copied()
-            .unwrap_or(0);
+        let kind = EXT_LEAD.get((v & 0x3F3F) as usize).copied().unwrap_or(0);
         if kind == 0 {
             return None;
         }
@@ -449,8 +450,7 @@ fn long_word(
     if after_punct {
         bump(f, feature::PUNCT_WORD, 1);
     }
-    let ext = sum & 7;
-    let letters = t - ext - (sum >> 6);
+    let letters = t - (sum & 15);
     if letters >= 2 && known(bytes, start, end, space) {
         bump(f, known_feature(space), 1);
         return Some((end, spaced));
@@ -460,8 +460,8 @@ fn long_word(
     let tail = Tail {
         end,
         letters: letters as usize,
-        ext: u64::from(ext),
-        ext_a: u64::from((sum >> 3) & 7),
+        ext: count_high(leads as u64) + count_high((leads >> 64) as u64),
+        ext_a: u64::from((sum >> 4) & 7),
         pairs: count_high(pairs as u64) + count_high((pairs >> 64) as u64),
     };
     Some((
@@ -804,5 +804,31 @@ mod tests {
             assert_eq!(end, want, "{text:?}");
             assert_eq!(fast, plain, "{text:?}");
         }
+    }
+
+    #[test]
+    fn ext_lead_says_what_latin_ext_at_says() {
+        // Every character of two bytes and of three bytes in U+1000..=U+1FFF: `EXT_LEAD` at its
+        // first two bytes is 0 where `latin_ext_at` finds no accented letter, else its continuation
+        // bytes plus 16 for one of Latin Extended-A's feature.
+        let mut letters = 0;
+        for cp in (0x80..0x800).chain(0x1000..0x2000) {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
+            let mut buf = [0u8; 8];
+            let n = c.encode_utf8(&mut buf).len();
+            let v = u64::from_le_bytes(buf);
+            let kind = EXT_LEAD[(v & 0x3F3F) as usize];
+            let want =
+                latin_ext_at(&buf, 0).map_or(0, |(len, a)| (len - 1) as u8 | u8::from(a) << 4);
+            assert_eq!(kind, want, "U+{cp:04X}");
+            assert_eq!(want != 0, is_latin_ext(cp), "U+{cp:04X}");
+            if want != 0 {
+                assert_eq!(usize::from(want & 15), n - 1, "U+{cp:04X}");
+                letters += 1;
+            }
+        }
+        assert!(letters > 600, "{letters}");
     }
 }
