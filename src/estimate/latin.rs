@@ -386,6 +386,60 @@ fn short_word(
     ))
 }
 
+/// [`short_word`] of a word of one capital then lower-case and accented letters that ends within
+/// the eight bytes at `start` (names, the first word of a sentence): its letters from the same
+/// masks, the capital read as its lower-case letter; counted by [`count_read_word`]. `None`
+/// (nothing counted) for the rest: no capital at `start`, two capitals, a longer word, a character
+/// that is not an accented letter.
+#[inline(always)]
+fn capitalised(
+    bytes: &[u8],
+    start: usize,
+    w: u64,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+) -> Option<(usize, bool)> {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    if !(w as u8).is_ascii_uppercase() || ((w >> 8) as u8).is_ascii_uppercase() {
+        return None;
+    }
+    let high = w & HI;
+    let stop = not_lower_mask(w | 0x20) & !high;
+    if stop == 0 {
+        return None;
+    }
+    let t = stop.trailing_zeros() / 8;
+    let spaced = (w >> (8 * t)) as u8 == b' ';
+    // As in [`short_word`] (the capital is not a high byte).
+    let region = high & stop.wrapping_sub(1);
+    let leads = region & (w << 1);
+    let long = leads & (w << 2);
+    if region & !leads != (leads << 8 | long << 16) {
+        return None;
+    }
+    let (mut rest, mut sum) = (leads, 0u32);
+    while rest != 0 {
+        let v = w >> (rest.trailing_zeros() & 0x38);
+        let kind = EXT_LEAD.get((v & 0x3F3F) as usize).copied().unwrap_or(0);
+        if kind == 0 {
+            return None;
+        }
+        sum += u32::from(kind);
+        rest &= rest - 1;
+    }
+    let ends = (leads ^ long) << 16 | long << 24;
+    let tail = Tail {
+        end: start + t as usize,
+        letters: (t - 1 - (sum & 15)) as usize,
+        ext: count_high(leads),
+        ext_a: u64::from((sum >> 4) & 7),
+        pairs: count_high(leads & ends),
+    };
+    let i = count_read_word(bytes, f, start, 1, &tail, space, after_punct, false);
+    Some((i, spaced))
+}
+
 /// [`short_word`] of a word of 8 to 15 bytes (`w`: its first eight): the same from sixteen bytes,
 /// the masks in 128 bits, the lookup by [`known`].
 #[inline(always)]
@@ -655,6 +709,11 @@ fn first_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> 
 /// at `start` (out of line: [`short_word`]'s loop stays small).
 #[inline(never)]
 fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<(usize, bool)> {
+    if let Some(word) =
+        load8(bytes, start).and_then(|w| capitalised(bytes, start, w, f, true, false))
+    {
+        return Some(word);
+    }
     let tail = word_tail(bytes, start);
     let i = if tail.letters == 0 {
         // A capital, or no letter at all.
@@ -719,24 +778,42 @@ mod tests {
         // ends where `word_tail` + `count_read_word` (what `scan_words` did before it) end, counts
         // the same features and tells whether a space follows.
         let mut word = word_maker();
-        let (mut taken, mut unknown, mut long, mut long_unknown) = (0, 0, 0, 0);
+        let (mut taken, mut unknown, mut long, mut long_unknown, mut capital) = (0, 0, 0, 0, 0);
         for k in 0..40_000 {
             let (space, after_punct) = (k % 2 == 0, k % 3 == 0);
             let text = format!(" {}        ", word());
             let bytes = text.as_bytes();
             let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
-            let Some((end, spaced)) =
-                short_word(bytes, 1, &mut fast, space, after_punct, k % 5 == 0)
-            else {
+            let w = load8(bytes, 1).unwrap();
+            let taken_by = match short_word(bytes, 1, &mut fast, space, after_punct, k % 5 == 0) {
+                None => capitalised(bytes, 1, w, &mut fast, space, after_punct),
+                word => word,
+            };
+            let Some((end, spaced)) = taken_by else {
                 assert_eq!(
                     fast, [0u64; NUM_FEATURES],
                     "{text:?}: counted, then refused"
                 );
                 continue;
             };
-            let tail = word_tail(bytes, 1);
-            assert!(tail.letters > 0, "{text:?}: taken, but no word there");
-            let want = count_read_word(bytes, &mut plain, 1, 0, &tail, space, after_punct, false);
+            // `scan_word` with `space` given.
+            let upper = capitals(bytes, 1);
+            let tail = word_tail(bytes, 1 + upper);
+            assert!(
+                upper + tail.letters > 0,
+                "{text:?}: taken, but no word there"
+            );
+            let want = count_read_word(
+                bytes,
+                &mut plain,
+                1,
+                upper,
+                &tail,
+                space,
+                after_punct,
+                false,
+            );
+            capital += usize::from(upper > 0);
             assert_eq!(end, want, "{text:?}");
             assert_eq!(fast, plain, "{text:?} {space} {after_punct}");
             assert_eq!(spaced, bytes.get(end) == Some(&b' '), "{text:?}");
@@ -755,6 +832,7 @@ mod tests {
             long > 2_000 && long_unknown > 500 && long - long_unknown > 200,
             "{long} long taken, {long_unknown} unknown"
         );
+        assert!(capital > 1_000, "{capital} capitalised taken");
     }
 
     /// [`scan_words`] without [`short_word`]: [`scan_word`], then [`word_tail`] and
