@@ -284,14 +284,16 @@ fn count_high(m: u64) -> u64 {
 }
 
 /// A word of lower-case and accented letters at `start` that ends within the eight bytes there
-/// (most words of European languages and Vietnamese), counted as [`scan_word`] counts it (after a
-/// space if `space`, after punctuation if `after_punct`): the index after it and whether a space
-/// follows it; `None` (nothing counted) for the rest: a capital or no letter at `start`, a longer
-/// word, fewer than eight bytes left, a non-ASCII character that is not an accented letter of two
-/// or three bytes. Its letters from masks (the lead bytes, the continuation bytes and the letters'
-/// ends; one table load a letter to tell it and its feature), the word-table lookup from the same
-/// eight bytes, and an accented letter's feature counts and pairs only for a word the table does
-/// not know.
+/// (most words of European languages and Vietnamese; [`long_word`] for those of 8 to 15 bytes),
+/// counted as [`scan_word`] counts it (after a space if `space`, after punctuation if
+/// `after_punct`): the index after it and whether a space follows it; `None` (nothing counted) for
+/// the rest: a capital or no letter at `start`, a word of sixteen bytes or more (but for `first`,
+/// [`scan_words`]' first word: [`long_run`]), fewer than eight bytes left (sixteen for a longer
+/// word), a non-ASCII character that is not an accented letter of two or three bytes. Its letters
+/// from masks (the lead bytes, the continuation bytes and the letters' ends; one table load a
+/// letter, [`EXT_LEAD`], to tell it and its feature), the word-table lookup from the same eight
+/// bytes, and an accented letter's feature counts and pairs only for a word the table does not
+/// know.
 #[inline(always)]
 fn short_word(
     bytes: &[u8],
@@ -665,8 +667,8 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
 /// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
 /// space before a letter has no feature of its own, see [`count_features`]): text with accented
 /// letters (European languages, Vietnamese) is read word after word without going back to the
-/// byte-wise loop. Each word of up to eight bytes by [`short_word`], the others the general way.
-/// Returns the index after the last word.
+/// byte-wise loop. Each word of up to fifteen bytes by [`short_word`], the others out of line
+/// ([`first_word`], [`other_word`]). Returns the index after the last word.
 #[inline(never)]
 pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
     let (mut i, mut spaced) = match short_word(
@@ -688,7 +690,7 @@ pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct
             (i, spaced) = (end, next);
             continue;
         }
-        match spaced_word(bytes, start, f) {
+        match other_word(bytes, start, f) {
             Some(word) => (i, spaced) = word,
             None => break,
         }
@@ -704,11 +706,12 @@ fn first_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> 
     (i, bytes.get(i) == Some(&b' '))
 }
 
-/// A word after a space at `start` that [`short_word`] does not take, as [`scan_word`] reads it:
-/// the index after it and whether a space follows it; `None` (nothing counted) where no letter is
-/// at `start` (out of line: [`short_word`]'s loop stays small).
+/// A word after a space at `start` that [`short_word`] does not take, as [`scan_word`] reads it
+/// ([`capitalised`] first): the index after it and whether a space follows it; `None` (nothing
+/// counted) where no letter is at `start` (out of line: [`short_word`]'s loop stays small; in
+/// [`short_word`] itself [`capitalised`] cost the loop's other words more than it saved).
 #[inline(never)]
-fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<(usize, bool)> {
+fn other_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<(usize, bool)> {
     if let Some(word) =
         load8(bytes, start).and_then(|w| capitalised(bytes, start, w, f, true, false))
     {
