@@ -43,29 +43,36 @@ const EXT2_KIND: [u8; 512] = {
 };
 
 /// The accented letters of [`EXT2_KIND`] and the Vietnamese block by the low six bits of their lead
-/// byte and of the byte after it, at `(b0 & 63) << 6 | b1 & 63` (4 KB; only the rows of lead bytes
-/// 0xC3..=0xCA and 0xE1 are read), as counts to add up (see [`tail_in8`]): 0 for no letter, else 1
-/// (a letter) plus 8 for one of [`feature::LATIN_EXT_A`] (lead bytes 0xC3..=0xCA, [`EXT2_KIND`])
-/// or plus 64 for one of three bytes (0xE1 before 0xB8..=0xBB: U+1E00..=U+1EFF). Valid only where
-/// the caller knows that `b0` is a lead byte and the bytes after it continuation bytes.
-static EXT_LEAD: [u8; 4096] = {
-    let mut t = [0u8; 4096];
+/// byte and of the byte after it, at `(b0 & 63) | (b1 & 63) << 8` (the two bytes of a
+/// little-endian word masked by `0x3F3F`: no shifts; 16 KB, of which only the columns of lead
+/// bytes 0xC3..=0xCA and 0xE1 are read), as counts to add up (see [`short_word`]): 0 for no
+/// letter, else its continuation bytes (1 or 2) plus 16 for one of [`feature::LATIN_EXT_A`] (lead
+/// bytes 0xC3..=0xCA, [`EXT2_KIND`]); a letter of three bytes is 0xE1 before 0xB8..=0xBB
+/// (U+1E00..=U+1EFF). Valid only where the caller knows that `b0` is a lead byte and the bytes
+/// after it continuation bytes.
+static EXT_LEAD: [u8; EXT_LEAD_LEN] = {
+    let mut t = [0u8; EXT_LEAD_LEN];
     let mut k = 0;
-    while k < 4096 {
-        let (row, b1) = (k >> 6, k & 63);
+    while k < EXT_LEAD_LEN {
+        let (b0, b1) = (k & 63, (k >> 8) & 63);
         #[allow(clippy::indexing_slicing)] // compile time: out of range fails the build
         {
-            if row >= 0xC3 & 63 && row <= 0xCA & 63 {
-                let kind = EXT2_KIND[(row - (0xC3 & 63)) << 6 | b1];
-                t[k] = (kind & 1) | (kind >> 1) << 3;
-            } else if row == 0xE1 & 63 && b1 >= 0xB8 & 63 && b1 <= 0xBB & 63 {
-                t[k] = 1 | 64;
+            if k & 0xC0C0 != 0 {
+                // Not a masked index.
+            } else if b0 >= 0xC3 & 63 && b0 <= 0xCA & 63 {
+                let kind = EXT2_KIND[(b0 - (0xC3 & 63)) << 6 | b1];
+                t[k] = (kind & 1) | (kind >> 1) << 4;
+            } else if b0 == 0xE1 & 63 && b1 >= 0xB8 & 63 && b1 <= 0xBB & 63 {
+                t[k] = 2;
             }
         }
         k += 1;
     }
     t
 };
+
+/// [`EXT_LEAD`]'s length: every index masked by `0x3F3F`.
+const EXT_LEAD_LEN: usize = 0x3F3F + 1;
 
 /// The accented letter of the two bytes `b0` (0xC3..=0xCA) and `b1` (0x80..=0xBF), if they make
 /// one: whether it counts as [`feature::LATIN_EXT_A`].
@@ -276,44 +283,57 @@ fn count_high(m: u64) -> u64 {
     (m >> 7).wrapping_mul(0x0101_0101_0101_0101) >> 56
 }
 
-/// A word after a space of lower-case and accented letters that ends within the eight bytes at
-/// `start` (most words of European languages and Vietnamese), counted as [`scan_words`] counts it
-/// (the index after it); `None` (nothing counted) for the rest: a capital or no letter at `start`,
-/// a longer word, fewer than eight bytes left, a non-ASCII character that is not an accented
-/// letter of two or three bytes. Its letters from masks (the lead bytes, the continuation bytes
-/// and the letters' ends; one table load a letter to tell it and its feature), the word-table
-/// lookup from the same eight bytes, and an accented letter's feature counts and pairs only for a
-/// word the table does not know.
+/// A word of lower-case and accented letters at `start` that ends within the eight bytes there
+/// (most words of European languages and Vietnamese; [`long_word`] for those of 8 to 15 bytes),
+/// counted as [`scan_word`] counts it (after a space if `space`, after punctuation if
+/// `after_punct`): the index after it and whether a space follows it; `None` (nothing counted) for
+/// the rest: a capital or no letter at `start`, a word of sixteen bytes or more (but for `first`,
+/// [`scan_words`]' first word: [`long_run`]), fewer than eight bytes left (sixteen for a longer
+/// word), a non-ASCII character that is not an accented letter of two or three bytes. Its letters
+/// from masks (the lead bytes, the continuation bytes and the letters' ends; one table load a
+/// letter, [`EXT_LEAD`], to tell it and its feature), the word-table lookup from the same eight
+/// bytes, and an accented letter's feature counts and pairs only for a word the table does not
+/// know.
 #[inline(always)]
-fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
+fn short_word(
+    bytes: &[u8],
+    start: usize,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+    first: bool,
+) -> Option<(usize, bool)> {
     const HI: u64 = 0x8080_8080_8080_8080;
     let w = load8(bytes, start)?;
     let high = w & HI;
     let stop = not_lower_mask(w) & !high;
     if stop == 0 {
-        return None;
+        return long_word(bytes, start, w, f, space, after_punct, first);
     }
     let t = stop.trailing_zeros() / 8;
     if t == 0 {
         return None;
     }
-    let region = high & !(u64::MAX << (8 * t));
+    // The byte after the word (`t` < 8: within `w`).
+    let spaced = (w >> (8 * t)) as u8 == b' ';
+    let end = start + t as usize;
+    // The high bits of the bytes before `t` (those of `stop` above it are not high bits).
+    let region = high & stop.wrapping_sub(1);
     let len = t as usize;
     if region == 0 {
         // ASCII lower-case letters only (as `count_read_word` counts them).
+        if after_punct {
+            bump(f, feature::PUNCT_WORD, 1);
+        }
         if len >= MIN_ASCII {
-            if known_low(w, len, true) {
-                bump(f, feature::LATIN_KNOWN, 1);
-                return Some(start + len);
+            if known_low(w, len, space) {
+                bump(f, known_feature(space), 1);
+                return Some((end, spaced));
             }
-            bump(
-                f,
-                feature::LATIN_RARE_PAIR,
-                rare_pairs(bytes, start, start + len),
-            );
+            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, end));
         }
         count_word(f, len);
-        return Some(start + len);
+        return Some((end, spaced));
     }
     // Lead bytes (0b11xxxxxx: bit 6 shifted onto bit 7) and of them those of three bytes or more
     // (0b111xxxxx); the others must be continuation bytes, exactly those the leads need.
@@ -322,41 +342,207 @@ fn spaced_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<usize> {
     if region & !leads != (leads << 8 | long << 16) {
         return None;
     }
-    // [`EXT_LEAD`]'s counts of the letters: at most four (eight bytes), so the fields (letters in
-    // bits 0..3, of Latin Extended-A in 3..6, of three bytes in 6..8) do not carry into each other.
+    // [`EXT_LEAD`]'s counts of the letters: at most four (eight bytes), so the fields (continuation
+    // bytes in bits 0..4, letters of Latin Extended-A in 4..7) do not carry into each other. The
+    // first lead byte out of the loop (there is one: `region` is not empty and is not all
+    // continuation bytes); most words have one accented letter.
+    let kind = |at: u64| {
+        // The lead byte at the low bits of `v`, the next byte above it.
+        let v = w >> (at.trailing_zeros() & 0x38);
+        EXT_LEAD.get((v & 0x3F3F) as usize).copied().unwrap_or(0)
+    };
+    let mut sum = u32::from(kind(leads));
+    if sum == 0 {
+        return None;
+    }
+    let mut rest = leads & leads.wrapping_sub(1);
+    while rest != 0 {
+        let k = kind(rest);
+        if k == 0 {
+            return None;
+        }
+        sum += u32::from(k);
+        rest &= rest - 1;
+    }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    // The word's letters: its bytes but the continuation bytes (at least one accented letter).
+    let letters = t - (sum & 15);
+    if letters >= 2 && known_low(w, len, space) {
+        bump(f, known_feature(space), 1);
+        return Some((end, spaced));
+    }
+    // Where each letter ends: an accented letter there follows another.
+    let ends = (leads ^ long) << 16 | long << 24;
+    let tail = Tail {
+        end,
+        letters: letters as usize,
+        ext: count_high(leads),
+        ext_a: u64::from((sum >> 4) & 7),
+        pairs: count_high(leads & ends),
+    };
+    Some((
+        count_read_word(bytes, f, start, 0, &tail, space, false, true),
+        spaced,
+    ))
+}
+
+/// [`short_word`] of a word of one capital then lower-case and accented letters that ends within
+/// the eight bytes at `start` (names, the first word of a sentence): its letters from the same
+/// masks, the capital read as its lower-case letter; counted by [`count_read_word`]. `None`
+/// (nothing counted) for the rest: no capital at `start`, two capitals, a longer word, a character
+/// that is not an accented letter.
+#[inline(always)]
+fn capitalised(
+    bytes: &[u8],
+    start: usize,
+    w: u64,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+) -> Option<(usize, bool)> {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    if !(w as u8).is_ascii_uppercase() || ((w >> 8) as u8).is_ascii_uppercase() {
+        return None;
+    }
+    let high = w & HI;
+    let stop = not_lower_mask(w | 0x20) & !high;
+    if stop == 0 {
+        return None;
+    }
+    let t = stop.trailing_zeros() / 8;
+    let spaced = (w >> (8 * t)) as u8 == b' ';
+    // As in [`short_word`] (the capital is not a high byte).
+    let region = high & stop.wrapping_sub(1);
+    let leads = region & (w << 1);
+    let long = leads & (w << 2);
+    if region & !leads != (leads << 8 | long << 16) {
+        return None;
+    }
     let (mut rest, mut sum) = (leads, 0u32);
     while rest != 0 {
-        // The lead byte at the low bits of `v`, the next byte above it.
         let v = w >> (rest.trailing_zeros() & 0x38);
-        let kind = EXT_LEAD
-            .get(((v & 63) << 6 | (v >> 8) & 63) as usize & 0xFFF)
-            .copied()
-            .unwrap_or(0);
+        let kind = EXT_LEAD.get((v & 0x3F3F) as usize).copied().unwrap_or(0);
         if kind == 0 {
             return None;
         }
         sum += u32::from(kind);
         rest &= rest - 1;
     }
-    let ext = sum & 7;
-    // Each letter of two bytes has one continuation byte, of three two.
-    let letters = t - ext - (sum >> 6);
-    if letters >= if ext > 0 { 2 } else { MIN_ASCII as u32 } && known_low(w, len, true) {
-        bump(f, feature::LATIN_KNOWN, 1);
-        return Some(start + len);
-    }
-    // Where each letter ends: an accented letter there follows another.
     let ends = (leads ^ long) << 16 | long << 24;
     let tail = Tail {
-        end: start + len,
-        letters: letters as usize,
-        ext: u64::from(ext),
-        ext_a: u64::from((sum >> 3) & 7),
+        end: start + t as usize,
+        letters: (t - 1 - (sum & 15)) as usize,
+        ext: count_high(leads),
+        ext_a: u64::from((sum >> 4) & 7),
         pairs: count_high(leads & ends),
     };
-    Some(count_read_word(
-        bytes, f, start, 0, &tail, true, false, true,
+    let i = count_read_word(bytes, f, start, 1, &tail, space, after_punct, false);
+    Some((i, spaced))
+}
+
+/// [`short_word`] of a word of 8 to 15 bytes (`w`: its first eight): the same from sixteen bytes,
+/// the masks in 128 bits, the lookup by [`known`].
+#[inline(always)]
+fn long_word(
+    bytes: &[u8],
+    start: usize,
+    w: u64,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+    first: bool,
+) -> Option<(usize, bool)> {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let w2 = load8(bytes, start + 8)?;
+    let stop = not_lower_mask(w2) & !(w2 & HI);
+    if stop == 0 {
+        return if first {
+            long_run(bytes, start, f, space, after_punct)
+        } else {
+            None
+        };
+    }
+    // 8..=15; the byte after the word in `w2`.
+    let t = 8 + stop.trailing_zeros() / 8;
+    let spaced = (w2 >> (8 * (t - 8))) as u8 == b' ';
+    let end = start + t as usize;
+    let len = t as usize;
+    // The high bits of the bytes before `t`, as in [`short_word`].
+    let region = u128::from(w & HI) | u128::from(w2 & HI & stop.wrapping_sub(1)) << 64;
+    let w = u128::from(w) | u128::from(w2) << 64;
+    if region == 0 {
+        // ASCII lower-case letters only: at least eight, so looked up.
+        if after_punct {
+            bump(f, feature::PUNCT_WORD, 1);
+        }
+        if known(bytes, start, end, space) {
+            bump(f, known_feature(space), 1);
+        } else {
+            bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, end));
+            count_word(f, len);
+        }
+        return Some((end, spaced));
+    }
+    // As in [`short_word`].
+    let leads = region & (w << 1);
+    let long = leads & (w << 2);
+    if region & !leads != (leads << 8 | long << 16) {
+        return None;
+    }
+    // At most seven letters of two or more bytes (fifteen bytes): the fields of `sum` (at most 14
+    // continuation bytes, 7 letters of Latin Extended-A) do not carry into each other.
+    let (mut rest, mut sum) = (leads, 0u32);
+    while rest != 0 {
+        let v = (w >> (rest.trailing_zeros() & 0x78)) as u64;
+        let kind = EXT_LEAD.get((v & 0x3F3F) as usize).copied().unwrap_or(0);
+        if kind == 0 {
+            return None;
+        }
+        sum += u32::from(kind);
+        rest &= rest - 1;
+    }
+    if after_punct {
+        bump(f, feature::PUNCT_WORD, 1);
+    }
+    let letters = t - (sum & 15);
+    if letters >= 2 && known(bytes, start, end, space) {
+        bump(f, known_feature(space), 1);
+        return Some((end, spaced));
+    }
+    let ends = (leads ^ long) << 16 | long << 24;
+    let pairs = leads & ends;
+    let tail = Tail {
+        end,
+        letters: letters as usize,
+        ext: count_high(leads as u64) + count_high((leads >> 64) as u64),
+        ext_a: u64::from((sum >> 4) & 7),
+        pairs: count_high(pairs as u64) + count_high((pairs >> 64) as u64),
+    };
+    Some((
+        count_read_word(bytes, f, start, 0, &tail, space, false, true),
+        spaced,
     ))
+}
+
+/// [`scan_words`]' first word where it has sixteen bytes or more (random letters, long compounds),
+/// a step at a time ([`tail_steps`]); `None` where no letter is at `start` (out of line: rare in
+/// text).
+#[inline(never)]
+fn long_run(
+    bytes: &[u8],
+    start: usize,
+    f: &mut Counts,
+    space: bool,
+    after_punct: bool,
+) -> Option<(usize, bool)> {
+    let tail = tail_steps(bytes, start);
+    if tail.letters == 0 {
+        return None;
+    }
+    let i = count_read_word(bytes, f, start, 0, &tail, space, after_punct, false);
+    Some((i, bytes.get(i) == Some(&b' ')))
 }
 
 /// Scan one word of Latin letters starting at `i`: upper-case letters then lower-case ones (accented
@@ -481,37 +667,67 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
 /// [`scan_word`] from `start`, then the words after it that only a single space separates (a single
 /// space before a letter has no feature of its own, see [`count_features`]): text with accented
 /// letters (European languages, Vietnamese) is read word after word without going back to the
-/// byte-wise loop. Returns the index after the last word.
+/// byte-wise loop. Each word of up to fifteen bytes by [`short_word`], the others out of line
+/// ([`first_word`], [`other_word`]). Returns the index after the last word.
 #[inline(never)]
 pub(super) fn scan_words(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
-    let mut i = scan_word(bytes, start, f, after_punct);
-    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` exists.
-    while bytes.get(i) == Some(&b' ') {
+    let (mut i, mut spaced) = match short_word(
+        bytes,
+        start,
+        f,
+        space_before(bytes, start),
+        after_punct,
+        true,
+    ) {
+        Some(word) => word,
+        None => first_word(bytes, start, f, after_punct),
+    };
+    // `i + 1` ≤ `bytes.len()` where it is used: the byte at `i` is a space.
+    while spaced {
         // A word after the space, if a letter follows it: read as `scan_word` reads it.
         let start = i + 1;
-        if let Some(end) = spaced_word(bytes, start, f) {
-            i = end;
+        if let Some((end, next)) = short_word(bytes, start, f, true, false, false) {
+            (i, spaced) = (end, next);
             continue;
         }
-        let tail = word_tail(bytes, start);
-        if tail.letters == 0 {
-            // A capital, or no letter at all.
-            if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
-                break;
-            }
-            i = scan_capitalised(bytes, start, f);
-            continue;
+        match other_word(bytes, start, f) {
+            Some(word) => (i, spaced) = word,
+            None => break,
         }
-        i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
     }
     i
 }
 
-/// [`scan_word`] of a word after a space that starts with a capital (out of line: the lower-case
-/// words of [`scan_words`] keep their loop small).
+/// [`scan_word`] of `scan_words`' first word where [`short_word`] does not take it, and whether a
+/// space follows it (out of line: [`short_word`]'s loop stays small).
 #[inline(never)]
-fn scan_capitalised(bytes: &[u8], start: usize, f: &mut Counts) -> usize {
-    scan_word(bytes, start, f, false)
+fn first_word(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> (usize, bool) {
+    let i = scan_word(bytes, start, f, after_punct);
+    (i, bytes.get(i) == Some(&b' '))
+}
+
+/// A word after a space at `start` that [`short_word`] does not take, as [`scan_word`] reads it
+/// ([`capitalised`] first): the index after it and whether a space follows it; `None` (nothing
+/// counted) where no letter is at `start` (out of line: [`short_word`]'s loop stays small; in
+/// [`short_word`] itself [`capitalised`] cost the loop's other words more than it saved).
+#[inline(never)]
+fn other_word(bytes: &[u8], start: usize, f: &mut Counts) -> Option<(usize, bool)> {
+    if let Some(word) =
+        load8(bytes, start).and_then(|w| capitalised(bytes, start, w, f, true, false))
+    {
+        return Some(word);
+    }
+    let tail = word_tail(bytes, start);
+    let i = if tail.letters == 0 {
+        // A capital, or no letter at all.
+        if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+            return None;
+        }
+        scan_word(bytes, start, f, false)
+    } else {
+        count_read_word(bytes, f, start, 0, &tail, true, false, false)
+    };
+    Some((i, bytes.get(i) == Some(&b' ')))
 }
 
 #[cfg(test)]
@@ -520,12 +736,9 @@ mod tests {
     use super::super::weights::NUM_FEATURES;
     use super::*;
 
-    #[test]
-    fn a_spaced_word_is_counted_as_the_general_path_counts_it() {
-        // Words after a space from corpus words and random letters (ASCII, accented of two and three
-        // bytes, capitals, digits, other characters): wherever `spaced_word` takes a word, it ends
-        // where `word_tail` + `count_read_word` (what `scan_words` did before it) end and counts the
-        // same features.
+    /// Words from the corpus (Vietnamese, accented Latin, English) and random letters (ASCII,
+    /// accented of two and three bytes, capitals, digits, other characters), for the tests below.
+    fn word_maker() -> impl FnMut() -> String {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
         let mut words: Vec<String> = Vec::new();
         for name in ["vietnamese.jsonl", "latin.jsonl", "english.jsonl"] {
@@ -540,10 +753,9 @@ mod tests {
             .chars()
             .collect();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
-        let (mut taken, mut unknown) = (0, 0);
-        for _ in 0..20_000 {
-            let mut text = String::from(" ");
+        move || {
+            let mut next = |m: usize| (super::super::tests::xorshift(&mut x) % m as u64) as usize;
+            let mut text = String::new();
             if next(2) == 0 {
                 text.push_str(&words[next(words.len())]);
             } else {
@@ -557,29 +769,147 @@ mod tests {
                     text.push(pieces[k]);
                 }
             }
-            text.push_str([" ", ".", "", " và", "\n"][next(5)]);
-            text.push_str("        ");
+            text.push_str([" ", ".", "", " và", "\n", ", "][next(6)]);
+            text
+        }
+    }
+
+    #[test]
+    fn a_short_word_is_counted_as_the_general_path_counts_it() {
+        // Wherever `short_word` takes a word (after a space or not, after punctuation or not; of up
+        // to eight bytes and, by `long_word`, of up to fifteen), it
+        // ends where `word_tail` + `count_read_word` (what `scan_words` did before it) end, counts
+        // the same features and tells whether a space follows.
+        let mut word = word_maker();
+        let (mut taken, mut unknown, mut long, mut long_unknown, mut capital) = (0, 0, 0, 0, 0);
+        for k in 0..40_000 {
+            let (space, after_punct) = (k % 2 == 0, k % 3 == 0);
+            let text = format!(" {}        ", word());
             let bytes = text.as_bytes();
             let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
-            let Some(end) = spaced_word(bytes, 1, &mut fast) else {
+            let w = load8(bytes, 1).unwrap();
+            let taken_by = match short_word(bytes, 1, &mut fast, space, after_punct, k % 5 == 0) {
+                None => capitalised(bytes, 1, w, &mut fast, space, after_punct),
+                word => word,
+            };
+            let Some((end, spaced)) = taken_by else {
                 assert_eq!(
                     fast, [0u64; NUM_FEATURES],
                     "{text:?}: counted, then refused"
                 );
                 continue;
             };
-            let tail = word_tail(bytes, 1);
-            assert!(tail.letters > 0, "{text:?}: taken, but no word there");
-            let want = count_read_word(bytes, &mut plain, 1, 0, &tail, true, false, false);
+            // `scan_word` with `space` given.
+            let upper = capitals(bytes, 1);
+            let tail = word_tail(bytes, 1 + upper);
+            assert!(
+                upper + tail.letters > 0,
+                "{text:?}: taken, but no word there"
+            );
+            let want = count_read_word(
+                bytes,
+                &mut plain,
+                1,
+                upper,
+                &tail,
+                space,
+                after_punct,
+                false,
+            );
+            capital += usize::from(upper > 0);
             assert_eq!(end, want, "{text:?}");
-            assert_eq!(fast, plain, "{text:?}");
+            assert_eq!(fast, plain, "{text:?} {space} {after_punct}");
+            assert_eq!(spaced, bytes.get(end) == Some(&b' '), "{text:?}");
             taken += 1;
-            unknown += usize::from(!known(bytes, 1, end, true));
+            unknown += usize::from(!known(bytes, 1, end, space));
+            long += usize::from(end > 9);
+            long_unknown += usize::from(end > 9 && !known(bytes, 1, end, space));
         }
-        // Both of its paths ran: words the table knows and words it does not.
+        // Both of its paths ran, for words of up to eight bytes and longer ones: words the table
+        // knows and words it does not.
         assert!(
-            taken > 5_000 && unknown > 1_000 && taken - unknown > 1_000,
+            taken > 10_000 && unknown > 2_000 && taken - unknown > 2_000,
             "{taken} taken, {unknown} unknown"
         );
+        assert!(
+            long > 2_000 && long_unknown > 500 && long - long_unknown > 200,
+            "{long} long taken, {long_unknown} unknown"
+        );
+        assert!(capital > 1_000, "{capital} capitalised taken");
+    }
+
+    /// [`scan_words`] without [`short_word`]: [`scan_word`], then [`word_tail`] and
+    /// [`count_read_word`] for each word after a single space (what it was before).
+    fn scan_words_plain(bytes: &[u8], start: usize, f: &mut Counts, after_punct: bool) -> usize {
+        let mut i = scan_word(bytes, start, f, after_punct);
+        while bytes.get(i) == Some(&b' ') {
+            let start = i + 1;
+            let tail = word_tail(bytes, start);
+            if tail.letters == 0 {
+                if !bytes.get(start).is_some_and(u8::is_ascii_uppercase) {
+                    break;
+                }
+                i = scan_word(bytes, start, f, false);
+                continue;
+            }
+            i = count_read_word(bytes, f, start, 0, &tail, true, false, false);
+        }
+        i
+    }
+
+    #[test]
+    fn scan_words_counts_as_its_plain_loop_counts() {
+        // Runs of words (corpus words and random letters with punctuation, ends of the text at
+        // every distance) from after a space or not, after punctuation or not: the same end and
+        // the same features as the loop without `short_word`.
+        let mut word = word_maker();
+        for k in 0..20_000 {
+            let mut text = String::from(["", " ", "(", "a"][k % 4]);
+            let from = text.len();
+            for _ in 0..1 + k % 7 {
+                text.push_str(&word());
+                if k % 5 != 0 {
+                    text.push(' ');
+                }
+            }
+            let bytes = text.as_bytes();
+            // The first word starts with a letter, as where `scan_words` is called.
+            let first = text[from..].chars().next().unwrap();
+            if !first.is_alphabetic() || first.is_uppercase() || first == '中' {
+                continue;
+            }
+            let after_punct = k % 3 == 0;
+            let (mut fast, mut plain) = ([0u64; NUM_FEATURES], [0u64; NUM_FEATURES]);
+            let end = scan_words(bytes, from, &mut fast, after_punct);
+            let want = scan_words_plain(bytes, from, &mut plain, after_punct);
+            assert_eq!(end, want, "{text:?}");
+            assert_eq!(fast, plain, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn ext_lead_says_what_latin_ext_at_says() {
+        // Every character of two bytes and of three bytes in U+1000..=U+1FFF: `EXT_LEAD` at its
+        // first two bytes is 0 where `latin_ext_at` finds no accented letter, else its continuation
+        // bytes plus 16 for one of Latin Extended-A's feature.
+        let mut letters = 0;
+        for cp in (0x80..0x800).chain(0x1000..0x2000) {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
+            let mut buf = [0u8; 8];
+            let n = c.encode_utf8(&mut buf).len();
+            let v = u64::from_le_bytes(buf);
+            let kind = EXT_LEAD[(v & 0x3F3F) as usize];
+            let want =
+                latin_ext_at(&buf, 0).map_or(0, |(len, a)| (len - 1) as u8 | u8::from(a) << 4);
+            assert_eq!(kind, want, "U+{cp:04X}");
+            assert_eq!(want != 0, is_latin_ext(cp), "U+{cp:04X}");
+            if want != 0 {
+                assert_eq!(usize::from(want & 15), n - 1, "U+{cp:04X}");
+                letters += 1;
+            }
+        }
+        assert!(letters > 600, "{letters}");
     }
 }
