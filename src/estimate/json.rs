@@ -324,8 +324,9 @@ impl<'de> Scanner<'de> {
         let out = &mut self.scratch;
         out.clear();
         // Room for the longest the string can be unescaped (the rest of the body): no reallocation
-        // below, and no bytes to set beforehand. The first time, allocated as that (a later string
-        // starts later and needs less), without `reserve`'s growth path.
+        // below, and no bytes to set beforehand. The first time, an earlier body's buffer if it has the
+        // room, else allocated as that (a later string starts later and needs less), without
+        // `reserve`'s growth path.
         let room = bytes.len() - start + PIECE;
         if out.capacity() == 0 {
             *out = spare_scratch(room);
