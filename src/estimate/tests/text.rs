@@ -763,3 +763,41 @@ fn mostly_ascii_agrees_with_the_sampled_windows() {
     }
     assert!(yes > 500 && no > 500, "{yes} yes, {no} no");
 }
+
+#[test]
+fn mixed_case_humps_agrees_with_a_byte_at_a_time_count() {
+    // Chunks of eight letters counted from masks against the steps a byte at a time, on random
+    // texts of random-case and camelCase runs, long lower- and upper-case runs, digits and other
+    // bytes, at every length to 96 (chunks, the bytes left, runs across chunks).
+    let pieces: [&[u8]; 8] = [
+        b"aBcDeFgHiJkLmNoP",
+        b"qRsTuV",
+        b"getUserName",
+        b"abcdefghijklmnop",
+        b"ABCDEFGHIJK",
+        b"7",
+        b" ",
+        "\u{e9}".as_bytes(),
+    ];
+    let mut x = 0x1234_5678_9ABC_DEF1u64;
+    let mut seen = 0;
+    for _ in 0..6000 {
+        let len = (xorshift(&mut x) % 97) as usize;
+        let mut text = Vec::new();
+        while text.len() < len {
+            let p = pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()];
+            let take = 1 + (xorshift(&mut x) >> 24) as usize % p.len();
+            text.extend_from_slice(&p[..take]);
+        }
+        text.truncate(len);
+        let want = mixed_case_humps_plain(&text);
+        seen += usize::from(want != 0);
+        assert_eq!(
+            mixed_case_humps(&text),
+            want,
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    assert!(seen > 1000, "only {seen} texts with humps");
+}
