@@ -45,14 +45,33 @@ pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
         let end = i + upper + lower_run(bytes, i + upper);
         if (3..=4).contains(&(end - i))
             && upper <= 1
-            && latin_ext_at(bytes, end).is_none()
-            && !latin_ext_before(bytes, i)
+            && !(latin_lead_at(bytes, end) && latin_ext_at(bytes, end).is_some())
+            && !(latin_lead_before(bytes, i) && latin_ext_before(bytes, i))
         {
             n += rare_pairs(bytes, i, end);
         }
         // A letter starts at `i`: `end` > `i`.
         i = end;
     }
+}
+
+/// Whether the byte at `i` can start an accented Latin letter ([`latin_ext_at`]: its lead bytes),
+/// a test that spares the full one next to most words.
+#[inline(always)]
+fn latin_lead_at(bytes: &[u8], i: usize) -> bool {
+    bytes
+        .get(i)
+        .is_some_and(|&b| matches!(b, 0xC3..=0xCA | 0xE1))
+}
+
+/// Whether an accented Latin letter can end right before `i` ([`latin_ext_before`]): a two-byte
+/// one's lead two bytes before it or a three-byte one's three before.
+#[inline(always)]
+fn latin_lead_before(bytes: &[u8], i: usize) -> bool {
+    i.checked_sub(2)
+        .and_then(|s| bytes.get(s))
+        .is_some_and(|&b| matches!(b, 0xC3..=0xCA))
+        || i.checked_sub(3).and_then(|s| bytes.get(s)) == Some(&0xE1)
 }
 
 /// [`short_rare_pairs`] a byte at a time between words (as it was before round 5): the reference
