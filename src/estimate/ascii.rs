@@ -331,15 +331,28 @@ fn mixed(src: &[u8; WINDOW], mut at: u64, same: u64) -> (u64, u64) {
 pub(super) fn mostly(bytes: &[u8]) -> bool {
     let windows = bytes.len() / WINDOW;
     let samples = windows.min(16);
-    let ascii = (0..samples)
-        .map(|k| k * windows / samples * WINDOW)
-        .filter(|&at| {
-            bytes
-                .get(at..at + WINDOW)
-                .is_some_and(|w| w.iter().fold(0, |h, &b| h | b) < 0x80)
-        })
-        .count();
+    // Sample `k` is window `k * windows / samples`: `k` itself where there are at most 16 windows
+    // (every window), `k * windows / 16` (a shift) where there are more; no division.
+    let ascii = if windows <= 16 {
+        bytes
+            .chunks_exact(WINDOW)
+            .filter(|w| ascii_window(w))
+            .count()
+    } else {
+        (0..16)
+            .filter(|&k| {
+                let at = ((k * windows) >> 4) * WINDOW;
+                bytes.get(at..at + WINDOW).is_some_and(ascii_window)
+            })
+            .count()
+    };
     ascii * 16 >= samples * 7 && samples > 0
+}
+
+/// Whether the 64 bytes of `w` (a window's) are all ASCII: their eight words ORed, one test.
+#[inline(always)]
+fn ascii_window(w: &[u8]) -> bool {
+    <&[u8; WINDOW]>::try_from(w).is_ok_and(|w| (0..8).fold(0, |h, k| h | word(w, k)) & HI == 0)
 }
 
 /// The words of five letters or more at the bits of `five` (their ends at those of `word_end`) that

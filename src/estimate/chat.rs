@@ -3,7 +3,7 @@
 
 use super::parts::Content;
 use super::shape::{
-    json_tokens, read_text, sum, sum_res, value, Ignore, Key, KeySeed, Role, Shape, Str,
+    json_tokens, read_role, read_text, sum, sum_res, value, Ignore, Key, KeySeed, Shape, Str,
 };
 use super::text::text_tokens;
 use super::{EstimateError, Res, MESSAGE_OVERHEAD, REPLY_PRIMER};
@@ -58,7 +58,7 @@ impl<'de> Shape<'de> for ChatMessage {
                 Key::FunctionCall => function_call = value(&mut a, FunctionCallShape)?,
                 Key::ToolCallId => tool_call_id = read_text(&mut a, raw, Str)?,
                 Key::Refusal => refusal = read_text(&mut a, raw, Str)?,
-                Key::Role => role = Some(value(&mut a, Role)?),
+                Key::Role => role = Some(read_role(&mut a, raw)?),
                 _ => value(&mut a, Ignore)?,
             }
         }

@@ -64,6 +64,36 @@ pub(super) struct Scanner<'de> {
     scratch: Vec<u8>,
 }
 
+/// Largest scratch buffer kept for the next body (see [`spare_scratch`]).
+const SPARE_MAX: usize = 256 << 10;
+
+thread_local! {
+    /// The scratch buffer of the last body that unescaped a string, if at most [`SPARE_MAX`] bytes.
+    static SPARE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// An empty scratch buffer with room for `room` bytes: the one an earlier body left (no `malloc`
+/// and `free` a body) if it is large enough, else a new one (not `reserve`'s growth path).
+fn spare_scratch(room: usize) -> Vec<u8> {
+    let spare = SPARE.with(std::cell::Cell::take);
+    if spare.capacity() >= room {
+        spare
+    } else {
+        Vec::with_capacity(room)
+    }
+}
+
+impl Drop for Scanner<'_> {
+    /// Leaves the scratch buffer (empty) for the next body's [`spare_scratch`], if not too large.
+    fn drop(&mut self) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        if (1..=SPARE_MAX).contains(&scratch.capacity()) {
+            scratch.clear();
+            SPARE.with(|s| s.set(scratch));
+        }
+    }
+}
+
 /// A string's bytes: borrowed from the body (no escapes) or unescaped in the scratch buffer.
 enum Text<'de, 's> {
     Body(&'de [u8]),
@@ -295,11 +325,12 @@ impl<'de> Scanner<'de> {
         let out = &mut self.scratch;
         out.clear();
         // Room for the longest the string can be unescaped (the rest of the body): no reallocation
-        // below, and no bytes to set beforehand. The first time, allocated as that (a later string
-        // starts later and needs less), without `reserve`'s growth path.
+        // below, and no bytes to set beforehand. The first time, an earlier body's buffer if it has the
+        // room, else allocated as that (a later string starts later and needs less), without
+        // `reserve`'s growth path.
         let room = bytes.len() - start + PIECE;
         if out.capacity() == 0 {
-            *out = Vec::with_capacity(room);
+            *out = spare_scratch(room);
         } else {
             out.reserve(room);
         }

@@ -573,10 +573,64 @@ impl Shape<'_> for Role {
         0
     }
     fn string(self, s: &str) -> u64 {
-        match s {
-            "user" | "assistant" | "system" | "developer" | "tool" | "function" => 1,
-            _ => text_tokens(s),
+        if known_role(s.as_bytes()) {
+            1
+        } else {
+            text_tokens(s)
         }
+    }
+}
+
+/// Whether `s` is one of the roles that cost one token ([`Role`]).
+#[inline(always)]
+fn known_role(s: &[u8]) -> bool {
+    matches!(
+        s,
+        b"user" | b"assistant" | b"system" | b"developer" | b"tool" | b"function"
+    )
+}
+
+/// Reads a `role` value as [`Role`] does: through [`RawRole`] if `raw` (the fast walk).
+pub(super) fn read_role<'de, A: MapAccess<'de>>(a: &mut A, raw: bool) -> Result<u64, A::Error> {
+    if raw {
+        a.next_value_seed(RawRole)
+    } else {
+        value(a, Role)
+    }
+}
+
+/// [`Role`] on the fast walk, without checking the UTF-8 of a known role (ASCII): a string's bytes
+/// unchecked, a known role 1 and any other string counted by [`utf8_tokens`] (which checks it: an
+/// invalid one is a parse error, as in [`RawSeed`]); null or an array as [`Role`]; anything else a
+/// parse error (the reference walk reads it).
+pub(super) struct RawRole;
+
+impl<'de> DeserializeSeed<'de> for RawRole {
+    type Value = u64;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RawRole {
+    type Value = u64;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("null, a string or an array")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<u64, E> {
+        Ok(Role.null())
+    }
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_bytes(self)
+    }
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<u64, E> {
+        if known_role(v) {
+            return Ok(1);
+        }
+        utf8_tokens(v).ok_or_else(|| E::custom("invalid UTF-8 in a string"))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<u64, A::Error> {
+        Role.seq(a)
     }
 }
 

@@ -24,19 +24,65 @@ pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
     let mut n = 0u64;
     let mut i = 0usize;
     // `i` ≤ `bytes.len()` throughout, so the sums cannot overflow.
+    loop {
+        // To the next letter: eight bytes at a time (the first letter of a chunk from its mask, so
+        // a run of non-letters of any length is one step), the last few a byte at a time.
+        while let Some(c) = bytes.get(i..i + 8) {
+            let m = letter_mask(<[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+            if m != 0 {
+                i += (m.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        while bytes.get(i).is_some_and(|b| !b.is_ascii_alphabetic()) {
+            i += 1;
+        }
+        if i >= bytes.len() {
+            return n;
+        }
+        let upper = count_while(bytes, i, |b| b.is_ascii_uppercase());
+        let end = i + upper + lower_run(bytes, i + upper);
+        if (3..=4).contains(&(end - i))
+            && upper <= 1
+            && !(latin_lead_at(bytes, end) && latin_ext_at(bytes, end).is_some())
+            && !(latin_lead_before(bytes, i) && latin_ext_before(bytes, i))
+        {
+            n += rare_pairs(bytes, i, end);
+        }
+        // A letter starts at `i`: `end` > `i`.
+        i = end;
+    }
+}
+
+/// Whether the byte at `i` can start an accented Latin letter ([`latin_ext_at`]: its lead bytes),
+/// a test that spares the full one next to most words.
+#[inline(always)]
+fn latin_lead_at(bytes: &[u8], i: usize) -> bool {
+    bytes
+        .get(i)
+        .is_some_and(|&b| matches!(b, 0xC3..=0xCA | 0xE1))
+}
+
+/// Whether an accented Latin letter can end right before `i` ([`latin_ext_before`]): a two-byte
+/// one's lead two bytes before it or a three-byte one's three before.
+#[inline(always)]
+fn latin_lead_before(bytes: &[u8], i: usize) -> bool {
+    i.checked_sub(2)
+        .and_then(|s| bytes.get(s))
+        .is_some_and(|&b| matches!(b, 0xC3..=0xCA))
+        || i.checked_sub(3).and_then(|s| bytes.get(s)) == Some(&0xE1)
+}
+
+/// [`short_rare_pairs`] a byte at a time between words (as it was before round 5): the reference
+/// its differential test compares it with.
+#[cfg(test)]
+pub(super) fn short_rare_pairs_plain(bytes: &[u8]) -> u64 {
+    let mut n = 0u64;
+    let mut i = 0usize;
     while let Some(&b) = bytes.get(i) {
         if !b.is_ascii_alphabetic() {
-            // Eight bytes without a letter at a time.
-            while let Some(c) = bytes.get(i..i + 8) {
-                let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
-                if letter_mask(w) != 0 {
-                    break;
-                }
-                i += 8;
-            }
-            if bytes.get(i).is_some_and(|b| !b.is_ascii_alphabetic()) {
-                i += 1;
-            }
+            i += 1;
             continue;
         }
         let upper = count_while(bytes, i, |b| b.is_ascii_uppercase());
@@ -48,7 +94,6 @@ pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
         {
             n += rare_pairs(bytes, i, end);
         }
-        // A letter starts at `i`: `end` > `i`.
         i = end;
     }
     n
@@ -154,32 +199,86 @@ const MIXED_FROM: u32 = 8;
 /// to cost
 /// [`feature::WORD_EXCESS_LETTERS`]. o200k splits such runs at every hump as it does `camelCase`,
 /// but random pieces take about 0.6 tokens a letter, not a token a piece.
-fn mixed_case_humps(bytes: &[u8]) -> u64 {
-    // The run so far: letters, lower-case letters, lower-case stretches, humps.
-    let (mut len, mut lower, mut stretches, mut humps) = (0u32, 0u32, 0u32, 0u32);
-    let mut was_lower = false;
+pub(super) fn mixed_case_humps(bytes: &[u8]) -> u64 {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    // The sum of the flags in the high bits of a chunk's bytes (one multiplication: each byte
+    // 0 or 1, their sum, at most 8, in the top byte).
+    let ones = |m: u64| ((m >> 7).wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32;
+    let mut run = HumpRun::default();
+    let mut total = 0u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes);
+        if letter_mask(w) == HI {
+            // Eight letters: the run goes on, its counts from the chunk's masks (what the steps a
+            // byte at a time add; saturating sums add up the same in one).
+            let lower = !not_lower_mask(w) & HI;
+            let lower_before = (lower << 8) | (u64::from(run.was_lower) << 7);
+            run.len = run.len.saturating_add(8);
+            run.lower = run.lower.saturating_add(ones(lower));
+            run.stretches = run.stretches.saturating_add(ones(lower & !lower_before));
+            run.humps = run.humps.saturating_add(ones(!lower & HI & lower_before));
+            run.was_lower = lower >> 63 != 0;
+            continue;
+        }
+        for &b in c {
+            run.step(b, &mut total);
+        }
+    }
+    for &b in chunks.remainder().iter().chain(core::iter::once(&b' ')) {
+        run.step(b, &mut total);
+    }
+    total
+}
+
+/// The run of ASCII letters [`mixed_case_humps`] is in: letters, lower-case letters, lower-case
+/// stretches, humps, and whether the last byte was a lower-case letter.
+#[derive(Default)]
+struct HumpRun {
+    len: u32,
+    lower: u32,
+    stretches: u32,
+    humps: u32,
+    was_lower: bool,
+}
+
+impl HumpRun {
+    /// One byte: a letter goes on with the run; anything else ends it, adding its humps to `total`
+    /// if it is of random case.
+    #[inline(always)]
+    fn step(&mut self, b: u8, total: &mut u64) {
+        if b.is_ascii_lowercase() {
+            if !self.was_lower {
+                self.stretches = self.stretches.saturating_add(1);
+            }
+            self.lower = self.lower.saturating_add(1);
+            self.len = self.len.saturating_add(1);
+            self.was_lower = true;
+        } else if b.is_ascii_uppercase() {
+            if self.was_lower {
+                self.humps = self.humps.saturating_add(1);
+            }
+            self.len = self.len.saturating_add(1);
+            self.was_lower = false;
+        } else {
+            if self.len >= MIXED_FROM
+                && self.lower.saturating_mul(2) < self.stretches.saturating_mul(5)
+            {
+                *total = total.saturating_add(u64::from(self.humps));
+            }
+            *self = HumpRun::default();
+        }
+    }
+}
+
+/// [`mixed_case_humps`] a byte at a time (as it was before round 5): the reference its
+/// differential test compares it with.
+#[cfg(test)]
+pub(super) fn mixed_case_humps_plain(bytes: &[u8]) -> u64 {
+    let mut run = HumpRun::default();
     let mut total = 0u64;
     for &b in bytes.iter().chain(core::iter::once(&b' ')) {
-        if b.is_ascii_lowercase() {
-            if !was_lower {
-                stretches = stretches.saturating_add(1);
-            }
-            lower = lower.saturating_add(1);
-            len = len.saturating_add(1);
-            was_lower = true;
-        } else if b.is_ascii_uppercase() {
-            if was_lower {
-                humps = humps.saturating_add(1);
-            }
-            len = len.saturating_add(1);
-            was_lower = false;
-        } else {
-            if len >= MIXED_FROM && lower.saturating_mul(2) < stretches.saturating_mul(5) {
-                total = total.saturating_add(u64::from(humps));
-            }
-            (len, lower, stretches, humps) = (0, 0, 0, 0);
-            was_lower = false;
-        }
+        run.step(b, &mut total);
     }
     total
 }

@@ -784,3 +784,55 @@ fn escapes_begin_where_a_backslash_at_a_time_finds_them() {
         assert_eq!(escapes(special), want, "{special:#066b}");
     }
 }
+
+#[test]
+fn a_role_read_raw_costs_what_the_reference_walk_says() {
+    // The fast walk reads `role` as bytes (a known role without a UTF-8 check): every kind of value
+    // and string gives the reference walk's estimate, or its error.
+    let mut bodies: Vec<Vec<u8>> = [
+        "null",
+        "1",
+        "-2.5",
+        "true",
+        "[]",
+        "[\"user\", 7]",
+        "{}",
+        "{\"role\": \"user\"}",
+        "\"user\"",
+        "\"assistant\"",
+        "\"system\"",
+        "\"developer\"",
+        "\"tool\"",
+        "\"function\"",
+        "\"us\\u0065r\"",
+        "\"User\"",
+        "\"users\"",
+        "\"bot\"",
+        "\"\"",
+        "\"r\u{f4}le \u{4e2d}\u{6587}\"",
+        "\"a\\nb\"",
+    ]
+    .iter()
+    .map(|r| {
+        format!(
+            r#"{{"messages":[{{"role":{r},"content":"Hi there."}},{{"content":"x","role":{r}}}]}}"#
+        )
+        .into_bytes()
+    })
+    .collect();
+    bodies.push(b"{\"messages\":[{\"role\":\"us\xffer\",\"content\":\"Hi\"}]}".to_vec());
+    bodies.push(b"{\"messages\":[{\"role\":\"\xc3\",\"content\":\"Hi\"}]}".to_vec());
+    let mut costs = std::collections::BTreeSet::new();
+    for body in &bodies {
+        let fast = estimate_by(ApiKind::ChatCompletions, body, &limits, true);
+        assert_eq!(
+            fast,
+            estimate_by(ApiKind::ChatCompletions, body, &limits, false),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        costs.insert(format!("{:?}", fast.map(|e| e.prompt_tokens)));
+    }
+    // Known roles, others, nothing and errors: at least four different results.
+    assert!(costs.len() >= 4, "{costs:?}");
+}

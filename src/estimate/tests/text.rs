@@ -690,3 +690,114 @@ fn long_run_excess_agrees_with_a_byte_at_a_time_count() {
     }
     assert!(seen > 400, "only {seen} texts with excess");
 }
+
+#[test]
+fn short_rare_pairs_agrees_with_a_byte_at_a_time_skip() {
+    // Random texts of short words of both cases between runs of non-letters of every length
+    // (spaces, zero-width spaces, digits and dashes, accented letters next to words), to 80 bytes:
+    // the skip to the next letter eight bytes at a time lands where the byte-wise one does.
+    let pieces: [&[u8]; 9] = [
+        b"djq",
+        b"Kjcx",
+        b"zmb",
+        b"QXwv",
+        b" ",
+        "\u{200b}".as_bytes(),
+        b"13-2-----------",
+        "\u{e9}t\u{e9}".as_bytes(),
+        "\u{1e3f}".as_bytes(),
+    ];
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut seen = 0;
+    for _ in 0..6000 {
+        let len = (xorshift(&mut x) % 81) as usize;
+        let mut text = Vec::new();
+        while text.len() < len {
+            let p = pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()];
+            text.extend_from_slice(p);
+        }
+        text.truncate(len);
+        let want = short_rare_pairs_plain(&text);
+        seen += usize::from(want != 0);
+        assert_eq!(
+            short_rare_pairs(&text),
+            want,
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    assert!(seen > 1000, "only {seen} texts with rare pairs");
+}
+
+#[test]
+fn mostly_ascii_agrees_with_the_sampled_windows() {
+    // `ascii::mostly` without divisions against the formula it replaced (sample `k` of up to 16 is
+    // window `k * windows / samples`), on texts of 0 to 40 windows with non-ASCII bytes in random
+    // windows (from none to all).
+    fn reference(bytes: &[u8]) -> bool {
+        let windows = bytes.len() / 64;
+        let samples = windows.min(16);
+        let ascii = (0..samples)
+            .map(|k| k * windows / samples * 64)
+            .filter(|&at| bytes[at..at + 64].iter().all(u8::is_ascii))
+            .count();
+        ascii * 16 >= samples * 7 && samples > 0
+    }
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let (mut yes, mut no) = (0, 0);
+    for _ in 0..3000 {
+        let len = (xorshift(&mut x) % (40 * 64 + 64)) as usize;
+        let mut text = vec![b'a'; len];
+        let rate = xorshift(&mut x) % 9;
+        for w in 0..len / 64 + 1 {
+            if xorshift(&mut x) % 8 < rate {
+                let at = w * 64 + (xorshift(&mut x) % 64) as usize;
+                if let Some(b) = text.get_mut(at) {
+                    *b = 0x80 | (xorshift(&mut x) as u8);
+                }
+            }
+        }
+        let want = reference(&text);
+        (yes, no) = if want { (yes + 1, no) } else { (yes, no + 1) };
+        assert_eq!(super::super::ascii::mostly(&text), want, "{len} bytes");
+    }
+    assert!(yes > 500 && no > 500, "{yes} yes, {no} no");
+}
+
+#[test]
+fn mixed_case_humps_agrees_with_a_byte_at_a_time_count() {
+    // Chunks of eight letters counted from masks against the steps a byte at a time, on random
+    // texts of random-case and camelCase runs, long lower- and upper-case runs, digits and other
+    // bytes, at every length to 96 (chunks, the bytes left, runs across chunks).
+    let pieces: [&[u8]; 8] = [
+        b"aBcDeFgHiJkLmNoP",
+        b"qRsTuV",
+        b"getUserName",
+        b"abcdefghijklmnop",
+        b"ABCDEFGHIJK",
+        b"7",
+        b" ",
+        "\u{e9}".as_bytes(),
+    ];
+    let mut x = 0x1234_5678_9ABC_DEF1u64;
+    let mut seen = 0;
+    for _ in 0..6000 {
+        let len = (xorshift(&mut x) % 97) as usize;
+        let mut text = Vec::new();
+        while text.len() < len {
+            let p = pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()];
+            let take = 1 + (xorshift(&mut x) >> 24) as usize % p.len();
+            text.extend_from_slice(&p[..take]);
+        }
+        text.truncate(len);
+        let want = mixed_case_humps_plain(&text);
+        seen += usize::from(want != 0);
+        assert_eq!(
+            mixed_case_humps(&text),
+            want,
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    assert!(seen > 1000, "only {seen} texts with humps");
+}
