@@ -18,7 +18,8 @@
 //!
 //! One file per section, each with its raw serde structs, its validated types and its step of
 //! `validate()`: `top.rs` (tenant, model and body fields, shared-store bounds), `rules.rs`, `models.rs`
-//! (`default_output`, `models`), `breaker.rs`, `quota.rs`, `global.rs` (`global_buckets`); `shim.rs`
+//! (`default_output`, `models`), `breaker.rs`, `quota.rs`, `global.rs` (`global_buckets`), `paths.rs`
+//! (`unmetered_paths`); `shim.rs`
 //! holds the Webdis shim settings `quota` and `global_buckets` share, `fields.rs` the value checks every
 //! section uses and `shape.rs` the serde-level errors. Every public type is re-exported here
 //! (`crate::config::Rule`, `crate::config::QuotaSettings`, …).
@@ -30,6 +31,7 @@ mod global;
 mod groups;
 mod limits;
 mod models;
+mod paths;
 mod quota;
 mod rules;
 mod shape;
@@ -41,6 +43,7 @@ pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
+pub use paths::{glob, Unmetered, BUILT_IN as UNMETERED_BUILT_IN};
 pub use quota::{AbandonedCharge, LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
 pub use top::{
@@ -136,6 +139,8 @@ pub struct Config {
     pub quota: Option<QuotaSettings>,
     /// Where the buckets of `global` rules live, when configured.
     pub global: Option<GlobalSettings>,
+    /// What happens to requests that are not metered LLM calls (`unmetered_paths`).
+    pub unmetered: Unmetered,
 }
 
 impl Config {
@@ -222,6 +227,7 @@ struct RawConfig {
     breaker: Option<breaker::RawBreaker>,
     quota: Option<quota::RawQuota>,
     global_buckets: Option<global::RawGlobal>,
+    unmetered_paths: Option<paths::RawUnmetered>,
 }
 
 /// Parses and validates the plugin configuration.
@@ -258,6 +264,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         breaker,
         quota,
         global_buckets,
+        unmetered_paths,
     } = raw;
     let sources = top::sources(tenant_header, model_header, api_key_tenants, default_tenant)?;
     let api_keys = api_keys
@@ -279,6 +286,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let breaker = breaker.map(breaker::breaker).transpose()?;
     let quota = quota.map(|q| quota::quota(q, &groups.levels)).transpose()?;
     let global = global_buckets.map(global::global).transpose()?;
+    let unmetered = paths::unmetered(unmetered_paths)?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
     if let Some(q) = &quota {
         for (i, b) in q.budgets.list.iter().enumerate() {
@@ -297,6 +305,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         || quota.is_some()
         || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);
     Ok(Config {
+        unmetered,
         reads_responses,
         quota,
         global,

@@ -29,6 +29,16 @@ pub fn forbidden_tenant(header: &str) -> Refusal {
     )
 }
 
+/// 403: a request that could spend provider usage on a path tokengate does not meter.
+pub fn path_not_metered(method: &str, path: &str) -> Refusal {
+    let method = method.get(..16).unwrap_or(method);
+    let path = path.get(..200).unwrap_or(path);
+    Refusal::new(
+        Class::PathNotMetered,
+        format!("{method} {path} is not an API this gateway meters (chat/completions, completions, embeddings, responses, messages), so it is refused: its usage could not be charged. The operator can allow it in unmetered_paths."),
+    )
+}
+
 /// 413: the body is over `max_body_bytes`.
 pub fn too_large(max_body_bytes: usize) -> Refusal {
     Refusal::new(

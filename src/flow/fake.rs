@@ -374,7 +374,8 @@ impl FakeEnvoy {
         }
     }
 
-    /// A POST of `body` to `path` with `headers` on worker 0: runs the request-headers and body phases.
+    /// A POST of `body` to `path` with `headers` on worker 0 (a `:method` among them replaces POST):
+    /// runs the request-headers and body phases.
     pub fn send(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Call {
         self.send_on(0, path, headers, body)
     }
@@ -388,6 +389,8 @@ impl FakeEnvoy {
             (":path".into(), path.into()),
             (":authority".into(), "llm".into()),
         ];
+        // A pseudo-header given (`:method`, `:path`) replaces the default one.
+        hs.retain(|(k, _)| !headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(k)));
         hs.extend(
             headers
                 .iter()

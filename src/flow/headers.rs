@@ -19,6 +19,12 @@ pub fn api_kind(method: Option<&str>, path: Option<&str>) -> Option<ApiKind> {
     if method != Some("POST") {
         return None;
     }
+    ApiKind::from_path(&normalized_path(path))
+}
+
+/// A request path as the filter reads it: without query, fragment and `;` parameters of any segment,
+/// in ASCII lower case, without trailing slashes.
+pub fn normalized_path(path: Option<&str>) -> Cow<'_, str> {
     let path = path.unwrap_or_default();
     let path = path.split(['?', '#']).next().unwrap_or(path);
     if path.bytes().any(|b| b == b';' || b.is_ascii_uppercase()) {
@@ -26,9 +32,33 @@ pub fn api_kind(method: Option<&str>, path: Option<&str>) -> Option<ApiKind> {
             .split('/')
             .map(|seg| seg.split(';').next().unwrap_or(seg).to_ascii_lowercase())
             .collect();
-        ApiKind::from_path(clean.join("/").trim_end_matches('/'))
+        Cow::Owned(clean.join("/").trim_end_matches('/').to_string())
     } else {
-        ApiKind::from_path(path.trim_end_matches('/'))
+        Cow::Borrowed(path.trim_end_matches('/'))
+    }
+}
+
+/// Whether a request that is not a metered LLM call could still spend provider usage: any method but
+/// `GET`, `HEAD`, `OPTIONS` and `DELETE`, and any request asking for a protocol upgrade (a WebSocket,
+/// as OpenAI's Realtime API uses).
+fn may_spend(h: &dyn Headers) -> bool {
+    !matches!(
+        h.get(":method"),
+        Some("GET" | "HEAD" | "OPTIONS" | "DELETE")
+    ) || h.get("upgrade").is_some()
+        || h.get(":protocol").is_some()
+}
+
+/// The family to answer an unmetered path in: Anthropic's for its paths (`…/messages/…`,
+/// `…/complete`) or a client that sends `anthropic-version`, else OpenAI's.
+fn family_of_path(path: &str, h: &dyn Headers) -> Family {
+    if h.get("anthropic-version").is_some()
+        || path.contains("/messages/")
+        || path.ends_with("/complete")
+    {
+        Family::Anthropic
+    } else {
+        Family::OpenAi
     }
 }
 
@@ -52,15 +82,30 @@ impl Request {
             }
         }
         let Some(kind) = kind else {
+            if may_spend(h) {
+                let path = normalized_path(h.get(":path"));
+                if !cfg.unmetered.allows(&path) {
+                    cx.inc(Metric::RequestsRejectedUnmetered);
+                    self.family = family_of_path(&path, h);
+                    self.reply_id = reply_id(h, self.id, cx.now());
+                    let method = h.get(":method").unwrap_or_default();
+                    let refusal = answers::path_not_metered(method, &path);
+                    return self.refuse(
+                        cx,
+                        &Meta::default(),
+                        "",
+                        "path_not_metered",
+                        refusal,
+                        "tokengate_path_not_metered",
+                    );
+                }
+            }
             cx.inc(Metric::RequestsPassthrough);
             self.stage = Stage::Passthrough;
             return Next::Continue;
         };
         self.family = Family::of(kind);
-        self.reply_id = match h.get("x-request-id").filter(|v| !v.is_empty()) {
-            Some(id) => id.get(..128).unwrap_or(id).to_string(),
-            None => format!("tg-{}-{}", self.id, cx.now()),
-        };
+        self.reply_id = reply_id(h, self.id, cx.now());
         let mut meta = Meta {
             kind: Some(kind),
             ..Meta::default()
@@ -436,6 +481,14 @@ pub(super) fn exhausted_cached(
         now_s,
         "for this tenant",
     ))
+}
+
+/// The id a reply carries: the client's `x-request-id` (at most 128 bytes), else one of ours.
+fn reply_id(h: &dyn Headers, id: u32, now: u64) -> String {
+    match h.get("x-request-id").filter(|v| !v.is_empty()) {
+        Some(v) => v.get(..128).unwrap_or(v).to_string(),
+        None => format!("tg-{id}-{now}"),
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ metrics! {
     RequestsRejectedCostExceedsBurst => "requests_rejected_cost_exceeds_burst",
     RequestsRejectedNoTenant => "requests_rejected_no_tenant",
     RequestsPassthrough => "requests_passthrough",
+    RequestsRejectedUnmetered => "requests_rejected_unmetered",
     RequestsAbandoned => "requests_abandoned",
     RequestsInvalidBodyCharged => "requests_invalid_body_charged",
     RequestsOutputCapped => "requests_output_capped",

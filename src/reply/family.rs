@@ -51,6 +51,8 @@ pub enum Class {
     MissingTenant,
     /// The client named a tenant it may not use.
     ForbiddenTenant,
+    /// A request that could spend provider usage on a path that is not metered.
+    PathNotMetered,
     /// The output limit is above the model's cap and the config refuses instead of lowering it.
     OutputLimitTooLarge,
     /// Lowering `max_tokens` leaves no room for Anthropic's minimum thinking budget.
@@ -86,6 +88,7 @@ impl Class {
             Class::BodyTooLarge => "request_too_large",
             Class::MissingTenant => "missing_tenant",
             Class::ForbiddenTenant => "forbidden_tenant",
+            Class::PathNotMetered => "path_not_metered",
             Class::OutputLimitTooLarge => "output_limit_too_large",
             Class::ThinkingBudgetDoesNotFit => "thinking_budget_does_not_fit",
             Class::ConcurrencyLimit => "concurrency_limit_exceeded",
@@ -164,7 +167,7 @@ impl Class {
                     "authentication_error",
                     false,
                 ),
-                Class::ForbiddenTenant => (
+                Class::ForbiddenTenant | Class::PathNotMetered => (
                     403,
                     "invalid_request_error",
                     reason,

@@ -12,7 +12,9 @@ Scenarios (admitted calls):
   openai-completions-stream, openai-embeddings, openai-responses, openai-responses-stream,
   anthropic-messages, anthropic-messages-stream, litellm-chat
 Scenarios (refusals, report the SDK's exception):
-  openai-error (a chat call), anthropic-error (a messages call), litellm-router-error
+  openai-error (a chat call), anthropic-error (a messages call), litellm-router-error,
+  openai-batches-error (batches.create), anthropic-batches-error (messages.batches.create)
+Other: anthropic-count-tokens (messages.count_tokens; reports the HTTP status)
 
 Output on success: {"ok": true, "text": ..., "usage": {...}, "elapsed": s, ...}
 Output on an SDK exception: {"ok": false, "exception": "RateLimitError", "classes": [...MRO names],
@@ -192,6 +194,18 @@ def run(args):
             "stop_reason": final.stop_reason,
             "events": events,
         }
+    if s == "openai-batches-error":
+        b = openai_client(args).batches.create(
+            input_file_id="file-abc", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        return {"id": getattr(b, "id", None)}
+    if s == "anthropic-batches-error":
+        params = {"model": model, "max_tokens": args.max_tokens, "messages": msgs}
+        b = anthropic_client(args).messages.batches.create(requests=[{"custom_id": "a", "params": params}])
+        return {"id": getattr(b, "id", None)}
+    if s == "anthropic-count-tokens":
+        r = anthropic_client(args).messages.with_raw_response.count_tokens(model=model, messages=msgs)
+        return {"status": r.status_code}
     if s == "litellm-chat":
         import litellm
 

@@ -231,6 +231,7 @@ fn non_llm_paths_pass_through_untouched() {
     let r = http::get(envoy.port, "/healthz", &[]).unwrap();
     assert_eq!((r.status, r.json()), (200, json!({"ok": true})));
     assert_untouched(&r);
+    // A write on a path that is not metered could spend usage: refused, unless allowed (below).
     let r = http::post(
         envoy.port,
         "/other?x=1",
@@ -238,11 +239,9 @@ fn non_llm_paths_pass_through_untouched() {
         b"not json, not metered",
     )
     .unwrap();
-    assert_eq!(
-        (r.status, r.json()),
-        (200, json!({"ok": true, "path": "/other"}))
-    );
-    assert_untouched(&r);
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "path_not_metered");
+    assert_eq!(r.header("x-tokengate-reason"), Some("path_not_metered"));
     // OpenAI Assistants' thread messages end in `/messages` but bill nothing: not metered (no tenant
     // is needed, no 401).
     let r = http::post(
@@ -267,13 +266,49 @@ fn non_llm_paths_pass_through_untouched() {
         paths,
         [
             "/healthz",
-            "/other?x=1",
             "/v1/threads/thread_abc/messages",
             "/v1/models",
             tg::CHAT
         ]
     );
-    assert_eq!(got[1].body, "not json, not metered");
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn writes_on_unmetered_paths_pass_only_where_the_operator_allows_them() {
+    let mock = mock_provider!();
+    let mut cfg = default_config();
+    cfg["unmetered_paths"] = json!({"allow": ["/other", "*/fine_tuning/jobs"]});
+    let envoy = tg::start(&mock, cfg);
+    for path in ["/other?x=1", "/org/v1/fine_tuning/jobs"] {
+        let r = http::post(envoy.port, path, &[], b"not json, not metered").unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_untouched(&r);
+    }
+    // Anthropic's batches and legacy completions: refused in Anthropic's shape.
+    for path in ["/v1/messages/batches", "/v1/complete"] {
+        let r = http::post(envoy.port, path, &[], b"{}").unwrap();
+        assert_eq!(r.status, 403, "{path}");
+        let body = r.json();
+        assert_eq!(body["type"], "error", "{body}");
+        assert_eq!(body["error"]["type"], "permission_error", "{body}");
+        assert_eq!(body["error"]["details"]["error_code"], "path_not_metered");
+        assert!(r.header("request-id").is_some());
+    }
+    let got: Vec<String> = mock.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(got, ["/other?x=1", "/org/v1/fine_tuning/jobs"]);
+    let refused = envoy
+        .stats()
+        .get("wasmcustom.tokengate_requests_rejected_unmetered")
+        .copied();
+    assert_eq!(refused, Some(2));
+    // `writes: pass` restores passing everything, uncharged.
+    let mut cfg = default_config();
+    cfg["unmetered_paths"] = json!({"writes": "pass"});
+    let envoy = tg::start(&mock, cfg);
+    let r = http::post(envoy.port, "/v1/batches", &[], b"{}").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_untouched(&r);
     tg::assert_no_panic(&envoy);
 }
 

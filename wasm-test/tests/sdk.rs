@@ -494,6 +494,36 @@ fn what_a_retry_cannot_fix_returns_at_once() {
     tg::assert_no_panic(&envoy);
 }
 
+#[test]
+fn batch_apis_that_cannot_be_metered_are_refused_in_each_sdks_shape() {
+    // A batch spends provider usage the filter never sees a body for: refused with 403 (both SDKs
+    // raise PermissionDeniedError, not retried), while token counting, free, passes.
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, roomy());
+    for scenario in ["openai-batches-error", "anthropic-batches-error"] {
+        let (got, n) = attempts(&envoy, scenario, &[]);
+        assert_raised(&got, "PermissionDeniedError", 403);
+        assert_eq!(n, 1, "not retried: {got}");
+        assert_eq!(
+            got["headers"]["x-tokengate-reason"], "path_not_metered",
+            "{got}"
+        );
+        let code = if scenario.starts_with("openai") {
+            &got["code"]
+        } else {
+            &got["error_code"]
+        };
+        assert_eq!(code, "path_not_metered", "{got}");
+    }
+    assert!(mock.requests().is_empty(), "no batch reached the provider");
+    let got = drive1(envoy.port, "anthropic-count-tokens", &[]);
+    assert_ok(&got);
+    assert_eq!(got["status"], 200, "{got}");
+    let paths: Vec<String> = mock.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/v1/messages/count_tokens"]);
+    tg::assert_no_panic(&envoy);
+}
+
 fn breaker_config() -> Value {
     tg::merge(
         roomy(),

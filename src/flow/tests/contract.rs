@@ -191,13 +191,90 @@ fn other_methods_and_paths_pass_untouched_but_lose_a_client_sent_route_header() 
     );
     let c = e.send(
         "/v1/models",
-        &[TENANT, ("x-tokengate-route", "fallback")],
-        "{}",
+        &[
+            (":method", "GET"),
+            TENANT,
+            ("x-tokengate-route", "fallback"),
+        ],
+        "",
     );
     clean(&c);
     assert!(c.forwarded && c.audit.is_none());
     assert!(!c.headers.iter().any(|(k, _)| k == "x-tokengate-route"));
     assert_eq!(e.metric(Metric::RequestsPassthrough), 1);
+}
+
+#[test]
+fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
+    // POST /v1/batches, Anthropic's message batches and legacy /v1/complete, an Assistants run, a
+    // WebSocket upgrade: each could spend provider usage the filter cannot charge.
+    let e = envoy(json!({"rules": [rule(10.0, 1e6)]}));
+    for (method, path, extra, family) in [
+        ("POST", "/v1/batches", None, "openai"),
+        ("POST", "/v1/images/generations?x=1", None, "openai"),
+        ("PUT", "/v1/Threads/t1/Runs/", None, "openai"),
+        (
+            "GET",
+            "/v1/realtime?model=m",
+            Some(("upgrade", "websocket")),
+            "openai",
+        ),
+        ("POST", "/v1/messages/batches", None, "anthropic"),
+        ("POST", "/v1/complete", None, "anthropic"),
+        (
+            "POST",
+            "/v1/other",
+            Some(("anthropic-version", "2023-06-01")),
+            "anthropic",
+        ),
+    ] {
+        let mut hs = vec![(":method", method), ("authorization", "Bearer sk-a")];
+        hs.extend(extra);
+        let c = e.send(path, &hs, "{}");
+        clean(&c);
+        assert!(!c.forwarded && !c.upstream_started, "{path}");
+        let r = c.reply.as_ref().unwrap();
+        assert_eq!(r.status, 403, "{path}");
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let reason = match family {
+            "openai" => &body["error"]["code"],
+            _ => &body["error"]["details"]["error_code"],
+        };
+        assert_eq!(reason, "path_not_metered", "{path}: {body}");
+        if family == "anthropic" {
+            assert_eq!(body["error"]["type"], "permission_error", "{body}");
+        }
+        assert!(
+            c.audit_field("decision") == Some("path_not_metered".into()),
+            "{path}"
+        );
+    }
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 7);
+    // Reads, the built-in free endpoints and the operator's patterns pass, uncharged.
+    let e = envoy(json!({"rules": [rule(10.0, 1e6)],
+        "unmetered_paths": {"allow": ["/v1/files", "*/fine_tuning/jobs"]}}));
+    for (method, path) in [
+        ("GET", "/v1/models"),
+        ("DELETE", "/v1/files/f1"),
+        ("HEAD", "/v1/batches"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("POST", "/v1/responses/input_tokens"),
+        ("POST", "/v1/moderations"),
+        ("POST", "/v1/threads/t1/messages"),
+        ("POST", "/v1/responses/resp_1/cancel"),
+        ("POST", "/v1/files/"),
+        ("POST", "/org/v1/fine_tuning/jobs"),
+    ] {
+        let c = e.send(path, &[(":method", method)], "{}");
+        clean(&c);
+        assert!(c.forwarded && c.reply.is_none(), "{method} {path}");
+    }
+    assert_eq!(e.metric(Metric::RequestsPassthrough), 10);
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 0);
+    // `writes: pass`: the old behaviour, every unmetered request untouched.
+    let e = envoy(json!({"rules": [rule(10.0, 1e6)], "unmetered_paths": {"writes": "pass"}}));
+    let c = e.send("/v1/batches", &[], "{}");
+    assert!(c.forwarded && c.reply.is_none());
 }
 
 #[test]
