@@ -23,12 +23,13 @@ pub const MAX_ALLOW: usize = 64;
 pub const MAX_PATTERN_LEN: usize = 256;
 
 /// Endpoints that are always let through: they spend no tokens (token counting, moderation, OpenAI
-/// Assistants' thread messages, cancelling a background response).
-pub const BUILT_IN: [&str; 5] = [
+/// Assistants' thread messages and their updates, cancelling a background response).
+pub const BUILT_IN: [&str; 6] = [
     "*/messages/count_tokens",
     "*/responses/input_tokens",
     "*/moderations",
     "*/threads/*/messages",
+    "*/threads/*/messages/*",
     "*/responses/*/cancel",
 ];
 
@@ -107,13 +108,25 @@ pub(super) fn unmetered(raw: Option<RawUnmetered>) -> Result<Unmetered, ConfigEr
                 format!("'{p}' must start with '/' or '*' (a path, '*' for any characters)"),
             ));
         }
-        if let Some(c) = p
-            .chars()
-            .find(|c| matches!(c, '?' | '#' | ';') || c.is_whitespace() || c.is_control())
-        {
+        if let Some(c) = p.chars().find(|c| matches!(c, '?' | '#' | ';')) {
             return Err(err(
                 field,
                 format!("'{p}' holds {c:?}: a pattern is matched against the path without query, fragment and ';' parameters"),
+            ));
+        }
+        if let Some(c) = p
+            .chars()
+            .find(|c| matches!(c, '%' | '\\') || c.is_whitespace() || c.is_control())
+        {
+            return Err(err(
+                field,
+                format!("'{p}' holds {c:?}, which no path holds once Envoy has normalized it (write the decoded path)"),
+            ));
+        }
+        if p.contains("//") || p.split('/').any(|seg| seg == "." || seg == "..") {
+            return Err(err(
+                field,
+                format!("'{p}' has an empty, '.' or '..' segment, which no path has once Envoy has normalized it"),
             ));
         }
         if p == "*" || p.bytes().all(|b| b == b'*' || b == b'/') {
@@ -252,6 +265,22 @@ mod tests {
             (
                 r#"{"allow": [""]}"#,
                 "unmetered_paths.allow[0]: must be 1 to 256 bytes long, got 0",
+            ),
+            (
+                r#"{"allow": ["/v1/a b"]}"#,
+                "'/v1/a b' holds ' ', which no path holds",
+            ),
+            (
+                r#"{"allow": ["/v1/%2A"]}"#,
+                "'/v1/%2A' holds '%', which no path holds",
+            ),
+            (
+                r#"{"allow": ["/v1//uploads"]}"#,
+                "'/v1//uploads' has an empty, '.' or '..' segment",
+            ),
+            (
+                r#"{"allow": ["/v1/../batches"]}"#,
+                "'/v1/../batches' has an empty, '.' or '..' segment",
             ),
             (
                 r#"{"writes": "refuse", "deny": []}"#,

@@ -45,15 +45,19 @@ fn may_spend(h: &dyn Headers) -> bool {
     !matches!(
         h.get(":method"),
         Some("GET" | "HEAD" | "OPTIONS" | "DELETE")
-    ) || h.get("upgrade").is_some()
-        || h.get(":protocol").is_some()
+    ) || upgrade(h)
 }
 
-/// The family to answer an unmetered path in: Anthropic's for its paths (`…/messages/…`,
-/// `…/complete`) or a client that sends `anthropic-version`, else OpenAI's.
+/// Whether the request asks for a protocol upgrade (HTTP/1.1 `upgrade`, HTTP/2 extended CONNECT).
+fn upgrade(h: &dyn Headers) -> bool {
+    h.get("upgrade").is_some() || h.get(":protocol").is_some()
+}
+
+/// The family to answer an unmetered path in: Anthropic's for its paths (`…/messages…` but OpenAI
+/// Assistants' `…/threads/…`, `…/complete`) or a client that sends `anthropic-version`, else OpenAI's.
 fn family_of_path(path: &str, h: &dyn Headers) -> Family {
     if h.get("anthropic-version").is_some()
-        || path.contains("/messages/")
+        || (path.contains("/messages") && !path.contains("/threads/"))
         || path.ends_with("/complete")
     {
         Family::Anthropic
@@ -71,7 +75,13 @@ impl Request {
         end_of_stream: bool,
     ) -> Next {
         let cfg = cx.cfg;
-        let kind = api_kind(h.get(":method"), h.get(":path"));
+        // A request asking for a protocol upgrade (a WebSocket) has no body to meter, whatever its path:
+        // it is judged as a write on a path that is not metered.
+        let kind = if upgrade(h) {
+            None
+        } else {
+            api_kind(h.get(":method"), h.get(":path"))
+        };
         if let Some(b) = &cfg.breaker {
             // Only the filter may steer requests to a fallback cluster, on every path and method (a
             // client-sent value would pick the fallback route for requests the filter passes).

@@ -227,6 +227,21 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
             Some(("anthropic-version", "2023-06-01")),
             "anthropic",
         ),
+        // An upgrade has no body to meter, even on a metered path.
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(("upgrade", "websocket")),
+            "openai",
+        ),
+        (
+            "CONNECT",
+            "/v1/messages",
+            Some((":protocol", "websocket")),
+            "anthropic",
+        ),
+        // Assistants' paths with `/messages/` are OpenAI's.
+        ("POST", "/v1/threads/t1/messagesx", None, "openai"),
     ] {
         let mut hs = vec![(":method", method), ("authorization", "Bearer sk-a")];
         hs.extend(extra);
@@ -249,7 +264,7 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
             "{path}"
         );
     }
-    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 7);
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 10);
     // Reads, the built-in free endpoints and the operator's patterns pass, uncharged.
     let e = envoy(json!({"rules": [rule(10.0, 1e6)],
         "unmetered_paths": {"allow": ["/v1/files", "*/fine_tuning/jobs"]}}));
@@ -261,6 +276,7 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
         ("POST", "/v1/responses/input_tokens"),
         ("POST", "/v1/moderations"),
         ("POST", "/v1/threads/t1/messages"),
+        ("POST", "/v1/threads/t1/messages/msg_1"),
         ("POST", "/v1/responses/resp_1/cancel"),
         ("POST", "/v1/files/"),
         ("POST", "/org/v1/fine_tuning/jobs"),
@@ -269,7 +285,7 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
         clean(&c);
         assert!(c.forwarded && c.reply.is_none(), "{method} {path}");
     }
-    assert_eq!(e.metric(Metric::RequestsPassthrough), 10);
+    assert_eq!(e.metric(Metric::RequestsPassthrough), 11);
     assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 0);
     // `writes: pass`: the old behaviour, every unmetered request untouched.
     let e = envoy(json!({"rules": [rule(10.0, 1e6)], "unmetered_paths": {"writes": "pass"}}));
