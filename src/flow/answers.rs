@@ -31,12 +31,19 @@ pub fn forbidden_tenant(header: &str) -> Refusal {
 
 /// 403: a request that could spend provider usage on a path tokengate does not meter.
 pub fn path_not_metered(method: &str, path: &str) -> Refusal {
-    let method = method.get(..16).unwrap_or(method);
-    let path = path.get(..200).unwrap_or(path);
+    let (method, path) = (clip(method, 16), clip(path, 200));
     Refusal::new(
         Class::PathNotMetered,
         format!("{method} {path} is not an API this gateway meters (chat/completions, completions, embeddings, responses, messages), so it is refused: its usage could not be charged. The operator can allow it in unmetered_paths."),
     )
+}
+
+/// At most the first `n` characters of `s`.
+fn clip(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((end, _)) => s.get(..end).unwrap_or(s),
+        None => s,
+    }
 }
 
 /// 413: the body is over `max_body_bytes`.

@@ -568,3 +568,18 @@ fn an_anthropic_thinking_budget_is_kept_below_a_lowered_max_tokens() {
         Some("thinking_budget_does_not_fit")
     );
 }
+
+#[test]
+fn a_long_unmetered_path_is_clipped_in_the_message() {
+    let e = envoy(json!({"rules": [rule(10.0, 1e6)]}));
+    let path = format!("/v1/{}", "é".repeat(300));
+    let c = e.send(&path, &[], "{}");
+    clean(&c);
+    let body: serde_json::Value = serde_json::from_slice(&c.reply.unwrap().body).unwrap();
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(&format!("POST /v1/{}", "é".repeat(196))),
+        "{msg}"
+    );
+    assert!(!msg.contains(&"é".repeat(197)), "{msg}");
+}
