@@ -73,6 +73,7 @@ mod ascii;
 mod chat;
 mod classes;
 mod completions;
+mod escapes;
 mod fitted;
 mod json;
 mod latin;

@@ -684,7 +684,7 @@ fn a_window_of_byte_compares_marks_what_its_words_mark() {
     // compares (vector targets) and from words of eight bytes (the rest): the same bits, on windows
     // of bytes near each test's edges (0x1F / 0x20, 0x22, 0x5C, their values with the high bit
     // set, 0x7F / 0x80) and random ones.
-    use super::super::json::{special_bits_bytes, special_bits_words, WINDOW};
+    use super::super::escapes::{special_bits_bytes, special_bits_words, WINDOW};
     let edges = [
         0x00, 0x1F, 0x20, 0x21, 0x22, 0x23, 0x5B, 0x5C, 0x5D, 0x7F, 0x80, 0x9F, 0xA0, 0xA2, 0xDC,
         0xFF, b'a', b't', b'n',
@@ -761,7 +761,7 @@ fn scanner_unescapes_tables_like_serde_json() {
 fn escapes_begin_where_a_backslash_at_a_time_finds_them() {
     // The bits where escapes begin in a window of backslashes (every second of a run, from its
     // first), from one subtraction, against the bits found one at a time; dense and sparse masks.
-    use super::super::json::escapes;
+    use super::super::escapes::escapes;
     let mut x = 0x2545_F491_4F6C_DD1D;
     for round in 0..20_000u32 {
         let mut special = xorshift(&mut x);
