@@ -671,14 +671,7 @@ fn long_run_excess_agrees_with_a_byte_at_a_time_count() {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut seen = 0;
     for _ in 0..4000 {
-        let len = (xorshift(&mut x) % 97) as usize;
-        let mut text = Vec::new();
-        while text.len() < len {
-            let p = pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()];
-            let take = 1 + (xorshift(&mut x) >> 24) as usize % p.len();
-            text.extend_from_slice(&p[..take]);
-        }
-        text.truncate(len);
+        let text = pieced_text(&pieces, &mut x);
         let want = reference(&text);
         seen += usize::from(want != 0);
         assert_eq!(
@@ -782,14 +775,7 @@ fn mixed_case_humps_agrees_with_a_byte_at_a_time_count() {
     let mut x = 0x1234_5678_9ABC_DEF1u64;
     let mut seen = 0;
     for _ in 0..6000 {
-        let len = (xorshift(&mut x) % 97) as usize;
-        let mut text = Vec::new();
-        while text.len() < len {
-            let p = pieces[(xorshift(&mut x) >> 20) as usize % pieces.len()];
-            let take = 1 + (xorshift(&mut x) >> 24) as usize % p.len();
-            text.extend_from_slice(&p[..take]);
-        }
-        text.truncate(len);
+        let text = pieced_text(&pieces, &mut x);
         let want = mixed_case_humps_plain(&text);
         seen += usize::from(want != 0);
         assert_eq!(
@@ -800,4 +786,18 @@ fn mixed_case_humps_agrees_with_a_byte_at_a_time_count() {
         );
     }
     assert!(seen > 1000, "only {seen} texts with humps");
+}
+
+/// A text of 0 to 96 bytes made of random prefixes of `pieces` (cut at the length: runs across
+/// chunks and pieces cut anywhere, even inside a character).
+fn pieced_text(pieces: &[&[u8]], x: &mut u64) -> Vec<u8> {
+    let len = (xorshift(x) % 97) as usize;
+    let mut text = Vec::new();
+    while text.len() < len {
+        let p = pieces[(xorshift(x) >> 20) as usize % pieces.len()];
+        let take = 1 + (xorshift(x) >> 24) as usize % p.len();
+        text.extend_from_slice(&p[..take]);
+    }
+    text.truncate(len);
+    text
 }
