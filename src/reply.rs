@@ -49,6 +49,7 @@
 //! | `MissingTenant` | 401 | `invalid_request_error` / `missing_tenant` | 401 `authentication_error` | no |
 //! | `ForbiddenTenant` | 403 | `invalid_request_error` / `forbidden_tenant` | 403 `permission_error` | no |
 //! | `PathNotMetered` | 403 | `invalid_request_error` / `path_not_metered` | 403 `permission_error` | no |
+//! | `BackgroundNotMetered` | 400 | `invalid_request_error` / `background_not_metered` | 400 `invalid_request_error` | no |
 //! | `CircuitOpen` | 503 | `server_error` / `circuit_open` | 529 `overloaded_error` | yes |
 //! | `QuotaUnavailable` | 503 | `server_error` / `quota_unavailable` | 503 `api_error` | yes |
 //! | `LimiterUnavailable` | 503 | `server_error` / `rate_limiter_unavailable` | 503 `api_error` | yes |

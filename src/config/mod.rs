@@ -141,6 +141,9 @@ pub struct Config {
     pub global: Option<GlobalSettings>,
     /// What happens to requests that are not metered LLM calls (`unmetered_paths`).
     pub unmetered: Unmetered,
+    /// Refuse OpenAI Responses requests with `background: true` (`background_responses: "refuse"`, the
+    /// default): the provider generates after the response, which carries no usage.
+    pub refuse_background: bool,
 }
 
 impl Config {
@@ -228,6 +231,7 @@ struct RawConfig {
     quota: Option<quota::RawQuota>,
     global_buckets: Option<global::RawGlobal>,
     unmetered_paths: Option<paths::RawUnmetered>,
+    background_responses: Option<String>,
 }
 
 /// Parses and validates the plugin configuration.
@@ -265,6 +269,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         quota,
         global_buckets,
         unmetered_paths,
+        background_responses,
     } = raw;
     let sources = top::sources(tenant_header, model_header, api_key_tenants, default_tenant)?;
     let api_keys = api_keys
@@ -287,6 +292,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let quota = quota.map(|q| quota::quota(q, &groups.levels)).transpose()?;
     let global = global_buckets.map(global::global).transpose()?;
     let unmetered = paths::unmetered(unmetered_paths)?;
+    let refuse_background = top::refuse_background(background_responses)?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
     if let Some(q) = &quota {
         for (i, b) in q.budgets.list.iter().enumerate() {
@@ -306,6 +312,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);
     Ok(Config {
         unmetered,
+        refuse_background,
         reads_responses,
         quota,
         global,

@@ -47,6 +47,19 @@ pub(super) fn above_cap(v: Option<String>) -> Result<AboveCap, ConfigError> {
     }
 }
 
+/// `background_responses`: true (`"refuse"`, the default) refuses an OpenAI Responses request with
+/// `background: true`; `"reservation"` admits it, charged its whole reservation.
+pub(super) fn refuse_background(v: Option<String>) -> Result<bool, ConfigError> {
+    match v.as_deref() {
+        None | Some("refuse") => Ok(true),
+        Some("reservation") => Ok(false),
+        Some(other) => Err(err(
+            "background_responses",
+            format!("must be \"refuse\" or \"reservation\", got \"{other}\""),
+        )),
+    }
+}
+
 /// Default header giving the model in the headers phase.
 pub const DEFAULT_MODEL_HEADER: &str = "x-tokengate-model";
 /// Default largest body: 8 MiB.

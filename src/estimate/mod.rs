@@ -223,6 +223,9 @@ pub struct Estimate {
     pub stream: bool,
     /// `stream_options.include_usage == true`.
     pub include_usage: bool,
+    /// Responses `background == true`: the provider generates after its answer (which carries no
+    /// usage), so the answer cannot settle it.
+    pub background: bool,
 }
 
 impl Estimate {
@@ -326,6 +329,7 @@ fn estimate_by(
     let model = std::mem::replace(&mut fields.model, Ok(None))?;
     let stream = fields.stream.clone()?;
     let include_usage = fields.stream_options.clone()?;
+    let background = fields.background.clone()?;
     let prompt_tokens = fields.prompt_tokens(kind)?;
     let requested_output = requested_output(&fields)?;
     let (output_tokens, output_choices) = if kind == ApiKind::Embeddings {
@@ -348,6 +352,7 @@ fn estimate_by(
         output_choices,
         stream,
         include_usage,
+        background,
     })
 }
 

@@ -71,6 +71,7 @@ pub(super) enum Key {
     Title,
     Context,
     Role,
+    Background,
     Other,
 }
 
@@ -180,6 +181,8 @@ impl Key {
                     Key::ToolCalls
                 } else if is(b"prediction") {
                     Key::Prediction
+                } else if is(b"background") {
+                    Key::Background
                 } else {
                     Key::Other
                 }

@@ -23,6 +23,8 @@ pub(super) struct Fields {
     pub(super) model: Res<Option<String>>,
     pub(super) stream: Res<bool>,
     pub(super) stream_options: Res<bool>,
+    /// Responses `background`.
+    pub(super) background: Res<bool>,
     pub(super) max_tokens: Num,
     pub(super) max_completion_tokens: Num,
     pub(super) max_output_tokens: Num,
@@ -53,6 +55,7 @@ impl Fields {
             model: Ok(None),
             stream: Ok(false),
             stream_options: Ok(false),
+            background: Ok(false),
             max_tokens: Num::Absent,
             max_completion_tokens: Num::Absent,
             max_output_tokens: Num::Absent,
@@ -129,6 +132,7 @@ impl<'de> Shape<'de> for Top<'_> {
                 (Key::MaxCompletionTokens, _) => f.max_completion_tokens = value(&mut a, Count)?,
                 (Key::MaxOutputTokens, _) => f.max_output_tokens = value(&mut a, Count)?,
                 (Key::N, _) => f.n = value(&mut a, Count)?,
+                (Key::Background, Responses) => f.background = value(&mut a, Flag("background"))?,
                 (Key::BestOf, Completions) => f.best_of = value(&mut a, Count)?,
                 (Key::Prediction, ChatCompletions) => {
                     f.prediction = value(&mut a, Prediction { raw })?

@@ -38,6 +38,14 @@ pub fn path_not_metered(method: &str, path: &str) -> Refusal {
     )
 }
 
+/// 400: an OpenAI Responses request with `background: true` (`background_responses: "refuse"`).
+pub fn background_not_metered() -> Refusal {
+    Refusal::new(
+        Class::BackgroundNotMetered,
+        "Background responses (background: true) are not available through this gateway: the provider generates them after answering, without usage, so they could not be charged. Send the request without background (stream it for long answers).",
+    )
+}
+
 /// At most the first `n` characters of `s`.
 fn clip(s: &str, n: usize) -> &str {
     match s.char_indices().nth(n) {

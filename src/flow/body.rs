@@ -94,6 +94,21 @@ impl Request {
                 }
             },
         };
+        if cfg.refuse_background && est.as_ref().is_some_and(|e| e.background) {
+            cx.inc(Metric::RequestsRejectedUnmetered);
+            let model = est
+                .as_ref()
+                .and_then(|e| e.model.clone())
+                .unwrap_or_default();
+            return self.refuse(
+                cx,
+                &meta,
+                &model,
+                "background_not_metered",
+                answers::background_not_metered(),
+                "tokengate_background_not_metered",
+            );
+        }
         let (prompt, output, cost) = match (&est, cfg.invalid_body) {
             (Some(e), _) => (e.prompt_tokens, e.output_tokens, e.total()),
             (None, InvalidBody::Charge(t)) => (t, 0, t),
@@ -154,6 +169,16 @@ impl Request {
                 edits.max_output_field = output_field(kind, body).to_string();
             }
         }
+        // A background response (`background_responses: "reservation"`) is charged its reservation,
+        // whatever it generates: a body without an output limit gets the reserved one written in.
+        let adds_limit = est
+            .as_ref()
+            .is_some_and(|e| e.background && e.requested_output.is_none());
+        if let Some(e) = est.as_ref().filter(|_| adds_limit) {
+            edits.clamp_max_output = Some(e.output_tokens / e.output_choices.max(1));
+            edits.clamp_present_only = false;
+            edits.max_output_field = output_field(kind, body).to_string();
+        }
         // Kept for a max_tokens clamp after the reservation.
         let mut kept = if cfg.quota.is_some() {
             body.to_vec()
@@ -167,7 +192,7 @@ impl Request {
         {
             match rewrite::rewrite_with_report(body, &edits) {
                 Ok(r) => {
-                    if r.output_clamped {
+                    if r.output_clamped && !adds_limit {
                         if let Some(refusal) = above_cap(cfg, &r, edits.clamp_max_output) {
                             cx.inc(Metric::RequestsRejectedInvalidBody);
                             return self.refuse(

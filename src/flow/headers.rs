@@ -265,6 +265,9 @@ impl Request {
                 }
             }
         }
+        // A background response may get its output limit written in (`background_responses`).
+        drop_length |=
+            !cfg.refuse_background && meta.kind == Some(crate::estimate::ApiKind::Responses);
         if drop_length && h.get("content-length").is_some() {
             // Envoy does not fix content-length after a body rewrite: let it send the body chunked.
             cx.fx

@@ -53,6 +53,8 @@ pub enum Class {
     ForbiddenTenant,
     /// A request that could spend provider usage on a path that is not metered.
     PathNotMetered,
+    /// An OpenAI Responses request with `background: true` (`background_responses: "refuse"`).
+    BackgroundNotMetered,
     /// The output limit is above the model's cap and the config refuses instead of lowering it.
     OutputLimitTooLarge,
     /// Lowering `max_tokens` leaves no room for Anthropic's minimum thinking budget.
@@ -89,6 +91,7 @@ impl Class {
             Class::MissingTenant => "missing_tenant",
             Class::ForbiddenTenant => "forbidden_tenant",
             Class::PathNotMetered => "path_not_metered",
+            Class::BackgroundNotMetered => "background_not_metered",
             Class::OutputLimitTooLarge => "output_limit_too_large",
             Class::ThinkingBudgetDoesNotFit => "thinking_budget_does_not_fit",
             Class::ConcurrencyLimit => "concurrency_limit_exceeded",
@@ -150,6 +153,7 @@ impl Class {
                     (503, "server_error", reason, 503, "api_error", true)
                 }
                 Class::InvalidBody
+                | Class::BackgroundNotMetered
                 | Class::OutputLimitTooLarge
                 | Class::ThinkingBudgetDoesNotFit => (
                     400,

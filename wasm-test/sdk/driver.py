@@ -13,7 +13,8 @@ Scenarios (admitted calls):
   anthropic-messages, anthropic-messages-stream, litellm-chat
 Scenarios (refusals, report the SDK's exception):
   openai-error (a chat call), anthropic-error (a messages call), litellm-router-error,
-  openai-batches-error (batches.create), anthropic-batches-error (messages.batches.create)
+  openai-batches-error (batches.create), anthropic-batches-error (messages.batches.create),
+  openai-responses-background (responses.create with background=True; also admitted when configured)
 Other: anthropic-count-tokens (messages.count_tokens; reports the HTTP status)
 
 Output on success: {"ok": true, "text": ..., "usage": {...}, "elapsed": s, ...}
@@ -194,6 +195,11 @@ def run(args):
             "stop_reason": final.stop_reason,
             "events": events,
         }
+    if s == "openai-responses-background":
+        r = openai_client(args).responses.create(
+            model=model, input=args.prompt, max_output_tokens=args.max_tokens, background=True
+        )
+        return {"id": r.id, "status": r.status, "usage": usage_dict(r.usage)}
     if s == "openai-batches-error":
         b = openai_client(args).batches.create(
             input_file_id="file-abc", endpoint="/v1/chat/completions", completion_window="24h"

@@ -2394,3 +2394,70 @@ fn the_shim_clusters_are_pinged_at_start_and_a_wrong_or_dead_one_is_named() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+#[test]
+fn a_background_response_is_refused_or_charged_its_whole_reservation() {
+    // OpenAI answers `background: true` at once (queued, no usage) and generates afterwards: no
+    // answer settles it. Refused by default; with `background_responses: "reservation"` it is
+    // charged its whole reservation (prompt estimate + max_output_tokens), not the prompt alone.
+    let s = Stack::start();
+    let body = br#"{"model":"gpt-test","input":"Summarise the history of rivers.","max_output_tokens":300,"background":true}"#;
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let (r, _) = post_t(&envoy, "/v1/responses", "bg-refused", &[], body);
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.header("x-tokengate-reason"),
+        Some("background_not_metered")
+    );
+    assert_eq!(envoy.stat("tokengate_requests_rejected_unmetered"), 1);
+    assert!(s.mock.requests().is_empty(), "nothing reached the provider");
+    drop(envoy);
+
+    let cfg = tg::merge(
+        quota_config(json!({"monthly_limit": 1_000_000})),
+        json!({"background_responses": "reservation"}),
+    );
+    let envoy = tg::start_opts(opts(s.mock.port, cfg).webdis(s.webdis_port()));
+    let (r, _) = post_t(&envoy, "/v1/responses", "bg-charged", &[], body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answer: Value = serde_json::from_slice(&r.body).expect("JSON answer");
+    assert_eq!(answer["status"], "queued");
+    assert_eq!(answer["usage"], Value::Null);
+    let reservation = tg::estimated(&r);
+    assert!(reservation > 300, "prompt + 300: {reservation}");
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 1), 1);
+    let key = used_key("bg-charged", &month_label(now_unix()));
+    assert_eq!(
+        wait_key(s.redis(), &key, reservation as i64),
+        reservation as i64,
+        "charged the whole reservation"
+    );
+    // Without an output limit, the reserved one is written into the body (content-length dropped:
+    // Envoy sends the longer body chunked), so the provider cannot generate more than was charged.
+    let prompt = reservation - 300;
+    let unlimited =
+        br#"{"model":"gpt-test","input":"Summarise the history of rivers.","background":true}"#;
+    let (r, _) = post_t(&envoy, "/v1/responses", "bg-charged", &[], unlimited);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let granted = tg::estimated(&r) - prompt;
+    let sent = s
+        .mock
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|q| q.path == "/v1/responses")
+        .expect("the provider got it");
+    assert_eq!(
+        sent.json()["max_output_tokens"].as_u64(),
+        Some(granted),
+        "{}",
+        sent.body
+    );
+    assert_eq!(sent.json()["input"], "Summarise the history of rivers.");
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 2), 2);
+    assert_eq!(
+        wait_key(s.redis(), &key, (reservation + prompt + granted) as i64),
+        (reservation + prompt + granted) as i64
+    );
+    tg::assert_no_panic(&envoy);
+}

@@ -1062,3 +1062,30 @@ fn admitted_answers_report_our_whole_trio_where_ours_binds_and_the_providers_whe
     );
     tg::assert_no_panic(&envoy);
 }
+
+#[test]
+fn a_background_response_is_refused_as_a_bad_request_the_sdk_does_not_retry() {
+    // `background: true` is generated after an answer without usage: refused (400, not retried),
+    // nothing reaches the provider; with `background_responses: "reservation"` the SDK gets the
+    // queued response.
+    let mock = mock_provider!();
+    let envoy = tg::start(&mock, roomy());
+    let (got, n) = attempts(&envoy, "openai-responses-background", &[]);
+    assert_raised(&got, "BadRequestError", 400);
+    assert_eq!(n, 1, "not retried: {got}");
+    assert_eq!(got["code"], "background_not_metered", "{got}");
+    assert_eq!(
+        got["headers"]["x-tokengate-reason"], "background_not_metered",
+        "{got}"
+    );
+    assert!(mock.requests().is_empty(), "nothing reached the provider");
+    let envoy = tg::start(
+        &mock,
+        tg::merge(roomy(), json!({"background_responses": "reservation"})),
+    );
+    let got = drive1(envoy.port, "openai-responses-background", &[]);
+    assert_ok(&got);
+    assert_eq!(got["status"], "queued", "{got}");
+    assert_eq!(got["usage"], Value::Null, "{got}");
+    tg::assert_no_panic(&envoy);
+}

@@ -583,3 +583,102 @@ fn a_long_unmetered_path_is_clipped_in_the_message() {
     );
     assert!(!msg.contains(&"é".repeat(197)), "{msg}");
 }
+
+#[test]
+fn a_background_response_is_refused_unless_configured_to_charge_its_reservation() {
+    let body = |background: &str| {
+        format!(
+            r#"{{"model":"m","input":"hello there","max_output_tokens":50,"background":{background}}}"#
+        )
+    };
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let c = e.send("/v1/responses", &[TENANT], &body("true"));
+    clean(&c);
+    assert!(!c.forwarded);
+    assert_eq!(c.status(), Some(400));
+    let j = c.reply_json();
+    assert_eq!(j["error"]["code"], "background_not_metered");
+    assert_eq!(j["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("background_not_metered")
+    );
+    assert_eq!(c.reply_header("x-should-retry"), Some("false"));
+    assert_eq!(c.reply_header("retry-after"), None);
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 1);
+    assert_eq!(e.metric(Metric::RequestsAdmitted), 0);
+    assert_eq!(
+        c.audit_field("decision").as_deref(),
+        Some("background_not_metered")
+    );
+    // Not a boolean: the body is not a Responses request.
+    let c = e.send("/v1/responses", &[TENANT], &body(r#""yes""#));
+    assert_eq!(c.status(), Some(400));
+    assert_eq!(c.reply_json()["error"]["code"], "invalid_body");
+    // false and null are the default; other APIs do not know the field.
+    for (path, b) in [
+        ("/v1/responses", body("false")),
+        ("/v1/responses", body("null")),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"background":true}"#.into(),
+        ),
+    ] {
+        let mut c = e.send(path, &[TENANT], &b);
+        assert!(c.forwarded, "{path} {b}");
+        e.respond(&mut c, 200, &[], &["{}"]);
+        clean(&c);
+    }
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 1);
+    // "reservation": admitted, charged its whole reservation (the answer, queued, has no usage).
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)],
+        "background_responses": "reservation"}),
+    );
+    let mut c = e.send("/v1/responses", &[TENANT], &body("true"));
+    assert!(c.forwarded && c.reply.is_none());
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"id":"resp_1","object":"response","status":"queued","usage":null}"#],
+    );
+    clean(&c);
+    assert!(estimated(&c) > 50);
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 0);
+    // Without an output limit the reserved one is written in (the provider cannot generate more than
+    // was charged), also where output_above_cap refuses: nothing was asked above the cap.
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)],
+        "background_responses": "reservation", "output_above_cap": "refuse",
+        "models": {"m": {"default_max_tokens": 700, "max_tokens_cap": 4096}}}),
+    );
+    let unlimited = r#"{"model":"m","input":"hello there","background":true}"#;
+    let mut c = e.send("/v1/responses", &[TENANT], unlimited);
+    assert!(c.forwarded && c.reply.is_none(), "{:?}", c.reply);
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["max_output_tokens"], 700, "{sent}");
+    assert_eq!(sent["input"], "hello there");
+    e.respond(&mut c, 200, &[], &["{}"]);
+    clean(&c);
+    assert_eq!(e.metric(Metric::RequestsOutputCapped), 0);
+    // Not in background: left to the provider's default, settled from its usage.
+    let mut c = e.send(
+        "/v1/responses",
+        &[TENANT],
+        r#"{"model":"m","input":"hello there"}"#,
+    );
+    assert!(c.forwarded);
+    assert_eq!(c.body, br#"{"model":"m","input":"hello there"}"#);
+    e.respond(&mut c, 200, &[], &["{}"]);
+    let bad = crate::config::parse(
+        json!({"rules": [rule(10.0, 1e6)], "background_responses": "sometimes"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert!(
+        bad.as_ref()
+            .is_err_and(|e| e.to_string().contains("background_responses")),
+        "{bad:?}"
+    );
+}

@@ -192,7 +192,7 @@ fn a_spent_quota_forbids_retries_and_keeps_its_reset_out_of_retry_after() {
 
 /// The contract table, written out by hand: class, OpenAI status/type/code, Anthropic status/type,
 /// retryable.
-const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 15] = [
+const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 16] = [
     (
         Class::TokensPerSecond,
         429,
@@ -299,6 +299,15 @@ const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 15] = [
         "path_not_metered",
         403,
         "permission_error",
+        false,
+    ),
+    (
+        Class::BackgroundNotMetered,
+        400,
+        "invalid_request_error",
+        "background_not_metered",
+        400,
+        "invalid_request_error",
         false,
     ),
     (

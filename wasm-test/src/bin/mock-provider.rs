@@ -18,6 +18,8 @@
 //! - `completion_tokens` = the request limit (`max_tokens`, `max_completion_tokens` or
 //!   `max_output_tokens`, else 16); header `x-mock-completion-tokens: N` replaces it, but never
 //!   exceeds an explicit request limit (as a real provider). Embeddings have no completion tokens.
+//! - a Responses request with `background: true` (not streamed) is answered as OpenAI does: status
+//!   `queued`, no output, `usage: null` (the ledger still counts what it will generate).
 //!
 //! Failure injection by request header:
 //! - `x-mock-status: 503`        answer that status with an OpenAI-shaped error body
@@ -648,7 +650,17 @@ fn answer(
     }
     // A JSON answer: the provider generated the whole completion, however much of it is delivered.
     served.output_sent = usage.completion;
-    let body = full_body(kind, &model, &usage).to_string();
+    let mut body = full_body(kind, &model, &usage);
+    if kind == Endpoint::Responses
+        && parsed.get("background").and_then(Value::as_bool) == Some(true)
+    {
+        // As OpenAI answers a background response: queued, no output and no usage yet (the
+        // generation, which the ledger counts, happens after the answer).
+        body["status"] = json!("queued");
+        body["output"] = json!([]);
+        body["usage"] = Value::Null;
+    }
+    let body = body.to_string();
     if wants_gzip(req) && cut_after.is_none() {
         extra.push(("content-encoding".into(), "gzip".into()));
         let gz = gzip_events(&[body]).concat();
