@@ -116,6 +116,9 @@ pub struct Config {
     pub invalid_body: InvalidBody,
     /// What to do with an output limit above the model's `max_tokens_cap`.
     pub output_above_cap: AboveCap,
+    /// Write the reserved output limit into a body that has none (`output_limit_absent: "write"`), so
+    /// that the provider never generates more than was reserved.
+    pub write_absent_limit: bool,
     /// Output reservation for models without an entry in `models`.
     pub default_output: OutputLimits,
     /// Per-model output reservation.
@@ -219,6 +222,7 @@ struct RawConfig {
     max_body_bytes: Option<u64>,
     invalid_body: Option<top::RawInvalidBody>,
     output_above_cap: Option<String>,
+    output_limit_absent: Option<String>,
     default_output: Option<models::RawOutput>,
     #[serde(default)]
     models: UniqueMap<models::RawOutput>,
@@ -258,6 +262,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         max_body_bytes,
         invalid_body,
         output_above_cap,
+        output_limit_absent,
         default_output,
         models,
         rules,
@@ -278,6 +283,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let max_body_bytes = top::max_body_bytes(max_body_bytes)?;
     let invalid_body = top::invalid_body(invalid_body)?;
     let output_above_cap = top::above_cap(output_above_cap)?;
+    let write_absent_limit = top::write_absent_limit(output_limit_absent)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
     let groups = groups::groups(groups, group_header, tenant_groups)?;
     let rules = match (rules, &limits) {
@@ -328,6 +334,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         max_body_bytes,
         invalid_body,
         output_above_cap,
+        write_absent_limit,
         default_output,
         models,
         rules,

@@ -47,6 +47,19 @@ pub(super) fn above_cap(v: Option<String>) -> Result<AboveCap, ConfigError> {
     }
 }
 
+/// `output_limit_absent`: false (`"leave"`, the default) leaves a body without an output limit to the
+/// provider's own; true (`"write"`) writes the reserved one (`default_max_tokens`) into it.
+pub(super) fn write_absent_limit(v: Option<String>) -> Result<bool, ConfigError> {
+    match v.as_deref() {
+        None | Some("leave") => Ok(false),
+        Some("write") => Ok(true),
+        Some(other) => Err(err(
+            "output_limit_absent",
+            format!("must be \"leave\" or \"write\", got \"{other}\""),
+        )),
+    }
+}
+
 /// `background_responses`: true (`"refuse"`, the default) refuses an OpenAI Responses request with
 /// `background: true`; `"reservation"` admits it, charged its whole reservation.
 pub(super) fn refuse_background(v: Option<String>) -> Result<bool, ConfigError> {

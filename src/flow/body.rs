@@ -13,11 +13,13 @@ use crate::failover::Choice;
 use crate::reply::Refusal;
 use crate::rewrite::{self, Edits};
 
-/// The body field that carries the output limit for this API.
+/// The body field that carries the output limit for this API, where one is added to a body without
+/// any: chat's `max_completion_tokens` (OpenAI's reasoning models refuse `max_tokens`), unless the body
+/// already names `max_tokens` (a `null` one: the client's style).
 pub(super) fn output_field(kind: ApiKind, body: &[u8]) -> &'static str {
     match kind {
         ApiKind::Responses => "max_output_tokens",
-        ApiKind::ChatCompletions if body.windows(21).any(|w| w == b"max_completion_tokens") => {
+        ApiKind::ChatCompletions if !body.windows(12).any(|w| w == b"\"max_tokens\"") => {
             "max_completion_tokens"
         }
         _ => "max_tokens",
@@ -169,11 +171,14 @@ impl Request {
                 edits.max_output_field = output_field(kind, body).to_string();
             }
         }
-        // A background response (`background_responses: "reservation"`) is charged its reservation,
-        // whatever it generates: a body without an output limit gets the reserved one written in.
-        let adds_limit = est
-            .as_ref()
-            .is_some_and(|e| e.background && e.requested_output.is_none());
+        // A body without an output limit gets the reserved one written in where the reservation must
+        // bound what the provider generates: `output_limit_absent: "write"`, and a background response
+        // (`background_responses: "reservation"`: charged its reservation, whatever it generates).
+        let adds_limit = est.as_ref().is_some_and(|e| {
+            e.kind != ApiKind::Embeddings
+                && e.requested_output.is_none()
+                && (e.background || cfg.write_absent_limit)
+        });
         if let Some(e) = est.as_ref().filter(|_| adds_limit) {
             edits.clamp_max_output = Some(e.output_tokens / e.output_choices.max(1));
             edits.clamp_present_only = false;

@@ -265,9 +265,10 @@ impl Request {
                 }
             }
         }
-        // A background response may get its output limit written in (`background_responses`).
-        drop_length |=
-            !cfg.refuse_background && meta.kind == Some(crate::estimate::ApiKind::Responses);
+        // The output limit may be written into a body that has none (`output_limit_absent`, and a
+        // background response under `background_responses: "reservation"`).
+        drop_length |= cfg.write_absent_limit
+            || (!cfg.refuse_background && meta.kind == Some(crate::estimate::ApiKind::Responses));
         if drop_length && h.get("content-length").is_some() {
             // Envoy does not fix content-length after a body rewrite: let it send the body chunked.
             cx.fx

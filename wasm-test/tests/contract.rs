@@ -639,3 +639,35 @@ fn anthropic_clients_get_anthropics_error_shape_and_headers() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+#[test]
+fn an_absent_output_limit_reaches_the_provider_written_in_only_when_configured() {
+    // `output_limit_absent: "write"`: the reserved limit is written into a body without one (Envoy
+    // sends the longer body chunked), so the provider cannot generate more than was reserved.
+    let mock = mock_provider!();
+    let body = br#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    for (absent, want) in [("leave", None), ("write", Some(1024))] {
+        let cfg = tg::merge(
+            tg::config(json!([rule("all", "*", "*", 1.0, 1_000_000)])),
+            json!({"output_limit_absent": absent}),
+        );
+        let envoy = tg::start(&mock, cfg);
+        let r = post_raw(&envoy, &[("content-type", "application/json")], body);
+        let est = admitted(&r);
+        assert!((1024..1100).contains(&est), "{est}");
+        settle();
+        let sent = mock
+            .requests()
+            .into_iter()
+            .next_back()
+            .expect("the provider got it");
+        assert_eq!(
+            sent.json()["max_completion_tokens"].as_u64(),
+            want,
+            "{absent}: {}",
+            sent.body
+        );
+        assert_eq!(sent.json()["messages"][0]["content"], "hi");
+        tg::assert_no_panic(&envoy);
+    }
+}

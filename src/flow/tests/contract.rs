@@ -682,3 +682,62 @@ fn a_background_response_is_refused_unless_configured_to_charge_its_reservation(
         "{bad:?}"
     );
 }
+
+#[test]
+fn an_absent_output_limit_is_written_in_only_when_configured() {
+    let cfg = |absent: &str| {
+        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e9)],
+        "output_limit_absent": absent, "output_above_cap": "refuse",
+        "models": {"m": {"default_max_tokens": 700, "max_tokens_cap": 4096}}})
+    };
+    let sent = |e: &FakeEnvoy, path: &str, body: &str| -> Vec<u8> {
+        let mut c = e.send(path, &[TENANT], body);
+        assert!(c.forwarded, "{path} {body}: {:?}", c.reply);
+        let b = c.body.clone();
+        e.respond(&mut c, 200, &[], &["{}"]);
+        clean(&c);
+        b
+    };
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let e = envoy(cfg("leave"));
+    assert_eq!(sent(&e, "/v1/chat/completions", chat), chat.as_bytes());
+    let e = envoy(cfg("write"));
+    let json = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).unwrap();
+    let got = json(sent(&e, "/v1/chat/completions", chat));
+    // Chat: the field every OpenAI model takes (reasoning models refuse max_tokens) …
+    assert_eq!(got["max_completion_tokens"], 700, "{got}");
+    assert_eq!(got.get("max_tokens"), None, "{got}");
+    assert_eq!(got["messages"][0]["content"], "hi");
+    // … unless the body names max_tokens (null); per choice; each API's field.
+    let got = json(sent(
+        &e,
+        "/v1/chat/completions",
+        r#"{"model":"m","n":3,"messages":[{"role":"user","content":"hi"}],"max_tokens":null}"#,
+    ));
+    assert_eq!(got["max_tokens"], 700, "{got}");
+    let got = json(sent(&e, "/v1/responses", r#"{"model":"m","input":"hi"}"#));
+    assert_eq!(got["max_output_tokens"], 700, "{got}");
+    let got = json(sent(
+        &e,
+        "/v1/completions",
+        r#"{"model":"m","prompt":"hi"}"#,
+    ));
+    assert_eq!(got["max_tokens"], 700, "{got}");
+    // A limit that is present stays; embeddings have none.
+    let asked =
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5}"#;
+    assert_eq!(sent(&e, "/v1/chat/completions", asked), asked.as_bytes());
+    let emb = r#"{"model":"m","input":"hi"}"#;
+    assert_eq!(sent(&e, "/v1/embeddings", emb), emb.as_bytes());
+    assert_eq!(e.metric(Metric::RequestsOutputCapped), 0);
+    let bad = crate::config::parse(
+        json!({"rules": [rule(10.0, 1e6)], "output_limit_absent": "always"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert!(
+        bad.as_ref()
+            .is_err_and(|e| e.to_string().contains("output_limit_absent")),
+        "{bad:?}"
+    );
+}
