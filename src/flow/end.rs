@@ -169,8 +169,20 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
     // generating what tokengate never sees (a non-streamed answer runs to its end; hidden reasoning is
     // billed): `abandoned_charge` says whether the whole reservation is charged or the prompt plus the
     // output that reached Envoy. A stream the upstream cut is charged the prompt plus what arrived.
-    let ending = if status != 0 && !(200..300).contains(&status) {
+    let gave_up = upstream_gave_up(cx, status);
+    let ending = if status != 0 && !(200..300).contains(&status) && !gave_up {
         Ending::NotServed
+    } else if gave_up {
+        // Envoy stopped waiting for a provider that had the whole request: like a client that left,
+        // whatever it generates is never seen.
+        if abandoned_in_full(cx, 0) {
+            Ending::Abandoned { content_bytes: 0 }
+        } else {
+            Ending::Cut {
+                usage: None,
+                content_bytes: 0,
+            }
+        }
     } else if status != 0 && completed && ending_complete {
         Ending::Completed { usage }
     } else if usage.is_some() {
@@ -220,6 +232,29 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
     )));
 }
 
+/// Envoy's details for a reply it made because it stopped waiting for an upstream that had the request:
+/// the provider may still be generating (and billing) the answer.
+/// (Envoy 1.40 labels a route timeout's reply `response_timeout`; older releases
+/// `upstream_response_timeout`.)
+const UPSTREAM_GAVE_UP: [&[u8]; 5] = [
+    b"response_timeout",
+    b"upstream_response_timeout",
+    b"upstream_per_try_timeout",
+    b"upstream_per_try_idle_timeout",
+    b"upstream_max_stream_duration_reached",
+];
+
+/// Whether Envoy answered `status` itself because the upstream took too long ([`UPSTREAM_GAVE_UP`]),
+/// not because the provider refused or failed.
+fn upstream_gave_up(cx: &Cx, status: u32) -> bool {
+    status != 0
+        && !(200..300).contains(&status)
+        && cx
+            .host
+            .property(&["response", "code_details"])
+            .is_some_and(|d| UPSTREAM_GAVE_UP.contains(&d.as_slice()))
+}
+
 /// Whether a response that ended without final usage is charged its whole reservation: the client left
 /// (no response at all, or Envoy's details say the downstream went) and `quota.abandoned_charge` is
 /// `"reservation"`.
@@ -253,6 +288,8 @@ fn refund_unused(cx: &mut Cx, f: &mut Forwarded, usage: Option<usage::Usage>) {
         return;
     }
     let status = f.resp.status;
+    // Envoy gave up on an upstream that had the request: the estimate stands, as for a client gone.
+    let gave_up = upstream_gave_up(cx, status);
     let used = if status == 0 || !(200..300).contains(&status) {
         None
     } else {
@@ -268,7 +305,7 @@ fn refund_unused(cx: &mut Cx, f: &mut Forwarded, usage: Option<usage::Usage>) {
     for (charge, global) in charges {
         // Positive: tokens given back; negative: the provider's usage was above the charge and the
         // difference is taken too, so the bucket accounts for what was really spent.
-        let amount: i64 = if status == 0 {
+        let amount: i64 = if status == 0 || gave_up {
             0
         } else if !(200..300).contains(&status) {
             i64::try_from(charge.cost).unwrap_or(i64::MAX)

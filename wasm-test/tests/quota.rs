@@ -2461,3 +2461,51 @@ fn a_background_response_is_refused_or_charged_its_whole_reservation() {
     );
     tg::assert_no_panic(&envoy);
 }
+
+#[test]
+fn a_request_envoy_times_out_on_is_charged_its_reservation_not_refunded() {
+    // Envoy answers 504 itself when the route timeout passes; the provider had the whole request and
+    // goes on generating (the mock serves it in full): charged like a client that left.
+    let s = Stack::start();
+    let mut o = opts(
+        s.mock.port,
+        quota_config(json!({"monthly_limit": 1_000_000})),
+    );
+    o.route_timeout_ms = 400;
+    let envoy = tg::start_opts(o.webdis(s.webdis_port()));
+    let body = chat_body(500, false, None);
+    let (r, took) = post_t(
+        &envoy,
+        tg::CHAT,
+        "timed-out",
+        &[("x-mock-delay-ms", "1200")],
+        &body,
+    );
+    assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        took < Duration::from_millis(1100),
+        "Envoy's own reply: {took:?}"
+    );
+    let reservation = tg::estimated(&r) as i64;
+    assert!(reservation > 500, "{reservation}");
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 1), 1);
+    let key = used_key("timed-out", &month_label(now_unix()));
+    assert_eq!(
+        wait_key(s.redis(), &key, reservation),
+        reservation,
+        "charged the whole reservation"
+    );
+    // A provider error stays refunded.
+    let (r, _) = post_t(
+        &envoy,
+        tg::CHAT,
+        "timed-out",
+        &[("x-mock-status", "500")],
+        &body,
+    );
+    assert_eq!(r.status, 500);
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 2), 2);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(get_i64(s.redis(), &key), reservation);
+    tg::assert_no_panic(&envoy);
+}

@@ -112,6 +112,44 @@ fn an_answer_the_provider_did_not_serve_is_refunded_in_full() {
 }
 
 #[test]
+fn a_request_envoy_stopped_waiting_for_is_charged_like_one_whose_client_left() {
+    // Envoy's own 504 after its route timeout: the provider had the whole request and may still be
+    // generating (and billing) it. Charged the reservation (or, with "received", the prompt); any
+    // other 5xx of Envoy's or the provider's is refunded.
+    for (details, policy, want) in [
+        ("response_timeout", "reservation", "all"),
+        ("upstream_per_try_timeout", "reservation", "all"),
+        ("response_timeout", "received", "prompt"),
+        (
+            "upstream_reset_before_response_started{connection_failure}",
+            "reservation",
+            "none",
+        ),
+        ("via_upstream", "reservation", "none"),
+    ] {
+        let mut e = envoy(quota_cfg(json!({"abandoned_charge": policy})));
+        e.props
+            .insert("response.code_details".into(), details.as_bytes().to_vec());
+        let mut c = admitted(&e, &chat("m", "hello", 1000));
+        e.respond(
+            &mut c,
+            504,
+            &[("content-type", "text/plain")],
+            &["upstream request timeout"],
+        );
+        let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+        let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+        let ok = match want {
+            "all" => actual == reserved,
+            "prompt" => actual > 0 && actual < 50,
+            _ => actual == 0,
+        };
+        assert!(ok, "{details} {policy}: charged {actual} of {reserved}");
+        assert_eq!(settled(&e), vec![s(actual)], "{details} {policy}");
+    }
+}
+
+#[test]
 fn a_stream_cut_mid_way_is_charged_the_prompt_and_the_streamed_output() {
     let e = envoy(quota_cfg(json!({"inject_stream_usage": false})));
     let mut c = admitted(&e, &chat_stream("m", "hello", 1000));
