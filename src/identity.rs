@@ -117,8 +117,17 @@ impl KeyCache {
     }
 }
 
-/// Extracts an API key from `Authorization: Bearer …` or `x-api-key`.
-pub fn api_key<'a>(authorization: Option<&'a str>, x_api_key: Option<&'a str>) -> Option<&'a str> {
+/// A request with two different API keys, one in `Authorization: Bearer …` and one in `x-api-key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TwoKeys;
+
+/// Extracts an API key from `Authorization: Bearer …` or `x-api-key`. `Err(TwoKeys)` when both carry a
+/// key and they differ: the provider checks one of them (OpenAI the bearer token, Anthropic
+/// `x-api-key`), so charging the other would let a client name any tenant it likes.
+pub fn api_key<'a>(
+    authorization: Option<&'a str>,
+    x_api_key: Option<&'a str>,
+) -> Result<Option<&'a str>, TwoKeys> {
     let bearer = authorization.and_then(|a| {
         let a = a.trim();
         let (scheme, rest) = a.split_once(' ')?;
@@ -127,7 +136,11 @@ pub fn api_key<'a>(authorization: Option<&'a str>, x_api_key: Option<&'a str>) -
             .then(|| rest.trim())
             .filter(|k| !k.is_empty())
     });
-    bearer.or_else(|| x_api_key.map(str::trim).filter(|k| !k.is_empty()))
+    let x = x_api_key.map(str::trim).filter(|k| !k.is_empty());
+    match (bearer, x) {
+        (Some(b), Some(x)) if b != x => Err(TwoKeys),
+        (b, x) => Ok(b.or(x)),
+    }
 }
 
 /// Who a request is, by the rules of [`resolve`].
@@ -150,6 +163,11 @@ pub struct Sources<'a> {
     pub api_keys: Option<&'a ApiKeys>,
     /// `default_tenant`.
     pub default_tenant: Option<&'a str>,
+}
+
+/// Whether a trusted header's value names a tenant (then [`resolve`] takes it, whatever the keys).
+pub fn is_tenant_name(header_value: Option<&str>) -> bool {
+    header_value.map(str::trim).is_some_and(valid_tenant)
 }
 
 /// Resolves the tenant: the trusted header (if valid) → the API key (listed in `api_keys` when that is
@@ -244,11 +262,18 @@ mod tests {
 
     #[test]
     fn bearer_and_x_api_key_are_both_read() {
-        assert_eq!(api_key(Some("Bearer  sk-1 "), None), Some("sk-1"));
-        assert_eq!(api_key(Some("bearer sk-1"), Some("sk-2")), Some("sk-1"));
-        assert_eq!(api_key(Some("Basic abc"), Some("sk-2")), Some("sk-2"));
-        assert_eq!(api_key(Some("Bearer "), None), None);
-        assert_eq!(api_key(None, None), None);
+        assert_eq!(api_key(Some("Bearer  sk-1 "), None), Ok(Some("sk-1")));
+        assert_eq!(api_key(None, Some(" sk-2")), Ok(Some("sk-2")));
+        assert_eq!(
+            api_key(Some("bearer sk-1"), Some("sk-1 ")),
+            Ok(Some("sk-1"))
+        );
+        assert_eq!(api_key(Some("Basic abc"), Some("sk-2")), Ok(Some("sk-2")));
+        assert_eq!(api_key(Some("Bearer "), Some("sk-2")), Ok(Some("sk-2")));
+        assert_eq!(api_key(Some("Bearer "), None), Ok(None));
+        assert_eq!(api_key(None, None), Ok(None));
+        // Two different keys: which one the provider checks depends on the provider.
+        assert_eq!(api_key(Some("bearer sk-1"), Some("sk-2")), Err(TwoKeys));
     }
 
     #[test]

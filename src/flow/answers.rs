@@ -21,6 +21,14 @@ pub fn unknown_api_key() -> Refusal {
     )
 }
 
+/// 401: `Authorization` and `x-api-key` carry different keys.
+pub fn two_api_keys() -> Refusal {
+    Refusal::new(
+        Class::MissingTenant,
+        "The request carries two different API keys (Authorization: Bearer and x-api-key): send one.",
+    )
+}
+
 /// 403: a tenant the client may not name.
 pub fn forbidden_tenant(header: &str) -> Refusal {
     Refusal::new(

@@ -172,6 +172,46 @@ fn a_forged_key_tenant_header_does_not_charge_the_keys_owner() {
 }
 
 #[test]
+fn a_junk_bearer_key_next_to_a_real_x_api_key_names_no_tenant() {
+    // Anthropic bills the x-api-key; a junk bearer token beside it must not become the tenant that is
+    // charged (a fresh one per request would escape every limit).
+    let s = Stack::start();
+    let junk = key_tenant("junk-1");
+    let real = key_tenant("sk-ant-real");
+    let body = json!({"model": "claude-sonnet-4.5", "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "Say hello."}]});
+    let r = wasm_test::http::post(
+        s.envoy.port,
+        "/v1/messages",
+        &[
+            ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            ("x-api-key", "sk-ant-real"),
+            ("authorization", "Bearer junk-1"),
+        ],
+        body.to_string().as_bytes(),
+    )
+    .expect("POST /v1/messages");
+    assert_eq!(r.status, 401, "{}", r.text());
+    let j: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
+    assert_eq!(j["type"], "error", "Anthropic's shape: {j}");
+    assert_eq!(j["error"]["type"], "authentication_error", "{j}");
+    assert!(s.mock.requests().is_empty(), "nothing reached the provider");
+    assert_eq!(s.quota_keys(&junk), Vec::<String>::new());
+    assert_eq!(s.quota_keys(&real), Vec::<String>::new());
+    // The same key in both headers is one identity.
+    let r = s.envoy.chat(
+        &[
+            ("authorization", "Bearer sk-ant-real"),
+            ("x-api-key", "sk-ant-real"),
+        ],
+        64,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(s.used_this_month(&real) > 0);
+}
+
+#[test]
 fn rotating_tenant_headers_does_not_escape_an_exhausted_tenant() {
     let s = Stack::start();
     let carol = key_tenant("sk-carol");

@@ -442,6 +442,51 @@ fn a_client_cannot_name_a_tenant_in_the_key_namespace() {
 }
 
 #[test]
+fn two_different_api_keys_name_no_tenant() {
+    // OpenAI checks the bearer token, Anthropic x-api-key: charging either while the provider bills the
+    // other would let a client pick its tenant.
+    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let two = [
+        ("authorization", "Bearer junk-1"),
+        ("x-api-key", "sk-ant-real"),
+    ];
+    for path in ["/v1/messages", "/v1/chat/completions"] {
+        let body = if path == "/v1/messages" {
+            r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#
+                .to_string()
+        } else {
+            chat("m", "hi", 5)
+        };
+        let c = e.send(path, &two, &body);
+        clean(&c);
+        assert_eq!(c.status(), Some(401), "{path}");
+        assert_eq!(c.reply_header("x-tokengate-reason"), Some("missing_tenant"));
+        assert!(c.reply_json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("two different API keys"));
+        assert_eq!(c.audit_field("decision").as_deref(), Some("two_api_keys"));
+        assert!(!c.upstream_started);
+    }
+    // The same key twice, one of them empty, or a tenant from the trusted header: admitted.
+    for headers in [
+        vec![("authorization", "Bearer sk-1"), ("x-api-key", "sk-1")],
+        vec![("authorization", "Bearer "), ("x-api-key", "sk-1")],
+        vec![
+            ("x-tenant-id", "acme"),
+            ("authorization", "Bearer a"),
+            ("x-api-key", "b"),
+        ],
+    ] {
+        let mut c = e.send("/v1/chat/completions", &headers, &chat("m", "hi", 5));
+        assert!(c.forwarded, "{headers:?}: {:?}", c.reply);
+        e.respond(&mut c, 200, &[], &["{}"]);
+        clean(&c);
+    }
+    assert_eq!(e.metric(Metric::RequestsRejectedNoTenant), 2);
+}
+
+#[test]
 fn what_a_retry_cannot_fix_says_so_and_never_carries_retry_after() {
     let e = envoy(
         json!({"tenant_header": "x-tenant-id", "max_body_bytes": 1000, "rules": [rule(10.0, 100.0)]}),
