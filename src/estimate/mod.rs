@@ -20,7 +20,8 @@
 //! [`OutputLimits`], clamped to the per-model cap, times `n` (legacy completions: the larger of `n`
 //! and `best_of`, which the provider generates and bills), capped at [`MAX_N`] = 128.
 //!
-//! Parts that are not text have fixed or size-based costs: images [`IMAGE_TOKENS`], audio
+//! Parts that are not text have fixed or size-based costs: images [`IMAGE_TOKENS`] ([`IMAGE_LOW_TOKENS`]
+//! with `detail: "low"`), audio
 //! (`input_audio`) by the size of its base64 data ([`AUDIO_TOKENS_PER_KB`],
 //! [`AUDIO_WAV_TOKENS_PER_KB`]), files by the size of `file_data` ([`FILE_TOKENS_PER_KB`]) or a
 //! fixed [`FILE_ID_TOKENS`] for a `file_id`.
@@ -107,9 +108,13 @@ pub use words::{
     MIN_ASCII, WORD_TABLE,
 };
 
-/// Fixed cost of one image input (`image_url`, `input_image`, Anthropic `image` block): the "low detail"
-/// price of OpenAI vision models. High-detail images cost more; this is an estimate, not a bill.
-pub const IMAGE_TOKENS: u64 = 85;
+/// Cost of one image input (`image_url`, `input_image`, Anthropic `image` block) that is not marked
+/// `detail: "low"`: the most an image costs on Anthropic (~1.15 megapixels / 750) and above OpenAI's
+/// tile price of any high-detail image (85 + 170 × 8 tiles = 1,445). Its size is not read: the
+/// provider's usage settles it.
+pub const IMAGE_TOKENS: u64 = 1600;
+/// An OpenAI image with `detail: "low"`: its fixed price.
+pub const IMAGE_LOW_TOKENS: u64 = 85;
 /// Per-message framing overhead (role and separators), as in OpenAI's token-counting guide.
 pub const MESSAGE_OVERHEAD: u64 = 3;
 /// Tokens that prime the assistant reply in chat-style APIs.

@@ -8,8 +8,9 @@ use super::shape::{
 use super::text::text_tokens;
 use super::{
     EstimateError, Res, AUDIO_TOKENS_PER_KB, AUDIO_WAV_TOKENS_PER_KB, FILE_ID_TOKENS,
-    FILE_TOKENS_PER_KB, IMAGE_TOKENS, MAX_DEPTH,
+    FILE_TOKENS_PER_KB, IMAGE_LOW_TOKENS, IMAGE_TOKENS, MAX_DEPTH,
 };
+use serde::de::DeserializeSeed;
 use serde::de::{MapAccess, SeqAccess};
 use serde_json::Value;
 
@@ -103,6 +104,8 @@ impl<'de> Shape<'de> for Part {
         let mut file_id = false;
         let mut title = 0;
         let mut context = 0;
+        // `detail: "low"` (Responses `input_image`, or inside chat's `image_url` object).
+        let mut low_detail = false;
         // Fields the walk has no use for, by their size (they count for a part of an unknown type).
         let mut extra = 0u64;
         let Part { depth, raw } = self;
@@ -123,10 +126,22 @@ impl<'de> Shape<'de> for Part {
                 Key::FileId => file_id = value(&mut a, Len)?.is_some(),
                 Key::Title => title = read_text(&mut a, raw, Str)?.unwrap_or(0),
                 Key::Context => context = read_text(&mut a, raw, Str)?.unwrap_or(0),
+                // Counted by their size for a part of an unknown type, as any other field.
+                Key::ImageUrl => {
+                    let (low, size) = value(&mut a, ImageUrl)?;
+                    low_detail |= low;
+                    extra = extra.saturating_add(2).saturating_add(size);
+                }
+                Key::Detail => {
+                    let (low, size) = value(&mut a, Detail)?;
+                    low_detail |= low;
+                    extra = extra.saturating_add(2).saturating_add(size);
+                }
                 _ => extra = extra.saturating_add(2).saturating_add(value(&mut a, Size)?),
             }
         }
         Ok(match ty {
+            Tag::Image if low_detail => IMAGE_LOW_TOKENS,
             Tag::Image => IMAGE_TOKENS,
             // Anthropic tool use: name + the input object as JSON.
             Tag::ToolUse => name
@@ -166,6 +181,64 @@ impl<'de> Shape<'de> for Part {
             .iter()
             .fold(0u64, |t, &n| t.saturating_add(n)),
         })
+    }
+}
+
+/// An image's `detail`: whether it is `"low"`, and its [`Size`].
+#[derive(Clone, Copy)]
+struct Detail;
+
+impl<'de> Shape<'de> for Detail {
+    type Out = (bool, u64);
+    fn other(self) -> (bool, u64) {
+        (false, Size.other())
+    }
+    fn string(self, s: &str) -> (bool, u64) {
+        (s == "low", Size.string(s))
+    }
+    fn seq<A: SeqAccess<'de>>(self, a: A) -> Result<(bool, u64), A::Error> {
+        Ok((false, Size.seq(a)?))
+    }
+    fn map<A: MapAccess<'de>>(self, a: A) -> Result<(bool, u64), A::Error> {
+        Ok((false, Size.map(a)?))
+    }
+}
+
+/// Chat's `image_url` (`{"url": …, "detail": …}`; Responses: the URL string): whether its `detail` is
+/// `"low"`, and its [`Size`] (counted the same way, key by key).
+#[derive(Clone, Copy)]
+struct ImageUrl;
+
+impl<'de> Shape<'de> for ImageUrl {
+    type Out = (bool, u64);
+    fn other(self) -> (bool, u64) {
+        (false, Size.other())
+    }
+    fn string(self, s: &str) -> (bool, u64) {
+        (false, Size.string(s))
+    }
+    fn seq<A: SeqAccess<'de>>(self, a: A) -> Result<(bool, u64), A::Error> {
+        Ok((false, Size.seq(a)?))
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<(bool, u64), A::Error> {
+        let mut t = 1u64;
+        let mut low = false;
+        while let Some(key) = a.next_key::<std::borrow::Cow<'de, str>>()? {
+            let key_size =
+                Seed(Size).deserialize(serde::de::value::StrDeserializer::<A::Error>::new(&key))?;
+            let size = if key == "detail" {
+                let (l, size) = value(&mut a, Detail)?;
+                low |= l;
+                size
+            } else {
+                value(&mut a, Size)?
+            };
+            t = t
+                .saturating_add(key_size)
+                .saturating_add(1)
+                .saturating_add(size);
+        }
+        Ok((low, t))
     }
 }
 

@@ -72,6 +72,8 @@ pub(super) enum Key {
     Context,
     Role,
     Background,
+    ImageUrl,
+    Detail,
     Other,
 }
 
@@ -133,6 +135,8 @@ impl Key {
                     Key::Source
                 } else if is(b"format") {
                     Key::Format
+                } else if is(b"detail") {
+                    Key::Detail
                 } else {
                     Key::Other
                 }
@@ -170,6 +174,8 @@ impl Key {
                     Key::Arguments
                 } else if is(b"file_data") {
                     Key::FileData
+                } else if is(b"image_url") {
+                    Key::ImageUrl
                 } else {
                     Key::Other
                 }

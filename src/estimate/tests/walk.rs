@@ -76,6 +76,92 @@ fn chat_content_parts_count_text_and_a_fixed_cost_per_image() {
 }
 
 #[test]
+fn an_image_costs_the_most_an_image_can_unless_its_detail_is_low() {
+    let text = r#"{"type":"text","text":"Describe this picture in detail please"}"#;
+    let chat = |parts: &str| {
+        ok(
+            ApiKind::ChatCompletions,
+            &format!(r#"{{"messages":[{{"role":"user","content":[{text}{parts}]}}]}}"#),
+        )
+        .prompt_tokens
+    };
+    let base = chat("");
+    let url = r#""url":"data:image/png;base64,AAAA""#;
+    for (part, cost) in [
+        (
+            format!(r#",{{"type":"image_url","image_url":{{{url}}}}}"#),
+            IMAGE_TOKENS,
+        ),
+        (
+            format!(r#",{{"type":"image_url","image_url":{{{url},"detail":"auto"}}}}"#),
+            IMAGE_TOKENS,
+        ),
+        (
+            format!(r#",{{"type":"image_url","image_url":{{{url},"detail":"high"}}}}"#),
+            IMAGE_TOKENS,
+        ),
+        (
+            format!(r#",{{"type":"image_url","image_url":{{"detail":"low",{url}}}}}"#),
+            IMAGE_LOW_TOKENS,
+        ),
+        (
+            format!(r#",{{"image_url":{{{url},"detail":"low"}},"type":"image_url"}}"#),
+            IMAGE_LOW_TOKENS,
+        ),
+        (
+            r#",{"type":"image_url","image_url":"https://x/y.png"}"#.to_string(),
+            IMAGE_TOKENS,
+        ),
+        (
+            format!(
+                r#",{{"type":"image_url","image_url":{{{url},"detail":"low"}}}},{{"type":"image_url","image_url":{{{url}}}}}"#
+            ),
+            IMAGE_LOW_TOKENS + IMAGE_TOKENS,
+        ),
+    ] {
+        assert_eq!(chat(&part), base + cost, "{part}");
+    }
+    // Responses' input_image has `detail` beside its URL; Anthropic's images have none.
+    let responses = |part: &str| {
+        ok(
+            ApiKind::Responses,
+            &format!(r#"{{"input":[{{"role":"user","content":[{{"type":"input_text","text":"hi"}}{part}]}}]}}"#),
+        )
+        .prompt_tokens
+    };
+    let base = responses("");
+    assert_eq!(
+        responses(r#",{"type":"input_image","image_url":"https://x/y.png"}"#),
+        base + IMAGE_TOKENS
+    );
+    assert_eq!(
+        responses(r#",{"type":"input_image","detail":"low","image_url":"https://x/y.png"}"#),
+        base + IMAGE_LOW_TOKENS
+    );
+    let anthropic = |part: &str| {
+        ok(
+            ApiKind::AnthropicMessages,
+            &format!(r#"{{"max_tokens":5,"messages":[{{"role":"user","content":[{{"type":"text","text":"hi"}}{part}]}}]}}"#),
+        )
+        .prompt_tokens
+    };
+    assert_eq!(
+        anthropic(
+            r#",{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}"#
+        ),
+        anthropic("") + IMAGE_TOKENS
+    );
+    // In a part of a type the walk does not know, image_url and detail count by their JSON size,
+    // as every other field does.
+    let unknown = |fields: &str| chat(&format!(r#",{{"type":"x-new",{fields}}}"#));
+    assert_eq!(
+        unknown(r#""image_url":{"url":"abc","detail":"low"}"#),
+        unknown(r#""image_xyz":{"url":"abc","detail":"low"}"#)
+    );
+    assert_eq!(unknown(r#""detail":"low""#), unknown(r#""detaix":"low""#));
+}
+
+#[test]
 fn chat_tools_tool_calls_and_response_format_are_counted() {
     let base = r#"{"messages":[{"role":"user","content":"What is the weather in Paris?"}]}"#;
     let with_tools = r#"{"messages":[{"role":"user","content":"What is the weather in Paris?"}],
