@@ -30,6 +30,41 @@ pub(super) fn piece(
     o + len
 }
 
+/// [`piece`], then the byte `simple` (an escape's) after the piece's bytes: the index after it in
+/// `tmp`. A piece of up to 16 bytes (most) and its byte are written from one masked index.
+#[inline(always)]
+pub(super) fn piece_then(
+    w: &[u8; 2 * WINDOW],
+    rel: usize,
+    k: usize,
+    tmp: &mut [u8; TMP],
+    o: usize,
+    simple: u8,
+) -> usize {
+    let len = k - rel;
+    let to = o & (HELD - 1);
+    if len <= PIECE {
+        // Read from `rel` unmasked: where the caller bounds it (≤ 66), the bound check goes.
+        if let (Some(src), Some(dst)) = (w.get(rel..rel + PIECE), tmp.get_mut(to..=to + PIECE)) {
+            if let Some(block) = dst.first_chunk_mut::<PIECE>() {
+                block.copy_from_slice(src);
+            }
+            if let Some(slot) = dst.get_mut(len) {
+                *slot = simple;
+            }
+        }
+    } else {
+        let from = rel & (WINDOW - 1);
+        if let (Some(src), Some(dst)) = (w.get(from..from + WINDOW), tmp.get_mut(to..to + WINDOW)) {
+            dst.copy_from_slice(src);
+        }
+        if let Some(slot) = tmp.get_mut((o + len) & (HELD - 1)) {
+            *slot = simple;
+        }
+    }
+    o + len + 1
+}
+
 /// Bytes [`Scanner::unescape`] looks at in one step.
 pub(super) const WINDOW: usize = 64;
 

@@ -25,8 +25,8 @@
 //! [`Shape`]: super::shape::Shape
 
 use super::escapes::{
-    copy, escapes, find_special, flush, piece, special_bits, special_mask, unescape_one, ESCAPES,
-    HELD, HI, PIECE, TMP, WINDOW,
+    copy, escapes, find_special, flush, piece, piece_then, special_bits, special_mask,
+    unescape_one, ESCAPES, HELD, HI, PIECE, TMP, WINDOW,
 };
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;
@@ -416,6 +416,9 @@ impl<'de> Scanner<'de> {
             // code, the byte after it cleared with the escape's bit. At the first that is not (a
             // quote, a control character, `\u`), the loop after this one reads on from there.
             let mut starts = escapes(special);
+            // `rel` ≤ 11 here: bounded for the compiler too (the escapes after keep it ≤ 65), so
+            // that the pieces are read from it without a mask.
+            rel = rel.min(WINDOW);
             while starts != 0 {
                 let k = starts.trailing_zeros() as usize;
                 // `k` < 64: the byte and the next are in `w`.
@@ -426,11 +429,7 @@ impl<'de> Scanner<'de> {
                     special &= u64::MAX << k;
                     break;
                 }
-                o = piece(w, rel, k, &mut tmp, o);
-                if let Some(slot) = tmp.get_mut(o & (HELD - 1)) {
-                    *slot = simple;
-                }
-                o += 1;
+                o = piece_then(w, rel, k, &mut tmp, o, simple);
                 rel = k + 2;
                 starts &= starts - 1;
             }
