@@ -397,13 +397,12 @@ impl<'de> Scanner<'de> {
                 }
             };
             // Bytes of the window before `rel` are copied or unescaped (`r` ≥ `base`: the window
-            // before was copied to its end; an escape that began there may reach in).
-            let mut rel = r - base;
+            // before was copied to its end; an escape that began there may reach 11 bytes in).
+            // Bounded for the compiler too (`min`: the escapes below keep it ≤ 65), so that the
+            // skip mask needs no test and pieces are read from `rel` without a mask.
+            let mut rel = (r - base).min(WINDOW - 1);
             let window = w.first_chunk::<WINDOW>().unwrap_or(&[0; WINDOW]);
-            let mut special = special_bits(window)
-                & u64::MAX
-                    .checked_shl(u32::try_from(rel).unwrap_or(u32::MAX))
-                    .unwrap_or(0);
+            let mut special = special_bits(window) & (u64::MAX << rel);
             // Back to one escape at a time after a window without one (a window with one costs
             // less than finding it alone: rows of a table, lines of code).
             windows = special != 0;
@@ -416,9 +415,6 @@ impl<'de> Scanner<'de> {
             // code, the byte after it cleared with the escape's bit. At the first that is not (a
             // quote, a control character, `\u`), the loop after this one reads on from there.
             let mut starts = escapes(special);
-            // `rel` ≤ 11 here: bounded for the compiler too (the escapes after keep it ≤ 65), so
-            // that the pieces are read from it without a mask.
-            rel = rel.min(WINDOW);
             while starts != 0 {
                 let k = starts.trailing_zeros() as usize;
                 // `k` < 64: the byte and the next are in `w`.
