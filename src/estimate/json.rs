@@ -25,8 +25,8 @@
 //! [`Shape`]: super::shape::Shape
 
 use super::escapes::{
-    copy, escapes, find_special, flush, piece, special_bits, special_mask, unescape_one, ESCAPES,
-    HELD, HI, PIECE, TMP, WINDOW,
+    copy, escapes, find_special, flush, piece, piece_then, special_bits, special_mask,
+    unescape_one, ESCAPES, HELD, HI, PIECE, TMP, WINDOW,
 };
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;
@@ -397,13 +397,12 @@ impl<'de> Scanner<'de> {
                 }
             };
             // Bytes of the window before `rel` are copied or unescaped (`r` ≥ `base`: the window
-            // before was copied to its end; an escape that began there may reach in).
-            let mut rel = r - base;
+            // before was copied to its end; an escape that began there may reach 11 bytes in).
+            // Bounded for the compiler too (`min`: the escapes below keep it ≤ 65), so that the
+            // skip mask needs no test and pieces are read from `rel` without a mask.
+            let mut rel = (r - base).min(WINDOW - 1);
             let window = w.first_chunk::<WINDOW>().unwrap_or(&[0; WINDOW]);
-            let mut special = special_bits(window)
-                & u64::MAX
-                    .checked_shl(u32::try_from(rel).unwrap_or(u32::MAX))
-                    .unwrap_or(0);
+            let mut special = special_bits(window) & (u64::MAX << rel);
             // Back to one escape at a time after a window without one (a window with one costs
             // less than finding it alone: rows of a table, lines of code).
             windows = special != 0;
@@ -426,11 +425,7 @@ impl<'de> Scanner<'de> {
                     special &= u64::MAX << k;
                     break;
                 }
-                o = piece(w, rel, k, &mut tmp, o);
-                if let Some(slot) = tmp.get_mut(o & (HELD - 1)) {
-                    *slot = simple;
-                }
-                o += 1;
+                o = piece_then(w, rel, k, &mut tmp, o, simple);
                 rel = k + 2;
                 starts &= starts - 1;
             }
