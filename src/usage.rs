@@ -368,13 +368,15 @@ impl SseScanner {
     }
 
     /// Bytes of generated content seen so far (text, reasoning, tool-call arguments), to estimate the
-    /// output of a stream that broke off ([`estimate_tokens_from_bytes`]).
+    /// output of a stream that broke off ([`estimate_tokens_from_bytes`]). An event over the bound is
+    /// not parsed: all its bytes count (also while it is still arriving), which errs high.
     pub fn content_bytes(&self) -> u64 {
-        self.content_bytes
+        let open = if self.ev_overflow { self.ev_bytes } else { 0 };
+        self.content_bytes.saturating_add(open as u64)
     }
 
     /// Some event was larger than the bound: it was passed through unparsed (only its tail was searched
-    /// for usage), so [`content_bytes`](Self::content_bytes) may be low.
+    /// for usage; its whole size counts in [`content_bytes`](Self::content_bytes)).
     pub fn overflowed(&self) -> bool {
         self.overflowed
     }
@@ -537,6 +539,7 @@ impl SseScanner {
     /// One event is complete: learn from it, then forward or drop its raw bytes.
     fn dispatch(&mut self, out: &mut Vec<u8>) {
         let drop = if self.ev_overflow {
+            self.content_bytes = self.content_bytes.saturating_add(self.ev_bytes as u64);
             self.salvage()
         } else {
             self.inspect()
@@ -1125,6 +1128,31 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{
         let out = run(&mut s, &[big.as_bytes(), usage, b"data: [DONE]\n\n"]);
         assert_eq!(out, format!("{big}data: [DONE]\n\n").into_bytes());
         assert_eq!(s.stripped(), 1);
+    }
+
+    #[test]
+    fn an_oversized_event_counts_all_its_bytes_as_content_even_part_way() {
+        // A stream cut without usage is charged from its content bytes: an event too large to parse
+        // must not count as nothing.
+        let text = "z".repeat(200_000);
+        let big = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n");
+        let mut s = SseScanner::with_max_event(false, 64 * 1024);
+        let half = big.len() / 2;
+        s.feed(big.as_bytes().get(..half).unwrap());
+        assert!(
+            s.content_bytes() >= half as u64,
+            "part way: {}",
+            s.content_bytes()
+        );
+        s.feed(big.as_bytes().get(half..).unwrap());
+        let whole = s.content_bytes();
+        assert!(
+            whole >= text.len() as u64 && whole <= big.len() as u64,
+            "{whole}"
+        );
+        // Events after it add their content as usual.
+        s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"abc\"}}]}\n\n");
+        assert_eq!(s.content_bytes(), whole + 3);
     }
 
     #[test]
