@@ -1,7 +1,7 @@
 //! `unmetered_paths`: what happens to a request that is not a metered LLM call.
 //!
 //! ```json
-//! "unmetered_paths": {"writes": "refuse", "allow": ["/v1/files", "*/fine_tuning/jobs"]}
+//! "unmetered_paths": {"writes": "refuse", "allow": ["/v1/vector_stores", "*/fine_tuning/jobs"]}
 //! ```
 //! Reads (`GET`, `HEAD`, `OPTIONS`, `DELETE`, without an `upgrade` header) spend no tokens and always
 //! pass. Any other request on a path that is not metered (`POST /v1/batches`, `POST
@@ -22,15 +22,25 @@ pub const MAX_ALLOW: usize = 64;
 /// Longest pattern, in bytes.
 pub const MAX_PATTERN_LEN: usize = 256;
 
-/// Endpoints that are always let through: they spend no tokens (token counting, moderation, OpenAI
-/// Assistants' thread messages and their updates, cancelling a background response).
-pub const BUILT_IN: [&str; 6] = [
+/// Endpoints that are always let through: they spend no tokens (token counting, moderation, file
+/// uploads, OpenAI Assistants' threads and their messages, stored chat completions' and conversations'
+/// updates, cancelling a background response, a batch or a fine-tuning job). None of them matches a path
+/// that spends (`*/threads` is not `*/threads/runs`).
+pub const BUILT_IN: [&str; 14] = [
     "*/messages/count_tokens",
     "*/responses/input_tokens",
     "*/moderations",
+    "*/files",
+    "*/uploads",
+    "*/uploads/*",
+    "*/threads",
     "*/threads/*/messages",
     "*/threads/*/messages/*",
+    "*/chat/completions/*",
+    "*/conversations",
+    "*/conversations/*",
     "*/responses/*/cancel",
+    "*/batches/*/cancel",
 ];
 
 /// `unmetered_paths` as given.

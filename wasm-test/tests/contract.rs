@@ -280,7 +280,13 @@ fn writes_on_unmetered_paths_pass_only_where_the_operator_allows_them() {
     let mut cfg = default_config();
     cfg["unmetered_paths"] = json!({"allow": ["/other", "*/fine_tuning/jobs"]});
     let envoy = tg::start(&mock, cfg);
-    for path in ["/other?x=1", "/org/v1/fine_tuning/jobs"] {
+    // The operator's patterns, and built-in free endpoints (a file upload, a thread created empty).
+    for path in [
+        "/other?x=1",
+        "/org/v1/fine_tuning/jobs",
+        "/v1/files",
+        "/v1/threads",
+    ] {
         let r = http::post(envoy.port, path, &[], b"not json, not metered").unwrap();
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         assert_untouched(&r);
@@ -296,7 +302,15 @@ fn writes_on_unmetered_paths_pass_only_where_the_operator_allows_them() {
         assert!(r.header("request-id").is_some());
     }
     let got: Vec<String> = mock.requests().iter().map(|r| r.path.clone()).collect();
-    assert_eq!(got, ["/other?x=1", "/org/v1/fine_tuning/jobs"]);
+    assert_eq!(
+        got,
+        [
+            "/other?x=1",
+            "/org/v1/fine_tuning/jobs",
+            "/v1/files",
+            "/v1/threads"
+        ]
+    );
     let refused = envoy
         .stats()
         .get("wasmcustom.tokengate_requests_rejected_unmetered")

@@ -242,6 +242,8 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
         ),
         // Assistants' paths with `/messages/` are OpenAI's.
         ("POST", "/v1/threads/t1/messagesx", None, "openai"),
+        // A thread created and run at once spends (`*/threads` is free, this is not).
+        ("POST", "/v1/threads/runs", None, "openai"),
     ] {
         let mut hs = vec![(":method", method), ("authorization", "Bearer sk-a")];
         hs.extend(extra);
@@ -264,7 +266,7 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
             "{path}"
         );
     }
-    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 10);
+    assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 11);
     // Reads, the built-in free endpoints and the operator's patterns pass, uncharged.
     let e = envoy(json!({"rules": [rule(10.0, 1e6)],
         "unmetered_paths": {"allow": ["/v1/files", "*/fine_tuning/jobs"]}}));
@@ -280,12 +282,20 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
         ("POST", "/v1/responses/resp_1/cancel"),
         ("POST", "/v1/files/"),
         ("POST", "/org/v1/fine_tuning/jobs"),
+        ("POST", "/v1/uploads"),
+        ("POST", "/v1/uploads/u1/parts"),
+        ("POST", "/v1/threads"),
+        ("POST", "/v1/chat/completions/chatcmpl-1"),
+        ("POST", "/v1/conversations"),
+        ("POST", "/v1/conversations/c1/items"),
+        ("POST", "/v1/batches/b1/cancel"),
+        ("POST", "/v1/messages/batches/b1/cancel"),
     ] {
         let c = e.send(path, &[(":method", method)], "{}");
         clean(&c);
         assert!(c.forwarded && c.reply.is_none(), "{method} {path}");
     }
-    assert_eq!(e.metric(Metric::RequestsPassthrough), 11);
+    assert_eq!(e.metric(Metric::RequestsPassthrough), 19);
     assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 0);
     // `writes: pass`: the old behaviour, every unmetered request untouched.
     let e = envoy(json!({"rules": [rule(10.0, 1e6)], "unmetered_paths": {"writes": "pass"}}));
