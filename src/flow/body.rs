@@ -64,7 +64,7 @@ impl Request {
     /// from a stream callback (the returned [`Next`] is used).
     pub(super) fn decide(&mut self, cx: &mut Cx, body: &[u8], sync: bool) -> Next {
         let cfg = cx.cfg;
-        let meta = match std::mem::replace(&mut self.stage, Stage::Done) {
+        let mut meta = match std::mem::replace(&mut self.stage, Stage::Done) {
             Stage::AwaitingBody(m) => *m,
             other => {
                 self.stage = other;
@@ -111,6 +111,7 @@ impl Request {
                 "tokengate_background_not_metered",
             );
         }
+        meta.background = est.as_ref().is_some_and(|e| e.background);
         let (prompt, output, cost) = match (&est, cfg.invalid_body) {
             (Some(e), _) => (e.prompt_tokens, e.output_tokens, e.total()),
             (None, InvalidBody::Charge(t)) => (t, 0, t),
@@ -158,7 +159,13 @@ impl Request {
             }
         }
         if let (Some(q), Some(e)) = (&cfg.quota, &est) {
-            edits.inject_include_usage = q.inject_stream_usage && e.stream && !e.include_usage;
+            // Only OpenAI chat and legacy completions know `stream_options.include_usage` (their
+            // streams carry no usage without it); Anthropic's and Responses' streams always end with
+            // their usage, and their APIs refuse fields they do not define.
+            edits.inject_include_usage = q.inject_stream_usage
+                && e.stream
+                && !e.include_usage
+                && matches!(e.kind, ApiKind::ChatCompletions | ApiKind::Completions);
             edits.max_output_field = output_field(kind, body).to_string();
         }
         if let Some(e) = est.as_ref().filter(|e| e.kind != ApiKind::Embeddings) {
@@ -264,7 +271,6 @@ impl Request {
             }
         }
         cx.add(Metric::TokensEstimated, cost);
-        let mut meta = meta;
         meta.fallbacks.extend(fallbacks);
         let plan = Box::new(Plan {
             meta,

@@ -170,12 +170,13 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
     // billed): `abandoned_charge` says whether the whole reservation is charged or the prompt plus the
     // output that reached Envoy. A stream the upstream cut is charged the prompt plus what arrived.
     let gave_up = upstream_gave_up(cx, status);
-    let ending = if status != 0 && !(200..300).contains(&status) && !gave_up {
+    let served = (200..300).contains(&status);
+    let ending = if status != 0 && !served && !gave_up {
         Ending::NotServed
-    } else if gave_up {
-        // Envoy stopped waiting for a provider that had the whole request: like a client that left,
-        // whatever it generates is never seen.
-        if abandoned_in_full(cx, 0) {
+    } else if status != 0 && !served {
+        // Envoy stopped waiting for a provider that had the whole request, before any answer: like a
+        // client that left, whatever it generates is never seen.
+        if abandoned_in_full(cx, 0) || f.meta.background {
             Ending::Abandoned { content_bytes: 0 }
         } else {
             Ending::Cut {
@@ -185,6 +186,12 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
         }
     } else if status != 0 && completed && ending_complete {
         Ending::Completed { usage }
+    } else if f.meta.background {
+        // A background response goes on generating whatever happens to its answer: anything short
+        // of its completion is charged the whole reservation (or what arrived, if more).
+        Ending::Abandoned {
+            content_bytes: if status == 0 { 0 } else { content_bytes },
+        }
     } else if usage.is_some() {
         Ending::Cut {
             usage,
@@ -244,11 +251,10 @@ const UPSTREAM_GAVE_UP: [&[u8]; 5] = [
     b"upstream_max_stream_duration_reached",
 ];
 
-/// Whether Envoy answered `status` itself because the upstream took too long ([`UPSTREAM_GAVE_UP`]),
-/// not because the provider refused or failed.
+/// Whether Envoy stopped waiting for the upstream ([`UPSTREAM_GAVE_UP`]): before any answer (its own
+/// 504, not the provider's refusal or failure) or after the answer's headers (a stream reset).
 fn upstream_gave_up(cx: &Cx, status: u32) -> bool {
     status != 0
-        && !(200..300).contains(&status)
         && cx
             .host
             .property(&["response", "code_details"])
@@ -256,8 +262,8 @@ fn upstream_gave_up(cx: &Cx, status: u32) -> bool {
 }
 
 /// Whether a response that ended without final usage is charged its whole reservation: the client left
-/// (no response at all, or Envoy's details say the downstream went) and `quota.abandoned_charge` is
-/// `"reservation"`.
+/// (no response at all, or Envoy's details say the downstream went) or Envoy stopped waiting for the
+/// upstream ([`UPSTREAM_GAVE_UP`]), and `quota.abandoned_charge` is `"reservation"`.
 fn abandoned_in_full(cx: &Cx, status: u32) -> bool {
     let policy = cx
         .cfg
@@ -271,7 +277,9 @@ fn abandoned_in_full(cx: &Cx, status: u32) -> bool {
         || cx
             .host
             .property(&["response", "code_details"])
-            .is_some_and(|d| d.starts_with(b"downstream_"))
+            .is_some_and(|d| {
+                d.starts_with(b"downstream_") || UPSTREAM_GAVE_UP.contains(&d.as_slice())
+            })
 }
 
 /// `refund_unused` rules: gives back to the bucket what the provider's usage (`usage`, see

@@ -144,6 +144,9 @@ pub(super) struct Meta {
     pub prechecked: Option<(String, Seen)>,
     /// The request's group at each level of `groups` (outermost first).
     pub groups: Vec<Option<String>>,
+    /// A Responses `background: true` admitted under `background_responses: "reservation"` (learnt
+    /// from the body): it is charged its whole reservation unless it completes with usage.
+    pub background: bool,
 }
 
 /// One bucket charge, kept to give it back if a later step refuses.

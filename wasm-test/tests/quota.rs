@@ -2495,6 +2495,27 @@ fn a_request_envoy_times_out_on_is_charged_its_reservation_not_refunded() {
         reservation,
         "charged the whole reservation"
     );
+    // The same once the answer's headers went out: a stream the route timeout cuts (the mock sends an
+    // event every 300 ms) is charged its reservation too, not the prompt and what arrived.
+    let stream_body = chat_body(500, true, None);
+    let r = post_stream(
+        &envoy,
+        tg::CHAT,
+        "timed-out-stream",
+        &[("x-mock-chunk-delay-ms", "300")],
+        &stream_body,
+        &StreamOpts::default(),
+    );
+    assert_eq!(r.status, 200);
+    assert!(!r.complete, "the route timeout cut it");
+    let streamed = header_u64_stream(&r, "x-tokengate-estimated-tokens") as i64;
+    let key_s = used_key("timed-out-stream", &month_label(now_unix()));
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 2), 2);
+    assert_eq!(
+        wait_key(s.redis(), &key_s, streamed),
+        streamed,
+        "the stream was charged its whole reservation"
+    );
     // A provider error stays refunded.
     let (r, _) = post_t(
         &envoy,
@@ -2504,8 +2525,15 @@ fn a_request_envoy_times_out_on_is_charged_its_reservation_not_refunded() {
         &body,
     );
     assert_eq!(r.status, 500);
-    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 2), 2);
+    assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 3), 3);
     thread::sleep(Duration::from_millis(300));
     assert_eq!(get_i64(s.redis(), &key), reservation);
     tg::assert_no_panic(&envoy);
+}
+
+/// A header of a streamed answer as a number.
+fn header_u64_stream(r: &http::StreamResponse, name: &str) -> u64 {
+    r.header(name)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no numeric {name}"))
 }

@@ -150,6 +150,85 @@ fn a_request_envoy_stopped_waiting_for_is_charged_like_one_whose_client_left() {
 }
 
 #[test]
+fn a_stream_envoy_stops_waiting_for_after_its_headers_is_charged_like_one_whose_client_left() {
+    // The route timeout fires while the provider streams (200, then a reset; details
+    // `response_timeout`): the provider goes on generating.
+    let ev = "data: {\"choices\":[{\"delta\":{\"content\":\"word word word\"}}]}\n\n";
+    for (policy, whole) in [("reservation", true), ("received", false)] {
+        let mut e = envoy(quota_cfg(
+            json!({"inject_stream_usage": false, "abandoned_charge": policy}),
+        ));
+        e.props
+            .insert("response.code_details".into(), b"response_timeout".to_vec());
+        let mut c = admitted(&e, &chat_stream("m", "hello", 1000));
+        e.respond_partly(
+            &mut c,
+            200,
+            &[("content-type", "text/event-stream")],
+            &[ev],
+            false,
+        );
+        e.end(&mut c);
+        clean(&c);
+        let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+        let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+        if whole {
+            assert_eq!(actual, reserved, "{policy}");
+        } else {
+            assert!(
+                actual > 3 && actual < 50,
+                "{policy}: prompt + 3 words, got {actual}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_background_response_short_of_its_completion_is_charged_its_whole_reservation() {
+    // `background_responses: "reservation"`: the provider generates whatever happens to the answer,
+    // so a stream the provider cut is charged like one whose client left, whatever the policy.
+    let mut e = envoy(
+        json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)],
+        "background_responses": "reservation",
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "abandoned_charge": "received"}}),
+    );
+    e.props.insert(
+        "response.code_details".into(),
+        b"upstream_reset_after_response_started{remote_reset}".to_vec(),
+    );
+    let body =
+        r#"{"model":"m","input":"hi","background":true,"stream":true,"max_output_tokens":500}"#;
+    let mut c = admitted_at(&e, "/v1/responses", body);
+    let ev = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abc\"}\n\n";
+    e.respond_partly(
+        &mut c,
+        200,
+        &[("content-type", "text/event-stream")],
+        &[ev],
+        false,
+    );
+    e.end(&mut c);
+    clean(&c);
+    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    assert_eq!(actual, reserved);
+    // Not in background, the same cut stream is charged the prompt and what arrived.
+    let body = r#"{"model":"m","input":"hi","stream":true,"max_output_tokens":500}"#;
+    let mut c = admitted_at(&e, "/v1/responses", body);
+    e.respond_partly(
+        &mut c,
+        200,
+        &[("content-type", "text/event-stream")],
+        &[ev],
+        false,
+    );
+    e.end(&mut c);
+    clean(&c);
+    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    assert!(actual < 50, "{actual}");
+}
+
+#[test]
 fn a_stream_cut_mid_way_is_charged_the_prompt_and_the_streamed_output() {
     let e = envoy(quota_cfg(json!({"inject_stream_usage": false})));
     let mut c = admitted(&e, &chat_stream("m", "hello", 1000));
@@ -289,6 +368,33 @@ fn include_usage_is_injected_for_streams_and_its_chunk_removed_from_what_the_cli
     );
     assert_eq!(c.header("content-length"), None);
     assert_eq!(c.audit_field("actual").as_deref(), Some("6"));
+}
+
+#[test]
+fn only_openai_chat_and_completions_streams_get_include_usage() {
+    // Anthropic's Messages and OpenAI's Responses refuse fields they do not define (and their streams
+    // end with their usage anyway): their bodies reach the provider as sent.
+    let e = envoy(quota_cfg(json!({})));
+    for (path, body) in [
+        (
+            "/v1/messages",
+            r#"{"model":"m","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"m","max_output_tokens":50,"stream":true,"input":"hi"}"#,
+        ),
+    ] {
+        let c = admitted_at(&e, path, body);
+        assert_eq!(c.body, body.as_bytes(), "{path}");
+    }
+    let c = admitted_at(
+        &e,
+        "/v1/completions",
+        r#"{"model":"m","max_tokens":50,"stream":true,"prompt":"hi"}"#,
+    );
+    let sent: Value = serde_json::from_slice(&c.body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
 }
 
 #[test]

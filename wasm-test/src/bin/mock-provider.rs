@@ -18,6 +18,8 @@
 //! - `completion_tokens` = the request limit (`max_tokens`, `max_completion_tokens` or
 //!   `max_output_tokens`, else 16); header `x-mock-completion-tokens: N` replaces it, but never
 //!   exceeds an explicit request limit (as a real provider). Embeddings have no completion tokens.
+//! - a Messages request with `stream_options`, or a Responses request with
+//!   `stream_options.include_usage`, is refused with 400 (as the real APIs refuse fields they lack)
 //! - a Responses request with `background: true` (not streamed) is answered as OpenAI does: status
 //!   `queued`, no output, `usage: null` (the ledger still counts what it will generate).
 //!
@@ -602,6 +604,35 @@ fn answer(
             );
         }
     };
+    // As the real APIs: Anthropic's Messages refuse fields they do not define, OpenAI's Responses an
+    // `include_usage` they do not have (their streams end with their usage anyway).
+    let refused = match kind {
+        Endpoint::Messages if parsed.get("stream_options").is_some() => {
+            Some("stream_options: Extra inputs are not permitted")
+        }
+        Endpoint::Responses if parsed.pointer("/stream_options/include_usage").is_some() => {
+            Some("Unknown parameter: 'stream_options.include_usage'.")
+        }
+        _ => None,
+    };
+    if let Some(message) = refused {
+        served.outcome = "error";
+        served.status = 400;
+        let body = if anthropic {
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}})
+        } else {
+            json!({"error": {"message": message, "type": "invalid_request_error", "param": null,
+                   "code": "unknown_parameter"}})
+        };
+        last();
+        return write_response(
+            out,
+            400,
+            "application/json",
+            extra,
+            body.to_string().as_bytes(),
+        );
+    }
     let usage = Usage::of(&parsed, kind, req);
     served.prompt = usage.prompt;
     served.completion = usage.completion;
