@@ -148,26 +148,35 @@ impl Request {
                 );
             }
         }
-        let key = match identity::api_key(h.get("authorization"), h.get("x-api-key")) {
-            Ok(key) => key,
-            // Two different keys name no tenant; they only matter where the key would.
-            Err(identity::TwoKeys)
-                if !cfg.api_key_tenants || identity::is_tenant_name(header_tenant) =>
-            {
-                None
-            }
-            Err(identity::TwoKeys) => {
-                cx.inc(Metric::RequestsRejectedNoTenant);
-                return self.refuse(
-                    cx,
-                    &meta,
-                    "",
-                    "two_api_keys",
-                    answers::two_api_keys(),
-                    "tokengate_two_api_keys",
-                );
-            }
-        };
+        // A key header sent twice with different values is two keys as well.
+        let repeated = h.differs("authorization") || h.differs("x-api-key");
+        let key =
+            match identity::api_key(h.get("authorization"), h.get("x-api-key")).and_then(|k| {
+                if repeated {
+                    Err(identity::TwoKeys)
+                } else {
+                    Ok(k)
+                }
+            }) {
+                Ok(key) => key,
+                // Two different keys name no tenant; they only matter where the key would.
+                Err(identity::TwoKeys)
+                    if !cfg.api_key_tenants || identity::is_tenant_name(header_tenant) =>
+                {
+                    None
+                }
+                Err(identity::TwoKeys) => {
+                    cx.inc(Metric::RequestsRejectedNoTenant);
+                    return self.refuse(
+                        cx,
+                        &meta,
+                        "",
+                        "two_api_keys",
+                        answers::two_api_keys(),
+                        "tokengate_two_api_keys",
+                    );
+                }
+            };
         let sources = identity::Sources {
             api_key_tenants: cfg.api_key_tenants,
             api_keys: cfg.api_keys.as_ref(),

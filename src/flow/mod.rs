@@ -89,6 +89,9 @@ pub enum Level {
 pub trait Headers {
     /// The value of `name`, if present.
     fn get(&self, name: &str) -> Option<&str>;
+    /// Whether `name` comes more than once with different values (an upstream may read another line
+    /// than [`get`](Headers::get)'s first).
+    fn differs(&self, name: &str) -> bool;
 }
 
 impl Headers for [(&str, &str)] {
@@ -97,6 +100,11 @@ impl Headers for [(&str, &str)] {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| *v)
     }
+    fn differs(&self, name: &str) -> bool {
+        let first = Headers::get(self, name);
+        self.iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(name) && Some(*v) != first)
+    }
 }
 
 impl Headers for Vec<(String, String)> {
@@ -104,6 +112,11 @@ impl Headers for Vec<(String, String)> {
         self.iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
+    }
+    fn differs(&self, name: &str) -> bool {
+        let first = Headers::get(self, name);
+        self.iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(name) && Some(v.as_str()) != first)
     }
 }
 

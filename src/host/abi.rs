@@ -450,6 +450,16 @@ impl HeaderBlob {
             .find(|(k, _)| *k == name.as_bytes())
             .and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
+
+    /// Whether header `name` (lower case) comes more than once with different values.
+    pub fn differs(&self, name: &str) -> bool {
+        let mut values = self
+            .entries()
+            .filter(|(k, _)| *k == name.as_bytes())
+            .map(|(_, v)| v);
+        let first = values.next();
+        values.any(|v| Some(v) != first)
+    }
 }
 
 /// Appends a header.

@@ -106,6 +106,9 @@ impl crate::flow::Headers for abi::HeaderBlob {
     fn get(&self, name: &str) -> Option<&str> {
         self.find(name)
     }
+    fn differs(&self, name: &str) -> bool {
+        abi::HeaderBlob::differs(self, name)
+    }
 }
 
 /// A header map read from the host on the first lookup only (one host call for all of them, none when
@@ -130,6 +133,11 @@ impl crate::flow::Headers for LazyHeaders {
         self.blob
             .get_or_init(|| abi::HeaderBlob::get(self.map))
             .find(name)
+    }
+    fn differs(&self, name: &str) -> bool {
+        self.blob
+            .get_or_init(|| abi::HeaderBlob::get(self.map))
+            .differs(name)
     }
 }
 

@@ -199,6 +199,21 @@ fn a_junk_bearer_key_next_to_a_real_x_api_key_names_no_tenant() {
     assert!(s.mock.requests().is_empty(), "nothing reached the provider");
     assert_eq!(s.quota_keys(&junk), Vec::<String>::new());
     assert_eq!(s.quota_keys(&real), Vec::<String>::new());
+    // The same header twice with different keys: the upstream may read either line.
+    let r = wasm_test::http::post(
+        s.envoy.port,
+        "/v1/messages",
+        &[
+            ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            ("x-api-key", "sk-ant-aaa"),
+            ("x-api-key", "sk-ant-bbb"),
+        ],
+        body.to_string().as_bytes(),
+    )
+    .expect("POST /v1/messages");
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(s.mock.requests().is_empty(), "nothing reached the provider");
     // The same key in both headers is one identity.
     let r = s.envoy.chat(
         &[

@@ -460,14 +460,20 @@ fn two_different_api_keys_name_no_tenant() {
         ("authorization", "Bearer junk-1"),
         ("x-api-key", "sk-ant-real"),
     ];
-    for path in ["/v1/messages", "/v1/chat/completions"] {
+    // The same header twice with different keys: an upstream may read either line.
+    let twice = [("x-api-key", "sk-ant-aaa"), ("x-api-key", "sk-ant-bbb")];
+    for (path, two) in [
+        ("/v1/messages", &two),
+        ("/v1/chat/completions", &two),
+        ("/v1/messages", &twice),
+    ] {
         let body = if path == "/v1/messages" {
             r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#
                 .to_string()
         } else {
             chat("m", "hi", 5)
         };
-        let c = e.send(path, &two, &body);
+        let c = e.send(path, two, &body);
         clean(&c);
         assert_eq!(c.status(), Some(401), "{path}");
         assert_eq!(c.reply_header("x-tokengate-reason"), Some("missing_tenant"));
@@ -482,6 +488,7 @@ fn two_different_api_keys_name_no_tenant() {
     for headers in [
         vec![("authorization", "Bearer sk-1"), ("x-api-key", "sk-1")],
         vec![("authorization", "Bearer "), ("x-api-key", "sk-1")],
+        vec![("x-api-key", "sk-1"), ("x-api-key", "sk-1")],
         vec![
             ("x-tenant-id", "acme"),
             ("authorization", "Bearer a"),
@@ -493,7 +500,7 @@ fn two_different_api_keys_name_no_tenant() {
         e.respond(&mut c, 200, &[], &["{}"]);
         clean(&c);
     }
-    assert_eq!(e.metric(Metric::RequestsRejectedNoTenant), 2);
+    assert_eq!(e.metric(Metric::RequestsRejectedNoTenant), 3);
 }
 
 #[test]
