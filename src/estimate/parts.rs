@@ -104,8 +104,9 @@ impl<'de> Shape<'de> for Part {
         let mut file_id = false;
         let mut title = 0;
         let mut context = 0;
-        // `detail: "low"` (Responses `input_image`, or inside chat's `image_url` object).
-        let mut low_detail = false;
+        // `detail: "low"` inside chat's `image_url` object, and beside Responses' `input_image` URL.
+        let mut low_in_url = false;
+        let mut low_in_part = false;
         // Fields the walk has no use for, by their size (they count for a part of an unknown type).
         let mut extra = 0u64;
         let Part { depth, raw } = self;
@@ -129,20 +130,22 @@ impl<'de> Shape<'de> for Part {
                 // Counted by their size for a part of an unknown type, as any other field.
                 Key::ImageUrl => {
                     let (low, size) = value(&mut a, ImageUrl)?;
-                    low_detail |= low;
+                    low_in_url |= low;
                     extra = extra.saturating_add(2).saturating_add(size);
                 }
                 Key::Detail => {
                     let (low, size) = value(&mut a, Detail)?;
-                    low_detail |= low;
+                    low_in_part |= low;
                     extra = extra.saturating_add(2).saturating_add(size);
                 }
                 _ => extra = extra.saturating_add(2).saturating_add(value(&mut a, Size)?),
             }
         }
         Ok(match ty {
-            Tag::Image if low_detail => IMAGE_LOW_TOKENS,
-            Tag::Image => IMAGE_TOKENS,
+            // `detail: "low"` where the image's API reads it.
+            Tag::ImageUrl if low_in_url => IMAGE_LOW_TOKENS,
+            Tag::InputImage if low_in_part => IMAGE_LOW_TOKENS,
+            Tag::Image | Tag::ImageUrl | Tag::InputImage => IMAGE_TOKENS,
             // Anthropic tool use: name + the input object as JSON.
             Tag::ToolUse => name
                 .unwrap_or(0)

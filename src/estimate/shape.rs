@@ -256,6 +256,8 @@ impl Key {
 pub(super) enum Tag {
     Text,
     Image,
+    ImageUrl,
+    InputImage,
     ToolUse,
     ToolResult,
     Thinking,
@@ -272,7 +274,11 @@ impl Tag {
     pub(super) fn of(s: &str) -> Tag {
         match s {
             "text" => Tag::Text,
-            "image_url" | "input_image" | "image" => Tag::Image,
+            // Chat's (`detail` inside its `image_url` object), Responses' (`detail` beside its URL).
+            "image_url" => Tag::ImageUrl,
+            "input_image" => Tag::InputImage,
+            // Anthropic's: no `detail`.
+            "image" => Tag::Image,
             "tool_use" | "server_tool_use" => Tag::ToolUse,
             // Anthropic search results: their content blocks, like a tool result's.
             "tool_result" | "search_result" => Tag::ToolResult,

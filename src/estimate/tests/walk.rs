@@ -151,6 +151,21 @@ fn an_image_costs_the_most_an_image_can_unless_its_detail_is_low() {
         ),
         anthropic("") + IMAGE_TOKENS
     );
+    // `detail` only where the API reads it: not on Anthropic's images, not beside chat's image_url.
+    let low = r#","detail":"low""#;
+    let plain_a =
+        r#",{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}"#;
+    let with_low = format!(
+        r#",{{"type":"image"{low},"source":{{"type":"base64","media_type":"image/png","data":"AAAA"}}}}"#
+    );
+    assert_eq!(anthropic(&with_low), anthropic(plain_a));
+    let base = chat("");
+    assert_eq!(
+        chat(&format!(
+            r#",{{"type":"image_url"{low},"image_url":"https://x/y.png"}}"#
+        )),
+        base + IMAGE_TOKENS
+    );
     // In a part of a type the walk does not know, image_url and detail count by their JSON size,
     // as every other field does.
     let unknown = |fields: &str| chat(&format!(r#",{{"type":"x-new",{fields}}}"#));
