@@ -124,6 +124,8 @@ pub struct Sender {
     retry_at: u64,
     attempts: u32,
     next_id: u64,
+    /// The journal's length this VM last reported (`tokengate_quota_settle_backlog`).
+    backlog: Option<u64>,
 }
 
 impl Sender {
@@ -172,10 +174,20 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings) {
             enqueue(cx, job);
         }
     }
+    // Settlements waiting in shared data, for operators (a backlog that grows: Redis is not taking
+    // them) and for tests that wait for every settlement to land.
+    let (head, tail) = journal::bounds(cx.store());
+    let backlog = tail.saturating_sub(head);
+    if cx.worker.settle.backlog != Some(backlog) {
+        cx.worker.settle.backlog = Some(backlog);
+        cx.fx.push(Effect::Gauge(
+            "tokengate_quota_settle_backlog".to_string(),
+            backlog,
+        ));
+    }
     if cx.worker.settle.window.is_some() || now < cx.worker.settle.retry_at {
         return;
     }
-    let (head, tail) = journal::bounds(cx.store());
     if head == tail || shim::is_open(cx, &q.cluster, &q.shim_breaker) {
         return;
     }

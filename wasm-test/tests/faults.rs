@@ -505,10 +505,12 @@ fn counters(redis: &DurableRedis, tenants: &[Tenant], month: &str) -> Vec<Option
         .collect()
 }
 
-/// Polls the counters until they are unchanged for `stable_for` (at most [`DRAIN_MAX`]); returns them
-/// and whether they were stable.
+/// Polls the counters until they are unchanged for `stable_for` and Envoy has no settlement waiting
+/// (`tokengate_quota_settle_backlog` 0: a settlement sent again after an outage may land seconds after
+/// the counters looked still) — at most [`DRAIN_MAX`]; returns them and whether they were stable.
 fn drain(
     redis: &DurableRedis,
+    envoy: &RestartableEnvoy,
     tenants: &[Tenant],
     month: &str,
     stable_for: Duration,
@@ -519,7 +521,8 @@ fn drain(
     loop {
         thread::sleep(Duration::from_millis(100));
         let now = counters(redis, tenants, month);
-        if now != last || now.iter().any(Option::is_none) {
+        let waiting = stat_of(&envoy.stats(), "tokengate_quota_settle_backlog").unwrap_or(0) > 0;
+        if now != last || now.iter().any(Option::is_none) || waiting {
             last = now;
             since = Instant::now();
         } else if since.elapsed() >= stable_for {
@@ -667,7 +670,7 @@ fn run_phase(
             Upstream::Normal,
         ));
     }
-    let (values, drained, took) = drain(&stack.redis, tenants, month, s.stable_for);
+    let (values, drained, took) = drain(&stack.redis, &stack.envoy, tenants, month, s.stable_for);
     log.charged = tenants.iter().map(|t| t.name.clone()).zip(values).collect();
     log.drained = drained;
     log.drain_took = took;

@@ -2528,6 +2528,8 @@ fn a_request_envoy_times_out_on_is_charged_its_reservation_not_refunded() {
     assert_eq!(wait_stat(&envoy, "tokengate_quota_settled", 3), 3);
     thread::sleep(Duration::from_millis(300));
     assert_eq!(get_i64(s.redis(), &key), reservation);
+    // Every settlement landed: none waits in shared data.
+    assert_eq!(envoy.stat_opt("tokengate_quota_settle_backlog"), Some(0));
     tg::assert_no_panic(&envoy);
 }
 

@@ -486,7 +486,14 @@ fn settlements_of_one_tenant_go_in_one_batch_and_a_failed_batch_is_retried() {
         let mut c = admitted(&e, &chat("m", "hello", 100));
         e.respond(&mut c, 500, &[], &["{}"]);
     }
+    let backlog = || {
+        e.gauges
+            .borrow()
+            .get("tokengate_quota_settle_backlog")
+            .copied()
+    };
     e.tick(0);
+    assert_eq!(backlog(), Some(3), "three settlements waiting");
     assert_eq!(e.root_callouts.borrow().len(), 1, "one batch");
     e.reply_root(0, 503, "");
     assert_eq!(
@@ -496,10 +503,13 @@ fn settlements_of_one_tenant_go_in_one_batch_and_a_failed_batch_is_retried() {
     );
     e.advance_ms(2000);
     e.tick(0);
+    assert_eq!(backlog(), Some(3), "still waiting");
     assert_eq!(e.root_callouts.borrow().len(), 1);
     e.reply_root(0, 200, &eval(&[1, 1, 1]));
     assert_eq!(e.metric(Metric::QuotaSettled), 3);
     assert!(e.metric(Metric::QuotaRefundedTokens) > 0);
+    e.tick(0);
+    assert_eq!(backlog(), Some(0), "all taken");
 }
 
 #[test]
