@@ -57,9 +57,12 @@ build-empty: deps-rust
 	@cargo build -q --release --target $(WASM_TARGET) \
 		--manifest-path $(EMPTY_DIR)/Cargo.toml --target-dir $(EMPTY_DIR)/target
 
+# The fault matrix prints its per-tenant lines (and an offending tenant's requests) in the log.
+FAULTS_VERBOSE ?= 1
+
 test: deps build
 	cargo test --no-fail-fast -p tokengate
-	$(ENVOY_ENV) cargo test --no-fail-fast -p wasm-test
+	$(ENVOY_ENV) FAULTS_VERBOSE=$(FAULTS_VERBOSE) cargo test --no-fail-fast -p wasm-test
 	@echo "make test: all passed"
 
 SOAK_SECONDS ?= 300
