@@ -83,16 +83,12 @@ pub(super) fn unmetered(raw: Option<RawUnmetered>) -> Result<Unmetered, ConfigEr
     let Some(raw) = raw else {
         return Ok(Unmetered::default());
     };
-    let refuse_writes = match raw.writes.as_deref() {
-        None | Some("refuse") => true,
-        Some("pass") => false,
-        Some(other) => {
-            return Err(err(
-                "unmetered_paths.writes",
-                format!("must be \"refuse\" or \"pass\", got \"{other}\""),
-            ))
-        }
-    };
+    let refuse_writes = super::top::either(
+        "unmetered_paths.writes",
+        raw.writes.as_deref(),
+        ("refuse", true),
+        ("pass", false),
+    )?;
     let given = raw.allow.unwrap_or_default();
     if given.len() > MAX_ALLOW {
         return Err(err(

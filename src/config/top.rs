@@ -35,42 +35,54 @@ pub enum AboveCap {
     Refuse,
 }
 
-/// `output_above_cap`: `"lower"` (default) or `"refuse"`.
-pub(super) fn above_cap(v: Option<String>) -> Result<AboveCap, ConfigError> {
-    match v.as_deref() {
-        None | Some("lower") => Ok(AboveCap::Lower),
-        Some("refuse") => Ok(AboveCap::Refuse),
+/// A setting that is one of two words: the first (also when absent) or the second.
+pub(super) fn either<T>(
+    field: &str,
+    v: Option<&str>,
+    (first, if_first): (&str, T),
+    (second, if_second): (&str, T),
+) -> Result<T, ConfigError> {
+    match v {
+        None => Ok(if_first),
+        Some(w) if w == first => Ok(if_first),
+        Some(w) if w == second => Ok(if_second),
         Some(other) => Err(err(
-            "output_above_cap",
-            format!("must be \"lower\" or \"refuse\", got \"{other}\""),
+            field,
+            format!("must be \"{first}\" or \"{second}\", got \"{other}\""),
         )),
     }
+}
+
+/// `output_above_cap`: `"lower"` (default) or `"refuse"`.
+pub(super) fn above_cap(v: Option<String>) -> Result<AboveCap, ConfigError> {
+    either(
+        "output_above_cap",
+        v.as_deref(),
+        ("lower", AboveCap::Lower),
+        ("refuse", AboveCap::Refuse),
+    )
 }
 
 /// `output_limit_absent`: false (`"leave"`, the default) leaves a body without an output limit to the
 /// provider's own; true (`"write"`) writes the reserved one (`default_max_tokens`) into it.
 pub(super) fn write_absent_limit(v: Option<String>) -> Result<bool, ConfigError> {
-    match v.as_deref() {
-        None | Some("leave") => Ok(false),
-        Some("write") => Ok(true),
-        Some(other) => Err(err(
-            "output_limit_absent",
-            format!("must be \"leave\" or \"write\", got \"{other}\""),
-        )),
-    }
+    either(
+        "output_limit_absent",
+        v.as_deref(),
+        ("leave", false),
+        ("write", true),
+    )
 }
 
 /// `background_responses`: true (`"refuse"`, the default) refuses an OpenAI Responses request with
 /// `background: true`; `"reservation"` admits it, charged its whole reservation.
 pub(super) fn refuse_background(v: Option<String>) -> Result<bool, ConfigError> {
-    match v.as_deref() {
-        None | Some("refuse") => Ok(true),
-        Some("reservation") => Ok(false),
-        Some(other) => Err(err(
-            "background_responses",
-            format!("must be \"refuse\" or \"reservation\", got \"{other}\""),
-        )),
-    }
+    either(
+        "background_responses",
+        v.as_deref(),
+        ("refuse", true),
+        ("reservation", false),
+    )
 }
 
 /// Default header giving the model in the headers phase.

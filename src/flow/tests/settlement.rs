@@ -137,8 +137,7 @@ fn a_request_envoy_stopped_waiting_for_is_charged_like_one_whose_client_left() {
             &[("content-type", "text/plain")],
             &["upstream request timeout"],
         );
-        let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
-        let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+        let (actual, reserved) = charged(&c);
         let ok = match want {
             "all" => actual == reserved,
             "prompt" => actual > 0 && actual < 50,
@@ -158,20 +157,14 @@ fn a_stream_envoy_stops_waiting_for_after_its_headers_is_charged_like_one_whose_
         let mut e = envoy(quota_cfg(
             json!({"inject_stream_usage": false, "abandoned_charge": policy}),
         ));
-        e.props
-            .insert("response.code_details".into(), b"response_timeout".to_vec());
-        let mut c = admitted(&e, &chat_stream("m", "hello", 1000));
-        e.respond_partly(
-            &mut c,
-            200,
-            &[("content-type", "text/event-stream")],
+        let chat = chat_stream("m", "hello", 1000);
+        let (actual, reserved) = stream_ends_mid_way(
+            &mut e,
+            "response_timeout",
+            "/v1/chat/completions",
+            &chat,
             &[ev],
-            false,
         );
-        e.end(&mut c);
-        clean(&c);
-        let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
-        let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
         if whole {
             assert_eq!(actual, reserved, "{policy}");
         } else {
@@ -192,39 +185,15 @@ fn a_background_response_short_of_its_completion_is_charged_its_whole_reservatio
         "background_responses": "reservation",
         "quota": {"cluster": "webdis", "monthly_limit": 100000, "abandoned_charge": "received"}}),
     );
-    e.props.insert(
-        "response.code_details".into(),
-        b"upstream_reset_after_response_started{remote_reset}".to_vec(),
-    );
+    let cut = "upstream_reset_after_response_started{remote_reset}";
+    let ev = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abc\"}\n\n";
     let body =
         r#"{"model":"m","input":"hi","background":true,"stream":true,"max_output_tokens":500}"#;
-    let mut c = admitted_at(&e, "/v1/responses", body);
-    let ev = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abc\"}\n\n";
-    e.respond_partly(
-        &mut c,
-        200,
-        &[("content-type", "text/event-stream")],
-        &[ev],
-        false,
-    );
-    e.end(&mut c);
-    clean(&c);
-    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
-    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    let (actual, reserved) = stream_ends_mid_way(&mut e, cut, "/v1/responses", body, &[ev]);
     assert_eq!(actual, reserved);
     // Not in background, the same cut stream is charged the prompt and what arrived.
     let body = r#"{"model":"m","input":"hi","stream":true,"max_output_tokens":500}"#;
-    let mut c = admitted_at(&e, "/v1/responses", body);
-    e.respond_partly(
-        &mut c,
-        200,
-        &[("content-type", "text/event-stream")],
-        &[ev],
-        false,
-    );
-    e.end(&mut c);
-    clean(&c);
-    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
+    let (actual, _) = stream_ends_mid_way(&mut e, cut, "/v1/responses", body, &[ev]);
     assert!(actual < 50, "{actual}");
 }
 
@@ -243,8 +212,7 @@ fn a_stream_cut_mid_way_is_charged_the_prompt_and_the_streamed_output() {
     );
     e.end(&mut c); // the client (or upstream) went away before [DONE]
     clean(&c);
-    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
-    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    let (actual, reserved) = charged(&c);
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
     assert!(
         actual > 30 && actual < reserved,
@@ -259,8 +227,7 @@ fn a_client_gone_before_any_response_is_charged_its_reservation() {
     let e = envoy(quota_cfg(json!({})));
     let mut c = admitted(&e, &chat("m", "hello", 1000));
     e.end(&mut c);
-    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
-    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    let (actual, reserved) = charged(&c);
     assert_eq!(actual, reserved);
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
     assert_eq!(settled(&e), vec![s(actual)]);
@@ -271,8 +238,7 @@ fn a_client_gone_before_any_response_is_charged_the_prompt_with_abandoned_charge
     let e = envoy(quota_cfg(json!({"abandoned_charge": "received"})));
     let mut c = admitted(&e, &chat("m", "hello", 1000));
     e.end(&mut c);
-    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
-    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
+    let (actual, reserved) = charged(&c);
     assert!(actual > 0 && actual < 50, "the prompt only, got {actual}");
     assert!(actual < reserved);
     assert_eq!(settled(&e), vec![s(actual)]);
@@ -280,10 +246,20 @@ fn a_client_gone_before_any_response_is_charged_the_prompt_with_abandoned_charge
 
 /// A stream the client leaves after one content event (Envoy's details say the downstream went).
 fn leave_mid_stream(e: &mut FakeEnvoy, path: &str, body: &str, events: &[&str]) -> (u64, u64) {
-    e.props.insert(
-        "response.code_details".into(),
-        b"downstream_remote_disconnect".to_vec(),
-    );
+    stream_ends_mid_way(e, "downstream_remote_disconnect", path, body, events)
+}
+
+/// A stream that ends after `events`, Envoy's `response.code_details` being `details`; returns what
+/// was charged and reserved (no usage arrived: charged from the estimate).
+fn stream_ends_mid_way(
+    e: &mut FakeEnvoy,
+    details: &str,
+    path: &str,
+    body: &str,
+    events: &[&str],
+) -> (u64, u64) {
+    e.props
+        .insert("response.code_details".into(), details.as_bytes().to_vec());
     let mut c = admitted_at(e, path, body);
     e.respond_partly(
         &mut c,
@@ -294,10 +270,14 @@ fn leave_mid_stream(e: &mut FakeEnvoy, path: &str, body: &str, events: &[&str]) 
     );
     e.end(&mut c);
     clean(&c);
-    let actual: u64 = c.audit_field("actual").unwrap().parse().unwrap();
-    let reserved: u64 = c.audit_field("reserved").unwrap().parse().unwrap();
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("estimate"));
-    (actual, reserved)
+    charged(&c)
+}
+
+/// What a call's audit says it was charged and had reserved.
+fn charged(c: &Call) -> (u64, u64) {
+    let field = |k: &str| -> u64 { c.audit_field(k).unwrap().parse().unwrap() };
+    (field("actual"), field("reserved"))
 }
 
 #[test]

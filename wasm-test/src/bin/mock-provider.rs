@@ -587,52 +587,36 @@ fn answer(
         );
     }
     let Some(kind) = kind else { return false };
-    let parsed: Value = match serde_json::from_slice(&req.body) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => {
-            served.outcome = "error";
-            served.status = 400;
-            let body = json!({"error": {"message": "mock-provider: request body is not a JSON object",
-                "type": "invalid_request_error", "param": null, "code": "invalid_json"}});
-            last();
-            return write_response(
-                out,
-                400,
-                "application/json",
-                extra,
-                body.to_string().as_bytes(),
-            );
-        }
-    };
-    // As the real APIs: Anthropic's Messages refuse fields they do not define, OpenAI's Responses an
-    // `include_usage` they do not have (their streams end with their usage anyway).
-    let refused = match kind {
-        Endpoint::Messages if parsed.get("stream_options").is_some() => {
-            Some("stream_options: Extra inputs are not permitted")
-        }
-        Endpoint::Responses if parsed.pointer("/stream_options/include_usage").is_some() => {
-            Some("Unknown parameter: 'stream_options.include_usage'.")
+    let parsed = serde_json::from_slice::<Value>(&req.body)
+        .ok()
+        .filter(Value::is_object);
+    // A body that is not a JSON object; and, as the real APIs: Anthropic's Messages refuse fields they
+    // do not define, OpenAI's Responses an `include_usage` they do not have (their streams end with
+    // their usage anyway).
+    let refusal = match (&parsed, kind) {
+        (None, _) => Some(
+            json!({"error": {"message": "mock-provider: request body is not a JSON object",
+                "type": "invalid_request_error", "param": null, "code": "invalid_json"}}),
+        ),
+        (Some(p), Endpoint::Messages) if p.get("stream_options").is_some() => Some(
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "stream_options: Extra inputs are not permitted"}}),
+        ),
+        (Some(p), Endpoint::Responses) if p.pointer("/stream_options/include_usage").is_some() => {
+            Some(
+                json!({"error": {"message": "Unknown parameter: 'stream_options.include_usage'.",
+                    "type": "invalid_request_error", "param": null, "code": "unknown_parameter"}}),
+            )
         }
         _ => None,
     };
-    if let Some(message) = refused {
+    let (Some(parsed), None) = (parsed, &refusal) else {
         served.outcome = "error";
         served.status = 400;
-        let body = if anthropic {
-            json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}})
-        } else {
-            json!({"error": {"message": message, "type": "invalid_request_error", "param": null,
-                   "code": "unknown_parameter"}})
-        };
         last();
-        return write_response(
-            out,
-            400,
-            "application/json",
-            extra,
-            body.to_string().as_bytes(),
-        );
-    }
+        let body = refusal.unwrap_or_default().to_string();
+        return write_response(out, 400, "application/json", extra, body.as_bytes());
+    };
     let usage = Usage::of(&parsed, kind, req);
     served.prompt = usage.prompt;
     served.completion = usage.completion;
