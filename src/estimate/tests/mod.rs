@@ -40,5 +40,6 @@ pub(super) fn xorshift(x: &mut u64) -> u64 {
 }
 
 mod fast;
+mod parts;
 mod text;
 mod walk;
