@@ -54,6 +54,8 @@
 
 mod scan;
 
+pub(crate) use scan::hex4;
+
 use scan::{Document, Member, Object};
 use std::ops::Range;
 

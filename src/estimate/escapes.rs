@@ -237,21 +237,10 @@ pub(super) static ESCAPES: [u8; 256] = {
     t
 };
 
-/// The four hex digits at `at` as a number.
+/// The four hex digits at `at` as a number (the body rewriter's reading).
 #[inline(always)]
 fn hex4(bytes: &[u8], at: usize) -> Res<u32> {
-    let digits = bytes.get(at..at + 4).ok_or(Bail)?;
-    let mut v = 0u32;
-    for &b in digits {
-        let d = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => return Err(Bail),
-        };
-        v = (v << 4) | u32::from(d);
-    }
-    Ok(v)
+    crate::rewrite::hex4(bytes, at).ok_or(Bail)
 }
 
 /// The `\uXXXX` escape at `at` (or a surrogate pair of two): its character and length in bytes. A

@@ -429,7 +429,8 @@ impl<'a> Scanner<'a> {
 }
 
 /// The four hex digits at `at` as a number.
-fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
+#[inline(always)]
+pub(crate) fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
     let digits = bytes.get(at..at + 4)?;
     let mut v = 0u32;
     for &b in digits {
