@@ -21,11 +21,12 @@ pub fn unknown_api_key() -> Refusal {
     )
 }
 
-/// 401: `Authorization` and `x-api-key` carry different keys.
+/// 401: `Authorization` and `x-api-key` carry different keys, or one of them comes twice with different
+/// values.
 pub fn two_api_keys() -> Refusal {
     Refusal::new(
         Class::MissingTenant,
-        "The request carries two different API keys (Authorization: Bearer and x-api-key): send one.",
+        "The request carries two different API keys (in Authorization: Bearer and x-api-key, or one of these headers twice): send one.",
     )
 }
 
