@@ -32,12 +32,18 @@
 //! threshold and is not written at all; with `failure_rate_percent` it must be counted, and to keep that
 //! off the request path each worker VM gathers its successes per breaker ([`Pending`]) and adds them in
 //! one write: with the next failure or probe outcome it records on that breaker (in the same CAS, before
-//! it), once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request ends), and at every tick
-//! of the VM ([`flush`]). **Bound:** a success reaches shared data at most [`SUCCESS_FLUSH_MS`] after it
-//! was counted while its VM serves requests, at most one tick period after the VM's last request
-//! otherwise (1 s without shaping, quota or global buckets); a failure recorded by another worker in
-//! between sees a failure rate that lacks at most those successes (it can only be higher than the exact
-//! one, never lower). Successes gathered by a VM that restarts are lost.
+//! it), once they are [`SUCCESS_BATCH_DIVISOR`]ths of the outcomes the breaker's window held at this VM's
+//! last write to it (a window of fewer than 2 × that many outcomes, one the VM has not written yet, or
+//! one it last wrote more than [`SUCCESS_FLUSH_MS`] ago: every success, at once), once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request
+//! ends), and at every tick of the VM ([`flush`]).
+//!
+//! **Bound:** a failure recorded by one worker sees a failure rate that lacks, per other worker, the
+//! successes that worker gathered since its last write: fewer than 1/[`SUCCESS_BATCH_DIVISOR`] of the
+//! window it last saw (none while the window is young, so the first `min_requests` of a burst spread
+//! over many workers are counted exactly), and only those of the last [`SUCCESS_FLUSH_MS`] while it
+//! serves requests (of its last tick period otherwise: 1 s without shaping, quota or global buckets).
+//! The rate read can only be higher than the exact one, never lower. Successes gathered by a VM that
+//! restarts are lost.
 //!
 //! Keys are `tg:cb:<scope>=<name>`; their number is bounded by `breaker.max_keys` through a shared count
 //! (`tg:n:breakers`): a name beyond it is not tracked (admitted, never recorded).
@@ -54,6 +60,11 @@ pub const BREAKER_KEY_COUNTER: &str = crate::keys::BREAKER_COUNTER;
 pub const SUCCESS_FLUSH_MS: u64 = 100;
 /// Breakers with successes waiting in one VM before all of them are written at once.
 pub const MAX_PENDING_KEYS: usize = 64;
+/// A VM writes the successes it gathered for a breaker once they reach 1/this of the outcomes the
+/// breaker's window held at the VM's last write to it (at once while that is under 2 × this).
+pub const SUCCESS_BATCH_DIVISOR: u64 = 64;
+/// Breakers one VM remembers the window size of (beyond it, a forgotten one starts again at batches of 1).
+const MAX_REMEMBERED_KEYS: usize = 256;
 
 const NS_PER_MS: u64 = 1_000_000;
 
@@ -222,7 +233,8 @@ pub fn release(store: &dyn SharedStore, held: &Held, retries: u32) {
     }
 }
 
-/// Plain successes one VM gathered per breaker, not written yet (see the module docs).
+/// Plain successes one VM gathered per breaker, not written yet, and how many it may gather for each
+/// before it writes them (see the module docs).
 #[derive(Debug, Default)]
 pub struct Pending {
     entries: Vec<PendingEntry>,
@@ -231,34 +243,85 @@ pub struct Pending {
 #[derive(Debug)]
 struct PendingEntry {
     key: String,
+    /// Successes not written yet (0: nothing waits; the entry keeps `batch`).
     successes: u32,
+    /// When the oldest of `successes` was counted.
     since_ns: u64,
+    /// `successes` reaching this are written at once (from the window's size at the last write).
+    batch: u32,
+    /// When that write was (a batch learnt longer than [`SUCCESS_FLUSH_MS`] ago is 1 again: the window
+    /// may have emptied since).
+    seen_ns: u64,
+}
+
+impl PendingEntry {
+    fn waits(&self) -> bool {
+        self.successes > 0
+    }
+
+    fn full(&self, now_ns: u64) -> bool {
+        let fresh = now_ns.saturating_sub(self.seen_ns) <= SUCCESS_FLUSH_MS * NS_PER_MS;
+        self.successes >= if fresh { self.batch } else { 1 }
+    }
+}
+
+/// Successes a VM gathers before it writes them, for a window that held `window_total` outcomes.
+fn batch_for(window_total: u64) -> u32 {
+    u32::try_from(window_total / SUCCESS_BATCH_DIVISOR)
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 impl Pending {
-    /// Counts one success of breaker `key(scope, name)` (the key is built once per flush interval).
-    fn add(&mut self, scope: &str, name: &str, now_ns: u64) {
+    /// Counts one success of breaker `key(scope, name)`; returns its index when the successes waiting
+    /// for it reached its batch (to be written now).
+    fn add(&mut self, scope: &str, name: &str, now_ns: u64) -> Option<usize> {
         let tail = crate::keys::BREAKER.len();
-        let found = self.entries.iter_mut().find(|e| {
+        let found = self.entries.iter().position(|e| {
             e.key
                 .get(tail..)
                 .is_some_and(|t| breaker::open_set::key_tail_matches(t, scope, name))
         });
-        match found {
-            Some(e) => e.successes = e.successes.saturating_add(1),
-            None => self.entries.push(PendingEntry {
-                key: breaker::key(scope, name),
-                successes: 1,
-                since_ns: now_ns,
-            }),
+        let i = match found {
+            Some(i) => i,
+            None => {
+                if self.entries.len() >= MAX_REMEMBERED_KEYS {
+                    // Forget one that waits for nothing (its next success is written at once).
+                    if let Some(idle) = self.entries.iter().position(|e| !e.waits()) {
+                        self.entries.swap_remove(idle);
+                    }
+                }
+                self.entries.push(PendingEntry {
+                    key: breaker::key(scope, name),
+                    successes: 0,
+                    since_ns: now_ns,
+                    batch: 1,
+                    seen_ns: 0,
+                });
+                self.entries.len() - 1
+            }
+        };
+        let e = self.entries.get_mut(i)?;
+        if !e.waits() {
+            e.since_ns = now_ns;
         }
+        e.successes = e.successes.saturating_add(1);
+        e.full(now_ns).then_some(i)
     }
 
     /// Takes the successes waiting for `key`.
     fn take(&mut self, key: &str) -> u32 {
-        match self.entries.iter().position(|e| e.key == key) {
-            Some(i) => self.entries.swap_remove(i).successes,
-            None => 0,
+        self.entries
+            .iter_mut()
+            .find(|e| e.key == key)
+            .map_or(0, |e| std::mem::take(&mut e.successes))
+    }
+
+    /// Remembers the size of `key`'s window after a write to it at `now_ns`.
+    fn saw(&mut self, key: &str, window_total: u64, now_ns: u64) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
+            e.batch = batch_for(window_total);
+            e.seen_ns = now_ns;
         }
     }
 
@@ -269,11 +332,14 @@ impl Pending {
 
     /// True when something waits for `now_ns` (or must be written anyway: too many breakers waiting).
     fn due(&self, now_ns: u64) -> bool {
-        self.entries.len() >= MAX_PENDING_KEYS
-            || self
-                .entries
-                .iter()
-                .any(|e| now_ns.saturating_sub(e.since_ns) >= SUCCESS_FLUSH_MS * NS_PER_MS)
+        let mut waiting = 0;
+        for e in self.entries.iter().filter(|e| e.waits()) {
+            waiting += 1;
+            if now_ns.saturating_sub(e.since_ns) >= SUCCESS_FLUSH_MS * NS_PER_MS {
+                return true;
+            }
+        }
+        waiting >= MAX_PENDING_KEYS
     }
 }
 
@@ -326,8 +392,20 @@ pub fn record(
         return Recorded::default();
     }
     if outcome == Outcome::Success && !probe {
-        cx.vm.pending.add(scope, name, now_ns);
-        return Recorded::default();
+        let Some(i) = cx.vm.pending.add(scope, name, now_ns) else {
+            return Recorded::default();
+        };
+        // Its batch is full: written now.
+        let Some(e) = cx.vm.pending.entries.get_mut(i) else {
+            return Recorded::default();
+        };
+        let (key, successes) = (e.key.clone(), std::mem::take(&mut e.successes));
+        let error = write_successes(cx, &key, successes, now_ns).err();
+        return Recorded {
+            key: Some(key),
+            transition: None,
+            error,
+        };
     }
     let key = breaker::key(scope, name);
     let successes = cx.vm.pending.take(&key);
@@ -352,7 +430,9 @@ pub fn record(
         now_ns,
         cx.retries,
     ) {
-        Ok((t, after, _)) => {
+        Ok((w, _)) => {
+            let (t, after) = (w.transition, w.state);
+            cx.vm.pending.saw(&key, w.window_total, now_ns);
             out.transition = t;
             let kept = if after != State::Closed {
                 // Opened, or still not closed (its entry may have been lost): make sure it is named.
@@ -370,6 +450,38 @@ pub fn record(
     out
 }
 
+/// Writes `successes` gathered for `key` (counted only if the key may be created or exists) and
+/// remembers the size of its window.
+fn write_successes(
+    cx: &mut Ctx<'_>,
+    key: &str,
+    successes: u32,
+    now_ns: u64,
+) -> Result<(), UpdateError> {
+    if !claim_slot(
+        cx.store,
+        BREAKER_KEY_COUNTER,
+        cx.settings.max_keys,
+        cx.retries,
+        cx.known,
+        cx.cache_limit,
+        key,
+    ) {
+        return Ok(());
+    }
+    let (w, _) = breaker::record_batch_shared(
+        cx.store,
+        key,
+        &cx.settings.cfg,
+        successes,
+        None,
+        now_ns,
+        cx.retries,
+    )?;
+    cx.vm.pending.saw(key, w.window_total, now_ns);
+    Ok(())
+}
+
 /// Writes the successes this VM gathered: those waiting [`SUCCESS_FLUSH_MS`] or more (or all of them
 /// when too many breakers wait), or everything with `all` (the VM's tick). Returns the failed writes.
 pub fn flush(cx: &mut Ctx<'_>, now_ns: u64, all: bool) -> Vec<(String, UpdateError)> {
@@ -377,36 +489,19 @@ pub fn flush(cx: &mut Ctx<'_>, now_ns: u64, all: bool) -> Vec<(String, UpdateErr
     if !all && !cx.vm.pending.due(now_ns) {
         return failed;
     }
-    let everything = all || cx.vm.pending.entries.len() >= MAX_PENDING_KEYS;
+    let waiting = cx.vm.pending.entries.iter().filter(|e| e.waits()).count();
+    let everything = all || waiting >= MAX_PENDING_KEYS;
     let due_ns = SUCCESS_FLUSH_MS * NS_PER_MS;
-    let mut i = 0;
-    while let Some(e) = cx.vm.pending.entries.get(i) {
-        if !everything && now_ns.saturating_sub(e.since_ns) < due_ns {
-            i += 1;
+    for i in 0..cx.vm.pending.entries.len() {
+        let Some(e) = cx.vm.pending.entries.get_mut(i) else {
+            break;
+        };
+        if !e.waits() || (!everything && now_ns.saturating_sub(e.since_ns) < due_ns) {
             continue;
         }
-        let e = cx.vm.pending.entries.swap_remove(i);
-        if !claim_slot(
-            cx.store,
-            BREAKER_KEY_COUNTER,
-            cx.settings.max_keys,
-            cx.retries,
-            cx.known,
-            cx.cache_limit,
-            &e.key,
-        ) {
-            continue;
-        }
-        if let Err(err) = breaker::record_batch_shared(
-            cx.store,
-            &e.key,
-            &cx.settings.cfg,
-            e.successes,
-            None,
-            now_ns,
-            cx.retries,
-        ) {
-            failed.push((e.key, err));
+        let (key, successes) = (e.key.clone(), std::mem::take(&mut e.successes));
+        if let Err(err) = write_successes(cx, &key, successes, now_ns) {
+            failed.push((key, err));
         }
     }
     failed
@@ -647,7 +742,21 @@ mod tests {
         assert_eq!(s.reads(), 0);
 
         let st = rate_settings();
-        for i in 0..10 {
+        let key = breaker::key("model", "a");
+        // An old window (640 outcomes): the VM's first success is written at once and tells it the
+        // size, so it gathers the next ones up to 641 / 64 = 10.
+        breaker::record_batch_shared(&s, &key, &st.cfg, 640, None, 0, 8).unwrap();
+        record(
+            &mut vm.cx(&s, &st),
+            "model",
+            "a",
+            Outcome::Success,
+            false,
+            0,
+        );
+        assert_eq!(vm.vm.pending.total(), 0);
+        let reads = s.reads();
+        for i in 0..9 {
             record(
                 &mut vm.cx(&s, &st),
                 "model",
@@ -658,16 +767,25 @@ mod tests {
             );
             assert!(flush(&mut vm.cx(&s, &st), i * MS, false).is_empty());
         }
-        assert_eq!(s.reads(), 0, "gathered in the VM");
-        assert_eq!(vm.vm.pending.total(), 10);
-        // Due once the oldest waited SUCCESS_FLUSH_MS: one write for all ten.
+        assert_eq!(s.reads(), reads, "gathered in the VM");
+        assert_eq!(vm.vm.pending.total(), 9);
+        // Due once the oldest waited SUCCESS_FLUSH_MS: one write for all nine.
         assert!(flush(&mut vm.cx(&s, &st), SUCCESS_FLUSH_MS * MS, false).is_empty());
         assert_eq!(vm.vm.pending.total(), 0);
-        let (b, _) = store::peek::<breaker::BreakerState>(&s, &breaker::key("model", "a")).unwrap();
+        let (b, _) = store::peek::<breaker::BreakerState>(&s, &key).unwrap();
         assert_eq!(
             b.unwrap().window_counts(&st.cfg, SUCCESS_FLUSH_MS * MS),
-            (10, 0)
+            (650, 0)
         );
+    }
+
+    #[test]
+    fn batches_follow_the_size_of_the_window() {
+        assert_eq!(
+            [0, 1, 127, 128, 640, 6400].map(batch_for),
+            [1, 1, 1, 2, 10, 100]
+        );
+        assert_eq!(batch_for(u64::MAX), u32::MAX);
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub use open_set::{OpenSet, View, OPEN_SET_KEY};
 pub use outcome::{classify, cut_after_response_started, retry_after_ms, FailurePolicy};
 pub use shared::{
     admit_shared, key, record_batch_shared, record_is_noop, record_shared, release_probe_shared,
-    MAX_NAME_BYTES, MAX_SCOPE_BYTES,
+    Written, MAX_NAME_BYTES, MAX_SCOPE_BYTES,
 };
 pub use window::BUCKETS;
 

@@ -85,9 +85,20 @@ pub fn record_shared(
     Ok((transition, stats))
 }
 
+/// What [`record_batch_shared`] left in the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The transition the outcome caused.
+    pub transition: Option<Transition>,
+    /// The state the key holds afterwards.
+    pub state: State,
+    /// Outcomes (successes and failures) its window holds afterwards while CLOSED; 0 otherwise.
+    pub window_total: u64,
+}
+
 /// `successes` plain successes ([`record_successes`]), then the outcome of one request if given
 /// (`(outcome, was_probe)`, [`record`]), as one bounded CAS read-modify-write of `key` (created CLOSED
-/// when missing). Returns the transition, the state the key holds afterwards and the CAS statistics.
+/// when missing). Returns what the key holds afterwards and the CAS statistics.
 pub fn record_batch_shared(
     store: &dyn SharedStore,
     key: &str,
@@ -96,21 +107,32 @@ pub fn record_batch_shared(
     outcome: Option<(Outcome, bool)>,
     now_ns: u64,
     max_retries: u32,
-) -> Result<(Option<Transition>, State, UpdateStats), UpdateError> {
-    let ((transition, after), stats) =
-        store::update(store, key, max_retries, &BreakerState::default(), |s| {
-            let counted = record_successes(s, cfg, successes, now_ns);
-            let base = counted.unwrap_or(*s);
-            let (next, t) = match outcome {
-                Some((o, probe)) => record(&base, cfg, o, probe, now_ns),
-                None => (None, None),
-            };
-            let next = next.or(counted);
-            let after = next.map_or(s.state(), |n| n.state());
-            ((t, after), next)
-        })?;
+) -> Result<(Written, UpdateStats), UpdateError> {
+    let (written, stats) = store::update(store, key, max_retries, &BreakerState::default(), |s| {
+        let counted = record_successes(s, cfg, successes, now_ns);
+        let base = counted.unwrap_or(*s);
+        let (next, t) = match outcome {
+            Some((o, probe)) => record(&base, cfg, o, probe, now_ns),
+            None => (None, None),
+        };
+        let next = next.or(counted);
+        let after = next.as_ref().unwrap_or(s);
+        let window_total = match after.state() {
+            State::Closed => {
+                let (ok, failed) = after.window_counts(cfg, now_ns);
+                ok.saturating_add(failed)
+            }
+            _ => 0,
+        };
+        let written = Written {
+            transition: t,
+            state: after.state(),
+            window_total,
+        };
+        (written, next)
+    })?;
     repair_if_corrupt(store, key, &stats, max_retries);
-    Ok((transition, after, stats))
+    Ok((written, stats))
 }
 
 /// Shared-data key of a breaker: `tg:cb:<scope>=<name>`. Bytes other than ASCII letters, digits and

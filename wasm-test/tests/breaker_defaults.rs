@@ -31,11 +31,16 @@ fn shipped_breaker() -> Value {
 }
 
 fn post(envoy: &Envoy, fail: bool) -> http::Response {
+    post_model(envoy, "gpt-test", fail)
+}
+
+/// A chat request for `model` on a new connection (Envoy hands each connection to any of its workers).
+fn post_model(envoy: &Envoy, model: &str, fail: bool) -> http::Response {
     let mut h = vec![("x-tenant-id", "t"), ("content-type", "application/json")];
     if fail {
         h.push(("x-mock-status", "500"));
     }
-    http::post(envoy.port, tg::CHAT, &h, &chat("gpt-test", 10)).expect("POST")
+    http::post(envoy.port, tg::CHAT, &h, &chat(model, 10)).expect("POST")
 }
 
 #[test]
@@ -82,4 +87,40 @@ fn thirty_percent_failures_on_a_busy_provider_do_not_refuse_anyone_but_an_outage
     let n = opened_after.expect("an outage opens the breaker");
     eprintln!("outage: breaker open after {n} failed requests");
     assert!((119..=125).contains(&n), "opened after {n}");
+}
+
+#[test]
+fn a_burst_at_thirty_percent_failures_spread_over_four_workers_opens_no_breaker() {
+    // Each of 16 models (a breaker each) gets its first 40 requests, 30 % failing, each on a new
+    // connection, so the workers share them at random. A worker writes the successes it gathers at once
+    // while a window is young: the failures recorded by one worker see the others' successes. (With
+    // successes gathered for 100 ms, most runs opened a breaker this way: one worker's failures read
+    // without another's successes made the first 20 requests look like 50 %.)
+    let breaker = shipped_breaker();
+    let mock = MockProvider::start();
+    let cfg = tg::merge(
+        tg::config(json!([rule("all", "*", "*", 1e9, 1_000_000_000)])),
+        json!({ "breaker": breaker }),
+    );
+    let envoy = Envoy::start(EnvoyOpts::new(mock.port, cfg).concurrency(4)).expect("envoy");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut ok, mut failed) = (0, 0);
+    for m in 0..16 {
+        let model = format!("burst-{m}");
+        for i in 0..40 {
+            assert!(Instant::now() < deadline, "took too long");
+            let r = post_model(&envoy, &model, i % 10 < 3);
+            match r.status {
+                200 => ok += 1,
+                500 => failed += 1,
+                s => panic!(
+                    "{model}, request {i}: {s} {} ({} opened so far)",
+                    r.text(),
+                    envoy.stat("tokengate_breaker_opened")
+                ),
+            }
+        }
+    }
+    assert_eq!((ok, failed), (448, 192));
+    assert_eq!(envoy.stat("tokengate_breaker_opened"), 0);
 }

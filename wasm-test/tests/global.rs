@@ -444,6 +444,31 @@ fn script_calls(redis: &RedisServer) -> u64 {
 
 /// `threads` clients per Envoy post for `tenant` for at most `max_time` (and 4,000 requests each);
 /// returns (which Envoy, status, estimated cost) per request.
+/// The access-log lines of `envoys` whose status is neither 200 nor 429 (code, path, response flags,
+/// cluster, audit), and each Envoy's log lines that mention an error, for a failure message.
+fn unexpected_answers(envoys: &[&Envoy]) -> String {
+    let mut out = String::new();
+    for (i, e) in envoys.iter().enumerate() {
+        let log = e.access_log();
+        for line in log
+            .lines()
+            .filter(|l| !l.starts_with("200 ") && !l.starts_with("429 "))
+            .take(20)
+        {
+            out.push_str(&format!("envoy {i}: {line}\n"));
+        }
+        for line in e
+            .log()
+            .lines()
+            .filter(|l| l.contains("[error]") || l.contains("[warning]"))
+            .take(20)
+        {
+            out.push_str(&format!("envoy {i} log: {line}\n"));
+        }
+    }
+    out
+}
+
 fn hammer(
     ports: &[u16],
     tenant: &'static str,
@@ -533,7 +558,11 @@ fn leases_keep_two_envoys_with_two_workers_within_one_bucket() {
         a.stat("tokengate_global_leased"),
         b.stat("tokengate_global_leased"),
     );
-    assert!(other.is_empty(), "only 200 or 429 expected, got {other:?}");
+    assert!(
+        other.is_empty(),
+        "only 200 or 429 expected, got {other:?}; access log lines:\n{}",
+        unexpected_answers(&[&a, &b])
+    );
     assert!(
         total as f64 <= ideal,
         "admitted {total} > burst + rate x elapsed = {ideal:.0}"

@@ -242,19 +242,40 @@ fn rate_cfg() -> Value {
     cfg(json!({"keys": ["model"], "failure_rate_percent": 50, "min_requests": 4}))
 }
 
-#[test]
-fn successes_of_a_rate_breaker_are_written_with_the_next_failure_of_their_worker() {
-    let e = envoy(rate_cfg());
-    for _ in 0..3 {
-        one(&e, 0, "m", 200);
+/// Writes `successes` plain successes and `failures` failures into the window of model `m`'s breaker, as
+/// earlier traffic would have (an old window: workers gather their successes in batches on it).
+fn earlier_traffic(e: &FakeEnvoy, successes: u32, failures: u32) {
+    let cfg = &e.cfg.breaker.as_ref().unwrap().cfg;
+    let key = breaker::key("model", "m");
+    breaker::record_batch_shared(&e.store, &key, cfg, successes, None, e.now.get(), 8).unwrap();
+    for _ in 0..failures {
+        let fail = (
+            breaker::Outcome::Failure {
+                retry_after_ms: None,
+            },
+            false,
+        );
+        let (w, _) =
+            breaker::record_batch_shared(&e.store, &key, cfg, 0, Some(fail), e.now.get(), 8)
+                .unwrap();
+        assert_eq!(w.transition, None, "the earlier traffic leaves it closed");
     }
-    assert!(stored(&e, "model", "m").is_none(), "gathered, not written");
+}
+
+fn counts(e: &FakeEnvoy) -> (u64, u64) {
+    let rate = &e.cfg.breaker.as_ref().unwrap().cfg;
+    stored(e, "model", "m").map_or((0, 0), |s| s.window_counts(rate, e.now.get()))
+}
+
+#[test]
+fn while_the_window_is_young_every_success_is_written_at_once() {
+    let e = envoy(rate_cfg());
+    for n in 1..=3 {
+        one(&e, 0, "m", 200);
+        assert_eq!(counts(&e), (n, 0));
+    }
     one(&e, 0, "m", 500);
-    let s = stored(&e, "model", "m").unwrap();
-    assert_eq!(
-        s.window_counts(&e.cfg.breaker.as_ref().unwrap().cfg, e.now.get()),
-        (3, 1)
-    );
+    assert_eq!(counts(&e), (3, 1));
     // 3 of 6 = 50 %: the second and third failures open it, not the first two alone.
     one(&e, 0, "m", 500);
     assert_eq!(e.metric(Metric::BreakerOpened), 0);
@@ -263,59 +284,91 @@ fn successes_of_a_rate_breaker_are_written_with_the_next_failure_of_their_worker
 }
 
 #[test]
-fn gathered_successes_are_written_after_the_flush_interval_or_by_the_tick() {
-    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
-    let rate = e.cfg.breaker.as_ref().unwrap().cfg.clone();
+fn on_an_old_window_successes_are_gathered_and_written_with_the_next_failure_of_their_worker() {
+    let e = envoy(rate_cfg());
+    earlier_traffic(&e, 640, 0);
+    // The worker's first success is written at once and tells it the window's size (641): from then
+    // on it gathers up to 641 / 64 = 10.
     one(&e, 0, "m", 200);
-    e.advance_ms(crate::failover::SUCCESS_FLUSH_MS - 1);
+    assert_eq!(counts(&e), (641, 0));
+    for _ in 0..3 {
+        one(&e, 0, "m", 200);
+    }
+    assert_eq!(counts(&e), (641, 0), "gathered, not written");
+    one(&e, 0, "m", 500);
+    assert_eq!(counts(&e), (644, 1));
+    // A full batch is written without waiting for anything else.
+    for _ in 0..9 {
+        one(&e, 0, "m", 200);
+    }
+    assert_eq!(counts(&e), (644, 1));
     one(&e, 0, "m", 200);
-    assert!(stored(&e, "model", "m").is_none());
-    e.advance_ms(1);
-    // The first one waited SUCCESS_FLUSH_MS: the next request's end writes all three.
+    assert_eq!(counts(&e), (654, 1));
+    // After a pause longer than the flush interval the window may have emptied: the next success is
+    // written at once, and tells the worker the size again.
+    e.advance_ms(crate::failover::SUCCESS_FLUSH_MS + 1);
     one(&e, 0, "m", 200);
-    let s = stored(&e, "model", "m").unwrap();
-    assert_eq!(s.window_counts(&rate, e.now.get()), (3, 0));
-    // An idle worker writes at its tick.
-    one(&e, 1, "m", 200);
-    assert_eq!(
-        stored(&e, "model", "m")
-            .unwrap()
-            .window_counts(&rate, e.now.get()),
-        (3, 0)
-    );
-    e.tick(1);
-    assert_eq!(
-        stored(&e, "model", "m")
-            .unwrap()
-            .window_counts(&rate, e.now.get()),
-        (4, 0)
-    );
+    assert_eq!(counts(&e), (655, 1));
+    one(&e, 0, "m", 200);
+    assert_eq!(counts(&e), (655, 1));
 }
 
 #[test]
-fn another_workers_failures_lack_at_most_the_successes_not_written_yet() {
-    // Worker 0 served 6 successes. Until they are written, worker 1's 4 failures read as 4 of 4
-    // (the documented bound: a rate read high, never low); once they are, as 4 of 10.
+fn gathered_successes_are_written_after_the_flush_interval_or_by_the_tick() {
     let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
-    for _ in 0..6 {
-        one(&e, 0, "m", 200);
-    }
-    e.tick(0);
-    for _ in 0..4 {
-        one(&e, 1, "m", 500);
-    }
-    assert_eq!(e.metric(Metric::BreakerOpened), 0, "4 of 10 is below 50 %");
-
-    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
-    for _ in 0..6 {
-        one(&e, 0, "m", 200);
-    }
-    for _ in 0..4 {
-        one(&e, 1, "m", 500);
-    }
+    earlier_traffic(&e, 640, 0);
+    one(&e, 0, "m", 200);
+    one(&e, 1, "m", 200);
     assert_eq!(
-        e.metric(Metric::BreakerOpened),
-        1,
-        "the 6 were not written yet"
+        counts(&e),
+        (642, 0),
+        "each worker's first success is written at once"
     );
+    one(&e, 0, "m", 200);
+    e.advance_ms(crate::failover::SUCCESS_FLUSH_MS - 1);
+    one(&e, 0, "m", 200);
+    assert_eq!(counts(&e), (642, 0));
+    e.advance_ms(1);
+    // The first one waited SUCCESS_FLUSH_MS: the next request's end writes all three.
+    one(&e, 0, "m", 200);
+    assert_eq!(counts(&e), (645, 0));
+    // An idle worker writes at its tick.
+    one(&e, 1, "m", 200);
+    assert_eq!(counts(&e), (645, 0));
+    e.tick(1);
+    assert_eq!(counts(&e), (646, 0));
+}
+
+#[test]
+fn a_burst_spread_over_workers_is_counted_exactly_while_the_window_is_young() {
+    // Worker 0 served 6 successes, then worker 1 has 4 failures: 4 of 10 is below 50 %. (Before the
+    // window-sized batches, worker 0 still held the 6 and worker 1 read 4 of 4: it opened.)
+    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
+    for _ in 0..6 {
+        one(&e, 0, "m", 200);
+    }
+    for _ in 0..4 {
+        one(&e, 1, "m", 500);
+    }
+    assert_eq!(counts(&e), (6, 4));
+    assert_eq!(e.metric(Metric::BreakerOpened), 0, "4 of 10 is below 50 %");
+}
+
+#[test]
+fn on_an_old_window_another_workers_failures_lack_less_than_a_64th_of_it() {
+    // 330 successes and 310 failures (48 %). Worker 0 learns the window (641 after its first success)
+    // and gathers 9 more. Worker 1's failures read the rate without those 9 (fewer than 641 / 64): it
+    // opens at 331 + 331 failures, 21 more, where the exact count (340 successes) would take 30.
+    let e = FakeEnvoy::new(&rate_cfg().to_string(), 2);
+    earlier_traffic(&e, 330, 310);
+    for _ in 0..10 {
+        one(&e, 0, "m", 200);
+    }
+    assert_eq!(counts(&e), (331, 310));
+    let mut failures = 0;
+    while e.metric(Metric::BreakerOpened) == 0 && failures < 40 {
+        one(&e, 1, "m", 500);
+        failures += 1;
+    }
+    assert_eq!(failures, 21);
 }
