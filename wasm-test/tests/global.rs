@@ -228,51 +228,20 @@ fn requests_per_minute_and_shaping_work_on_a_global_bucket() {
 fn two_envoy_replicas_share_one_bucket_exactly() {
     // Both replicas (2 workers each) hammer one tenant for ≈2 s. Each replica alone could admit a
     // whole burst; together they must stay within ONE burst + rate × elapsed.
-    const THREADS_PER_ENVOY: usize = 6;
-    const MAX_TIME: Duration = Duration::from_millis(2000);
-    const PER_THREAD: usize = 2000;
     let st = Stack::start();
     let (rate, burst) = (500.0, 3000u64);
     let rules = json!([global_rule("shared", rate, burst, json!({}))]);
     let a = st.envoy(rules.clone(), json!({}), json!({}), 2);
     let b = st.envoy(rules, json!({}), json!({}), 2);
-    let results = Arc::new(Mutex::new(Vec::<(usize, u16, u64)>::new()));
     let started = Instant::now();
-    let mut handles = Vec::new();
-    for (which, port) in [(0usize, a.port), (1, b.port)] {
-        for _ in 0..THREADS_PER_ENVOY {
-            let results = results.clone();
-            handles.push(thread::spawn(move || {
-                let mut client = http::Client::new(port);
-                let body = tg::chat(MODEL, 200);
-                for _ in 0..PER_THREAD {
-                    if started.elapsed() > MAX_TIME {
-                        break;
-                    }
-                    let r = client
-                        .post(
-                            tg::CHAT,
-                            &[
-                                ("x-tenant-id", "shared"),
-                                ("content-type", "application/json"),
-                            ],
-                            &body,
-                        )
-                        .unwrap_or_else(|e| panic!("request failed: {e}"));
-                    let cost = r
-                        .header("x-tokengate-estimated-tokens")
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0);
-                    results.lock().unwrap().push((which, r.status, cost));
-                }
-            }));
-        }
-    }
-    for h in handles {
-        h.join().expect("client thread");
-    }
+    let results = hammer(
+        &[a.port, b.port],
+        "shared",
+        6,
+        Duration::from_millis(2000),
+        200,
+    );
     let elapsed = started.elapsed().as_secs_f64();
-    let results = results.lock().unwrap().clone();
     let admitted = |w: Option<usize>| -> u64 {
         results
             .iter()
@@ -280,6 +249,9 @@ fn two_envoy_replicas_share_one_bucket_exactly() {
             .map(|(_, _, c)| *c)
             .sum()
     };
+    // A VM that failed answers 503 while it reloads: say so first.
+    tg::assert_no_panic(&a);
+    tg::assert_no_panic(&b);
     let other: Vec<u16> = results
         .iter()
         .map(|r| r.1)
@@ -293,7 +265,11 @@ fn two_envoy_replicas_share_one_bucket_exactly() {
         admitted(Some(0)),
         admitted(Some(1))
     );
-    assert!(other.is_empty(), "only 200 or 429 expected, got {other:?}");
+    assert!(
+        other.is_empty(),
+        "only 200 or 429 expected, got {other:?}; access log lines:\n{}",
+        unexpected_answers(&[&a, &b])
+    );
     assert!(
         total as f64 <= ideal,
         "admitted {total} > burst + rate x elapsed = {ideal:.0}"
@@ -302,9 +278,11 @@ fn two_envoy_replicas_share_one_bucket_exactly() {
         total as f64 >= 0.8 * ideal - 300.0,
         "admitted {total}, far below {ideal:.0}"
     );
+    // Both replicas charged the bucket in Redis. (Which of them the refill goes to is not promised: on a
+    // loaded host one replica's answers can all be refusals after the other took the burst.)
     assert!(
-        admitted(Some(0)) > 0 && admitted(Some(1)) > 0,
-        "both replicas served"
+        a.stat("tokengate_global_charged") > 0 && b.stat("tokengate_global_charged") > 0,
+        "both replicas called Redis"
     );
     assert!(
         results.iter().filter(|r| r.1 == 429).count() > 0,
@@ -542,6 +520,9 @@ fn leases_keep_two_envoys_with_two_workers_within_one_bucket() {
             .map(|(_, _, c)| *c)
             .sum()
     };
+    // A VM that failed answers 503 while it reloads: say so first.
+    tg::assert_no_panic(&a);
+    tg::assert_no_panic(&b);
     let other: Vec<u16> = results
         .iter()
         .map(|r| r.1)
