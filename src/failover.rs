@@ -29,19 +29,22 @@
 //! # Outcomes
 //! [`record`]: a failure or a probe's outcome is one CAS on the breaker key (then the set is kept
 //! true: see [`crate::breaker::open_set`]). A plain success changes nothing without a failure-rate
-//! threshold and is not written at all; with `failure_rate_percent` it must be counted, and to keep that
-//! off the request path each worker VM gathers its successes per breaker ([`Pending`]) and adds them in
-//! one write: with the next failure or probe outcome it records on that breaker (in the same CAS, before
-//! it), once they are [`SUCCESS_BATCH_DIVISOR`]ths of the outcomes the breaker's window held at this VM's
-//! last write to it (a window of fewer than 2 × that many outcomes, one the VM has not written yet, or
-//! one it last wrote more than [`SUCCESS_FLUSH_MS`] ago: every success, at once), once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request
-//! ends), and at every tick of the VM ([`flush`]).
+//! threshold and is not written at all; with `failure_rate_percent` it must be counted. To keep most of
+//! that off the request path, each worker VM gathers its successes per breaker ([`Pending`]) and adds them
+//! in one write: with the next failure or probe outcome it records on that breaker (in the same CAS,
+//! before it); once they reach 1/[`SUCCESS_BATCH_DIVISOR`] of the outcomes the breaker's window held at
+//! this VM's last write to it; once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request
+//! ends); and at every tick of the VM ([`flush`]). A window that held fewer than 2 ×
+//! [`SUCCESS_BATCH_DIVISOR`] (128) outcomes, one this VM has not written to, or one it last wrote longer
+//! ago than [`SUCCESS_FLUSH_MS`] (or one sub-window of a shorter window) gets every success at once: a
+//! CAS on the request path, about 128 + 64 writes per window and at most ten a second per VM after that.
 //!
 //! **Bound:** a failure recorded by one worker sees a failure rate that lacks, per other worker, the
 //! successes that worker gathered since its last write: fewer than 1/[`SUCCESS_BATCH_DIVISOR`] of the
-//! window it last saw (none while the window is young, so the first `min_requests` of a burst spread
-//! over many workers are counted exactly), and only those of the last [`SUCCESS_FLUSH_MS`] while it
-//! serves requests (of its last tick period otherwise: 1 s without shaping, quota or global buckets).
+//! window it last saw (so with N workers at most (N − 1)/64 of the successes; none while the window holds
+//! fewer than 128 outcomes, so a breaker with `min_requests` ≤ 128 judges a burst that starts a window,
+//! spread over many workers, on its exact counts), and only those of the last [`SUCCESS_FLUSH_MS`] while
+//! it serves requests (of its last tick period otherwise: 1 s without shaping, quota or global buckets).
 //! The rate read can only be higher than the exact one, never lower. Successes gathered by a VM that
 //! restarts are lost.
 //!
@@ -249,8 +252,8 @@ struct PendingEntry {
     since_ns: u64,
     /// `successes` reaching this are written at once (from the window's size at the last write).
     batch: u32,
-    /// When that write was (a batch learnt longer than [`SUCCESS_FLUSH_MS`] ago is 1 again: the window
-    /// may have emptied since).
+    /// When that write was (a batch learnt longer ago than [`fresh_ns`] is 1 again: the window may have
+    /// emptied since).
     seen_ns: u64,
 }
 
@@ -259,10 +262,24 @@ impl PendingEntry {
         self.successes > 0
     }
 
-    fn full(&self, now_ns: u64) -> bool {
-        let fresh = now_ns.saturating_sub(self.seen_ns) <= SUCCESS_FLUSH_MS * NS_PER_MS;
-        self.successes >= if fresh { self.batch } else { 1 }
+    fn fresh(&self, now_ns: u64, fresh_ns: u64) -> bool {
+        now_ns.saturating_sub(self.seen_ns) <= fresh_ns
     }
+
+    fn full(&self, now_ns: u64, fresh_ns: u64) -> bool {
+        self.successes
+            >= if self.fresh(now_ns, fresh_ns) {
+                self.batch
+            } else {
+                1
+            }
+    }
+}
+
+/// How long what a write told a VM about a window holds: [`SUCCESS_FLUSH_MS`], or one sub-window of a
+/// shorter window (no window can roll over within it).
+fn fresh_ns(window_ms: u64) -> u64 {
+    (SUCCESS_FLUSH_MS.min(window_ms / breaker::BUCKETS as u64)).saturating_mul(NS_PER_MS)
 }
 
 /// Successes a VM gathers before it writes them, for a window that held `window_total` outcomes.
@@ -275,7 +292,7 @@ fn batch_for(window_total: u64) -> u32 {
 impl Pending {
     /// Counts one success of breaker `key(scope, name)`; returns its index when the successes waiting
     /// for it reached its batch (to be written now).
-    fn add(&mut self, scope: &str, name: &str, now_ns: u64) -> Option<usize> {
+    fn add(&mut self, scope: &str, name: &str, now_ns: u64, fresh_ns: u64) -> Option<usize> {
         let tail = crate::keys::BREAKER.len();
         let found = self.entries.iter().position(|e| {
             e.key
@@ -286,8 +303,15 @@ impl Pending {
             Some(i) => i,
             None => {
                 if self.entries.len() >= MAX_REMEMBERED_KEYS {
-                    // Forget one that waits for nothing (its next success is written at once).
-                    if let Some(idle) = self.entries.iter().position(|e| !e.waits()) {
+                    // Forget the stalest that waits for nothing (its next success is written at once).
+                    let idle = self
+                        .entries
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, e)| !e.waits())
+                        .min_by_key(|(_, e)| e.seen_ns)
+                        .map(|(i, _)| i);
+                    if let Some(idle) = idle {
                         self.entries.swap_remove(idle);
                     }
                 }
@@ -306,7 +330,7 @@ impl Pending {
             e.since_ns = now_ns;
         }
         e.successes = e.successes.saturating_add(1);
-        e.full(now_ns).then_some(i)
+        e.full(now_ns, fresh_ns).then_some(i)
     }
 
     /// Takes the successes waiting for `key`.
@@ -319,10 +343,25 @@ impl Pending {
 
     /// Remembers the size of `key`'s window after a write to it at `now_ns`.
     fn saw(&mut self, key: &str, window_total: u64, now_ns: u64) {
+        self.set_batch(key, batch_for(window_total), now_ns);
+    }
+
+    fn set_batch(&mut self, key: &str, batch: u32, now_ns: u64) {
         if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
-            e.batch = batch_for(window_total);
+            e.batch = batch;
             e.seen_ns = now_ns;
         }
+    }
+
+    /// Forgets the entries that wait for nothing and hold no fresh batch (they act as missing ones).
+    fn prune(&mut self, now_ns: u64, fresh_ns: u64) {
+        self.entries
+            .retain(|e| e.waits() || e.fresh(now_ns, fresh_ns));
+    }
+
+    /// True when successes wait in this VM.
+    pub fn any(&self) -> bool {
+        self.entries.iter().any(PendingEntry::waits)
     }
 
     /// Successes waiting in this VM, over every breaker.
@@ -392,7 +431,8 @@ pub fn record(
         return Recorded::default();
     }
     if outcome == Outcome::Success && !probe {
-        let Some(i) = cx.vm.pending.add(scope, name, now_ns) else {
+        let fresh = fresh_ns(cx.settings.cfg.window_ms);
+        let Some(i) = cx.vm.pending.add(scope, name, now_ns, fresh) else {
             return Recorded::default();
         };
         // Its batch is full: written now.
@@ -467,6 +507,9 @@ fn write_successes(
         cx.cache_limit,
         key,
     ) {
+        // Not tracked (beyond `max_keys`): its successes are gathered and dropped at the next flush,
+        // as before this VM knew it, instead of asking again at every success.
+        cx.vm.pending.set_batch(key, u32::MAX, now_ns);
         return Ok(());
     }
     let (w, _) = breaker::record_batch_shared(
@@ -504,6 +547,9 @@ pub fn flush(cx: &mut Ctx<'_>, now_ns: u64, all: bool) -> Vec<(String, UpdateErr
             failed.push((key, err));
         }
     }
+    cx.vm
+        .pending
+        .prune(now_ns, fresh_ns(cx.settings.cfg.window_ms));
     failed
 }
 
@@ -777,6 +823,65 @@ mod tests {
             b.unwrap().window_counts(&st.cfg, SUCCESS_FLUSH_MS * MS),
             (650, 0)
         );
+    }
+
+    #[test]
+    fn a_name_beyond_max_keys_is_asked_about_once_per_flush_interval_not_per_success() {
+        let s = MemStore::new();
+        let mut st = rate_settings();
+        st.max_keys = 1;
+        let mut vm = Vm::new();
+        let success = |vm: &mut Vm, name: &str, t: u64| {
+            record(
+                &mut vm.cx(&s, &st),
+                "model",
+                name,
+                Outcome::Success,
+                false,
+                t,
+            )
+        };
+        success(&mut vm, "x", 0);
+        assert!(s.get(&breaker::key("model", "x")).unwrap().is_some());
+        success(&mut vm, "y", 0);
+        let reads = s.reads();
+        for i in 1..10 {
+            success(&mut vm, "y", i * MS);
+        }
+        assert_eq!(s.reads(), reads, "gathered, not asked again");
+        // Once they waited SUCCESS_FLUSH_MS they are dropped by the flush (still untracked).
+        assert!(flush(&mut vm.cx(&s, &st), (SUCCESS_FLUSH_MS + 1) * MS, false).is_empty());
+        assert_eq!(vm.vm.pending.total(), 0);
+        assert!(s.get(&breaker::key("model", "y")).unwrap().is_none());
+    }
+
+    #[test]
+    fn what_a_vm_knows_of_idle_breakers_is_forgotten_at_its_tick() {
+        let s = MemStore::new();
+        let st = rate_settings();
+        let mut vm = Vm::new();
+        for name in ["a", "b", "c"] {
+            record(
+                &mut vm.cx(&s, &st),
+                "model",
+                name,
+                Outcome::Success,
+                false,
+                0,
+            );
+        }
+        assert_eq!(vm.vm.pending.entries.len(), 3);
+        assert!(flush(&mut vm.cx(&s, &st), SUCCESS_FLUSH_MS * MS, true).is_empty());
+        assert_eq!(vm.vm.pending.entries.len(), 3, "still fresh");
+        assert!(flush(&mut vm.cx(&s, &st), (SUCCESS_FLUSH_MS + 1) * MS, true).is_empty());
+        assert!(vm.vm.pending.entries.is_empty());
+    }
+
+    #[test]
+    fn a_short_window_keeps_what_a_write_said_for_one_sub_window() {
+        assert_eq!(fresh_ns(60_000), SUCCESS_FLUSH_MS * MS);
+        assert_eq!(fresh_ns(600), 50 * MS);
+        assert_eq!(fresh_ns(12), MS);
     }
 
     #[test]

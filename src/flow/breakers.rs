@@ -306,7 +306,8 @@ pub(super) fn flush(cx: &mut Cx, now: u64, all: bool) {
     let Some(b) = &cx.cfg.breaker else {
         return;
     };
-    if cx.worker.breakers.pending.total() == 0 {
+    // The tick goes on (it also forgets what is stale); a request's end only when something waits.
+    if !all && !cx.worker.breakers.pending.any() {
         return;
     }
     let failed = {
