@@ -30,9 +30,10 @@
 //! - stream cut by the provider: the prompt estimate + ⌈streamed content bytes / 4⌉ (at most the
 //!   reservation); JSON cut: the prompt estimate + ⌈body bytes that arrived / 4⌉ (at most the reservation);
 //! - in flight when Envoy was stopped (started before Envoy had exited, ended after the SIGTERM or at
-//!   most 200 ms before it): served by the mock → between the prompt estimate and the tokens served;
-//!   not served → at most the prompt estimate (charged the prompt after `reservation_timeout_s`, never
-//!   the reservation);
+//!   most 200 ms before it): at least the prompt estimate (or the tokens served, if fewer), at most the
+//!   tokens served or the reservation: Envoy resets the stream as it stops, which the filter charges as a
+//!   client that left (its reservation) if the VM sends that settlement before Envoy exits, and a
+//!   settlement still in the journal is lost (the prompt estimate after `reservation_timeout_s`);
 //! - admitted under `on_failure: open` while the shim was down: the same as above, once the shim answers
 //!   again (the journal), unless `tokengate_quota_journal_dropped` > 0;
 //! - Redis killed: what the counters lost across the kill (read just before and just after) is reported
@@ -46,8 +47,9 @@
 //! extra | over-admission`, where `lost` = Σ per tenant of (expected − charged) when positive, `extra` =
 //! Σ per tenant of (charged − expected) when positive, and `over-admission` = Σ over tenants with a
 //! binding limit of (served − limit) when positive, next to what the bounds allow: the estimate error
-//! (tokens served above a request's reservation), plus, under `open`, what was served to requests
-//! admitted without the shim.
+//! (tokens served above a request's reservation), plus what requests in flight at a SIGTERM were served
+//! beyond their prompt estimate (a lost settlement charges only that), plus, under `open`, what was
+//! served to requests admitted without the shim.
 //!
 //! Assertions, always: the harness did what it says (every row admitted requests; each policy had a
 //! tenant refused at its monthly limit and a bucket refused something; each fault was met by requests:
@@ -779,9 +781,16 @@ impl Check<'_> {
         let prompt = self.prompt_of(s);
         let reserved = self.reserved_of(s);
         let exact = |n: u64| Expect { lo: n, hi: n };
+        // In flight at a SIGTERM: Envoy resets the stream as it stops, which the filter takes as a client
+        // that left after its request was sent: the whole reservation, if its VM sends that settlement
+        // before Envoy exits (README "The charging bound"); otherwise the settlement is lost and the
+        // reservation is resolved at the prompt estimate after `reservation_timeout_s`.
         let Some(a) = a else {
             return if at_stop {
-                Expect { lo: 0, hi: prompt }
+                Expect {
+                    lo: 0,
+                    hi: prompt.max(reserved),
+                }
             } else {
                 exact(0)
             };
@@ -795,18 +804,26 @@ impl Check<'_> {
             (prompt + out).min(reserved)
         };
         match a.outcome.as_str() {
-            "reset" | "error" if at_stop => Expect { lo: 0, hi: prompt },
+            "reset" | "error" if at_stop => Expect {
+                lo: 0,
+                hi: prompt.max(reserved),
+            },
             "reset" | "error" => exact(0),
             "complete" if !at_stop => exact(a.tokens),
             "cut" if a.cut_by == "injected" && !at_stop => exact(cut_estimate()),
-            // In flight at the stop, or cut by the peer: at least the prompt, at most what was served.
+            // In flight at the stop, or cut by the peer: at least the prompt, at most what was served (at
+            // the stop: or the reservation, as above).
             _ => Expect {
                 lo: prompt.min(a.tokens),
-                hi: a.tokens.max(prompt).max(if a.outcome == "cut" {
-                    cut_estimate()
-                } else {
-                    0
-                }),
+                hi: a
+                    .tokens
+                    .max(prompt)
+                    .max(if a.outcome == "cut" {
+                        cut_estimate()
+                    } else {
+                        0
+                    })
+                    .max(if at_stop { reserved } else { 0 }),
             },
         }
     }
@@ -829,6 +846,9 @@ impl Check<'_> {
                 for t in tenants {
                     let (mut lo, mut hi, mut served, mut est_err, mut fo_served) =
                         (0u64, 0u64, 0u64, 0u64, 0u64);
+                    // Served at a SIGTERM beyond the prompt: what a lost settlement leaves uncharged
+                    // (README "Envoy stopped"), which the monthly limit then also lets through.
+                    let mut stop_uncharged = 0u64;
                     for s in self.sent.iter().filter(|s| s.tenant == t.name) {
                         let a = by_tag.get(&s.tag);
                         let at_stop = self.at_stop(s, log);
@@ -877,6 +897,9 @@ impl Check<'_> {
                                 }
                                 served += a.tokens;
                                 est_err += a.tokens.saturating_sub(self.reserved_of(s));
+                                if at_stop {
+                                    stop_uncharged += a.tokens.saturating_sub(self.prompt_of(s));
+                                }
                                 // Admitted without the quota's answer: under `open`, the shim was out.
                                 if s.open && s.status == 200 && !s.quota_headers && s.from_mock {
                                     row.fail_open_admitted += 1;
@@ -917,7 +940,8 @@ impl Check<'_> {
                     let mut allowed = 0;
                     if let Some(limit) = t.limit {
                         over = (served as i64 - limit as i64).max(0);
-                        allowed = est_err as i64 + if open { fo_served as i64 } else { 0 };
+                        allowed = (est_err + stop_uncharged) as i64
+                            + if open { fo_served as i64 } else { 0 };
                         row.over += over;
                         row.over_allowed += allowed;
                     }
