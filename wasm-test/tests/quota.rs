@@ -2539,3 +2539,83 @@ fn header_u64_stream(r: &http::StreamResponse, name: &str) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no numeric {name}"))
 }
+
+#[test]
+fn a_stream_in_flight_when_envoy_stops_keeps_its_reservation_until_the_deadline_then_pays_its_prompt(
+) {
+    // README "Envoy stopped": the stream's settlement is lost with the journal; its reservation stays
+    // counted until the tenant's first request after `reservation_timeout_s` charges it its prompt.
+    const MAX_TOKENS: u64 = 400;
+    let s = Stack::start();
+    let cfg = quota_config(json!({"monthly_limit": 1_000_000, "reservation_timeout_s": 2}));
+    let mut envoy =
+        wasm_test::faults::RestartableEnvoy::start(opts(s.mock.port, cfg).webdis(s.webdis_port()))
+            .expect("envoy");
+    let (port, tenant) = (envoy.port, "stopped");
+    let key = used_key(tenant, &month_label(now_unix()));
+    let client = thread::spawn(move || {
+        let h = [
+            ("x-tenant-id", tenant),
+            ("content-type", "application/json"),
+            ("x-mock-chunk-delay-ms", "400"),
+        ];
+        let opts = StreamOpts {
+            abort_after_bytes: None,
+            timeout: Duration::from_secs(10),
+        };
+        http::post_stream(
+            port,
+            tg::CHAT,
+            &h,
+            &chat_body(MAX_TOKENS, true, None),
+            &opts,
+        )
+    });
+    // The first content event has arrived (the role event, then 400 ms).
+    thread::sleep(Duration::from_millis(600));
+    assert!(
+        envoy.stop(Duration::from_secs(10)),
+        "Envoy exited on SIGTERM"
+    );
+    let r = client.join().expect("client thread");
+    let (complete, reserved) = match &r {
+        Ok(r) => (r.complete, stream_estimate(r)),
+        Err(_) => (false, 0),
+    };
+    assert!(
+        !complete,
+        "the stream was cut by the stop: {:?}",
+        r.as_ref().map(|r| r.status)
+    );
+    let prompt = reserved - MAX_TOKENS as i64;
+    thread::sleep(Duration::from_millis(500));
+    let after_stop = get_i64(s.redis(), &key);
+    // Started again: a request of the tenant after the reservation's deadline resolves a lost one.
+    envoy.start_again().expect("envoy again");
+    thread::sleep(Duration::from_millis(2500));
+    let h = [
+        ("x-tenant-id", tenant),
+        ("content-type", "application/json"),
+    ];
+    let small = http::post(envoy.port, tg::CHAT, &h, &chat_body(1, false, None)).expect("POST");
+    assert_eq!(small.status, 200);
+    let small_cost = reported_usage(&small) as i64;
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let mut total = get_i64(s.redis(), &key);
+    while total != prompt + small_cost && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+        total = get_i64(s.redis(), &key);
+    }
+    let stopped = total - small_cost;
+    println!(
+        "reserved {reserved} (prompt {prompt}): {after_stop} in Redis 0.5 s after the stop, {stopped} once \
+         resolved"
+    );
+    assert_eq!(after_stop, reserved, "the reservation stays counted");
+    // Resolved to the prompt (every run here). Were the settlement sent before Envoy exited, the reset
+    // stream would pay as a client that left: its reservation.
+    assert!(
+        stopped == prompt || stopped == reserved,
+        "charged {stopped}: neither the prompt {prompt} nor the reservation {reserved}"
+    );
+}
