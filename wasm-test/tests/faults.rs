@@ -506,6 +506,16 @@ fn counters(redis: &DurableRedis, tenants: &[Tenant], month: &str) -> Vec<Option
         .collect()
 }
 
+/// A tenant's reservations still open (`HGETALL tg:q:{t}:open`) and tombstones (`…:done`), for a
+/// failure message.
+fn redis_state(redis: &DurableRedis, tenant: &str) -> String {
+    let all = |suffix: &str| match redis.cmd(&["HGETALL", &format!("tg:q:{{{tenant}}}:{suffix}")]) {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("error: {e}"),
+    };
+    format!("open {}; done {}", all("open"), all("done"))
+}
+
 /// Polls the counters until they are unchanged for `stable_for` and Envoy has no settlement waiting
 /// (`tokengate_quota_settle_backlog` 0: a settlement sent again after an outage may land seconds after
 /// the counters looked still) — at most [`DRAIN_MAX`]; returns them and whether they were stable.
@@ -562,6 +572,9 @@ struct PhaseLog {
     kills: Vec<f64>,
     /// Counters after the drain, per tenant.
     charged: BTreeMap<String, i64>,
+    /// Per tenant after the drain: its reservations still open and its tombstones in Redis (printed
+    /// for a tenant outside its bounds).
+    redis_state: BTreeMap<String, String>,
     drained: bool,
     drain_took: Duration,
     /// Stats of Envoy instances stopped during the phase (summed into the run's).
@@ -673,6 +686,10 @@ fn run_phase(
     }
     let (values, drained, took) = drain(&stack.redis, &stack.envoy, tenants, month, s.stable_for);
     log.charged = tenants.iter().map(|t| t.name.clone()).zip(values).collect();
+    log.redis_state = tenants
+        .iter()
+        .map(|t| (t.name.clone(), redis_state(&stack.redis, &t.name)))
+        .collect();
     log.drained = drained;
     log.drain_took = took;
     log
@@ -947,6 +964,18 @@ impl Check<'_> {
                     }
                     if lost > 0 || extra > 0 {
                         row.offenders.push((t.name.clone(), lost, extra));
+                        // What Redis holds for it, and its requests that were not served.
+                        let odd: Vec<String> = self
+                            .sent
+                            .iter()
+                            .filter(|s| s.tenant == t.name && s.status != 200)
+                            .map(|s| format!("{} {} {}", s.tag, s.status, s.code))
+                            .collect();
+                        row.detail.push(format!(
+                            "  {} in Redis: {}; not served: {odd:?}",
+                            t.name,
+                            log.redis_state.get(&t.name).map_or("?", String::as_str)
+                        ));
                     }
                     row.detail.push(format!(
                         "  {}: served {served}, expected {lo}..{hi}, charged {charged}, lost {lost}, \
