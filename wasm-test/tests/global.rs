@@ -650,3 +650,40 @@ fn an_idle_lease_is_given_back_so_another_envoy_can_use_it() {
     tg::assert_no_panic(&a);
     tg::assert_no_panic(&b);
 }
+
+#[test]
+fn a_saturated_global_bucket_shares_its_refill_between_replicas() {
+    // Two replicas (2 workers each) keep one bucket spent for 4 s: ~210 tokens a request, 2000 tokens/s,
+    // so about 9 of their requests a second are admitted, the rest refused, mostly from each replica's
+    // refusal cache. Neither replica's cache may keep it from the refill: each gets a fair part of it
+    // (measured 15–26 of ~41 each, quiet or with a CPU hog).
+    let st = Stack::start();
+    let rules = json!([global_rule("fair", 2000.0, 1000, json!({}))]);
+    let a = st.envoy(rules.clone(), json!({}), json!({}), 2);
+    let b = st.envoy(rules, json!({}), json!({}), 2);
+    let results = hammer(
+        &[a.port, b.port],
+        "fair",
+        4,
+        Duration::from_millis(4000),
+        200,
+    );
+    tg::assert_no_panic(&a);
+    tg::assert_no_panic(&b);
+    let admitted = |w: usize| {
+        results
+            .iter()
+            .filter(|(x, s, _)| *s == 200 && *x == w)
+            .count()
+    };
+    let (na, nb) = (admitted(0), admitted(1));
+    let refused = results.iter().filter(|r| r.1 == 429).count();
+    println!("admitted: replica A {na}, B {nb}; refused {refused}");
+    assert!(refused > 10 * (na + nb), "the bucket stayed spent");
+    assert!(na + nb >= 30, "enough refills to judge: {na} + {nb}");
+    let share = na.min(nb) as f64 / (na + nb) as f64;
+    assert!(
+        share >= 0.25,
+        "one replica took {na} vs {nb} of the refills"
+    );
+}
