@@ -139,6 +139,9 @@ impl ShimError {
     /// in Redis' socket, and Redis then runs it). False only for errors that prove the script did not
     /// run: NOSCRIPT, the script's own argument checks (`ERR tokengate: …`, before any write), and Redis'
     /// refusals before execution (BUSY, LOADING, a cluster redirection, a read-only replica, OOM, ACL).
+    /// One `ERR tokengate:` answer proves the opposite: [`ALREADY_RESERVED`], the reservation script's
+    /// refusal of a request id it already holds, means the same command reached Redis twice (a shim that
+    /// sent it again after Redis stalled) and the first one reserved.
     pub fn may_have_run(&self) -> bool {
         const NOT_RUN: &[&str] = &[
             "ERR tokengate:",
@@ -159,10 +162,15 @@ impl ShimError {
         match self {
             ShimError::Unavailable | ShimError::Garbage(_) => true,
             ShimError::Forbidden | ShimError::NoScript => false,
-            ShimError::RedisError(e) => !NOT_RUN.iter().any(|p| e.starts_with(p)),
+            ShimError::RedisError(e) => {
+                e.starts_with(ALREADY_RESERVED) || !NOT_RUN.iter().any(|p| e.starts_with(p))
+            }
         }
     }
 }
+
+/// The reservation script's answer to a request id it already reserved or reconciled (`reserve.lua`).
+pub const ALREADY_RESERVED: &str = "ERR tokengate: request already reserved or reconciled";
 
 impl std::fmt::Display for ShimError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

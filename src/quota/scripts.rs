@@ -219,6 +219,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_reservation_scripts_duplicate_answer_is_the_one_read_as_proof_it_ran() {
+        let line = format!(
+            "return redis.error_reply('{}')",
+            crate::webdis::ALREADY_RESERVED
+        );
+        assert!(RESERVE_SCRIPT.contains(&line));
+        let dup = crate::webdis::ShimError::RedisError(crate::webdis::ALREADY_RESERVED.into());
+        assert!(dup.may_have_run());
+        let bad_arg = crate::webdis::ShimError::RedisError("ERR tokengate: bad argument".into());
+        assert!(!bad_arg.may_have_run());
+    }
+
     pub(super) fn args() -> ReserveArgs {
         ReserveArgs {
             tenant: "acme".into(),

@@ -26,6 +26,10 @@ enum Fault {
     /// An error a proxy between Webdis and Redis made up (Envoy's redis_proxy after its op_timeout,
     /// while Redis still runs the command).
     ProxyError,
+    /// The script's own refusal of a request id it already holds: the command reached Redis twice (a
+    /// shim that sent it again after Redis stalled) and this answer is the second one's, so the
+    /// reservation exists. Seen in the fault matrix (Redis paused): a reservation left open.
+    Duplicate,
 }
 
 fn fail(e: &FakeEnvoy, c: &mut Call, f: Fault) {
@@ -34,12 +38,23 @@ fn fail(e: &FakeEnvoy, c: &mut Call, f: Fault) {
         Fault::Slow => e.time_out(c),
         Fault::Garbage => e.reply(c, 200, "<html>proxy error</html>"),
         Fault::ProxyError => e.reply(c, 200, r#"{"EVALSHA":[false,"ERR upstream failure"]}"#),
+        Fault::Duplicate => e.reply(
+            c,
+            200,
+            r#"{"EVALSHA":[false,"ERR tokengate: request already reserved or reconciled"]}"#,
+        ),
     }
 }
 
 #[test]
 fn a_failing_quota_shim_under_on_failure_closed_answers_503_and_gives_the_bucket_back() {
-    for fault in [Fault::Down, Fault::Slow, Fault::Garbage, Fault::ProxyError] {
+    for fault in [
+        Fault::Down,
+        Fault::Slow,
+        Fault::Garbage,
+        Fault::ProxyError,
+        Fault::Duplicate,
+    ] {
         let e = envoy(quota_cfg("closed"));
         let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
         fail(&e, &mut c, fault);
