@@ -615,6 +615,24 @@ mod tests {
                 retries: 8,
             }
         }
+        /// A plain success (not a probe) of breaker `key(scope, name)` at `t`.
+        fn success(
+            &mut self,
+            store: &MemStore,
+            st: &BreakerSettings,
+            scope: &str,
+            name: &str,
+            t: u64,
+        ) -> Recorded {
+            record(
+                &mut self.cx(store, st),
+                scope,
+                name,
+                Outcome::Success,
+                false,
+                t,
+            )
+        }
     }
 
     fn open(s: &MemStore, st: &BreakerSettings, name: &str, now: u64) {
@@ -772,14 +790,7 @@ mod tests {
         let s = MemStore::new();
         let count = settings();
         let mut vm = Vm::new();
-        record(
-            &mut vm.cx(&s, &count),
-            "model",
-            "a",
-            Outcome::Success,
-            false,
-            0,
-        );
+        vm.success(&s, &count, "model", "a", 0);
         assert_eq!(
             vm.vm.pending.total(),
             0,
@@ -792,25 +803,11 @@ mod tests {
         // An old window (640 outcomes): the VM's first success is written at once and tells it the
         // size, so it gathers the next ones up to 641 / 64 = 10.
         breaker::record_batch_shared(&s, &key, &st.cfg, 640, None, 0, 8).unwrap();
-        record(
-            &mut vm.cx(&s, &st),
-            "model",
-            "a",
-            Outcome::Success,
-            false,
-            0,
-        );
+        vm.success(&s, &st, "model", "a", 0);
         assert_eq!(vm.vm.pending.total(), 0);
         let reads = s.reads();
         for i in 0..9 {
-            record(
-                &mut vm.cx(&s, &st),
-                "model",
-                "a",
-                Outcome::Success,
-                false,
-                i * MS,
-            );
+            vm.success(&s, &st, "model", "a", i * MS);
             assert!(flush(&mut vm.cx(&s, &st), i * MS, false).is_empty());
         }
         assert_eq!(s.reads(), reads, "gathered in the VM");
@@ -831,22 +828,12 @@ mod tests {
         let mut st = rate_settings();
         st.max_keys = 1;
         let mut vm = Vm::new();
-        let success = |vm: &mut Vm, name: &str, t: u64| {
-            record(
-                &mut vm.cx(&s, &st),
-                "model",
-                name,
-                Outcome::Success,
-                false,
-                t,
-            )
-        };
-        success(&mut vm, "x", 0);
+        vm.success(&s, &st, "model", "x", 0);
         assert!(s.get(&breaker::key("model", "x")).unwrap().is_some());
-        success(&mut vm, "y", 0);
+        vm.success(&s, &st, "model", "y", 0);
         let reads = s.reads();
         for i in 1..10 {
-            success(&mut vm, "y", i * MS);
+            vm.success(&s, &st, "model", "y", i * MS);
         }
         assert_eq!(s.reads(), reads, "gathered, not asked again");
         // Once they waited SUCCESS_FLUSH_MS they are dropped by the flush (still untracked).
@@ -861,14 +848,7 @@ mod tests {
         let st = rate_settings();
         let mut vm = Vm::new();
         for name in ["a", "b", "c"] {
-            record(
-                &mut vm.cx(&s, &st),
-                "model",
-                name,
-                Outcome::Success,
-                false,
-                0,
-            );
+            vm.success(&s, &st, "model", name, 0);
         }
         assert_eq!(vm.vm.pending.entries.len(), 3);
         assert!(flush(&mut vm.cx(&s, &st), SUCCESS_FLUSH_MS * MS, true).is_empty());
@@ -901,14 +881,7 @@ mod tests {
         // 3 successes then 2 failures: 40 % < 50 %, stays closed although 2 failures ≥ min 4 requests
         // would be 100 % without the successes.
         for _ in 0..3 {
-            record(
-                &mut vm.cx(&s, &st),
-                "model",
-                "a",
-                Outcome::Success,
-                false,
-                0,
-            );
+            vm.success(&s, &st, "model", "a", 0);
         }
         for _ in 0..2 {
             let r = record(&mut vm.cx(&s, &st), "model", "a", fail(), false, MS);
@@ -926,22 +899,8 @@ mod tests {
         let s = MemStore::new();
         let st = rate_settings();
         let mut vm = Vm::new();
-        record(
-            &mut vm.cx(&s, &st),
-            "cluster",
-            "p",
-            Outcome::Success,
-            false,
-            0,
-        );
-        record(
-            &mut vm.cx(&s, &st),
-            "model",
-            "a",
-            Outcome::Success,
-            false,
-            0,
-        );
+        vm.success(&s, &st, "cluster", "p", 0);
+        vm.success(&s, &st, "model", "a", 0);
         assert!(flush(&mut vm.cx(&s, &st), MS, true).is_empty());
         assert_eq!(vm.vm.pending.total(), 0);
         for k in [breaker::key("cluster", "p"), breaker::key("model", "a")] {
