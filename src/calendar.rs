@@ -90,7 +90,12 @@ pub fn end_of_month(year: i32, month: u32, offset_min: i32) -> i64 {
 
 /// Seconds from `now` until the quota resets (always ≥ 1).
 pub fn seconds_to_reset(now_unix_s: i64, offset_min: i32) -> u64 {
-    let left = month_end_unix(now_unix_s, offset_min) - now_unix_s.clamp(0, MAX_UNIX_S);
+    seconds_until(month_end_unix(now_unix_s, offset_min), now_unix_s)
+}
+
+/// Seconds from `now` until `reset_unix_s` (always ≥ 1: a reset that has passed is "now").
+pub fn seconds_until(reset_unix_s: i64, now_unix_s: i64) -> u64 {
+    let left = reset_unix_s.saturating_sub(now_unix_s.clamp(0, MAX_UNIX_S));
     u64::try_from(left).unwrap_or(0).max(1)
 }
 

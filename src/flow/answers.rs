@@ -142,12 +142,13 @@ pub fn quota_unavailable() -> Refusal {
     Refusal::new(Class::QuotaUnavailable, "The quota service is unavailable.")
 }
 
-/// 429: a monthly quota is used up. Not retryable: the month's reset is in the body and in
-/// `x-tokengate-quota-reset`, never in `retry-after`.
+/// 429: a monthly quota is used up. Not retryable: the month's reset (`reset_unix_s`, the start of
+/// the reservation's next month) is in the body and in `x-tokengate-quota-reset` (seconds from
+/// `now_unix_s`), never in `retry-after`.
 pub fn quota_exceeded(
     limit: u64,
     remaining: u64,
-    reset_s: u64,
+    reset_unix_s: i64,
     now_unix_s: i64,
     what: &str,
 ) -> Refusal {
@@ -162,8 +163,8 @@ pub fn quota_exceeded(
     r.quota = Some(QuotaView {
         limit,
         remaining,
-        reset_unix_s: now_unix_s.saturating_add(i64::try_from(reset_s).unwrap_or(i64::MAX)),
-        reset_in_s: reset_s,
+        reset_unix_s,
+        reset_in_s: crate::calendar::seconds_until(reset_unix_s, now_unix_s),
         currency: None,
     });
     r

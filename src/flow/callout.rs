@@ -267,8 +267,13 @@ impl Request {
                     } else {
                         "for this tenant".to_string()
                     };
-                    let refusal =
-                        answers::quota_exceeded(limit, remaining, qr.reset_s, unix_s(cx, q), &what);
+                    let refusal = answers::quota_exceeded(
+                        limit,
+                        remaining,
+                        qr.reset_at,
+                        unix_s(cx, q),
+                        &what,
+                    );
                     let (refusal, decision) = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
                         Some(b) => (
                             answers::as_budget(refusal, b, q.budgets.unit(b)),

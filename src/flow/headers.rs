@@ -519,7 +519,7 @@ pub(super) fn exhausted_cached(
     Some(answers::quota_exceeded(
         marker.limit,
         marker.remaining,
-        crate::calendar::seconds_to_reset(now_s, q.month_offset_minutes),
+        crate::calendar::month_end_unix(now_s, q.month_offset_minutes),
         now_s,
         "for this tenant",
     ))

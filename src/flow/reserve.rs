@@ -186,7 +186,7 @@ impl Request {
             args,
             limit,
             remaining: None,
-            reset_s: calendar::seconds_to_reset(now_s, offset),
+            reset_at: calendar::month_end_unix(now_s, offset),
             choices: plan.choices,
             fail_open: false,
             answered: false,

@@ -87,9 +87,11 @@ impl Request {
                 }
             }
         }
-        if let Some(qr) = f.token_quota() {
+        if let Some((qr, q)) = f.token_quota().zip(cx.cfg.quota.as_ref()) {
             if let Some(remaining) = qr.remaining {
-                for (k, v) in answers::quota_headers(qr.limit, remaining, qr.reset_s) {
+                let reset_s =
+                    crate::calendar::seconds_until(qr.reset_at, super::headers::unix_s(cx, q));
+                for (k, v) in answers::quota_headers(qr.limit, remaining, reset_s) {
                     cx.fx
                         .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Int(v)));
                 }

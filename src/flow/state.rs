@@ -237,7 +237,9 @@ pub(super) struct QuotaReq {
     pub expire_at: i64,
     pub limit: u64,
     pub remaining: Option<u64>,
-    pub reset_s: u64,
+    /// When the reservation's month ends (unix seconds, on the quota's clock): the reset every
+    /// answer names, with the seconds to it counted from the answer's own clock.
+    pub reset_at: i64,
     pub choices: u64,
     pub fail_open: bool,
     pub answered: bool,

@@ -416,6 +416,30 @@ fn a_request_admitted_while_the_shim_was_down_is_charged_its_usage_when_it_answe
 }
 
 #[test]
+fn a_quota_refusal_answered_seconds_after_its_reservation_still_resets_at_the_start_of_next_month()
+{
+    // The reservation is sent at T0 and Redis answers 2.5 s later: the 429 says the month's end
+    // (not the reservation's "seconds to reset" added to the answer's clock, one or more seconds
+    // late), and the seconds left as of the answer.
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    e.advance_ms(2_500);
+    e.reply(&mut c, 200, &eval(&[0, 100000, 100000, 0, -1, 0, 0, 1]));
+    assert_eq!(c.status(), Some(429));
+    let now_s = i64::try_from(crate::flow::fake::T0 / 1_000_000_000).unwrap() + 2;
+    let end = crate::calendar::month_end_unix(now_s, 0);
+    let j = c.reply_json();
+    let q = &j["tokengate"]["quota"];
+    // T0 is 2026-11-15T00:00:00Z.
+    assert_eq!(q["reset_at"], "2026-12-01T00:00:00Z");
+    assert_eq!(q["reset_in"], end - now_s);
+    assert_eq!(
+        c.reply_header("x-tokengate-quota-reset"),
+        Some((end - now_s).to_string().as_str())
+    );
+}
+
+#[test]
 fn a_spent_quota_answers_429_and_is_then_refused_from_shared_data_without_a_callout() {
     let e = envoy(quota_cfg(json!({})));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
