@@ -197,8 +197,21 @@ impl Request {
                     cx.worker.quota_script_loaded = true;
                 }
                 qr.answered = true;
+                // This Envoy's lease of the account, if it holds one: Redis' counter includes all
+                // of it, and its unspent part is left to this Envoy's requests.
+                let lease = q
+                    .lease
+                    .as_ref()
+                    .and_then(|_| {
+                        let key =
+                            crate::lease::account_key(&qr.args.tenant, qr.args.model.as_deref());
+                        crate::store::peek::<crate::lease::Account>(cx.store(), &key).ok()
+                    })
+                    .and_then(|(a, _)| a)
+                    .filter(|a| a.month == crate::lease::month_code(&qr.args.month));
                 // The limit that binds (tenant or tenant × model) and its remaining, as one pair.
                 let (limit, remaining) = r.binding();
+                let remaining = remaining.saturating_add(lease.map_or(0, |a| a.available()));
                 qr.limit = limit;
                 qr.remaining = Some(remaining);
                 if r.allowed {
@@ -248,14 +261,7 @@ impl Request {
                     let account = qr.args.tenant.as_str();
                     // Not while this Envoy still holds part of the account in a lease: that part goes
                     // back to Redis at the next sync and the next request may get it.
-                    let leased = q.lease.is_some()
-                        && crate::store::peek::<crate::lease::Account>(
-                            cx.store(),
-                            &crate::lease::account_key(account, qr.args.model.as_deref()),
-                        )
-                        .ok()
-                        .and_then(|(a, _)| a)
-                        .is_some_and(|a| a.held > 0);
+                    let leased = lease.is_some_and(|a| a.held > 0);
                     if r.reason == Reason::TenantLimit
                         && r.remaining() < q.exhausted_below
                         && !leased

@@ -356,3 +356,37 @@ fn a_worker_torn_down_writes_the_leased_requests_it_kept() {
     e.done(0);
     assert_eq!((account().consumed, account().inflight), (40, 0));
 }
+
+#[test]
+fn a_request_too_big_for_the_lease_reports_the_unspent_lease_as_left() {
+    // Redis' counter includes this Envoy's whole lease (1,000 held, none spent): a request reserved
+    // by a callout while the lease is held says the lease's unspent part is left, as a request
+    // served from the lease does.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let mut small = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(small.pending.is_none(), "served from the lease");
+    usage_answer(&e, &mut small, 40);
+    let from_lease: u64 = small
+        .header("x-tokengate-quota-remaining")
+        .unwrap()
+        .parse()
+        .unwrap();
+    e.tick(0);
+    let mut big = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    assert!(
+        big.pending.is_some(),
+        "more than the lease holds: reserved per request"
+    );
+    // The reservation's cost, on a counter that already holds the lease.
+    e.reply(&mut big, 200, &reserved(1_060 + 5_010, 1_000_000));
+    usage_answer(&e, &mut big, 100);
+    let left: u64 = big
+        .header("x-tokengate-quota-remaining")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let unspent = 1_000 - 40;
+    assert_eq!(left, 1_000_000 - (1_060 + 5_010) + unspent);
+    assert!(left < from_lease);
+}
