@@ -82,6 +82,7 @@ fn main() {
         }
         _ => {}
     }
+    let mut lines = Vec::new();
     for name in names {
         let texts = load(&name);
         for (size, count) in [(1usize << 10, 64usize), (16 << 10, 8)] {
@@ -90,7 +91,19 @@ fn main() {
             println!("{name} {} {bytes}", size >> 10);
             measure(&bodies);
         }
+        lines.extend(texts.iter().map(|t| chat_body(&[t.as_str()])));
     }
+    // Every corpus line as its own body (as `benches/estimate.rs` times it), and the 154-byte chat
+    // body: the fixed cost of a call.
+    let bytes: usize = lines.iter().map(Vec::len).sum();
+    println!(
+        "every-line {:.1} {bytes}",
+        bytes as f64 / 1024.0 / lines.len().max(1) as f64
+    );
+    measure(&lines);
+    let tiny = br#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#.to_vec();
+    println!("tiny-154B 0.15 {}", tiny.len());
+    measure(&[tiny]);
 }
 
 /// What `estimate` gives each body (the `Estimate` or the error, Debug), one a line.
