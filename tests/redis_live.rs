@@ -173,6 +173,43 @@ mod quota {
         )
     }
 
+    /// A lease call of this Envoy (`L|1|-|2026-11`) for tenant `acme` (limit 50,000), wanting `want`.
+    fn lease(st: &Stack, want: u64, share: u32) -> LeaseReply {
+        let a = LeaseArgs {
+            keys: QuotaKeys::new("acme", None, "2026-11", "-"),
+            lease_id: lease_id(1, None, "2026-11"),
+            reported_total: 0,
+            want,
+            target: None,
+            default_limit: 50_000,
+            default_model_limit: 0,
+            expire_at_unix: 1_796_688_000,
+            ttl_s: 60,
+            max_grant: want,
+            max_share_percent: share,
+        };
+        let (s, b) = st.post(&lease_request(&a, ScriptCall::Eval));
+        parse_lease_reply(s, &b).unwrap()
+    }
+
+    #[test]
+    fn a_lease_holds_at_most_its_share_of_what_is_left() {
+        // bb12: a first lease sized from one request (4 × 9,010) took 36,040 of the 50,000 left.
+        let Some(st) = Stack::start() else { return };
+        st.cli(&["SET", "tg:q:{acme}:2026-11", "10000"]);
+        let r = lease(&st, 36_040, 10);
+        // 10 % of the 40,000 left.
+        assert_eq!((r.held, r.used), (4_000, 14_000));
+        // Growing again: 10 % of what is left with the lease counted as left (36,000 + 4,000).
+        let r = lease(&st, 36_040, 10);
+        assert_eq!(r.held, 4_000);
+        // A larger share lets it grow, never beyond what is left.
+        let r = lease(&st, 36_040, 50);
+        assert_eq!((r.held, r.used), (20_000, 30_000));
+        let r = lease(&st, 80_000, 100);
+        assert_eq!((r.held, r.used), (40_000, 50_000));
+    }
+
     #[test]
     fn script_sha1_constants_match_what_redis_script_load_returns() {
         let Some(st) = Stack::start() else { return };

@@ -325,6 +325,7 @@ fn start(
         expire_at_unix: expire,
         ttl_s: l.ttl_s,
         max_grant: plan.want,
+        max_share_percent: (l.policy.max_share * 100.0).round().clamp(1.0, 100.0) as u32,
     };
     let call = if cx.worker.leases.loaded {
         ScriptCall::EvalSha

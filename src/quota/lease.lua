@@ -46,6 +46,9 @@ elseif want > o then
   local g = want - o
   if g > avail then g = avail end
   if g > cap then g = cap end
+  -- The lease holds at most share % of what is left, itself included.
+  local most = math.floor((avail + o) * share / 100) - o
+  if g > most then g = most end
   if g > 0 then
     move(g)
     o = o + g

@@ -24,7 +24,8 @@ use crate::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimErro
 ///
 /// KEYS: `used_total, used_model, limit_override, limit_model_override, leases, due, done, gone, open`.
 /// ARGV: `lease_id, reported_total, want, target (-1 = none), default_limit, default_model_limit,
-/// expire_at_unix, ttl_s, has_model (1/0), tombstone_s, max_grant, lease_tombstone_s, "tg3"`.
+/// expire_at_unix, ttl_s, has_model (1/0), tombstone_s, max_grant, lease_tombstone_s, "tg3",
+/// max_share_percent`.
 /// Reply: `[held, used, limit, model_used, model_limit (-1 none), version, reported_total]`.
 pub const LEASE_SCRIPT: &str = concat!(
     include_str!("lease_head.lua"),
@@ -33,7 +34,7 @@ pub const LEASE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`LEASE_SCRIPT`].
-pub const LEASE_SHA1: &str = "2b6407e8856fef566464ab77275cffde6431865c";
+pub const LEASE_SHA1: &str = "1c8b748fb6332ca9df72ef6a7e83a51792e709e9";
 
 /// How long a lease's reported total is remembered after the lease is gone.
 pub const LEASE_TOMBSTONE_S: u64 = 24 * TOMBSTONE_S;
@@ -61,6 +62,9 @@ pub struct LeaseArgs {
     pub ttl_s: u64,
     /// Grow by at most this much in one call.
     pub max_grant: u64,
+    /// Grow to at most this percent (1..=100) of what is left, the lease included: Redis knows what
+    /// is left when the Envoy does not yet (a first lease).
+    pub max_share_percent: u32,
 }
 
 /// The lease id of an Envoy for a tenant's model in a month.
@@ -100,6 +104,7 @@ pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
         lua_int(a.max_grant.min(MAX_LUA_INT)),
         lua_int(LEASE_TOMBSTONE_S),
         QUOTA_PROTOCOL_TAG.to_string(),
+        a.max_share_percent.clamp(1, 100).to_string(),
     ];
     command_body(call, LEASE_SCRIPT, LEASE_SHA1, &keys, &argv)
 }
@@ -191,6 +196,7 @@ mod tests {
             expire_at_unix: 9,
             ttl_s: 60,
             max_grant: 50,
+            max_share_percent: 10,
         };
         assert_eq!(a.lease_id, "L|ab|m|2026-11");
         let body = lease_request(&a, ScriptCall::EvalSha);
@@ -199,7 +205,7 @@ mod tests {
             "{body}"
         );
         assert!(
-            body.ends_with("/L%7Cab%7Cm%7C2026-11/5/100/-1/1000/0/9/60/1/3600/50/86400/tg3"),
+            body.ends_with("/L%7Cab%7Cm%7C2026-11/5/100/-1/1000/0/9/60/1/3600/50/86400/tg3/10"),
             "{body}"
         );
     }

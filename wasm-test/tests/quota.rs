@@ -2184,6 +2184,83 @@ fn while_redis_stays_down_lease_syncs_are_one_probe_per_recovery_window() {
 }
 
 #[test]
+fn a_lease_holds_at_most_its_share_of_what_is_left_the_first_one_too() {
+    // bb12 black-box: a first lease was sized from the request alone (4 × its reservation), and
+    // Redis capped it only at what was left: one request of 9,000 output tokens took a lease of
+    // 36,040 of the 50,000 left (72 %; max_share_percent is 10), and a second Envoy saw 4,958 left.
+    let s = Stack::start();
+    let limit = 50_000i64;
+    // One worker: its tick sends the first sync, sized from the request (two workers: the leader's
+    // scan of all accounts may send it first, sized without it).
+    let mut o = opts(
+        s.mock.port,
+        quota_config(json!({"monthly_limit": 50_000_000, "lease": {}})),
+    )
+    .webdis(s.webdis_port());
+    o.concurrency = 1;
+    let envoy = tg::start_opts(o);
+    let tenant = "lease-share";
+    // The tenant's limit is an operator's override in Redis, as in the black-box run.
+    s.redis()
+        .cmd(&[
+            "SET",
+            &format!("tg:q:{{{tenant}}}:limit"),
+            &limit.to_string(),
+        ])
+        .expect("SET limit");
+    let key = used_key(tenant, &month_label(now_unix()));
+    let leases = format!("tg:q:{{{tenant}}}:leases");
+    let body = chat_body(9_000, false, None);
+    // The counter and every lease's `held`, read in one script (atomic).
+    let read = || -> (i64, Vec<i64>) {
+        let script = "return {redis.call('GET', KEYS[1]) or '0', redis.call('HVALS', KEYS[2])}";
+        match s.redis().cmd(&["EVAL", script, "2", &key, &leases]) {
+            Ok(RespValue::Array(Some(v))) => {
+                let used = v.first().and_then(RespValue::as_int).unwrap_or(-1);
+                let held = match v.get(1) {
+                    Some(RespValue::Array(Some(rows))) => rows
+                        .iter()
+                        .filter_map(RespValue::as_str)
+                        .filter_map(|r| r.split(' ').next().and_then(|h| h.parse().ok()))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                (used, held)
+            }
+            other => panic!("EVAL: {other:?}"),
+        }
+    };
+    // One request: what is left only grows after it (its reservation is settled to its usage), so
+    // a lease within its share when granted stays within it.
+    ok(&post(&envoy, tenant, &[], &body));
+    let mut largest: Option<(i64, i64)> = None;
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < deadline {
+        let (used, held) = read();
+        let all: i64 = held.iter().sum();
+        // What is left, this Envoy's lease included (the counter holds it).
+        let left = limit - (used - all);
+        for h in held {
+            assert!(
+                h * 100 <= left * 10,
+                "a lease of {h} of the {left} left (counter {used}): over 10 %"
+            );
+            if largest.is_none_or(|(x, _)| h > x) {
+                largest = Some((h, left));
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    println!("largest lease seen: {largest:?} (held, left)");
+    let (h, left) = largest.expect("a lease within 4 s");
+    assert!(
+        h * 100 > left * 5,
+        "the lease is sized to its share: {h} of {left}"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
 fn a_leased_tenant_is_never_served_beyond_its_limit() {
     let s = Stack::start();
     let limit = 30_000i64;
