@@ -123,23 +123,53 @@ pub struct TwoKeys;
 
 /// Extracts an API key from `Authorization: Bearer …` or `x-api-key`. `Err(TwoKeys)` when both carry a
 /// key and they differ: the provider checks one of them (OpenAI the bearer token, Anthropic
-/// `x-api-key`), so charging the other would let a client name any tenant it likes.
+/// `x-api-key`), so charging the other would let a client name any tenant it likes. Also when one
+/// header holds a list of different values (`Bearer k1,Bearer k2`): that is how Envoy passes a header
+/// sent twice (it joins the lines of `Authorization` with commas), and the provider may read any of
+/// them. No API key has a comma.
 pub fn api_key<'a>(
     authorization: Option<&'a str>,
     x_api_key: Option<&'a str>,
 ) -> Result<Option<&'a str>, TwoKeys> {
-    let bearer = authorization.and_then(|a| {
-        let a = a.trim();
-        let (scheme, rest) = a.split_once(' ')?;
-        scheme
-            .eq_ignore_ascii_case("bearer")
-            .then(|| rest.trim())
-            .filter(|k| !k.is_empty())
-    });
-    let x = x_api_key.map(str::trim).filter(|k| !k.is_empty());
+    let bearer = match authorization {
+        Some(a) => one_value(a, |v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| rest.trim())
+                .filter(|k| !k.is_empty())
+        })?,
+        None => None,
+    };
+    let x = match x_api_key {
+        Some(x) => one_value(x, Some)?,
+        None => None,
+    };
     match (bearer, x) {
         (Some(b), Some(x)) if b != x => Err(TwoKeys),
         (b, x) => Ok(b.or(x)),
+    }
+}
+
+/// The key in a header's value, a comma-separated list of values (empty ones ignored): `key_of` the
+/// value when every value is the same, `Err(TwoKeys)` when they differ and one of them is a key.
+fn one_value<'a>(
+    header: &'a str,
+    key_of: impl Fn(&'a str) -> Option<&'a str>,
+) -> Result<Option<&'a str>, TwoKeys> {
+    let mut values = header.split(',').map(str::trim).filter(|v| !v.is_empty());
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let mut same = true;
+    let mut key = key_of(first);
+    for v in values {
+        same &= v == first;
+        key = key.or_else(|| key_of(v));
+    }
+    match key {
+        Some(_) if !same => Err(TwoKeys),
+        k => Ok(k),
     }
 }
 
@@ -274,6 +304,23 @@ mod tests {
         assert_eq!(api_key(None, None), Ok(None));
         // Two different keys: which one the provider checks depends on the provider.
         assert_eq!(api_key(Some("bearer sk-1"), Some("sk-2")), Err(TwoKeys));
+    }
+
+    #[test]
+    fn a_header_sent_twice_and_joined_with_a_comma_is_two_keys_unless_the_same() {
+        // Envoy joins two `Authorization` lines into one value (bb13: charged to a third tenant).
+        assert_eq!(api_key(Some("Bearer k,Bearer k2"), None), Err(TwoKeys));
+        assert_eq!(api_key(Some("Bearer k, Basic abc"), None), Err(TwoKeys));
+        assert_eq!(api_key(None, Some("sk-1, sk-2")), Err(TwoKeys));
+        assert_eq!(api_key(Some("Bearer k,Bearer k"), None), Ok(Some("k")));
+        assert_eq!(api_key(Some("Bearer k, "), None), Ok(Some("k")));
+        assert_eq!(api_key(None, Some("sk-1,sk-1")), Ok(Some("sk-1")));
+        assert_eq!(api_key(Some(" , "), Some("sk-2")), Ok(Some("sk-2")));
+        // No bearer key among them: nothing to charge, nothing refused (the `x-api-key` is the key).
+        assert_eq!(
+            api_key(Some("Basic abc, Digest x=1"), Some("sk-2")),
+            Ok(Some("sk-2"))
+        );
     }
 
     #[test]

@@ -214,6 +214,31 @@ fn a_junk_bearer_key_next_to_a_real_x_api_key_names_no_tenant() {
     .expect("POST /v1/messages");
     assert_eq!(r.status, 401, "{}", r.text());
     assert!(s.mock.requests().is_empty(), "nothing reached the provider");
+    // `Authorization` twice (bb13): Envoy joins the two lines into one value, `Bearer k1,Bearer
+    // k2`, which was charged to a third tenant, a new one for every second key.
+    let joined = key_tenant("sk-a,Bearer sk-b");
+    for path in ["/v1/chat/completions", "/v1/messages"] {
+        let r = wasm_test::http::post(
+            s.envoy.port,
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("anthropic-version", "2023-06-01"),
+                ("authorization", "Bearer sk-a"),
+                ("authorization", "Bearer sk-b"),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .expect("POST");
+        assert_eq!(r.status, 401, "{path}: {}", r.text());
+        assert_eq!(
+            r.header("x-tokengate-reason"),
+            Some("missing_tenant"),
+            "{path}"
+        );
+    }
+    assert!(s.mock.requests().is_empty(), "nothing reached the provider");
+    assert_eq!(s.quota_keys(&joined), Vec::<String>::new());
     // The same key in both headers is one identity.
     let r = s.envoy.chat(
         &[
