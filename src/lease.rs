@@ -396,6 +396,38 @@ pub fn begin_sync(store: &dyn SharedStore, key: &str, c: &SyncCtx) -> Option<(Sy
     r.ok().and_then(|(x, _)| x)
 }
 
+/// A give-back of what the account at `key` holds and has not spent, so that a request the lease and
+/// what is left in Redis could cover together, and Redis alone cannot, is reserved in Redis after it
+/// (see `flow::lease::give_back`). Marks a sync in flight and makes the account hold no more than its
+/// requests in flight and its unreported usage (nothing available: no request spends what is being
+/// given back; if the give-back fails, the next sync gives the difference back to this Envoy).
+/// `None`: nothing to give back, another month, or a sync already in flight.
+pub fn begin_give_back(
+    store: &dyn SharedStore,
+    key: &str,
+    c: &SyncCtx,
+) -> Option<(SyncPlan, Account)> {
+    let (month, now, p) = (c.month, c.now, c.policy);
+    let r = crate::store::update(store, key, c.retries, &Account::default(), |a: &Account| {
+        let in_flight =
+            a.syncing_since_ns != 0 && now.saturating_sub(a.syncing_since_ns) < p.sync_timeout_ns;
+        if a.month != month || a.available() == 0 || in_flight {
+            return (None, None);
+        }
+        let plan = SyncPlan {
+            reported_total: a.consumed,
+            want: 0,
+            target: Some(a.inflight),
+            month: a.month,
+        };
+        let mut n = *a;
+        n.syncing_since_ns = now.max(1);
+        n.held = a.held.saturating_sub(a.available());
+        (Some((plan, n)), Some(n))
+    });
+    r.ok().and_then(|(x, _)| x)
+}
+
 /// The pure decision of [`begin_sync`].
 fn plan(a: &Account, month: u32, now: u64, p: &Policy, typical_cost: u64) -> Option<SyncPlan> {
     let base = SyncPlan {

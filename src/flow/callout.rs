@@ -36,6 +36,7 @@ impl Request {
                 plan.step = Step::Global(gc);
                 self.on_global_reply(cx, plan, reply);
             }
+            Step::Quota(qr) if qr.giving_back => self.on_given_back(cx, plan, *qr, reply),
             Step::Quota(qr) => self.on_reserve_reply(cx, plan, *qr, reply),
             Step::Done => self.stage = Stage::Admitting(plan),
         }
@@ -46,6 +47,7 @@ impl Request {
         match &self.stage {
             Stage::Admitting(p) => match p.step {
                 Step::Global(_) => Some(Purpose::GlobalCharge),
+                Step::Quota(ref qr) if qr.giving_back => Some(Purpose::LeaseGiveBack),
                 Step::Quota(_) => Some(Purpose::Reserve),
                 Step::Done => None,
             },
@@ -259,6 +261,34 @@ impl Request {
                     // Nothing was reserved here: nothing to settle; earlier ones are given back.
                     cx.inc(Metric::QuotaRejected);
                     let account = qr.args.tenant.as_str();
+                    // What this Envoy's lease holds unspent would make up the difference: it is given
+                    // back, and the reservation sent again (once).
+                    let need = qr
+                        .reserved
+                        .prompt_cost
+                        .saturating_add(if qr.args.clamp_output {
+                            qr.args.min_output_cost
+                        } else {
+                            qr.reserved.output_cost
+                        });
+                    let covered =
+                        lease.is_some_and(|a| r.remaining().saturating_add(a.available()) >= need);
+                    if let Some(l) = q.lease.as_ref().filter(|_| {
+                        covered
+                            && !qr.gave_back
+                            && matches!(r.reason, Reason::TenantLimit | Reason::ModelLimit)
+                    }) {
+                        if super::lease::give_back(cx, q, l, &qr) {
+                            qr.giving_back = true;
+                            qr.gave_back = true;
+                            // Nothing is reserved while it is given back.
+                            qr.started = false;
+                            plan.step = Step::Quota(Box::new(qr));
+                            plan.sync = false;
+                            self.stage = Stage::Admitting(plan);
+                            return;
+                        }
+                    }
                     // Not while this Envoy still holds part of the account in a lease: that part goes
                     // back to Redis at the next sync and the next request may get it.
                     let leased = lease.is_some_and(|a| a.held > 0);
@@ -291,6 +321,31 @@ impl Request {
                 }
             }
         }
+    }
+}
+
+impl Request {
+    /// The give-back of this Envoy's lease answered (or failed): the reservation is sent again.
+    fn on_given_back(
+        &mut self,
+        cx: &mut Cx,
+        plan: Box<Plan>,
+        mut qr: QuotaReq,
+        reply: CalloutReply,
+    ) {
+        let Some((q, l)) = cx
+            .cfg
+            .quota
+            .as_ref()
+            .and_then(|q| Some((q, q.lease.as_ref()?)))
+        else {
+            return;
+        };
+        super::lease::given_back(cx, q, l, &qr, reply);
+        qr.giving_back = false;
+        qr.answered = false;
+        qr.remaining = None;
+        self.start_reserve(cx, plan, qr);
     }
 }
 

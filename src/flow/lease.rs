@@ -301,6 +301,40 @@ fn start(
     let Some((plan, _)) = lease::begin_sync(cx.store(), &key, &sc) else {
         return false;
     };
+    let body = call_body(cx, q, l, tenant, model, &plan);
+    let s = &mut cx.worker.leases;
+    s.next_id = s.next_id.wrapping_add(1);
+    let id = s.next_id;
+    s.pending.insert(
+        id,
+        Pending {
+            tenant: tenant.to_string(),
+            model: model.map(str::to_string),
+            key,
+            typical,
+            probe,
+        },
+    );
+    cx.inc(Metric::QuotaLeaseSyncs);
+    cx.fx.push(Effect::Dispatch(shim::callout(
+        Purpose::Lease(id),
+        &q.cluster,
+        &q.authority,
+        q.timeout_ms,
+        body,
+    )));
+    true
+}
+
+/// The lease call of `plan` for the account of `tenant` (× `model`).
+fn call_body(
+    cx: &Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    plan: &lease::SyncPlan,
+) -> String {
     let label = month_label(plan.month);
     let keys = QuotaKeys::new(tenant, model, &label, "-");
     let tq = q.tenant(tenant);
@@ -332,29 +366,70 @@ fn start(
     } else {
         ScriptCall::Eval
     };
-    let body = quota::lease_request(&args, call);
-    let s = &mut cx.worker.leases;
-    s.next_id = s.next_id.wrapping_add(1);
-    let id = s.next_id;
-    s.pending.insert(
-        id,
-        Pending {
-            tenant: tenant.to_string(),
-            model: model.map(str::to_string),
-            key,
-            typical,
-            probe,
-        },
-    );
+    quota::lease_request(&args, call)
+}
+
+/// The sync context of now (the quota's month) for `typical`.
+fn sync_ctx<'a>(
+    cx: &Cx,
+    q: &QuotaSettings,
+    l: &'a LeaseSettings,
+    typical: u64,
+) -> lease::SyncCtx<'a> {
+    let now_s = super::headers::unix_s(cx, q);
+    let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
+    lease::SyncCtx {
+        month: u32::try_from(y)
+            .unwrap_or(0)
+            .saturating_mul(100)
+            .saturating_add(m),
+        now: cx.now(),
+        policy: &l.policy,
+        typical_cost: typical,
+        retries: cx.cfg.cas_max_retries,
+    }
+}
+
+/// Redis refused `qr`'s reservation, and what this Envoy's lease of the account holds unspent would
+/// cover the difference: gives that back (a lease call by the request, [`Purpose::LeaseGiveBack`]) so
+/// that the reservation, sent again once it answered ([`given_back`]), finds it in Redis. False when
+/// there is nothing to give back or a sync of the account is in flight (the refusal stands).
+pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &QuotaReq) -> bool {
+    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
+    let key = lease::account_key(tenant, model);
+    let sc = sync_ctx(cx, q, l, 0);
+    let Some((plan, _)) = lease::begin_give_back(cx.store(), &key, &sc) else {
+        return false;
+    };
+    let body = call_body(cx, q, l, tenant, model, &plan);
     cx.inc(Metric::QuotaLeaseSyncs);
     cx.fx.push(Effect::Dispatch(shim::callout(
-        Purpose::Lease(id),
+        Purpose::LeaseGiveBack,
         &q.cluster,
         &q.authority,
         q.timeout_ms,
         body,
     )));
     true
+}
+
+/// The give-back of [`give_back`] answered: applied to the account as any sync.
+pub(super) fn given_back(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    qr: &QuotaReq,
+    reply: CalloutReply,
+) {
+    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
+    let p = Pending {
+        tenant: tenant.to_string(),
+        model: model.map(str::to_string),
+        key: lease::account_key(tenant, model),
+        typical: 0,
+        probe: false,
+    };
+    apply(cx, q, l, &p, reply);
 }
 
 /// A sync answered (or its dispatch was refused).
@@ -368,13 +443,12 @@ pub(super) fn on_reply(
     let Some(p) = cx.worker.leases.pending.remove(&id) else {
         return;
     };
-    let now = cx.now();
-    let now_s = super::headers::unix_s(cx, q);
-    let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
-    let month = u32::try_from(y)
-        .unwrap_or(0)
-        .saturating_mul(100)
-        .saturating_add(m);
+    apply(cx, q, l, &p, reply);
+}
+
+/// A lease call's answer applied to its account (and to the shim's breaker).
+fn apply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, p: &Pending, reply: CalloutReply) {
+    let sc = sync_ctx(cx, q, l, p.typical);
     let parsed = match reply.refused {
         Some(s) => Err((
             ShimError::Unavailable,
@@ -384,13 +458,6 @@ pub(super) fn on_reply(
             let why = format!("{e} (cluster '{}')", q.cluster);
             (e, why)
         }),
-    };
-    let sc = lease::SyncCtx {
-        month,
-        now,
-        policy: &l.policy,
-        typical_cost: p.typical,
-        retries: cx.cfg.cas_max_retries,
     };
     if p.probe {
         // The shim answered unless it was unreachable: that closes or re-opens its breaker.

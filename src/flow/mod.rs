@@ -158,6 +158,9 @@ pub enum Purpose {
     Lease(u64),
     /// A global-bucket lease top-up or give-back, by id of the VM.
     GlobalLease(u64),
+    /// A request's give-back of this Envoy's quota lease before its reservation is sent again
+    /// (`flow::lease::give_back`).
+    LeaseGiveBack,
 }
 
 /// One HTTP callout to a Webdis shim (`POST /` with a form-encoded command body).

@@ -187,6 +187,8 @@ impl Request {
             limit,
             remaining: None,
             reset_at: calendar::month_end_unix(now_s, offset),
+            giving_back: false,
+            gave_back: false,
             choices: plan.choices,
             fail_open: false,
             answered: false,
@@ -203,7 +205,7 @@ impl Request {
     }
 
     /// Starts the quota reservation callout.
-    fn start_reserve(&mut self, cx: &mut Cx, plan: Box<Plan>, mut qr: QuotaReq) -> Next {
+    pub(super) fn start_reserve(&mut self, cx: &mut Cx, plan: Box<Plan>, mut qr: QuotaReq) -> Next {
         let Some(q) = cx.cfg.quota.as_ref() else {
             return self.proceed(cx, plan);
         };

@@ -240,6 +240,11 @@ pub(super) struct QuotaReq {
     /// When the reservation's month ends (unix seconds, on the quota's clock): the reset every
     /// answer names, with the seconds to it counted from the answer's own clock.
     pub reset_at: i64,
+    /// Waiting for the give-back of this Envoy's lease of the account (`flow::lease::give_back`),
+    /// after which the reservation is sent again.
+    pub giving_back: bool,
+    /// The lease was given back once for this reservation (never twice).
+    pub gave_back: bool,
     pub choices: u64,
     pub fail_open: bool,
     pub answered: bool,

@@ -224,7 +224,7 @@ pub fn on_callout_reply(cx: &mut Cx, purpose: Purpose, reply: CalloutReply) {
                 super::glease::on_reply(cx, g, &pol, id, reply);
             }
         }
-        Purpose::GlobalCharge | Purpose::Reserve => {}
+        Purpose::GlobalCharge | Purpose::Reserve | Purpose::LeaseGiveBack => {}
     }
 }
 

@@ -2261,6 +2261,58 @@ fn a_lease_holds_at_most_its_share_of_what_is_left_the_first_one_too() {
 }
 
 #[test]
+fn a_request_only_this_envoys_own_lease_can_cover_is_admitted() {
+    // bb12 black-box: 67,868 tokens were left, 4,096 of them in this Envoy's lease; a request of
+    // 65,546 was refused as "month spent" (x-should-retry: false, so the SDKs give up), and the same
+    // request a second later, once the idle lease had gone back, got 200.
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 50_000_000, "lease": {}}));
+    let tenant = "lease-cover";
+    let month = month_label(now_unix());
+    let key = used_key(tenant, &month);
+    let leases = format!("tg:q:{{{tenant}}}:leases");
+    for (k, v) in [
+        (format!("tg:q:{{{tenant}}}:limit"), "100000"),
+        (key.clone(), "32000"),
+    ] {
+        s.redis().cmd(&["SET", &k, v]).expect("SET");
+    }
+    // Small requests until this Envoy holds a lease of the tenant.
+    let small = chat_body(64, false, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        ok(&post(&envoy, tenant, &[], &small));
+        let held: i64 = match s.redis().cmd(&["HVALS", &leases]) {
+            Ok(RespValue::Array(Some(rows))) => rows
+                .iter()
+                .filter_map(RespValue::as_str)
+                .filter_map(|r| r.split(' ').next().and_then(|h| h.parse::<i64>().ok()))
+                .sum(),
+            _ => 0,
+        };
+        if held > 0 {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "no lease after 10 s");
+        thread::sleep(Duration::from_millis(100));
+    };
+    let used = get_i64(s.redis(), &key);
+    // Redis alone has `outside` left; with the lease, `outside + held`. A request between the two.
+    let outside = 100_000 - used;
+    let big = json!({"model": MODEL, "max_tokens": 32_768, "n": 2,
+                     "messages": [{"role": "user", "content": PROMPT}]});
+    let r = post(&envoy, tenant, &[], big.to_string().as_bytes());
+    let estimate = header_u64(&r, "x-tokengate-estimated-tokens") as i64;
+    println!("counter {used} with a lease of {held}: {outside} left outside it; request of {estimate}: {}", r.status);
+    assert!(
+        estimate > outside && estimate <= outside + held,
+        "the request ({estimate}) must need the lease ({outside} + {held}): test setup"
+    );
+    ok(&r);
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
 fn a_leased_tenant_is_never_served_beyond_its_limit() {
     let s = Stack::start();
     let limit = 30_000i64;

@@ -390,3 +390,72 @@ fn a_request_too_big_for_the_lease_reports_the_unspent_lease_as_left() {
     assert_eq!(left, 1_000_000 - (1_060 + 5_010) + unspent);
     assert!(left < from_lease);
 }
+
+/// A refused reservation: `[0, used, limit, model_used, model_limit, 0, 0, reason 1 (tenant)]`.
+fn refused(used: i64) -> String {
+    eval(&[0, used, 1_000_000, used, -1, 0, 0, 1])
+}
+
+#[test]
+fn a_request_redis_refuses_but_the_lease_covers_gives_the_lease_back_and_is_reserved() {
+    // bb12: 67,868 left with this Envoy's lease, a request of 65,546 refused as "month spent"
+    // (x-should-retry: false), admitted a second later once the lease had gone back.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let key = crate::lease::account_key("acme", Some("m"));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    assert!(
+        c.pending.is_some(),
+        "more than the lease holds: reserved per request"
+    );
+    // Redis has 4,500 left outside the lease: not enough alone, enough with its 1,000.
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    let give = c.pending.clone().expect("the lease is given back first");
+    assert_eq!(give.purpose, crate::flow::Purpose::LeaseGiveBack);
+    let seg = segments(&give.body);
+    let nkeys: usize = seg[2].parse().unwrap();
+    // Target: what requests in flight hold (none).
+    assert_eq!(seg[3 + nkeys + 3], "0");
+    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+    assert_eq!(
+        a.unwrap().available(),
+        0,
+        "nothing spent while it goes back"
+    );
+    assert!(c.status().is_none() && !c.forwarded);
+    e.reply(&mut c, 200, &lease_reply(0, 1_000_000 - 5_500, 2, 0));
+    let again = c.pending.clone().expect("the reservation is sent again");
+    assert_eq!(again.purpose, crate::flow::Purpose::Reserve);
+    e.reply(&mut c, 200, &reserved(1_000_000 - 5_500 + 5_010, 1_000_000));
+    clean(&c);
+    assert!(c.forwarded, "admitted");
+    usage_answer(&e, &mut c, 100);
+    assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
+}
+
+#[test]
+fn a_refused_request_the_lease_cannot_cover_is_refused_at_once_and_only_once_given_back() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    // 3,000 left outside the lease + 1,000 in it < 5,010: refused, the lease kept.
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.reply(&mut c, 200, &refused(1_000_000 - 3_000));
+    assert_eq!(c.status(), Some(429));
+    let key = crate::lease::account_key("acme", Some("m"));
+    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+    assert_eq!(a.unwrap().available(), 1_000);
+    // Covered, but Redis refuses again after the give-back (another Envoy took it): 429, no
+    // second give-back.
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    assert_eq!(
+        c.pending.as_ref().map(|p| p.purpose),
+        Some(crate::flow::Purpose::LeaseGiveBack)
+    );
+    e.reply(&mut c, 200, &lease_reply(0, 1_000_000 - 4_000, 2, 0));
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_000));
+    assert_eq!(c.status(), Some(429));
+    assert!(c.pending.is_none());
+    let j = c.reply_json();
+    assert_eq!(j["error"]["code"], "insufficient_quota");
+}
