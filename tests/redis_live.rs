@@ -175,12 +175,17 @@ mod quota {
 
     /// A lease call of this Envoy (`L|1|-|2026-11`) for tenant `acme` (limit 50,000), wanting `want`.
     fn lease(st: &Stack, want: u64, share: u32) -> LeaseReply {
+        lease_to(st, want, None, share)
+    }
+
+    /// [`lease`] with a `target` to shrink to.
+    fn lease_to(st: &Stack, want: u64, target: Option<u64>, share: u32) -> LeaseReply {
         let a = LeaseArgs {
             keys: QuotaKeys::new("acme", None, "2026-11", "-"),
             lease_id: lease_id(1, None, "2026-11"),
             reported_total: 0,
             want,
-            target: None,
+            target,
             default_limit: 50_000,
             default_model_limit: 0,
             expire_at_unix: 1_796_688_000,
@@ -190,6 +195,27 @@ mod quota {
         };
         let (s, b) = st.post(&lease_request(&a, ScriptCall::Eval));
         parse_lease_reply(s, &b).unwrap()
+    }
+
+    #[test]
+    fn a_lease_given_back_and_taken_again_goes_on_from_its_version() {
+        // The Envoy takes a reply with a version at most the last it applied for a stale one: a
+        // version that went back to 1 after a give-back made it ignore its next leases.
+        let Some(st) = Stack::start() else { return };
+        let mut last = 0;
+        for round in 0..3 {
+            let r = lease(&st, 1_000, 10);
+            assert_eq!(r.held, 1_000, "round {round}");
+            assert!(
+                r.version > last,
+                "round {round}: {} after {last}",
+                r.version
+            );
+            let r = lease_to(&st, 0, Some(0), 10);
+            assert_eq!(r.held, 0);
+            assert!(r.version > last);
+            last = r.version;
+        }
     }
 
     #[test]

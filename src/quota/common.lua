@@ -14,18 +14,19 @@ end
 -- Past their deadline: a reservation is charged its minimum (the prompt), the rest given back, and a
 -- tombstone "S <min> <keys>" lets a settlement that still arrives apply the difference once; a lease
 -- gives back what it still holds (what its Envoy used and never reported is forgiven: at most one
--- lease) and leaves "R <reported total>", so a late report of that Envoy adds only what was not counted.
+-- lease) and leaves "R <reported total> <version>", so a late report of that Envoy adds only what was not
+-- counted, and its next lease goes on from that version.
 local function sweep(now, open, leases, due, done, gone, tomb, ltomb)
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, 16)) do
     if string.sub(m, 1, 2) == 'L|' then
       local rec = redis.call('HGET', leases, m)
       if rec then
-        local o, r, _, lu, lm = string.match(rec, '^(%d+) (%d+) (%d+) (%S+) (%S+)$')
+        local o, r, v, lu, lm = string.match(rec, '^(%d+) (%d+) (%d+) (%S+) (%S+)$')
         o = tonumber(o)
         if o then
           adjust(lu, -o)
           if lm ~= '-' then adjust(lm, -o) end
-          redis.call('HSET', done, m, 'R ' .. r)
+          redis.call('HSET', done, m, 'R ' .. r .. ' ' .. v)
           redis.call('ZADD', gone, now + ltomb, m)
         end
         redis.call('HDEL', leases, m)

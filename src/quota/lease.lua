@@ -15,8 +15,16 @@ if rec then
   local a, b, c = string.match(rec, '^(%d+) (%d+) (%d+) ')
   o, r, ver = tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
 else
+  -- A lease given back or resolved: its reported total and version go on. The version never goes
+  -- back (the Envoy takes a reply with a lower one for a stale one): a lease with no tombstone left
+  -- starts from the time in ms, above any version an earlier lease reached at a sync a second.
+  ver = now * 1000
   local tb = redis.call('HGET', done, id)
-  if tb and string.sub(tb, 1, 2) == 'R ' then r = tonumber(string.sub(tb, 3)) or 0 end
+  if tb then
+    local a, b = string.match(tb, '^R (%d+) ?(%d*)$')
+    if a then r = tonumber(a) or 0 end
+    if b and tonumber(b) and tonumber(b) > ver then ver = tonumber(b) end
+  end
 end
 local function move(d)
   if d == 0 then return end
@@ -62,7 +70,7 @@ if o > 0 or target ~= 0 then
 else
   redis.call('HDEL', leases, id)
   redis.call('ZREM', due, id)
-  redis.call('HSET', done, id, 'R ' .. r)
+  redis.call('HSET', done, id, 'R ' .. r .. ' ' .. ver)
   redis.call('ZADD', gone, now + ltomb, id)
 end
 for _, k in ipairs({leases, due, done, gone}) do keep(k, ttl + ltomb + 86400) end

@@ -34,7 +34,7 @@ pub const LEASE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`LEASE_SCRIPT`].
-pub const LEASE_SHA1: &str = "1c8b748fb6332ca9df72ef6a7e83a51792e709e9";
+pub const LEASE_SHA1: &str = "3f0fce7bb25eec1ee574ad06563ee3c538123c10";
 
 /// How long a lease's reported total is remembered after the lease is gone.
 pub const LEASE_TOMBSTONE_S: u64 = 24 * TOMBSTONE_S;

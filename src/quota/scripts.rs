@@ -40,7 +40,7 @@ pub const RESERVE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "7d601eca56eb963e5ab155f09193bb12d2b0e326";
+pub const RESERVE_SHA1: &str = "3b4121bbb843ed57f3b0af396eaeb25fcdecc7d0";
 
 /// The settlement script: a batch of ONE tenant's settlements and charges (their keys share the tenant's
 /// hash tag, so the batch stays on one Redis Cluster slot).
@@ -63,7 +63,7 @@ pub const SETTLE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`SETTLE_SCRIPT`] (checked against a real Redis in the tests).
-pub const SETTLE_SHA1: &str = "24b2c2f0be9101c34430c278a3575a8d06850fa3";
+pub const SETTLE_SHA1: &str = "79e0759d20c52e8760cefee841a8c75b3bcb6fca";
 
 /// Everything one reservation needs. Costs are weighted tokens (see [`weighted`](super::weighted)).
 #[derive(Debug, Clone, PartialEq, Eq)]
