@@ -163,9 +163,11 @@ fn one_value<'a>(
     };
     let mut same = true;
     let mut key = key_of(first);
+    let first = key.unwrap_or(first);
     for v in values {
-        same &= v == first;
-        key = key.or_else(|| key_of(v));
+        let k = key_of(v);
+        same &= k.unwrap_or(v) == first;
+        key = key.or(k);
     }
     match key {
         Some(_) if !same => Err(TwoKeys),
@@ -313,6 +315,7 @@ mod tests {
         assert_eq!(api_key(Some("Bearer k, Basic abc"), None), Err(TwoKeys));
         assert_eq!(api_key(None, Some("sk-1, sk-2")), Err(TwoKeys));
         assert_eq!(api_key(Some("Bearer k,Bearer k"), None), Ok(Some("k")));
+        assert_eq!(api_key(Some("Bearer k, bearer  k"), None), Ok(Some("k")));
         assert_eq!(api_key(Some("Bearer k, "), None), Ok(Some("k")));
         assert_eq!(api_key(None, Some("sk-1,sk-1")), Ok(Some("sk-1")));
         assert_eq!(api_key(Some(" , "), Some("sk-2")), Ok(Some("sk-2")));

@@ -37,6 +37,9 @@ pub const ENVOY: &str = "tg:envoy";
 
 const WANTS_SYNC: u8 = 1;
 const PER_REQUEST: u8 = 2;
+/// A request gives the lease back ([`begin_give_back`]); until its answer (or the sync timeout), no
+/// other sync starts and none raises what the account holds.
+const GIVING_BACK: u8 = 4;
 
 /// One account.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -140,6 +143,12 @@ impl Account {
     /// The tenant is nearly spent: requests go through per-request reservations.
     pub fn per_request(&self) -> bool {
         self.flags & PER_REQUEST != 0
+    }
+
+    /// A request's give-back is in flight (not older than the sync timeout).
+    pub fn giving_back(&self, now: u64, p: &Policy) -> bool {
+        self.flags & GIVING_BACK != 0
+            && now.saturating_sub(self.syncing_since_ns) < p.sync_timeout_ns
     }
 }
 
@@ -342,6 +351,8 @@ pub struct SyncCtx<'a> {
     pub typical_cost: u64,
     /// CAS retries.
     pub retries: u32,
+    /// The answer is that of a request's give-back ([`begin_give_back`]).
+    pub give_back: bool,
 }
 
 /// What a sync asks Redis.
@@ -379,7 +390,7 @@ pub fn lease_size(a: &Account, p: &Policy, typical_cost: u64) -> u64 {
 pub fn begin_sync(store: &dyn SharedStore, key: &str, c: &SyncCtx) -> Option<(SyncPlan, Account)> {
     let (month, now, p, typical_cost) = (c.month, c.now, c.policy, c.typical_cost);
     let r = crate::store::update(store, key, c.retries, &Account::default(), |a: &Account| {
-        if a.month == 0 {
+        if a.month == 0 || a.giving_back(now, p) {
             return (None, None);
         }
         if a.syncing_since_ns != 0 && now.saturating_sub(a.syncing_since_ns) < p.sync_timeout_ns {
@@ -409,9 +420,7 @@ pub fn begin_give_back(
 ) -> Option<(SyncPlan, Account)> {
     let (month, now, p) = (c.month, c.now, c.policy);
     let r = crate::store::update(store, key, c.retries, &Account::default(), |a: &Account| {
-        let in_flight =
-            a.syncing_since_ns != 0 && now.saturating_sub(a.syncing_since_ns) < p.sync_timeout_ns;
-        if a.month != month || a.available() == 0 || in_flight {
+        if a.month != month || a.available() == 0 || a.giving_back(now, p) {
             return (None, None);
         }
         let plan = SyncPlan {
@@ -421,7 +430,9 @@ pub fn begin_give_back(
             month: a.month,
         };
         let mut n = *a;
+        // A sync in flight may answer first: it is applied, but cannot raise what is held.
         n.syncing_since_ns = now.max(1);
+        n.flags |= GIVING_BACK;
         n.held = a.held.saturating_sub(a.available());
         (Some((plan, n)), Some(n))
     });
@@ -506,7 +517,15 @@ pub fn finish_sync(
     let (month, now, p, typical_cost) = (c.month, c.now, c.policy, c.typical_cost);
     let r = crate::store::update(store, key, c.retries, &Account::default(), |a: &Account| {
         let mut n = *a;
-        n.syncing_since_ns = 0;
+        // Another sync's answer while a request gives the lease back: the give-back is still in
+        // flight, and what is held must not rise before it lands.
+        let giving = !c.give_back && a.giving_back(now, p);
+        if giving {
+            n.syncing_since_ns = a.syncing_since_ns;
+        } else {
+            n.syncing_since_ns = 0;
+            n.flags &= !GIVING_BACK;
+        }
         let Some(s) = reply else {
             return (None, Some(n));
         };
@@ -520,7 +539,7 @@ pub fn finish_sync(
             let w = (elapsed / 5.0).min(1.0);
             n.rate = a.rate * (1.0 - w) + inst * w;
         }
-        n.held = s.held;
+        n.held = if giving { s.held.min(a.held) } else { s.held };
         // Redis holds the highest total it was sent (this call's or a later one's).
         n.acked = n.acked.max(s.reported_total.min(n.consumed));
         n.version = s.version;
@@ -600,6 +619,7 @@ mod tests {
             policy: p,
             typical_cost: 100,
             retries: 8,
+            give_back: false,
         }
     }
 

@@ -7,7 +7,7 @@ use super::body::output_field;
 use super::headers::unix_s;
 use super::shim;
 use super::state::{Audit, Charge, Plan, QuotaReq, Request, Stage, Step};
-use super::{CalloutReply, Cx, Effect, Metric, Purpose};
+use super::{CalloutReply, Cx, Effect, Metric, Next, Purpose};
 use crate::admission::{self, Decision};
 use crate::bucket::Verdict;
 use crate::calendar;
@@ -267,7 +267,8 @@ impl Request {
                         .reserved
                         .prompt_cost
                         .saturating_add(if qr.args.clamp_output {
-                            qr.args.min_output_cost
+                            // The script grants a clamped output only when more than the prompt fits.
+                            qr.args.min_output_cost.max(1)
                         } else {
                             qr.reserved.output_cost
                         });
@@ -281,6 +282,7 @@ impl Request {
                         if super::lease::give_back(cx, q, l, &qr) {
                             qr.giving_back = true;
                             qr.gave_back = true;
+                            qr.refusal = Some(r);
                             // Nothing is reserved while it is given back.
                             qr.started = false;
                             plan.step = Step::Quota(Box::new(qr));
@@ -289,35 +291,17 @@ impl Request {
                             return;
                         }
                     }
-                    // Not while this Envoy still holds part of the account in a lease: that part goes
-                    // back to Redis at the next sync and the next request may get it.
-                    let leased = lease.is_some_and(|a| a.held > 0);
+                    // Not while this Envoy still holds part of the account in a lease (or gave it
+                    // back for this request: Redis may not have it yet): that part goes back to
+                    // Redis at the next sync and the next request may get it.
+                    let leased = qr.gave_back || lease.is_some_and(|a| a.held > 0);
                     if r.reason == Reason::TenantLimit
                         && r.remaining() < q.exhausted_below
                         && !leased
                     {
                         mark_exhausted(cx, q, account, limit, r.remaining());
                     }
-                    let what = if r.reason == Reason::ModelLimit {
-                        format!("for model '{}'", plan.model)
-                    } else {
-                        "for this tenant".to_string()
-                    };
-                    let refusal = answers::quota_exceeded(
-                        limit,
-                        remaining,
-                        qr.reset_at,
-                        unix_s(cx, q),
-                        &what,
-                    );
-                    let (refusal, decision) = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
-                        Some(b) => (
-                            answers::as_budget(refusal, b, q.budgets.unit(b)),
-                            "budget_exceeded",
-                        ),
-                        None => (refusal, "quota_exceeded"),
-                    };
-                    self.quota_refused(cx, &mut plan, refusal, decision);
+                    self.quota_exceeded(cx, plan, qr, r.reason);
                 }
             }
         }
@@ -325,6 +309,41 @@ impl Request {
 }
 
 impl Request {
+    /// The 429 of a quota (or budget) Redis refused for `reason`, with what `qr` says is left.
+    /// `qr` is reconciled when its last reservation call may have run ([`QuotaReq::uncertain`]).
+    pub(super) fn quota_exceeded(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        qr: QuotaReq,
+        reason: Reason,
+    ) -> Next {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            return Next::Pause;
+        };
+        let what = if reason == Reason::ModelLimit {
+            format!("for model '{}'", plan.model)
+        } else {
+            "for this tenant".to_string()
+        };
+        let refusal = answers::quota_exceeded(
+            qr.limit,
+            qr.remaining.unwrap_or(0),
+            qr.reset_at,
+            unix_s(cx, q),
+            &what,
+        );
+        let (refusal, decision) = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
+            Some(b) => (
+                answers::as_budget(refusal, b, q.budgets.unit(b)),
+                "budget_exceeded",
+            ),
+            None => (refusal, "quota_exceeded"),
+        };
+        let reconcile = qr.uncertain.then_some(qr);
+        self.quota_refused_with(cx, &mut plan, refusal, decision, reconcile)
+    }
+
     /// The give-back of this Envoy's lease answered (or failed): the reservation is sent again.
     fn on_given_back(
         &mut self,
@@ -341,8 +360,15 @@ impl Request {
         else {
             return;
         };
-        super::lease::given_back(cx, q, l, &qr, reply);
+        let gave = super::lease::given_back(cx, q, l, &qr, reply);
         qr.giving_back = false;
+        if !gave {
+            // Redis' refusal stands (and is the answer: not the shim's failure policy).
+            if let Some(r) = qr.refusal {
+                self.quota_exceeded(cx, plan, qr, r.reason);
+            }
+            return;
+        }
         qr.answered = false;
         qr.remaining = None;
         self.start_reserve(cx, plan, qr);

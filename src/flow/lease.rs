@@ -297,6 +297,7 @@ fn start(
         policy: &l.policy,
         typical_cost: typical,
         retries: cx.cfg.cas_max_retries,
+        give_back: false,
     };
     let Some((plan, _)) = lease::begin_sync(cx.store(), &key, &sc) else {
         return false;
@@ -387,6 +388,7 @@ fn sync_ctx<'a>(
         policy: &l.policy,
         typical_cost: typical,
         retries: cx.cfg.cas_max_retries,
+        give_back: false,
     }
 }
 
@@ -413,14 +415,15 @@ pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &
     true
 }
 
-/// The give-back of [`give_back`] answered: applied to the account as any sync.
+/// The give-back of [`give_back`] answered: applied to the account as any sync. True when Redis
+/// took it.
 pub(super) fn given_back(
     cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
     qr: &QuotaReq,
     reply: CalloutReply,
-) {
+) -> bool {
     let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
     let p = Pending {
         tenant: tenant.to_string(),
@@ -429,7 +432,7 @@ pub(super) fn given_back(
         typical: 0,
         probe: false,
     };
-    apply(cx, q, l, &p, reply);
+    apply(cx, q, l, &p, reply, true)
 }
 
 /// A sync answered (or its dispatch was refused).
@@ -443,12 +446,23 @@ pub(super) fn on_reply(
     let Some(p) = cx.worker.leases.pending.remove(&id) else {
         return;
     };
-    apply(cx, q, l, &p, reply);
+    apply(cx, q, l, &p, reply, false);
 }
 
-/// A lease call's answer applied to its account (and to the shim's breaker).
-fn apply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, p: &Pending, reply: CalloutReply) {
-    let sc = sync_ctx(cx, q, l, p.typical);
+/// A lease call's answer applied to its account (and to the shim's breaker); `give_back`: the call of
+/// [`give_back`]. True when Redis answered it.
+fn apply(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    p: &Pending,
+    reply: CalloutReply,
+    give_back: bool,
+) -> bool {
+    let sc = lease::SyncCtx {
+        give_back,
+        ..sync_ctx(cx, q, l, p.typical)
+    };
     let parsed = match reply.refused {
         Some(s) => Err((
             ShimError::Unavailable,
@@ -475,6 +489,7 @@ fn apply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, p: &Pending, reply: 
                 limit: r.binding_limit(),
             };
             lease::finish_sync(cx.store(), &p.key, Some(synced), &sc);
+            true
         }
         Err((e, why)) => {
             if e == ShimError::NoScript {
@@ -496,6 +511,7 @@ fn apply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, p: &Pending, reply: 
             lease::finish_sync(cx.store(), &p.key, None, &sc);
             // Asked again on the next tick.
             mark(cx, &p.tenant, p.model.as_deref(), p.typical);
+            false
         }
     }
 }

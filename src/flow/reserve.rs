@@ -70,6 +70,18 @@ impl Request {
         refusal: Refusal,
         decision: &'static str,
     ) -> Next {
+        self.quota_refused_with(cx, plan, refusal, decision, None)
+    }
+
+    /// [`quota_refused`](Self::quota_refused), reconciling `reconcile` once the answer is sent.
+    pub(super) fn quota_refused_with(
+        &mut self,
+        cx: &mut Cx,
+        plan: &mut Plan,
+        refusal: Refusal,
+        decision: &'static str,
+        reconcile: Option<QuotaReq>,
+    ) -> Next {
         refund(cx, &mut plan.charges);
         give_back_quotas(cx, &mut plan.quotas);
         let audit = Audit {
@@ -83,7 +95,7 @@ impl Request {
         } else {
             "tokengate_quota_exceeded"
         };
-        self.answer(cx, audit, None, refusal, details)
+        self.answer(cx, audit, reconcile, refusal, details)
     }
 
     /// The reservations this request asks for: the tenant's token quota (when it has one), then every
@@ -189,6 +201,7 @@ impl Request {
             reset_at: calendar::month_end_unix(now_s, offset),
             giving_back: false,
             gave_back: false,
+            refusal: None,
             choices: plan.choices,
             fail_open: false,
             answered: false,
@@ -269,6 +282,16 @@ impl Request {
             return self.proceed(cx, plan);
         };
         cx.inc(Metric::QuotaShimErrors);
+        if let Some(r) = qr.refusal {
+            // A reservation sent again after this Envoy gave its lease back: Redis refused the
+            // first, and that refusal is the answer, whatever the shim's failure policy.
+            cx.log_failure(
+                Level::Warn,
+                "quota_shim",
+                format!("quota check failed ({why}) after a refusal; refused"),
+            );
+            return self.quota_exceeded(cx, plan, qr, r.reason);
+        }
         plan.step = Step::Done;
         let policy = match qr.budget.and_then(|i| q.budgets.list.get(i)) {
             Some(b) => b.on_failure,

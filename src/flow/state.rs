@@ -245,6 +245,9 @@ pub(super) struct QuotaReq {
     pub giving_back: bool,
     /// The lease was given back once for this reservation (never twice).
     pub gave_back: bool,
+    /// Redis' refusal of this reservation before the lease was given back: the answer if what follows
+    /// fails.
+    pub refusal: Option<crate::quota::ReserveReply>,
     pub choices: u64,
     pub fail_open: bool,
     pub answered: bool,

@@ -459,3 +459,73 @@ fn a_refused_request_the_lease_cannot_cover_is_refused_at_once_and_only_once_giv
     let j = c.reply_json();
     assert_eq!(j["error"]["code"], "insufficient_quota");
 }
+
+#[test]
+fn the_give_back_goes_out_while_the_sync_the_miss_asked_for_is_in_flight_and_that_sync_cannot_refill_it(
+) {
+    // Review: the request's own miss asks for a sync; sent by the next tick, it was still in flight
+    // when Redis refused, the give-back was not made and the request got the 429.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let key = crate::lease::account_key("acme", Some("m"));
+    let available = || {
+        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+        a.unwrap().available()
+    };
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    assert_eq!(lease_calls(&e).len(), 1, "the sync the miss asked for");
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    assert_eq!(
+        c.pending.as_ref().map(|p| p.purpose),
+        Some(crate::flow::Purpose::LeaseGiveBack)
+    );
+    assert_eq!(available(), 0);
+    // No other sync starts meanwhile.
+    e.advance_ms(100);
+    e.tick(0);
+    assert_eq!(lease_calls(&e).len(), 1);
+    // The earlier sync answers first, having grown the lease to 20,000: not spendable.
+    e.reply_root(
+        0,
+        200,
+        &lease_reply(20_000, 1_000_000 - 4_500 + 19_000, 2, 0),
+    );
+    assert_eq!(
+        available(),
+        0,
+        "a sync answered while the give-back is in flight"
+    );
+    // The give-back took all of it back.
+    e.reply(&mut c, 200, &lease_reply(0, 1_000_000 - 5_500, 3, 0));
+    e.reply(&mut c, 200, &reserved(1_000_000 - 5_500 + 5_010, 1_000_000));
+    clean(&c);
+    assert!(c.forwarded, "admitted");
+}
+
+#[test]
+fn a_give_back_that_fails_leaves_redis_refusal_as_the_answer_whatever_on_failure_says() {
+    // Review: a failed give-back then sent the reservation again, and its failure applied the
+    // shim's failure policy: with "open", a request Redis had refused was admitted.
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "rules": [rule(1e6, 1e9)],
+        "quota": {"cluster": "webdis", "monthly_limit": 1_000_000, "on_failure": "open",
+                  "lease": {"min_tokens": 1000}}}),
+    );
+    granted_a_lease(&e);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    assert!(c.pending.is_some(), "the give-back");
+    e.dead_shim(&mut c);
+    assert!(c.pending.is_none(), "not sent again");
+    assert_eq!(c.status(), Some(429), "Redis' refusal");
+    assert!(!c.forwarded);
+    assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
+    // Given back (or not) for this request: no exhausted marker while Redis may hold the lease.
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    assert!(
+        c.pending.is_some(),
+        "no marker: the next request asks Redis"
+    );
+}
