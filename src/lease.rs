@@ -401,7 +401,8 @@ pub fn begin_sync(store: &dyn SharedStore, key: &str, c: &SyncCtx) -> Option<(Sy
         };
         let mut n = *a;
         n.syncing_since_ns = now.max(1);
-        n.flags &= !WANTS_SYNC;
+        // A give-back whose answer never came (its request went away) expired: forgotten.
+        n.flags &= !(WANTS_SYNC | GIVING_BACK);
         (Some((plan, n)), Some(n))
     });
     r.ok().and_then(|(x, _)| x)
@@ -412,7 +413,8 @@ pub fn begin_sync(store: &dyn SharedStore, key: &str, c: &SyncCtx) -> Option<(Sy
 /// (see `flow::lease::give_back`). Marks a sync in flight and makes the account hold no more than its
 /// requests in flight and its unreported usage (nothing available: no request spends what is being
 /// given back; if the give-back fails, the next sync gives the difference back to this Envoy).
-/// `None`: nothing to give back, another month, or a sync already in flight.
+/// `None`: nothing to give back, another month, or another give-back in flight. A sync in flight is
+/// no obstacle: its answer is applied without raising what is available ([`finish_sync`]).
 pub fn begin_give_back(
     store: &dyn SharedStore,
     key: &str,
@@ -539,9 +541,16 @@ pub fn finish_sync(
             let w = (elapsed / 5.0).min(1.0);
             n.rate = a.rate * (1.0 - w) + inst * w;
         }
-        n.held = if giving { s.held.min(a.held) } else { s.held };
         // Redis holds the highest total it was sent (this call's or a later one's).
         n.acked = n.acked.max(s.reported_total.min(n.consumed));
+        n.held = if giving {
+            // What the give-back left held, less the usage this answer reports (Redis took it from
+            // the lease): what is available stays what it was, nothing.
+            s.held
+                .min(a.held.saturating_sub(n.acked.saturating_sub(a.acked)))
+        } else {
+            s.held
+        };
         n.version = s.version;
         n.remaining = s.remaining;
         n.limit = s.limit;
@@ -837,5 +846,71 @@ mod tests {
         let id = envoy_id(&s, 42);
         assert_eq!(envoy_id(&s, 43), id);
         assert_ne!(id, 0);
+    }
+
+    #[test]
+    fn a_sync_answering_while_the_lease_is_given_back_makes_nothing_spendable() {
+        // Review: the cap kept `held` while the answer raised `acked`, so the usage it reported
+        // became available again, spendable while Redis was taking the lease back.
+        let p = policy();
+        let s = MemStore::new();
+        let k = account_key("acme", Some("m"));
+        let c = |now, give_back| SyncCtx {
+            give_back,
+            ..cx(202611, now, &p)
+        };
+        take(&s, &k, 100, 202611, S, 0, 8);
+        begin_sync(&s, &k, &c(S, false)).unwrap();
+        finish_sync(&s, &k, synced(1000, 0, 1, 900_000), &c(S, false)).unwrap();
+        // A leased request used 300, not reported yet.
+        assert!(matches!(take(&s, &k, 300, 202611, S, 0, 8), Take::Hit(_)));
+        assert!(settle(&s, &k, 300, 300, 8));
+        // A request too big for the lease; the tick sends a sync reporting the 300.
+        assert!(matches!(
+            take(&s, &k, 5000, 202611, 2 * S, 0, 8),
+            Take::Miss(_)
+        ));
+        let (s1, _) = begin_sync(&s, &k, &c(2 * S, false)).unwrap();
+        assert_eq!(s1.reported_total, 300);
+        // Redis refused that request; it gives the lease back.
+        let (g, a) = begin_give_back(&s, &k, &c(2 * S + 1, false)).unwrap();
+        assert_eq!((g.target, a.available()), (Some(0), 0));
+        // Redis ran the sync (700 left in the lease), then the give-back; the sync answers first.
+        let n = finish_sync(&s, &k, synced(700, 300, 2, 900_000), &c(2 * S + 2, false)).unwrap();
+        assert_eq!(n.available(), 0);
+        assert!(!matches!(
+            take(&s, &k, 300, 202611, 2 * S + 3, 0, 8),
+            Take::Hit(_)
+        ));
+        let n = finish_sync(&s, &k, synced(0, 300, 3, 900_000), &c(2 * S + 4, true)).unwrap();
+        assert_eq!((n.held, n.available()), (0, 0));
+        assert!(!n.giving_back(2 * S + 4, &p));
+    }
+
+    #[test]
+    fn a_give_back_never_answered_expires_and_the_lease_grows_again() {
+        // Review: the request went away before its give-back answered; the flag stayed, and every
+        // later sync's answer was capped as if a give-back were still in flight.
+        let p = policy();
+        let s = MemStore::new();
+        let k = account_key("acme", Some("m"));
+        take(&s, &k, 100, 202611, S, 0, 8);
+        begin_sync(&s, &k, &cx(202611, S, &p)).unwrap();
+        finish_sync(&s, &k, synced(1000, 0, 1, 900_000), &cx(202611, S, &p)).unwrap();
+        begin_give_back(&s, &k, &cx(202611, 2 * S, &p)).unwrap();
+        // No sync while it may still answer.
+        assert!(begin_sync(&s, &k, &cx(202611, 3 * S, &p)).is_none());
+        let now = 2 * S + p.sync_timeout_ns + 1;
+        take(&s, &k, 5000, 202611, now, 0, 8);
+        let (plan, _) = begin_sync(&s, &k, &cx(202611, now, &p)).unwrap();
+        let n = finish_sync(
+            &s,
+            &k,
+            synced(plan.want, 0, 5, 900_000),
+            &cx(202611, now, &p),
+        )
+        .unwrap();
+        assert_eq!(n.held, plan.want);
+        assert!(n.available() > 0 && n.syncing_since_ns == 0);
     }
 }

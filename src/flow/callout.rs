@@ -352,25 +352,24 @@ impl Request {
         mut qr: QuotaReq,
         reply: CalloutReply,
     ) {
-        let Some((q, l)) = cx
+        let gave = match cx
             .cfg
             .quota
             .as_ref()
             .and_then(|q| Some((q, q.lease.as_ref()?)))
-        else {
-            return;
+        {
+            Some((q, l)) => super::lease::given_back(cx, q, l, &qr, reply),
+            None => false,
         };
-        let gave = super::lease::given_back(cx, q, l, &qr, reply);
         qr.giving_back = false;
         if !gave {
             // Redis' refusal stands (and is the answer: not the shim's failure policy).
-            if let Some(r) = qr.refusal {
-                self.quota_exceeded(cx, plan, qr, r.reason);
-            }
+            let reason = qr.refusal.map_or(Reason::TenantLimit, |r| r.reason);
+            self.quota_exceeded(cx, plan, qr, reason);
             return;
         }
+        // What is left stays the first refusal's until the reservation answers again.
         qr.answered = false;
-        qr.remaining = None;
         self.start_reserve(cx, plan, qr);
     }
 }

@@ -70,7 +70,7 @@ if o > 0 or target ~= 0 then
 else
   redis.call('HDEL', leases, id)
   redis.call('ZREM', due, id)
-  redis.call('HSET', done, id, 'R ' .. r .. ' ' .. ver)
+  redis.call('HSET', done, id, string.format('R %d %d', r, ver))
   redis.call('ZADD', gone, now + ltomb, id)
 end
 for _, k in ipairs({leases, due, done, gone}) do keep(k, ttl + ltomb + 86400) end
