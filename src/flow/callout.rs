@@ -272,13 +272,25 @@ impl Request {
                         } else {
                             qr.reserved.output_cost
                         });
-                    let covered =
-                        lease.is_some_and(|a| r.remaining().saturating_add(a.available()) >= need);
+                    let now_available = lease.map_or(0, |a| a.available());
+                    let covered = r
+                        .remaining()
+                        .saturating_add(now_available.max(qr.lease_available))
+                        >= need;
                     if let Some(l) = q.lease.as_ref().filter(|_| {
                         covered
                             && !qr.gave_back
                             && matches!(r.reason, Reason::TenantLimit | Reason::ModelLimit)
                     }) {
+                        if now_available == 0 {
+                            // A sync gave the lease back (or requests spent it) after the
+                            // reservation was sent: sent again, once; Redis has it if it went back.
+                            qr.gave_back = true;
+                            qr.refusal = Some(r);
+                            qr.answered = false;
+                            self.start_reserve(cx, plan, qr);
+                            return;
+                        }
                         if super::lease::give_back(cx, q, l, &qr) {
                             qr.giving_back = true;
                             qr.gave_back = true;

@@ -392,6 +392,16 @@ fn sync_ctx<'a>(
     }
 }
 
+/// What this Envoy's lease of `qr`'s account holds unspent this month (0: none).
+pub(super) fn available(cx: &Cx, qr: &QuotaReq) -> u64 {
+    let key = lease::account_key(&qr.args.tenant, qr.args.model.as_deref());
+    crate::store::peek::<Account>(cx.store(), &key)
+        .ok()
+        .and_then(|(a, _)| a)
+        .filter(|a| a.month == lease::month_code(&qr.args.month))
+        .map_or(0, |a| a.available())
+}
+
 /// Redis refused `qr`'s reservation, and what this Envoy's lease of the account holds unspent would
 /// cover the difference: gives that back (a lease call by the request, [`Purpose::LeaseGiveBack`]) so
 /// that the reservation, sent again once it answered ([`given_back`]), finds it in Redis. False when

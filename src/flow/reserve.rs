@@ -202,6 +202,7 @@ impl Request {
             giving_back: false,
             gave_back: false,
             refusal: None,
+            lease_available: 0,
             choices: plan.choices,
             fail_open: false,
             answered: false,
@@ -232,6 +233,9 @@ impl Request {
             }
             Ok(probe) => {
                 qr.shim_probe = probe;
+                if q.lease.is_some() && !qr.gave_back {
+                    qr.lease_available = super::lease::available(cx, &qr);
+                }
                 self.dispatch_reserve(cx, plan, qr, false)
             }
         }

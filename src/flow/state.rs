@@ -248,6 +248,9 @@ pub(super) struct QuotaReq {
     /// Redis' refusal of this reservation before the lease was given back: the answer if what follows
     /// fails.
     pub refusal: Option<crate::quota::ReserveReply>,
+    /// What this Envoy's lease of the account held unspent when the reservation was sent (a sync may
+    /// give it back before Redis' answer comes).
+    pub lease_available: u64,
     pub choices: u64,
     pub fail_open: bool,
     pub answered: bool,

@@ -529,3 +529,28 @@ fn a_give_back_that_fails_leaves_redis_refusal_as_the_answer_whatever_on_failure
         "no marker: the next request asks Redis"
     );
 }
+
+#[test]
+fn a_lease_a_sync_gave_back_while_the_reservation_was_in_flight_is_asked_for_again() {
+    // Third black-box run (1-3 % of tries): the request's miss made the next tick give the lease
+    // back (too small for such requests); Redis ran the refused reservation just before that
+    // give-back, and the request, finding no lease left to give back, was answered 429.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    assert_eq!(lease_calls(&e).len(), 1);
+    // The sync gave everything back (Redis ran it after the reservation).
+    e.reply_root(0, 200, &lease_reply(0, 1_000_000 - 5_500, 2, 0));
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    let again = c.pending.clone().expect("sent again");
+    assert_eq!(again.purpose, crate::flow::Purpose::Reserve);
+    e.reply(&mut c, 200, &reserved(1_000_000 - 5_500 + 5_010, 1_000_000));
+    clean(&c);
+    assert!(c.forwarded, "admitted");
+    // No lease then and none now: refused at once.
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    assert_eq!(c.status(), Some(429));
+}
