@@ -219,6 +219,39 @@ mod quota {
     }
 
     #[test]
+    fn a_lease_given_back_keeps_a_reported_total_of_two_to_the_fifty_and_more_exact() {
+        // Budgets count micro-units: a lease's reported total can pass 1e14, which Lua's `..` wrote
+        // as `1e+14` in the tombstone, read back as 0 (the whole total counted again).
+        let Some(st) = Stack::start() else { return };
+        st.cli(&["SET", "tg:q:{acme}:limit", &(1u64 << 52).to_string()]);
+        let total = (1u64 << 50) + 7;
+        let a = |reported_total, want, target| LeaseArgs {
+            keys: QuotaKeys::new("acme", None, "2026-11", "-"),
+            lease_id: lease_id(1, None, "2026-11"),
+            reported_total,
+            want,
+            target,
+            default_limit: 50_000,
+            default_model_limit: 0,
+            expire_at_unix: 1_796_688_000,
+            ttl_s: 60,
+            max_grant: want,
+            max_share_percent: 100,
+        };
+        let call = |args: &LeaseArgs| {
+            let (s, b) = st.post(&lease_request(args, ScriptCall::Eval));
+            parse_lease_reply(s, &b).unwrap()
+        };
+        call(&a(0, 1_000, None));
+        // Reports the total (taken from the lease, the rest added), then gives the lease back.
+        let r = call(&a(total, 0, Some(0)));
+        assert_eq!((r.held, r.reported_total, r.used), (0, total, total));
+        // The same total reported again after the give-back counts nothing twice.
+        let r = call(&a(total, 1_000, None));
+        assert_eq!((r.reported_total, r.used), (total, total + 1_000));
+    }
+
+    #[test]
     fn a_lease_holds_at_most_its_share_of_what_is_left() {
         // bb12: a first lease sized from one request (4 × 9,010) took 36,040 of the 50,000 left.
         let Some(st) = Stack::start() else { return };
