@@ -189,10 +189,13 @@ impl RedisCluster {
         let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let count = opts.masters * (1 + opts.replicas);
         let mut nodes = Vec::with_capacity(count);
+        // Every port of the cluster distinct: a port picked twice gave two nodes the same one, the
+        // second exited, and the first answered its PING (a cluster of 5 nodes, "2 replicas").
+        let mut used = Vec::new();
         for i in 0..count {
             let node_dir = dir.path().join(format!("node{i}"));
             fs::create_dir_all(&node_dir).unwrap_or_else(|e| panic!("{}: {e}", node_dir.display()));
-            let (port, bus_port) = (free_port(), free_port());
+            let (port, bus_port) = (distinct_port(&mut used), distinct_port(&mut used));
             let child = spawn_node(&bin, &opts, &node_dir, port, bus_port);
             nodes.push(ClusterNode {
                 port,
@@ -212,10 +215,7 @@ impl RedisCluster {
         for i in 0..cluster.nodes.len() {
             loop {
                 let port = cluster.nodes[i].port;
-                if matches!(redis_cmd(port, &["PING"]), Ok(RespValue::Simple(ref s)) if s == "PONG")
-                {
-                    break;
-                }
+                // Alive first: another process may answer on the port this node failed to bind.
                 if let Ok(Some(st)) = cluster.nodes[i].child.try_wait() {
                     // A free port another test took between the pick and the bind: new ports
                     // (bounded).
@@ -223,7 +223,7 @@ impl RedisCluster {
                     if log.matches("Address already in use").count() <= 4
                         && log.contains("Address already in use")
                     {
-                        let (port, bus_port) = (free_port(), free_port());
+                        let (port, bus_port) = (distinct_port(&mut used), distinct_port(&mut used));
                         let node = &mut cluster.nodes[i];
                         node.child = spawn_node(&bin, &cluster.opts, &node.dir, port, bus_port);
                         node.port = port;
@@ -231,6 +231,10 @@ impl RedisCluster {
                         continue;
                     }
                     panic!("cluster node on {port} exited {st}: {log}");
+                }
+                if matches!(redis_cmd(port, &["PING"]), Ok(RespValue::Simple(ref s)) if s == "PONG")
+                {
+                    break;
                 }
                 if Instant::now() >= deadline {
                     panic!("cluster node not answering PING on {port}");
@@ -884,6 +888,18 @@ impl ClusterShim {
             cluster,
         }
     }
+}
+
+/// A free loopback port not in `used` (then added to it).
+fn distinct_port(used: &mut Vec<u16>) -> u16 {
+    for _ in 0..1000 {
+        let p = free_port();
+        if !used.contains(&p) {
+            used.push(p);
+            return p;
+        }
+    }
+    panic!("no free loopback port outside {used:?} in 1000 tries");
 }
 
 #[cfg(test)]
