@@ -189,13 +189,10 @@ impl RedisCluster {
         let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let count = opts.masters * (1 + opts.replicas);
         let mut nodes = Vec::with_capacity(count);
-        // Every port of the cluster distinct: a port picked twice gave two nodes the same one, the
-        // second exited, and the first answered its PING (a cluster of 5 nodes, "2 replicas").
-        let mut used = Vec::new();
         for i in 0..count {
             let node_dir = dir.path().join(format!("node{i}"));
             fs::create_dir_all(&node_dir).unwrap_or_else(|e| panic!("{}: {e}", node_dir.display()));
-            let (port, bus_port) = (distinct_port(&mut used), distinct_port(&mut used));
+            let (port, bus_port) = (free_port(), free_port());
             let child = spawn_node(&bin, &opts, &node_dir, port, bus_port);
             nodes.push(ClusterNode {
                 port,
@@ -223,7 +220,7 @@ impl RedisCluster {
                     if log.matches("Address already in use").count() <= 4
                         && log.contains("Address already in use")
                     {
-                        let (port, bus_port) = (distinct_port(&mut used), distinct_port(&mut used));
+                        let (port, bus_port) = (free_port(), free_port());
                         let node = &mut cluster.nodes[i];
                         node.child = spawn_node(&bin, &cluster.opts, &node.dir, port, bus_port);
                         node.port = port;
@@ -888,18 +885,6 @@ impl ClusterShim {
             cluster,
         }
     }
-}
-
-/// A free loopback port not in `used` (then added to it).
-fn distinct_port(used: &mut Vec<u16>) -> u16 {
-    for _ in 0..1000 {
-        let p = free_port();
-        if !used.contains(&p) {
-            used.push(p);
-            return p;
-        }
-    }
-    panic!("no free loopback port outside {used:?} in 1000 tries");
 }
 
 #[cfg(test)]

@@ -117,12 +117,25 @@ macro_rules! mock_provider {
     };
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released; the OS does not hand it out again at once).
+/// A free TCP port on 127.0.0.1 (bound then released), never one this process was given before:
+/// the OS may hand a released port out again at once (this stop's CI: two Redis Cluster nodes got
+/// the same port, and the one that could not bind was taken for up by the other's answer).
 pub fn free_port() -> u16 {
-    match TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
-        Ok(a) => a.port(),
-        Err(e) => panic!("cannot bind 127.0.0.1:0: {e}"),
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..1000 {
+        let port = match TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
+            Ok(a) => a.port(),
+            Err(e) => panic!("cannot bind 127.0.0.1:0: {e}"),
+        };
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
     }
+    panic!("no loopback port this process was not given already, in 1000 tries");
 }
 
 /// A fresh directory under `std::env::temp_dir()`, removed on drop unless `KEEP_TMP` is set.
