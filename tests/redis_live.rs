@@ -175,15 +175,21 @@ mod quota {
 
     /// A lease call of this Envoy (`L|1|-|2026-11`) for tenant `acme` (limit 50,000), wanting `want`.
     fn lease(st: &Stack, want: u64, share: u32) -> LeaseReply {
-        lease_to(st, want, None, share)
+        lease_to(st, 0, want, None, share)
     }
 
-    /// [`lease`] with a `target` to shrink to.
-    fn lease_to(st: &Stack, want: u64, target: Option<u64>, share: u32) -> LeaseReply {
+    /// [`lease`] reporting `reported_total`, with a `target` to shrink to.
+    fn lease_to(
+        st: &Stack,
+        reported_total: u64,
+        want: u64,
+        target: Option<u64>,
+        share: u32,
+    ) -> LeaseReply {
         let a = LeaseArgs {
             keys: QuotaKeys::new("acme", None, "2026-11", "-"),
             lease_id: lease_id(1, None, "2026-11"),
-            reported_total: 0,
+            reported_total,
             want,
             target,
             default_limit: 50_000,
@@ -211,7 +217,7 @@ mod quota {
                 "round {round}: {} after {last}",
                 r.version
             );
-            let r = lease_to(&st, 0, Some(0), 10);
+            let r = lease_to(&st, 0, 0, Some(0), 10);
             assert_eq!(r.held, 0);
             assert!(r.version > last);
             last = r.version;
@@ -225,29 +231,12 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         st.cli(&["SET", "tg:q:{acme}:limit", &(1u64 << 52).to_string()]);
         let total = (1u64 << 50) + 7;
-        let a = |reported_total, want, target| LeaseArgs {
-            keys: QuotaKeys::new("acme", None, "2026-11", "-"),
-            lease_id: lease_id(1, None, "2026-11"),
-            reported_total,
-            want,
-            target,
-            default_limit: 50_000,
-            default_model_limit: 0,
-            expire_at_unix: 1_796_688_000,
-            ttl_s: 60,
-            max_grant: want,
-            max_share_percent: 100,
-        };
-        let call = |args: &LeaseArgs| {
-            let (s, b) = st.post(&lease_request(args, ScriptCall::Eval));
-            parse_lease_reply(s, &b).unwrap()
-        };
-        call(&a(0, 1_000, None));
+        lease_to(&st, 0, 1_000, None, 100);
         // Reports the total (taken from the lease, the rest added), then gives the lease back.
-        let r = call(&a(total, 0, Some(0)));
+        let r = lease_to(&st, total, 0, Some(0), 100);
         assert_eq!((r.held, r.reported_total, r.used), (0, total, total));
         // The same total reported again after the give-back counts nothing twice.
-        let r = call(&a(total, 1_000, None));
+        let r = lease_to(&st, total, 1_000, None, 100);
         assert_eq!((r.reported_total, r.used), (total, total + 1_000));
     }
 

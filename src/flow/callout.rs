@@ -204,13 +204,7 @@ impl Request {
                 let lease = q
                     .lease
                     .as_ref()
-                    .and_then(|_| {
-                        let key =
-                            crate::lease::account_key(&qr.args.tenant, qr.args.model.as_deref());
-                        crate::store::peek::<crate::lease::Account>(cx.store(), &key).ok()
-                    })
-                    .and_then(|(a, _)| a)
-                    .filter(|a| a.month == crate::lease::month_code(&qr.args.month));
+                    .and_then(|_| super::lease::account(cx, &qr));
                 // The limit that binds (tenant or tenant × model) and its remaining, as one pair.
                 let (limit, remaining) = r.binding();
                 let remaining = remaining.saturating_add(lease.map_or(0, |a| a.available()));
@@ -279,13 +273,12 @@ impl Request {
                         >= need;
                     if let Some(l) = q.lease.as_ref().filter(|_| {
                         covered
-                            && !qr.gave_back
+                            && qr.refusal.is_none()
                             && matches!(r.reason, Reason::TenantLimit | Reason::ModelLimit)
                     }) {
                         if now_available == 0 {
                             // A sync gave the lease back (or requests spent it) after the
                             // reservation was sent: sent again, once; Redis has it if it went back.
-                            qr.gave_back = true;
                             qr.refusal = Some(r);
                             qr.answered = false;
                             self.start_reserve(cx, plan, qr);
@@ -293,7 +286,6 @@ impl Request {
                         }
                         if super::lease::give_back(cx, q, l, &qr) {
                             qr.giving_back = true;
-                            qr.gave_back = true;
                             qr.refusal = Some(r);
                             // Nothing is reserved while it is given back.
                             qr.started = false;
@@ -306,7 +298,7 @@ impl Request {
                     // Not while this Envoy still holds part of the account in a lease (or gave it
                     // back for this request: Redis may not have it yet): that part goes back to
                     // Redis at the next sync and the next request may get it.
-                    let leased = qr.gave_back || lease.is_some_and(|a| a.held > 0);
+                    let leased = qr.refusal.is_some() || lease.is_some_and(|a| a.held > 0);
                     if r.reason == Reason::TenantLimit
                         && r.remaining() < q.exhausted_below
                         && !leased

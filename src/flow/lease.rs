@@ -12,7 +12,7 @@ use crate::config::{LeaseSettings, QuotaSettings};
 use crate::hash::FnvBuild;
 use crate::lease::{self, Account, Miss, Settled, Synced, Take};
 use crate::quota::{self, LeaseArgs, QuotaKeys};
-use crate::webdis::{ScriptCall, ShimError};
+use crate::webdis::ShimError;
 use std::collections::HashMap;
 
 /// Syncs started per tick for accounts this VM saw miss.
@@ -284,21 +284,7 @@ fn start(
     probe: bool,
 ) -> bool {
     let key = lease::account_key(tenant, model);
-    let now = cx.now();
-    let now_s = super::headers::unix_s(cx, q);
-    let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
-    let month = u32::try_from(y)
-        .unwrap_or(0)
-        .saturating_mul(100)
-        .saturating_add(m);
-    let sc = lease::SyncCtx {
-        month,
-        now,
-        policy: &l.policy,
-        typical_cost: typical,
-        retries: cx.cfg.cas_max_retries,
-        give_back: false,
-    };
+    let sc = sync_ctx(cx, q, l, typical);
     let Some((plan, _)) = lease::begin_sync(cx.store(), &key, &sc) else {
         return false;
     };
@@ -316,15 +302,20 @@ fn start(
             probe,
         },
     );
+    dispatch(cx, q, Purpose::Lease(id), body);
+    true
+}
+
+/// Sends a lease call.
+fn dispatch(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) {
     cx.inc(Metric::QuotaLeaseSyncs);
     cx.fx.push(Effect::Dispatch(shim::callout(
-        Purpose::Lease(id),
+        purpose,
         &q.cluster,
         &q.authority,
         q.timeout_ms,
         body,
     )));
-    true
 }
 
 /// The lease call of `plan` for the account of `tenant` (× `model`).
@@ -362,12 +353,7 @@ fn call_body(
         max_grant: plan.want,
         max_share_percent: (l.policy.max_share * 100.0).round().clamp(1.0, 100.0) as u32,
     };
-    let call = if cx.worker.leases.loaded {
-        ScriptCall::EvalSha
-    } else {
-        ScriptCall::Eval
-    };
-    quota::lease_request(&args, call)
+    quota::lease_request(&args, shim::script_call(cx.worker.leases.loaded))
 }
 
 /// The sync context of now (the quota's month) for `typical`.
@@ -392,20 +378,20 @@ fn sync_ctx<'a>(
     }
 }
 
-/// What this Envoy's lease of `qr`'s account holds unspent this month (0: none).
-pub(super) fn available(cx: &Cx, qr: &QuotaReq) -> u64 {
+/// This Envoy's lease of `qr`'s account, if it has one for `qr`'s month.
+pub(super) fn account(cx: &Cx, qr: &QuotaReq) -> Option<Account> {
     let key = lease::account_key(&qr.args.tenant, qr.args.model.as_deref());
     crate::store::peek::<Account>(cx.store(), &key)
         .ok()
         .and_then(|(a, _)| a)
         .filter(|a| a.month == lease::month_code(&qr.args.month))
-        .map_or(0, |a| a.available())
 }
 
 /// Redis refused `qr`'s reservation, and what this Envoy's lease of the account holds unspent would
 /// cover the difference: gives that back (a lease call by the request, [`Purpose::LeaseGiveBack`]) so
 /// that the reservation, sent again once it answered ([`given_back`]), finds it in Redis. False when
-/// there is nothing to give back or a sync of the account is in flight (the refusal stands).
+/// there is nothing to give back or another give-back of the account is in flight (the refusal
+/// stands).
 pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &QuotaReq) -> bool {
     let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
     let key = lease::account_key(tenant, model);
@@ -414,14 +400,7 @@ pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &
         return false;
     };
     let body = call_body(cx, q, l, tenant, model, &plan);
-    cx.inc(Metric::QuotaLeaseSyncs);
-    cx.fx.push(Effect::Dispatch(shim::callout(
-        Purpose::LeaseGiveBack,
-        &q.cluster,
-        &q.authority,
-        q.timeout_ms,
-        body,
-    )));
+    dispatch(cx, q, Purpose::LeaseGiveBack, body);
     true
 }
 

@@ -200,7 +200,6 @@ impl Request {
             remaining: None,
             reset_at: calendar::month_end_unix(now_s, offset),
             giving_back: false,
-            gave_back: false,
             refusal: None,
             lease_available: 0,
             choices: plan.choices,
@@ -233,8 +232,9 @@ impl Request {
             }
             Ok(probe) => {
                 qr.shim_probe = probe;
-                if q.lease.is_some() && !qr.gave_back {
-                    qr.lease_available = super::lease::available(cx, &qr);
+                if q.lease.is_some() && qr.refusal.is_none() {
+                    qr.lease_available =
+                        super::lease::account(cx, &qr).map_or(0, |a| a.available());
                 }
                 self.dispatch_reserve(cx, plan, qr, false)
             }

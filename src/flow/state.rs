@@ -243,10 +243,8 @@ pub(super) struct QuotaReq {
     /// Waiting for the give-back of this Envoy's lease of the account (`flow::lease::give_back`),
     /// after which the reservation is sent again.
     pub giving_back: bool,
-    /// The lease was given back once for this reservation (never twice).
-    pub gave_back: bool,
-    /// Redis' refusal of this reservation before the lease was given back: the answer if what follows
-    /// fails.
+    /// Redis' refusal of this reservation, which is being sent again (once) after this Envoy's lease
+    /// of the account went back: the answer if what follows fails.
     pub refusal: Option<crate::quota::ReserveReply>,
     /// What this Envoy's lease of the account held unspent when the reservation was sent (a sync may
     /// give it back before Redis' answer comes).

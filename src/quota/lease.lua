@@ -23,7 +23,8 @@ else
   if tb then
     local a, b = string.match(tb, '^R (%d+) ?(%d*)$')
     if a then r = tonumber(a) or 0 end
-    if b and tonumber(b) and tonumber(b) > ver then ver = tonumber(b) end
+    local v = tonumber(b)
+    if v and v > ver then ver = v end
   end
 end
 local function move(d)

@@ -34,7 +34,7 @@ pub const LEASE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`LEASE_SCRIPT`].
-pub const LEASE_SHA1: &str = "bd3ee70548df372c1f9ac023eff4bc1c9ee47120";
+pub const LEASE_SHA1: &str = "49048e436ac6bd2d5f2870884173bbaec690cb65";
 
 /// How long a lease's reported total is remembered after the lease is gone.
 pub const LEASE_TOMBSTONE_S: u64 = 24 * TOMBSTONE_S;

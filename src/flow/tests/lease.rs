@@ -42,6 +42,13 @@ fn usage_answer(e: &FakeEnvoy, c: &mut Call, total: u64) {
     );
 }
 
+/// This Envoy's lease account of tenant `acme`, model `m`, as shared data holds it.
+fn account(e: &FakeEnvoy) -> crate::lease::Account {
+    let key = crate::lease::account_key("acme", Some("m"));
+    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+    a.unwrap()
+}
+
 /// A first request reserved per request (30 used), then the tick's lease call answered: 1,000 held.
 fn granted_a_lease(e: &FakeEnvoy) {
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
@@ -99,17 +106,12 @@ fn a_cold_tenant_reserves_per_request_then_spends_from_a_lease_without_callouts(
         assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
     }
     assert_eq!(e.metric(Metric::QuotaLeased), 5);
-    let key = crate::lease::account_key("acme", Some("m"));
-    let account = || {
-        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
-        a.unwrap()
-    };
     // Each request's end was written by the next request's reservation; the last one's by the tick.
-    let a = account();
+    let a = account(&e);
     assert_eq!(a.consumed, total - 40);
     assert!(a.inflight > 0);
     e.tick(0);
-    let a = account();
+    let a = account(&e);
     assert_eq!((a.consumed, a.inflight), (total, 0));
     // A refresh later reports the usage total.
     e.root_callouts.borrow_mut().clear();
@@ -279,10 +281,6 @@ fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tic
     let e = FakeEnvoy::new(&cfg(json!({"min_tokens": 1000})).to_string(), 2);
     granted_a_lease(&e);
     let key = crate::lease::account_key("acme", Some("m"));
-    let account = || {
-        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
-        a.unwrap()
-    };
     // The account's CAS token: MemStore moves it by one per write.
     let writes = |e: &FakeEnvoy| {
         crate::store::SharedStore::get(&e.store, &key)
@@ -293,13 +291,16 @@ fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tic
 
     let mut first = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(first.pending.is_none(), "served from the lease");
-    let reserved_each = account().inflight;
+    let reserved_each = account(&e).inflight;
     assert!(reserved_each > 40);
     let before = writes(&e);
     usage_answer(&e, &mut first, 40);
     assert_eq!(writes(&e), before, "its end is kept by the VM");
     assert_eq!(first.audit_field("actual").as_deref(), Some("40"));
-    assert_eq!((account().consumed, account().inflight), (0, reserved_each));
+    assert_eq!(
+        (account(&e).consumed, account(&e).inflight),
+        (0, reserved_each)
+    );
 
     // The next request of the account writes it with its own reservation, in one CAS.
     let before = writes(&e);
@@ -311,7 +312,7 @@ fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tic
         "one write for the end and the reservation"
     );
     assert_eq!(
-        (account().consumed, account().inflight),
+        (account(&e).consumed, account(&e).inflight),
         (40, reserved_each)
     );
     usage_answer(&e, &mut second, 45);
@@ -320,16 +321,16 @@ fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tic
     assert!(third.pending.is_none());
     usage_answer(&e, &mut third, 50);
     assert_eq!(
-        (account().consumed, account().inflight),
+        (account(&e).consumed, account(&e).inflight),
         (40, 2 * reserved_each)
     );
     e.tick(0);
     assert_eq!(
-        (account().consumed, account().inflight),
+        (account(&e).consumed, account(&e).inflight),
         (85, reserved_each)
     );
     e.tick(1);
-    assert_eq!((account().consumed, account().inflight), (135, 0));
+    assert_eq!((account(&e).consumed, account(&e).inflight), (135, 0));
     // A sync reports all of it.
     e.root_callouts.borrow_mut().clear();
     e.advance_ms(1_100);
@@ -347,14 +348,9 @@ fn a_worker_torn_down_writes_the_leased_requests_it_kept() {
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
     assert!(c.pending.is_none(), "served from the lease");
     usage_answer(&e, &mut c, 40);
-    let key = crate::lease::account_key("acme", Some("m"));
-    let account = || {
-        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
-        a.unwrap()
-    };
-    assert!(account().inflight > 0);
+    assert!(account(&e).inflight > 0);
     e.done(0);
-    assert_eq!((account().consumed, account().inflight), (40, 0));
+    assert_eq!((account(&e).consumed, account(&e).inflight), (40, 0));
 }
 
 #[test]
@@ -402,7 +398,6 @@ fn a_request_redis_refuses_but_the_lease_covers_gives_the_lease_back_and_is_rese
     // (x-should-retry: false), admitted a second later once the lease had gone back.
     let e = envoy(cfg(json!({"min_tokens": 1000})));
     granted_a_lease(&e);
-    let key = crate::lease::account_key("acme", Some("m"));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
     assert!(
         c.pending.is_some(),
@@ -416,9 +411,8 @@ fn a_request_redis_refuses_but_the_lease_covers_gives_the_lease_back_and_is_rese
     let nkeys: usize = seg[2].parse().unwrap();
     // Target: what requests in flight hold (none).
     assert_eq!(seg[3 + nkeys + 3], "0");
-    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
     assert_eq!(
-        a.unwrap().available(),
+        account(&e).available(),
         0,
         "nothing spent while it goes back"
     );
@@ -441,9 +435,7 @@ fn a_refused_request_the_lease_cannot_cover_is_refused_at_once_and_only_once_giv
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
     e.reply(&mut c, 200, &refused(1_000_000 - 3_000));
     assert_eq!(c.status(), Some(429));
-    let key = crate::lease::account_key("acme", Some("m"));
-    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
-    assert_eq!(a.unwrap().available(), 1_000);
+    assert_eq!(account(&e).available(), 1_000);
     // Covered, but Redis refuses again after the give-back (another Envoy took it): 429, no
     // second give-back.
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
@@ -467,11 +459,6 @@ fn the_give_back_goes_out_while_the_sync_the_miss_asked_for_is_in_flight_and_tha
     // when Redis refused, the give-back was not made and the request got the 429.
     let e = envoy(cfg(json!({"min_tokens": 1000})));
     granted_a_lease(&e);
-    let key = crate::lease::account_key("acme", Some("m"));
-    let available = || {
-        let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
-        a.unwrap().available()
-    };
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
     e.root_callouts.borrow_mut().clear();
     e.tick(0);
@@ -481,7 +468,7 @@ fn the_give_back_goes_out_while_the_sync_the_miss_asked_for_is_in_flight_and_tha
         c.pending.as_ref().map(|p| p.purpose),
         Some(crate::flow::Purpose::LeaseGiveBack)
     );
-    assert_eq!(available(), 0);
+    assert_eq!(account(&e).available(), 0);
     // No other sync starts meanwhile.
     e.advance_ms(100);
     e.tick(0);
@@ -493,7 +480,7 @@ fn the_give_back_goes_out_while_the_sync_the_miss_asked_for_is_in_flight_and_tha
         &lease_reply(20_000, 1_000_000 - 4_500 + 19_000, 2, 0),
     );
     assert_eq!(
-        available(),
+        account(&e).available(),
         0,
         "a sync answered while the give-back is in flight"
     );
