@@ -253,7 +253,6 @@ impl Request {
                     self.next_quota(cx, plan);
                 } else {
                     // Nothing was reserved here: nothing to settle; earlier ones are given back.
-                    cx.inc(Metric::QuotaRejected);
                     let account = qr.args.tenant.as_str();
                     // What this Envoy's lease holds unspent would make up the difference: it is given
                     // back, and the reservation sent again (once).
@@ -325,6 +324,9 @@ impl Request {
         let Some(q) = cx.cfg.quota.as_ref() else {
             return Next::Pause;
         };
+        // Counted where the refusal is the answer: not a first refusal that a give-back of this
+        // Envoy's lease then turned into an admission.
+        cx.inc(Metric::QuotaRejected);
         let what = if reason == Reason::ModelLimit {
             format!("for model '{}'", plan.model)
         } else {

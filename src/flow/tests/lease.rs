@@ -425,6 +425,8 @@ fn a_request_redis_refuses_but_the_lease_covers_gives_the_lease_back_and_is_rese
     assert!(c.forwarded, "admitted");
     usage_answer(&e, &mut c, 100);
     assert_eq!(c.audit_field("decision").as_deref(), Some("admit"));
+    // Admitted: not a quota refusal in the metrics (the first refusal was counted before).
+    assert_eq!(e.metric(Metric::QuotaRejected), 0);
 }
 
 #[test]
@@ -450,6 +452,7 @@ fn a_refused_request_the_lease_cannot_cover_is_refused_at_once_and_only_once_giv
     assert!(c.pending.is_none());
     let j = c.reply_json();
     assert_eq!(j["error"]["code"], "insufficient_quota");
+    assert_eq!(e.metric(Metric::QuotaRejected), 2, "each 429 once");
 }
 
 #[test]
