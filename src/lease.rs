@@ -408,6 +408,18 @@ pub fn begin_sync(store: &dyn SharedStore, key: &str, c: &SyncCtx) -> Option<(Sy
     r.ok().and_then(|(x, _)| x)
 }
 
+/// The call of a give-back begun by [`begin_give_back`] and still under way (its flag set), as it
+/// would be sent now: to send it again (as `EVAL`, after a NOSCRIPT). None when `a` is not being
+/// given back.
+pub fn give_back_plan(a: &Account, c: &SyncCtx) -> Option<SyncPlan> {
+    (a.month == c.month && a.giving_back(c.now, c.policy)).then_some(SyncPlan {
+        reported_total: a.consumed,
+        want: 0,
+        target: Some(a.inflight),
+        month: a.month,
+    })
+}
+
 /// A give-back of what the account at `key` holds and has not spent, so that a request the lease and
 /// what is left in Redis could cover together, and Redis alone cannot, is reserved in Redis after it
 /// (see `flow::lease::give_back`). Marks a sync in flight and makes the account hold no more than its

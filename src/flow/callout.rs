@@ -354,17 +354,30 @@ impl Request {
     fn on_given_back(
         &mut self,
         cx: &mut Cx,
-        plan: Box<Plan>,
+        mut plan: Box<Plan>,
         mut qr: QuotaReq,
         reply: CalloutReply,
     ) {
-        let gave = match cx
+        let settings = cx
             .cfg
             .quota
             .as_ref()
-            .and_then(|q| Some((q, q.lease.as_ref()?)))
-        {
-            Some((q, l)) => super::lease::given_back(cx, q, l, &qr, reply),
+            .and_then(|q| Some((q, q.lease.as_ref()?)));
+        let gave = match settings {
+            Some((q, l)) => {
+                let noscript = reply.refused.is_none()
+                    && quota::parse_lease_reply(reply.status, &reply.body)
+                        == Err(ShimError::NoScript);
+                if noscript && !qr.give_back_eval && super::lease::give_back_again(cx, q, l, &qr) {
+                    // Redis restarted since the script was loaded: the give-back is sent again
+                    // as EVAL.
+                    qr.give_back_eval = true;
+                    plan.step = Step::Quota(Box::new(qr));
+                    self.stage = Stage::Admitting(plan);
+                    return;
+                }
+                super::lease::given_back(cx, q, l, &qr, reply)
+            }
             None => false,
         };
         qr.giving_back = false;

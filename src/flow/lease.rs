@@ -404,6 +404,31 @@ pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &
     true
 }
 
+/// The give-back of [`give_back`] answered NOSCRIPT (Redis restarted since the script was loaded):
+/// sent again as `EVAL`, the account still given back (its flag set, nothing spendable). False when
+/// the account is no longer being given back.
+pub(super) fn give_back_again(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    qr: &QuotaReq,
+) -> bool {
+    cx.worker.leases.loaded = false;
+    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
+    let key = lease::account_key(tenant, model);
+    let sc = sync_ctx(cx, q, l, 0);
+    let Some(plan) = crate::store::peek::<Account>(cx.store(), &key)
+        .ok()
+        .and_then(|(a, _)| a)
+        .and_then(|a| lease::give_back_plan(&a, &sc))
+    else {
+        return false;
+    };
+    let body = call_body(cx, q, l, tenant, model, &plan);
+    dispatch(cx, q, Purpose::LeaseGiveBack, body);
+    true
+}
+
 /// The give-back of [`give_back`] answered: applied to the account as any sync. True when Redis
 /// took it.
 pub(super) fn given_back(

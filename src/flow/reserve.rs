@@ -202,6 +202,7 @@ impl Request {
             giving_back: false,
             refusal: None,
             lease_available: 0,
+            give_back_eval: false,
             choices: plan.choices,
             fail_open: false,
             answered: false,

@@ -249,6 +249,8 @@ pub(super) struct QuotaReq {
     /// What this Envoy's lease of the account held unspent when the reservation was sent (a sync may
     /// give it back before Redis' answer comes).
     pub lease_available: u64,
+    /// The give-back was sent again as `EVAL` after a NOSCRIPT (once).
+    pub give_back_eval: bool,
     pub choices: u64,
     pub fail_open: bool,
     pub answered: bool,

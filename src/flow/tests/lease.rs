@@ -430,6 +430,39 @@ fn a_request_redis_refuses_but_the_lease_covers_gives_the_lease_back_and_is_rese
 }
 
 #[test]
+fn a_give_back_answered_noscript_is_sent_again_as_eval_and_the_request_admitted() {
+    // Left by the last stop: Redis restarted (its scripts gone) while this Envoy held a lease; the
+    // give-back's NOSCRIPT was taken for a failure and the request got Redis' first refusal.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
+    let give = c.pending.clone().expect("the give-back");
+    assert_eq!(give.purpose, crate::flow::Purpose::LeaseGiveBack);
+    assert!(give.body.starts_with("EVALSHA/"), "{}", give.body);
+    e.reply(
+        &mut c,
+        200,
+        r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#,
+    );
+    let again = c.pending.clone().expect("the give-back, sent again");
+    assert_eq!(again.purpose, crate::flow::Purpose::LeaseGiveBack);
+    assert!(again.body.starts_with("EVAL/"), "{}", again.body);
+    assert_eq!(
+        account(&e).available(),
+        0,
+        "still nothing spendable while it goes back"
+    );
+    e.reply(&mut c, 200, &lease_reply(0, 1_000_000 - 5_500, 2, 0));
+    let reserve = c.pending.clone().expect("the reservation, sent again");
+    assert_eq!(reserve.purpose, crate::flow::Purpose::Reserve);
+    e.reply(&mut c, 200, &reserved(1_000_000 - 5_500 + 5_010, 1_000_000));
+    clean(&c);
+    assert!(c.forwarded, "admitted");
+    assert_eq!(e.metric(Metric::QuotaRejected), 0);
+}
+
+#[test]
 fn a_refused_request_the_lease_cannot_cover_is_refused_at_once_and_only_once_given_back() {
     let e = envoy(cfg(json!({"min_tokens": 1000})));
     granted_a_lease(&e);
