@@ -41,6 +41,7 @@
 //! | `RequestsPerMinute` | 429 | `requests` / `rate_limit_exceeded` | 429 `rate_limit_error` | yes |
 //! | `ConcurrencyLimit` | 429 | `requests` / `rate_limit_exceeded` | 429 `rate_limit_error` | yes |
 //! | `QuotaExceeded` | 429 | `insufficient_quota` / `insufficient_quota` | 429 `rate_limit_error` | no |
+//! | `QuotaLeased` | 429 | `tokens` / `rate_limit_exceeded` | 429 `rate_limit_error` | yes |
 //! | `CostExceedsBurst` | 413 | `invalid_request_error` / `cost_exceeds_burst` | 413 `request_too_large` | no |
 //! | `BodyTooLarge` | 413 | `invalid_request_error` / `request_too_large` | 413 `request_too_large` | no |
 //! | `InvalidBody` | 400 | `invalid_request_error` / `invalid_body` | 400 `invalid_request_error` | no |

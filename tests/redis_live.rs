@@ -204,6 +204,50 @@ mod quota {
     }
 
     #[test]
+    fn a_refusal_reports_what_the_accounts_leases_hold() {
+        // An Envoy refused for quota that other Envoys' leases hold answers a retryable 429.
+        let Some(st) = Stack::start() else { return };
+        assert_eq!(lease(&st, 4_000, 100).held, 4_000);
+        let big = ReserveArgs {
+            model: None,
+            prompt_cost: 47_000,
+            output_cost: 0,
+            default_limit: 50_000,
+            ..base()
+        };
+        let r = reserve(&st, &big).unwrap();
+        assert!(!r.allowed);
+        assert_eq!((r.remaining(), r.leased), (46_000, 4_000));
+        // A refusal by the model's limit counts the leases of that tenant × model only (none).
+        let by_model = ReserveArgs {
+            request_id: "req-2".into(),
+            prompt_cost: 600,
+            default_model_limit: 500,
+            ..big.clone()
+        };
+        let by_model = ReserveArgs {
+            model: Some("gpt-4.1".into()),
+            ..by_model
+        };
+        let r = reserve(&st, &by_model).unwrap();
+        assert_eq!(
+            (r.allowed, r.reason, r.leased),
+            (false, Reason::ModelLimit, 0)
+        );
+        // Given back: nothing leased, and the request fits.
+        lease_to(&st, 0, 0, Some(0), 100);
+        let r = reserve(
+            &st,
+            &ReserveArgs {
+                request_id: "req-3".into(),
+                ..big
+            },
+        )
+        .unwrap();
+        assert!(r.allowed, "{r:?}");
+    }
+
+    #[test]
     fn a_lease_given_back_and_taken_again_goes_on_from_its_version() {
         // The Envoy takes a reply with a version at most the last it applied for a stale one: a
         // version that went back to 1 after a give-back made it ignore its next leases.

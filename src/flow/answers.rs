@@ -170,6 +170,25 @@ pub fn quota_exceeded(
     r
 }
 
+/// 429 that invites a retry: what is left of the quota here (`remaining`, this Envoy's own lease
+/// included) cannot cover the request, but other Envoys' leases hold up to `elsewhere` more, which
+/// comes back to Redis when they are idle (in about `retry_s`).
+pub fn quota_leased(
+    limit: u64,
+    remaining: u64,
+    elsewhere: u64,
+    reset_unix_s: i64,
+    now_unix_s: i64,
+    what: &str,
+    retry_s: f64,
+) -> Refusal {
+    let mut r = quota_exceeded(limit, remaining, reset_unix_s, now_unix_s, what);
+    r.class = Class::QuotaLeased;
+    r.message = format!("The monthly token quota {what} has {remaining} tokens left of {limit} for this gateway, not enough for this request; other gateways hold up to {elsewhere} more in leases, which come back when they are idle.");
+    r.retry_after_s = Some(retry_s);
+    r
+}
+
 /// 429: a monthly budget in money is spent (the [`quota_exceeded`] answer of its account, reworded).
 pub fn as_budget(mut r: Refusal, b: &crate::config::Budget, currency: &str) -> Refusal {
     if let Some(q) = r.quota.as_mut() {

@@ -294,15 +294,35 @@ impl Request {
                             return;
                         }
                     }
+                    // Other Envoys' leases of the account hold what would make up the difference:
+                    // a retry after they went idle can pass (tokens only: a budget is refused).
+                    let elsewhere = r
+                        .leased
+                        .saturating_sub(lease.map_or(0, |a| a.held.max(qr.lease_available)));
+                    let retry_elsewhere = q.lease.as_ref().filter(|_| {
+                        elsewhere > 0
+                            && qr.budget.is_none()
+                            && r.remaining()
+                                .saturating_add(now_available)
+                                .saturating_add(elsewhere)
+                                >= need
+                    });
                     // Not while this Envoy still holds part of the account in a lease (or gave it
                     // back for this request: Redis may not have it yet): that part goes back to
-                    // Redis at the next sync and the next request may get it.
-                    let leased = qr.refusal.is_some() || lease.is_some_and(|a| a.held > 0);
+                    // Redis at the next sync and the next request may get it. Nor while other
+                    // Envoys' leases hold enough.
+                    let leased = qr.refusal.is_some()
+                        || lease.is_some_and(|a| a.held > 0)
+                        || retry_elsewhere.is_some();
                     if r.reason == Reason::TenantLimit
                         && r.remaining() < q.exhausted_below
                         && !leased
                     {
                         mark_exhausted(cx, q, account, limit, r.remaining());
+                    }
+                    if let Some(l) = retry_elsewhere {
+                        self.quota_leased(cx, plan, qr, r.reason, elsewhere, l);
+                        return;
                     }
                     self.quota_exceeded(cx, plan, qr, r.reason);
                 }
@@ -348,6 +368,40 @@ impl Request {
         };
         let reconcile = qr.uncertain.then_some(qr);
         self.quota_refused_with(cx, &mut plan, refusal, decision, reconcile)
+    }
+
+    /// The retryable 429 of a quota Redis refused for `reason` that other Envoys' leases would
+    /// cover (`elsewhere`): they come back when idle (`idle_s`, then their next sync).
+    fn quota_leased(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        qr: QuotaReq,
+        reason: Reason,
+        elsewhere: u64,
+        l: &crate::config::LeaseSettings,
+    ) {
+        let Some(q) = cx.cfg.quota.as_ref() else {
+            return;
+        };
+        cx.inc(Metric::QuotaRejected);
+        let what = if reason == Reason::ModelLimit {
+            format!("for model '{}'", plan.model)
+        } else {
+            "for this tenant".to_string()
+        };
+        let retry_s = (l.policy.idle_ns.saturating_add(l.policy.refresh_ns)) as f64 / 1e9;
+        let refusal = answers::quota_leased(
+            qr.limit,
+            qr.remaining.unwrap_or(0),
+            elsewhere,
+            qr.reset_at,
+            unix_s(cx, q),
+            &what,
+            retry_s,
+        );
+        let reconcile = qr.uncertain.then_some(qr);
+        self.quota_refused_with(cx, &mut plan, refusal, "quota_leased", reconcile);
     }
 
     /// The give-back of this Envoy's lease answered (or failed): the reservation is sent again.

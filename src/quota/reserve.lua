@@ -19,7 +19,18 @@ if p + o > avail then
   if clamp and avail - p >= mino and avail - p > 0 then
     grant, reason = avail - p, 3
   else
-    return {0, used, lim, mused, mlim, 0, 0, why}
+    -- Refused: also what the leases of the refused account hold (this Envoy's and others', their
+    -- unspent part comes back when idle), so that the Envoy can tell a spent month from one that
+    -- leases hold. Not counted beyond 512 leases of the tenant (0 is then answered).
+    local held = 0
+    if redis.call('HLEN', leases) <= 512 then
+      local acct = why == 2 and KEYS[2] or KEYS[1]
+      for _, rec in ipairs(redis.call('HVALS', leases)) do
+        local lo, lu, lm = string.match(rec, '^(%d+) %d+ %d+ (%S+) (%S+)$')
+        if lo and (why == 2 and lm or lu) == acct then held = held + tonumber(lo) end
+      end
+    end
+    return {0, used, lim, mused, mlim, held, 0, why}
   end
 end
 local cost = string.format('%d', p + grant)

@@ -40,7 +40,7 @@ pub const RESERVE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "3b4121bbb843ed57f3b0af396eaeb25fcdecc7d0";
+pub const RESERVE_SHA1: &str = "7e40d1ff33e349d0a8abafb393a612b25d69ffab";
 
 /// The settlement script: a batch of ONE tenant's settlements and charges (their keys share the tenant's
 /// hash tag, so the batch stays on one Redis Cluster slot).

@@ -35,6 +35,9 @@ pub enum Class {
     RequestsPerMinute,
     /// The monthly quota is spent.
     QuotaExceeded,
+    /// What is left of the monthly quota here cannot cover the request, but leases of other Envoys
+    /// hold enough that comes back when they are idle.
+    QuotaLeased,
     /// The request costs more than a bucket can ever hold.
     CostExceedsBurst,
     /// A circuit breaker is open for the provider or model.
@@ -82,6 +85,7 @@ impl Class {
             Class::TokensPerSecond => "tokens_per_second_exceeded",
             Class::RequestsPerMinute => "requests_per_minute_exceeded",
             Class::QuotaExceeded => "monthly_quota_exceeded",
+            Class::QuotaLeased => "monthly_quota_leased",
             Class::CostExceedsBurst => "cost_exceeds_burst",
             Class::CircuitOpen => "circuit_open",
             Class::QuotaUnavailable => "quota_unavailable",
@@ -116,7 +120,7 @@ impl Class {
         let reason = self.reason();
         let (status, openai_type, openai_code, anthropic_status, anthropic_type, retryable) =
             match self {
-                Class::TokensPerSecond => (
+                Class::TokensPerSecond | Class::QuotaLeased => (
                     429,
                     "tokens",
                     "rate_limit_exceeded",

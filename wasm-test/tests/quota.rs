@@ -2288,32 +2288,13 @@ fn a_request_only_the_lease_can_cover_is_admitted_after_redis_lost_its_scripts()
 fn lease_covers(s: &Stack, envoy: &Envoy, tenant: &str, flush: bool) {
     let month = month_label(now_unix());
     let key = used_key(tenant, &month);
-    let leases = format!("tg:q:{{{tenant}}}:leases");
     for (k, v) in [
         (format!("tg:q:{{{tenant}}}:limit"), "100000"),
         (key.clone(), "32000"),
     ] {
         s.redis().cmd(&["SET", &k, v]).expect("SET");
     }
-    // Small requests until this Envoy holds a lease of the tenant.
-    let small = chat_body(64, false, None);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let held = loop {
-        ok(&post(envoy, tenant, &[], &small));
-        let held: i64 = match s.redis().cmd(&["HVALS", &leases]) {
-            Ok(RespValue::Array(Some(rows))) => rows
-                .iter()
-                .filter_map(RespValue::as_str)
-                .filter_map(|r| r.split(' ').next().and_then(|h| h.parse::<i64>().ok()))
-                .sum(),
-            _ => 0,
-        };
-        if held > 0 {
-            break held;
-        }
-        assert!(Instant::now() < deadline, "no lease after 10 s");
-        thread::sleep(Duration::from_millis(100));
-    };
+    let held = take_a_lease(s, envoy, tenant);
     if flush {
         s.redis().cmd(&["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
     }
@@ -2331,6 +2312,88 @@ fn lease_covers(s: &Stack, envoy: &Envoy, tenant: &str, flush: bool) {
     );
     ok(&r);
     tg::assert_no_panic(envoy);
+}
+
+/// Small requests of `tenant` through `envoy` until the tenant's leases in Redis hold something;
+/// what they hold.
+fn take_a_lease(s: &Stack, envoy: &Envoy, tenant: &str) -> i64 {
+    let leases = format!("tg:q:{{{tenant}}}:leases");
+    let small = chat_body(64, false, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        ok(&post(envoy, tenant, &[], &small));
+        let held: i64 = match s.redis().cmd(&["HVALS", &leases]) {
+            Ok(RespValue::Array(Some(rows))) => rows
+                .iter()
+                .filter_map(RespValue::as_str)
+                .filter_map(|r| r.split(' ').next().and_then(|h| h.parse::<i64>().ok()))
+                .sum(),
+            _ => 0,
+        };
+        if held > 0 {
+            return held;
+        }
+        assert!(Instant::now() < deadline, "no lease after 10 s");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_request_only_another_envoys_idle_lease_can_cover_gets_a_retryable_429_then_passes() {
+    // Left by the last stop: such a request was refused as "month spent" (insufficient_quota,
+    // x-should-retry: false), so the SDKs gave up; once the other Envoy's idle lease went back it
+    // would have passed.
+    let s = Stack::start();
+    let lease = json!({"monthly_limit": 50_000_000, "lease": {"idle_s": 2, "refresh_ms": 500}});
+    let (a, b) = (s.envoy(lease.clone()), s.envoy(lease));
+    let tenant = "lease-elsewhere";
+    let key = used_key(tenant, &month_label(now_unix()));
+    for (k, v) in [
+        (format!("tg:q:{{{tenant}}}:limit"), "100000"),
+        (key.clone(), "32000"),
+    ] {
+        s.redis().cmd(&["SET", &k, v]).expect("SET");
+    }
+    let held = take_a_lease(&s, &a, tenant);
+    let outside = 100_000 - get_i64(s.redis(), &key);
+    let big = json!({"model": MODEL, "max_tokens": 32_768, "n": 2,
+                     "messages": [{"role": "user", "content": PROMPT}]});
+    let big = big.to_string();
+    let r = post(&b, tenant, &[], big.as_bytes());
+    let estimate = header_u64(&r, "x-tokengate-estimated-tokens") as i64;
+    println!(
+        "{outside} left outside a lease of {held} held by the other Envoy; request of {estimate}: {} {}",
+        r.status,
+        r.text()
+    );
+    assert!(
+        estimate > outside && estimate <= outside + held,
+        "the request ({estimate}) must need the other Envoy's lease ({outside} + {held}): test setup"
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("x-tokengate-reason"), Some("monthly_quota_leased"));
+    assert_eq!(r.header("x-should-retry"), Some("true"));
+    assert_eq!(
+        r.header("retry-after"),
+        Some("3"),
+        "idle_s 2 + refresh 0.5 s, rounded up"
+    );
+    let j: Value = serde_json::from_slice(&r.body).expect("JSON");
+    assert_eq!(j["error"]["code"], "rate_limit_exceeded");
+    // The other Envoy's lease goes back once idle: the retry after the time the 429 named passes
+    // (more time on a loaded machine: up to 10 s).
+    thread::sleep(Duration::from_secs(3));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = post(&b, tenant, &[], big.as_bytes());
+        if r.status != 429 || Instant::now() > deadline {
+            break r;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+    ok(&r);
+    tg::assert_no_panic(&a);
+    tg::assert_no_panic(&b);
 }
 
 #[test]

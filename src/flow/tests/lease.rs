@@ -430,6 +430,56 @@ fn a_request_redis_refuses_but_the_lease_covers_gives_the_lease_back_and_is_rese
 }
 
 #[test]
+fn a_refusal_that_other_envoys_leases_would_cover_is_a_retryable_429() {
+    // Left by the last stop: with two Envoys, a request that only the other Envoy's idle lease
+    // could cover was refused as "month spent" (x-should-retry: false): the SDKs gave up, and a
+    // retry after that lease went back would have passed.
+    let e = envoy(cfg(
+        json!({"min_tokens": 1000, "idle_s": 10, "refresh_ms": 1000}),
+    ));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    // 4,500 left in Redis; the account's leases (all another Envoy's) hold 2,000.
+    e.reply(
+        &mut c,
+        200,
+        &eval(&[0, 1_000_000 - 4_500, 1_000_000, 0, -1, 2_000, 0, 1]),
+    );
+    assert_eq!(c.status(), Some(429));
+    let j = c.reply_json();
+    assert_eq!(j["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(j["error"]["type"], "tokens");
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("monthly_quota_leased")
+    );
+    assert_eq!(c.reply_header("x-should-retry"), Some("true"));
+    // Idle leases go back after idle_s, at their Envoy's next sync.
+    assert_eq!(c.reply_header("retry-after"), Some("11"));
+    assert_eq!(c.reply_header("x-tokengate-quota-remaining"), Some("4500"));
+    assert_eq!(c.audit_field("decision").as_deref(), Some("quota_leased"));
+    assert_eq!(e.metric(Metric::QuotaRejected), 1);
+    // No exhausted marker: the next request asks Redis again.
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    assert!(c.pending.is_some());
+}
+
+#[test]
+fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
+    // 3,000 left and 1,000 in other Envoys' leases: 4,000 < 5,010.
+    e.reply(
+        &mut c,
+        200,
+        &eval(&[0, 1_000_000 - 3_000, 1_000_000, 0, -1, 1_000, 0, 1]),
+    );
+    assert_eq!(c.status(), Some(429));
+    assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
+    assert_eq!(c.reply_header("x-should-retry"), Some("false"));
+    assert_eq!(c.reply_header("retry-after"), None);
+}
+
+#[test]
 fn a_give_back_answered_noscript_is_sent_again_as_eval_and_the_request_admitted() {
     // Left by the last stop: Redis restarted (its scripts gone) while this Envoy held a lease; the
     // give-back's NOSCRIPT was taken for a failure and the request got Redis' first refusal.

@@ -192,7 +192,7 @@ fn a_spent_quota_forbids_retries_and_keeps_its_reset_out_of_retry_after() {
 
 /// The contract table, written out by hand: class, OpenAI status/type/code, Anthropic status/type,
 /// retryable.
-const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 16] = [
+const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 17] = [
     (
         Class::TokensPerSecond,
         429,
@@ -228,6 +228,15 @@ const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 16] = [
         429,
         "rate_limit_error",
         false,
+    ),
+    (
+        Class::QuotaLeased,
+        429,
+        "tokens",
+        "rate_limit_exceeded",
+        429,
+        "rate_limit_error",
+        true,
     ),
     (
         Class::CostExceedsBurst,
