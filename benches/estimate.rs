@@ -31,12 +31,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tokengate::estimate::{estimate, text_tokens, ApiKind, OutputLimits};
 
-/// µs per KB of running `f` over all `bodies` for at least [`TRIAL`].
-fn time_per_kb(bodies: &[Vec<u8>], f: &mut dyn FnMut(&[u8])) -> f64 {
+/// µs per KB of running `f` over all `bodies` for at least `trial` (and twice at least).
+fn time_per_kb(bodies: &[Vec<u8>], f: &mut dyn FnMut(&[u8]), trial: Duration) -> f64 {
     let bytes: usize = bodies.iter().map(Vec::len).sum();
     let mut passes = 0u32;
     let start = Instant::now();
-    while passes < 100_000 && (passes < 2 || start.elapsed() < TRIAL) {
+    while passes < 100_000 && (passes < 2 || start.elapsed() < trial) {
         for b in bodies {
             f(black_box(b));
         }
@@ -58,11 +58,38 @@ fn compare(bodies: &[Vec<u8>], fs: &mut [Bench<'_>]) -> Vec<f64> {
     let mut best = vec![f64::INFINITY; fs.len()];
     for _ in 0..TRIALS {
         for (f, b) in fs.iter_mut().zip(best.iter_mut()) {
-            *b = b.min(time_per_kb(bodies, *f));
+            *b = b.min(time_per_kb(bodies, *f, TRIAL));
         }
     }
     best
 }
+
+/// Best µs/KB of `estimate` and of `serde_json`'s `Value` parse on every set, in [`ROUNDS`] rounds
+/// that each time every set once ([`ROUND_TRIAL`] a function): a slow spell of the machine (another
+/// process, a neighbour of the virtual machine) then costs every set one trial, where trials of one
+/// set after another would have lost one set all of its own.
+fn compare_rounds(
+    sets: &[(String, Vec<Vec<u8>>)],
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+) -> Vec<[f64; 2]> {
+    let mut best = vec![[f64::INFINITY; 2]; sets.len()];
+    let mut ours = |b: &[u8]| {
+        black_box(estimate(ApiKind::ChatCompletions, b, limits).ok());
+    };
+    let mut parse = |b: &[u8]| {
+        black_box(serde_json::from_slice::<serde_json::Value>(b).ok());
+    };
+    for _ in 0..ROUNDS {
+        for ((_, bodies), b) in sets.iter().zip(best.iter_mut()) {
+            b[0] = b[0].min(time_per_kb(bodies, &mut ours, ROUND_TRIAL));
+            b[1] = b[1].min(time_per_kb(bodies, &mut parse, ROUND_TRIAL));
+        }
+    }
+    best
+}
+
+const ROUNDS: usize = 12;
+const ROUND_TRIAL: Duration = Duration::from_millis(20);
 
 fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
@@ -134,30 +161,34 @@ fn main() {
             sized_bodies(&texts_of(name), 256 << 10, 1),
         ));
     }
-    println!("\nSpeed of `estimate` (chat-completions bodies; µs per KB of body, best of {TRIALS} interleaved trials):\n");
+    println!("\nSpeed of `estimate` (chat-completions bodies; µs per KB of body, best of {ROUNDS} rounds over every set, {} ms a trial):\n", ROUND_TRIAL.as_millis());
     println!(
         "| bodies | KB each | `estimate` | `from_slice::<Value>` alone | estimate / Value parse |"
     );
     println!("|---|---:|---:|---:|---:|");
-    for (label, bodies) in &sets {
+    let times = compare_rounds(&sets, &limits);
+    let mut slowest = (f64::NEG_INFINITY, "");
+    for ((label, bodies), [ours, parse]) in sets.iter().zip(&times) {
         let kb_each =
             bodies.iter().map(Vec::len).sum::<usize>() as f64 / 1024.0 / bodies.len().max(1) as f64;
-        let mut ours = |b: &[u8]| {
-            black_box(estimate(ApiKind::ChatCompletions, b, &limits).ok());
-        };
-        let mut parse = |b: &[u8]| {
-            black_box(serde_json::from_slice::<serde_json::Value>(b).ok());
-        };
-        let t = compare(bodies, &mut [&mut ours, &mut parse]);
-        let (ours, parse) = (
-            t.first().copied().unwrap_or(f64::NAN),
-            t.get(1).copied().unwrap_or(f64::NAN),
-        );
         println!(
             "| {label} | {kb_each:.1} | {ours:.3} | {parse:.3} | {:.2}× |",
             ours / parse
         );
+        if *ours > slowest.0 {
+            slowest = (*ours, label);
+        }
     }
+    println!(
+        "\nSlowest set: {} at {:.3} µs/KB (target ≤ 2 µs/KB natively: {}; printed, never gated)",
+        slowest.1,
+        slowest.0,
+        if slowest.0 <= 2.0 {
+            "met in this run"
+        } else {
+            "not met in this run"
+        }
+    );
     let mut ours = |b: &[u8]| {
         black_box(estimate(ApiKind::ChatCompletions, b, &limits).ok());
     };

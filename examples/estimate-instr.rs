@@ -11,7 +11,8 @@
 //! every corpus line as its own chat body.
 //!
 //! `estimate-instr repeat <class> <KB> <times>` estimates one class's set (`sized_bodies` of ~`KB`
-//! KB, 64 bodies at 1 KB, else 8) `times` times and prints the bytes estimated, for
+//! KB, 64 bodies at 1 KB, else 8; the class `every-line` is every corpus line as its own body, `tiny`
+//! the 154-byte body, and `KB` is then ignored) `times` times and prints the bytes estimated, for
 //! `perf stat` or `time` (CPU time per KB of one class; nothing else in the process).
 #[path = "../benches/common/bodies.rs"]
 mod bodies;
@@ -72,7 +73,15 @@ fn main() {
                 std::process::exit(2);
             };
             let count = if kb <= 1 { 64 } else { 8 };
-            let bodies = sized_bodies(&load(arg(2)), kb << 10, count);
+            let bodies = match arg(2) {
+                "every-line" => names
+                    .iter()
+                    .flat_map(|n| load(n))
+                    .map(|t| chat_body(&[t.as_str()]))
+                    .collect(),
+                "tiny" => vec![TINY.to_vec()],
+                class => sized_bodies(&load(class), kb << 10, count),
+            };
             let bytes: usize = bodies.iter().map(Vec::len).sum();
             for _ in 0..times {
                 measure(&bodies);
@@ -101,10 +110,12 @@ fn main() {
         bytes as f64 / 1024.0 / lines.len().max(1) as f64
     );
     measure(&lines);
-    let tiny = br#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#.to_vec();
-    println!("tiny-154B 0.15 {}", tiny.len());
-    measure(&[tiny]);
+    println!("tiny-154B 0.15 {}", TINY.len());
+    measure(&[TINY.to_vec()]);
 }
+
+/// The 154-byte chat body `benches/estimate.rs` times per call.
+const TINY: &[u8] = br#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#;
 
 /// What `estimate` gives each body (the `Estimate` or the error, Debug), one a line.
 fn dump_bodies(bodies: &[Vec<u8>]) {
