@@ -20,9 +20,11 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
+use wasm_test::faults::{month_label, now_unix};
 use wasm_test::tg::{self, rule};
 use wasm_test::{
-    free_port, mock_provider, repo_root, Envoy, EnvoyOpts, MockProvider, RedisServer, Webdis,
+    free_port, mock_provider, repo_root, Envoy, EnvoyOpts, MockProvider, RedisServer, RespValue,
+    Webdis,
 };
 
 /// Longest one batch of SDK calls may take before the driver is killed.
@@ -149,17 +151,14 @@ fn roomy() -> Value {
 struct Quota {
     // Webdis before Redis: dropped first.
     webdis: Webdis,
-    _redis: RedisServer,
+    redis: RedisServer,
 }
 
 impl Quota {
     fn start() -> Quota {
         let redis = RedisServer::start();
         let webdis = Webdis::start(redis.port);
-        Quota {
-            webdis,
-            _redis: redis,
-        }
+        Quota { webdis, redis }
     }
 }
 
@@ -803,6 +802,81 @@ fn retryable_server_side_refusals_carry_each_familys_contract() {
     assert_openai(&results[0], 503, "server_error", q, q, true);
     assert_anthropic(&results[1], 503, "api_error", q, true);
     tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_quota_held_in_another_envoys_idle_lease_is_served_after_the_sdks_own_retry() {
+    // Two Envoys, leases on: what is left outside the leases cannot cover the request, the other
+    // Envoy's idle lease can (idle_s 5: it must still be held when the SDK's first attempt comes,
+    // a Python start after the last request that took it). The 429 `monthly_quota_leased` invites a retry after idle_s +
+    // refresh_ms; both SDKs with their default retries wait for it and get 200 (before: a
+    // non-retryable `insufficient_quota`, one attempt, the call failed).
+    let q = Quota::start();
+    let mock = mock_provider!();
+    let cfg = with_quota(json!({"monthly_limit": 1_000_000,
+        "lease": {"idle_s": 5, "refresh_ms": 500, "min_tokens": 1000, "max_share_percent": 20}}));
+    let (a, b) = (
+        envoy_with_shim(&mock, cfg.clone(), q.webdis.port),
+        envoy_with_shim(&mock, cfg, q.webdis.port),
+    );
+    let redis = |args: &[&str]| {
+        q.redis
+            .cmd(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    };
+    for scenario in ["openai-error", "anthropic-error"] {
+        let tenant = format!("leased-{scenario}");
+        let month = month_label(now_unix());
+        let used_key = format!("tg:q:{{{tenant}}}:{month}");
+        redis(&["SET", &format!("tg:q:{{{tenant}}}:limit"), "40000"]);
+        redis(&["SET", &used_key, "12000"]);
+        // Envoy A takes a lease of the tenant.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let held = loop {
+            let got = drive1(
+                a.port,
+                "openai-error",
+                &["--tenant", &tenant, "--max-tokens", "64"],
+            );
+            assert_ok(&got);
+            let held: u64 = match redis(&["HVALS", &format!("tg:q:{{{tenant}}}:leases")]) {
+                RespValue::Array(Some(rows)) => rows
+                    .iter()
+                    .filter_map(RespValue::as_str)
+                    .filter_map(|r| r.split(' ').next()?.parse::<u64>().ok())
+                    .sum(),
+                _ => 0,
+            };
+            if held >= 400 {
+                break held;
+            }
+            assert!(Instant::now() < deadline, "no lease after 20 s");
+        };
+        let counter: u64 = match redis(&["GET", &used_key]) {
+            RespValue::Bulk(Some(v)) => String::from_utf8_lossy(&v).parse().unwrap_or(0),
+            v => panic!("GET {used_key}: {v:?}"),
+        };
+        // Redis alone has `outside` left; the request needs half of A's lease on top.
+        let outside = 40_000 - counter;
+        let max_tokens = (outside + held / 2).to_string();
+        let (got, n) = attempts(
+            &b,
+            scenario,
+            &["--tenant", &tenant, "--max-tokens", &max_tokens],
+        );
+        println!("{scenario}: {outside} left outside a lease of {held}; max_tokens {max_tokens}: {n} attempts, {got}");
+        assert_ok(&got);
+        assert!(
+            (2..=3).contains(&n),
+            "{scenario}: one retry (two on a slow host): {n}"
+        );
+        assert!(
+            elapsed(&got) >= 5.0,
+            "{scenario}: waited for retry-after: {got}"
+        );
+    }
+    tg::assert_no_panic(&a);
+    tg::assert_no_panic(&b);
 }
 
 #[test]
