@@ -596,12 +596,18 @@ pub fn forbid(store: &dyn SharedStore, key: &str, retries: u32) {
     });
 }
 
+/// This Envoy's id if one of its VMs made it ([`envoy_id`]), else None (no lease was ever taken).
+pub fn known_envoy_id(store: &dyn SharedStore) -> Option<u64> {
+    match store.get(ENVOY) {
+        Ok(Some((b, _))) => read_u64(&b, 0).filter(|i| *i != 0),
+        _ => None,
+    }
+}
+
 /// This Envoy's id: made once (from `seed`, e.g. the time) and kept in shared data by the first VM.
 pub fn envoy_id(store: &dyn SharedStore, seed: u64) -> u64 {
-    if let Ok(Some((b, _))) = store.get(ENVOY) {
-        if let Some(id) = read_u64(&b, 0).filter(|i| *i != 0) {
-            return id;
-        }
+    if let Some(id) = known_envoy_id(store) {
+        return id;
     }
     let id = crate::hash::fnv1a(crate::hash::FNV_OFFSET, &seed.to_le_bytes()).max(1);
     let _ = store.set(ENVOY, &id.to_le_bytes(), 0);

@@ -146,6 +146,7 @@ mod quota {
             deadline_s: 600,
             clamp_output: false,
             min_output_cost: 0,
+            lease_owner: "-".into(),
         }
     }
 
@@ -203,8 +204,34 @@ mod quota {
         parse_lease_reply(s, &b).unwrap()
     }
 
+    /// A lease of Envoy `envoy` for `tenant` (× `model`), limit `limit`, wanting `want`.
+    fn lease_of(
+        st: &Stack,
+        envoy: u64,
+        tenant: &str,
+        model: Option<&str>,
+        limit: u64,
+        want: u64,
+    ) -> LeaseReply {
+        let a = LeaseArgs {
+            keys: QuotaKeys::new(tenant, model, "2026-11", "-"),
+            lease_id: lease_id(envoy, model, "2026-11"),
+            reported_total: 0,
+            want,
+            target: None,
+            default_limit: limit,
+            default_model_limit: 0,
+            expire_at_unix: 1_796_688_000,
+            ttl_s: 60,
+            max_grant: want,
+            max_share_percent: 100,
+        };
+        let (s, b) = st.post(&lease_request(&a, ScriptCall::Eval));
+        parse_lease_reply(s, &b).unwrap()
+    }
+
     #[test]
-    fn a_refusal_reports_what_the_accounts_leases_hold() {
+    fn a_refusal_reports_what_other_envoys_leases_would_add_to_what_is_left() {
         // An Envoy refused for quota that other Envoys' leases hold answers a retryable 429.
         let Some(st) = Stack::start() else { return };
         assert_eq!(lease(&st, 4_000, 100).held, 4_000);
@@ -217,23 +244,16 @@ mod quota {
         };
         let r = reserve(&st, &big).unwrap();
         assert!(!r.allowed);
-        assert_eq!((r.remaining(), r.leased), (46_000, 4_000));
-        // A refusal by the model's limit counts the leases of that tenant × model only (none).
-        let by_model = ReserveArgs {
-            request_id: "req-2".into(),
-            prompt_cost: 600,
-            default_model_limit: 500,
+        assert_eq!((r.remaining(), r.held_elsewhere), (46_000, 4_000));
+        // Review: the Envoy holding that lease (1) is told of none: its own leases of any model
+        // are not elsewhere.
+        let own = ReserveArgs {
+            request_id: "req-own".into(),
+            lease_owner: lease_owner(1),
             ..big.clone()
         };
-        let by_model = ReserveArgs {
-            model: Some("gpt-4.1".into()),
-            ..by_model
-        };
-        let r = reserve(&st, &by_model).unwrap();
-        assert_eq!(
-            (r.allowed, r.reason, r.leased),
-            (false, Reason::ModelLimit, 0)
-        );
+        let r = reserve(&st, &own).unwrap();
+        assert_eq!((r.allowed, r.held_elsewhere), (false, 0));
         // Given back: nothing leased, and the request fits.
         lease_to(&st, 0, 0, Some(0), 100);
         let r = reserve(
@@ -245,6 +265,44 @@ mod quota {
         )
         .unwrap();
         assert!(r.allowed, "{r:?}");
+    }
+
+    #[test]
+    fn a_tenant_refusal_counts_other_leases_only_up_to_the_models_own_limit() {
+        // Review: a tenant-limit refusal reported every lease on the tenant's counter, though the
+        // model's own limit would refuse the request once they went back: a retry that never passes.
+        let Some(st) = Stack::start() else { return };
+        // Envoy 2 leases 10,000 of model b; 7,000 more used: 3,000 of 20,000 left for the tenant.
+        assert_eq!(
+            lease_of(&st, 2, "beta", Some("b"), 20_000, 10_000).held,
+            10_000
+        );
+        let a = ReserveArgs {
+            tenant: "beta".into(),
+            model: Some("a".into()),
+            default_limit: 20_000,
+            default_model_limit: 4_000,
+            prompt_cost: 5_000,
+            output_cost: 0,
+            ..base()
+        };
+        st.cli(&["INCRBY", &a.keys().used_total, "7000"]);
+        let r = reserve(&st, &a).unwrap();
+        assert_eq!(
+            (r.allowed, r.reason, r.remaining()),
+            (false, Reason::TenantLimit, 3_000)
+        );
+        // With the lease back, 13,000 for the tenant but 4,000 for model a: it grows by 1,000.
+        assert_eq!(r.held_elsewhere, 1_000);
+        // Model b's own requests can use all of it: a tenant × model lease counts for its model.
+        let b = ReserveArgs {
+            request_id: "req-b".into(),
+            model: Some("b".into()),
+            default_model_limit: 0,
+            ..a
+        };
+        let r = reserve(&st, &b).unwrap();
+        assert_eq!((r.allowed, r.held_elsewhere), (false, 10_000));
     }
 
     #[test]

@@ -294,11 +294,10 @@ impl Request {
                             return;
                         }
                     }
-                    // Other Envoys' leases of the account hold what would make up the difference:
-                    // a retry after they went idle can pass (tokens only: a budget is refused).
-                    let elsewhere = r
-                        .leased
-                        .saturating_sub(lease.map_or(0, |a| a.held.max(qr.lease_available)));
+                    // Other Envoys' leases of the account hold what would make up the difference
+                    // (Redis counts them, not this Envoy's): a retry after they went idle can pass
+                    // (tokens only: a budget is refused).
+                    let elsewhere = r.held_elsewhere;
                     let retry_elsewhere = q.lease.as_ref().filter(|_| {
                         elsewhere > 0
                             && qr.budget.is_none()
@@ -310,10 +309,9 @@ impl Request {
                     // Not while this Envoy still holds part of the account in a lease (or gave it
                     // back for this request: Redis may not have it yet): that part goes back to
                     // Redis at the next sync and the next request may get it. Nor while other
-                    // Envoys' leases hold enough.
-                    let leased = qr.refusal.is_some()
-                        || lease.is_some_and(|a| a.held > 0)
-                        || retry_elsewhere.is_some();
+                    // Envoys' leases hold some of it (a smaller request may fit once they went back).
+                    let leased =
+                        qr.refusal.is_some() || lease.is_some_and(|a| a.held > 0) || elsewhere > 0;
                     if r.reason == Reason::TenantLimit
                         && r.remaining() < q.exhausted_below
                         && !leased
@@ -371,7 +369,8 @@ impl Request {
     }
 
     /// The retryable 429 of a quota Redis refused for `reason` that other Envoys' leases would
-    /// cover (`elsewhere`): they come back when idle (`idle_s`, then their next sync).
+    /// cover (`elsewhere`): they come back when idle, at their Envoy's walk over its accounts
+    /// ([`retry_after_leases`]).
     fn quota_leased(
         &mut self,
         cx: &mut Cx,
@@ -390,7 +389,7 @@ impl Request {
         } else {
             "for this tenant".to_string()
         };
-        let retry_s = (l.policy.idle_ns.saturating_add(l.policy.refresh_ns)) as f64 / 1e9;
+        let retry_s = retry_after_leases(cx, l);
         let refusal = answers::quota_leased(
             qr.limit,
             qr.remaining.unwrap_or(0),
@@ -401,7 +400,7 @@ impl Request {
             retry_s,
         );
         let reconcile = qr.uncertain.then_some(qr);
-        self.quota_refused_with(cx, &mut plan, refusal, "quota_leased", reconcile);
+        self.quota_refused_with(cx, &mut plan, refusal, "quota_held_elsewhere", reconcile);
     }
 
     /// The give-back of this Envoy's lease answered (or failed): the reservation is sent again.
@@ -445,6 +444,26 @@ impl Request {
         qr.answered = false;
         self.start_reserve(cx, plan, qr);
     }
+}
+
+/// When other Envoys' idle leases are back in Redis, as this Envoy would give its own back: `idle_s`
+/// after their last use, at the first sync after it (`refresh_ms`), once the leader's walk over the
+/// accounts reaches them (this Envoy's number of accounts, [`SCAN_PER_TICK`] a 20 ms tick, standing in
+/// for theirs), and a second for the calls; at most `ttl_s` (a lease whose Envoy went away is resolved
+/// then) and 60 s (the SDKs ignore a longer `retry-after`). An estimate: a lease its Envoy keeps using
+/// does not come back.
+///
+/// [`SCAN_PER_TICK`]: super::lease::SCAN_PER_TICK
+fn retry_after_leases(cx: &Cx, l: &crate::config::LeaseSettings) -> f64 {
+    let accounts = crate::store::peek::<crate::store::Count>(cx.store(), crate::lease::COUNTER)
+        .ok()
+        .and_then(|(c, _)| c)
+        .map_or(0, |c| c.0);
+    let walk_s = accounts.div_ceil(super::lease::SCAN_PER_TICK) as f64
+        * f64::from(crate::host::root::SETTLE_TICK_MS)
+        / 1000.0;
+    let s = (l.policy.idle_ns.saturating_add(l.policy.refresh_ns)) as f64 / 1e9 + walk_s + 1.0;
+    s.min(l.ttl_s as f64).min(60.0)
 }
 
 /// Lowers the output limit of the body to what the quota granted (and an Anthropic thinking budget

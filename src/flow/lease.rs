@@ -378,6 +378,17 @@ fn sync_ctx<'a>(
     }
 }
 
+/// This Envoy's lease field prefix in Redis (`-` before it ever took a lease), for a reservation:
+/// its own leases are not counted as held elsewhere.
+pub(super) fn owner(cx: &Cx) -> String {
+    let leases = cx.cfg.quota.as_ref().is_some_and(|q| q.lease.is_some());
+    let id = match cx.worker.leases.envoy {
+        0 if leases => lease::known_envoy_id(cx.store()).unwrap_or(0),
+        id => id,
+    };
+    quota::lease_owner(id)
+}
+
 /// This Envoy's lease of `qr`'s account, if it has one for `qr`'s month.
 pub(super) fn account(cx: &Cx, qr: &QuotaReq) -> Option<Account> {
     let key = lease::account_key(&qr.args.tenant, qr.args.model.as_deref());

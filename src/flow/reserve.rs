@@ -90,10 +90,10 @@ impl Request {
             cost: Some(plan.cost),
             decision,
         };
-        let details = if refusal.class == crate::reply::Class::QuotaUnavailable {
-            "tokengate_quota_unavailable"
-        } else {
-            "tokengate_quota_exceeded"
+        let details = match refusal.class {
+            crate::reply::Class::QuotaUnavailable => "tokengate_quota_unavailable",
+            crate::reply::Class::QuotaLeased => "tokengate_quota_leased",
+            _ => "tokengate_quota_exceeded",
         };
         self.answer(cx, audit, reconcile, refusal, details)
     }
@@ -187,6 +187,7 @@ impl Request {
             deadline_s: deadline,
             clamp_output,
             min_output_cost: quota::min_clamped_output_cost(&w, plan.choices),
+            lease_owner: super::lease::owner(cx),
         };
         QuotaReq {
             expire_at: args.expire_at_unix,

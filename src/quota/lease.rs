@@ -76,6 +76,15 @@ pub fn lease_id(envoy: u64, model: Option<&str>, month: &str) -> String {
     )
 }
 
+/// The prefix of every [`lease_id`] of Envoy `envoy` (`L|<envoy hex>|`; `-`, which prefixes none,
+/// for 0: an Envoy that never took a lease).
+pub fn lease_owner(envoy: u64) -> String {
+    if envoy == 0 {
+        return "-".to_string();
+    }
+    format!("L|{envoy:x}|")
+}
+
 /// The Webdis body that runs the lease script.
 pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
     let k = &a.keys;

@@ -30,7 +30,7 @@
 //!     tenant: "acme".into(), model: Some("gpt-4.1".into()), month: month_label(now, 0),
 //!     request_id: "req-1".into(), prompt_cost: 120, output_cost: 1024, default_limit: 1_000_000,
 //!     default_model_limit: 0, expire_at_unix: month_end_unix(now, 0) + 7 * 86_400,
-//!     deadline_s: 3600, clamp_output: false, min_output_cost: 0,
+//!     deadline_s: 3600, clamp_output: false, min_output_cost: 0, lease_owner: lease_owner(7),
 //! };
 //! let body = reserve_request(&args, ScriptCall::EvalSha);
 //! assert!(body.starts_with("EVALSHA/"));
@@ -47,7 +47,8 @@ pub mod weights;
 
 pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};
 pub use lease::{
-    lease_id, lease_request, parse_lease_reply, LeaseArgs, LeaseReply, LEASE_SCRIPT, LEASE_SHA1,
+    lease_id, lease_owner, lease_request, parse_lease_reply, LeaseArgs, LeaseReply, LEASE_SCRIPT,
+    LEASE_SHA1,
 };
 pub use marker::ExhaustedMarker;
 pub use replies::{parse_reserve_reply, parse_settle_reply, Reason, ReserveReply};

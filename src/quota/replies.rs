@@ -34,9 +34,9 @@ pub struct ReserveReply {
     pub model_limit: Option<u64>,
     /// Output cost reserved (equals `output_cost` unless clamped; 0 when rejected).
     pub granted_output: u64,
-    /// Rejected: what the leases of the refused account hold in Redis' counter (every Envoy's,
-    /// this one's included; 0 when admitted, or beyond 512 leases of the tenant).
-    pub leased: u64,
+    /// Rejected: how much what is left (the binding remaining) would grow once other Envoys' leases
+    /// of the account went back (0 when admitted, or beyond 512 leases of the tenant).
+    pub held_elsewhere: u64,
     /// Why.
     pub reason: Reason,
 }
@@ -82,12 +82,14 @@ fn flag(n: i64, what: &str) -> Result<bool, ShimError> {
 /// [`reserve_request`]: super::reserve_request
 pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply, ShimError> {
     let a = parse_int_array(http_status, body, 8)?;
-    let [allowed, used, limit, mused, mlimit, leased, granted, reason] = a.as_slice() else {
+    let [allowed, used, limit, mused, mlimit, elsewhere, granted, reason] = a.as_slice() else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
-    if *allowed != 0 && *leased != 0 {
+    if *allowed != 0 && *elsewhere != 0 {
         // An admission reports no leases (the v2 scripts' "duplicate" flag; v3 has no free repeats).
-        return Err(ShimError::Garbage(format!("element 6 is not 0: {leased}")));
+        return Err(ShimError::Garbage(format!(
+            "element 6 is not 0: {elsewhere}"
+        )));
     }
     let model_limit = match *mlimit {
         -1 => None,
@@ -107,7 +109,8 @@ pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply
         model_used_after: non_neg(*mused, "model used")?,
         model_limit,
         granted_output: non_neg(*granted, "granted output")?,
-        leased: non_neg(*leased, "leased")?,
+        // A hint: one that is not a count reads as none (the refusal stands, never a shim error).
+        held_elsewhere: u64::try_from(*elsewhere).unwrap_or(0),
         reason,
     };
     let consistent = matches!(
@@ -149,7 +152,7 @@ mod tests {
                 model_used_after: 150,
                 model_limit: Some(500),
                 granted_output: 50,
-                leased: 0,
+                held_elsewhere: 0,
                 reason: Reason::Admitted
             }
         );
@@ -163,10 +166,13 @@ mod tests {
         assert_eq!(r.model_limit, None);
         assert_eq!(r.reason, Reason::TenantLimit);
         assert_eq!(r.remaining(), 10);
-        assert_eq!(r.leased, 0);
-        // A refusal reports what the account's leases hold; an admission cannot.
+        assert_eq!(r.held_elsewhere, 0);
+        // A refusal reports what other Envoys' leases hold; an admission cannot; a negative hint
+        // is none (the refusal stands).
         let r = parse_reserve_reply(200, br#"{"EVALSHA":[0,990,1000,0,-1,400,0,1]}"#).unwrap();
-        assert_eq!(r.leased, 400);
+        assert_eq!(r.held_elsewhere, 400);
+        let r = parse_reserve_reply(200, br#"{"EVALSHA":[0,990,1000,0,-1,-1,0,1]}"#).unwrap();
+        assert_eq!((r.allowed, r.held_elsewhere), (false, 0));
         assert!(parse_reserve_reply(200, br#"{"EVAL":[1,990,1000,0,-1,400,0,0]}"#).is_err());
     }
 
@@ -280,7 +286,7 @@ mod tests {
             model_used_after: mused,
             model_limit: mlimit,
             granted_output: 0,
-            leased: 0,
+            held_elsewhere: 0,
             reason,
         }
     }

@@ -19,18 +19,29 @@ if p + o > avail then
   if clamp and avail - p >= mino and avail - p > 0 then
     grant, reason = avail - p, 3
   else
-    -- Refused: also what the leases of the refused account hold (this Envoy's and others', their
-    -- unspent part comes back when idle), so that the Envoy can tell a spent month from one that
-    -- leases hold. Not counted beyond 512 leases of the tenant (0 is then answered).
-    local held = 0
+    -- Refused: also how far what is left (the tenant's and the model's, whichever is less) would grow
+    -- once other Envoys' leases go back (their unspent part comes back when they are idle), so that
+    -- the Envoy can tell a spent month from one that leases hold. This Envoy's own leases (fields
+    -- starting with ARGV[13]) are not counted. Not beyond 512 leases of the tenant (0 is then answered).
+    local grow, own = 0, ARGV[13] or '-'
     if redis.call('HLEN', leases) <= 512 then
-      local acct = why == 2 and KEYS[2] or KEYS[1]
-      for _, rec in ipairs(redis.call('HVALS', leases)) do
-        local lo, lu, lm = string.match(rec, '^(%d+) %d+ %d+ (%S+) (%S+)$')
-        if lo and (why == 2 and lm or lu) == acct then held = held + tonumber(lo) end
+      local lt, lm = 0, 0
+      local all = redis.call('HGETALL', leases)
+      for i = 1, #all - 1, 2 do
+        if string.sub(all[i], 1, #own) ~= own then
+          local lo, lu, lmk = string.match(all[i + 1], '^(%d+) %d+ %d+ (%S+) (%S+)$')
+          lo = tonumber(lo)
+          if lo then
+            if lu == KEYS[1] then lt = lt + lo end
+            if hasm and lmk == KEYS[2] then lm = lm + lo end
+          end
+        end
       end
+      local after = lim - used + lt
+      if mlim >= 0 and mlim - mused + lm < after then after = mlim - mused + lm end
+      grow = math.min(math.max(after - avail, 0), 1e15)
     end
-    return {0, used, lim, mused, mlim, held, 0, why}
+    return {0, used, lim, mused, mlim, grow, 0, why}
   end
 end
 local cost = string.format('%d', p + grant)

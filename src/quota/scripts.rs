@@ -23,9 +23,12 @@ pub const TOMBSTONE_S: u64 = 3600;
 ///
 /// KEYS: `used_total, used_model, limit_override, limit_model_override, open, due, done, gone, leases`.
 /// ARGV: `prompt_cost, output_cost, default_limit, default_model_limit (0 = none), expire_at_unix,
-/// request_id, deadline_s, clamp (1/0), min_output_cost, has_model (1/0), tombstone_s, "tg3"`.
-/// Reply: `[allowed, used_after, limit, model_used_after, model_limit (-1 = none), 0, granted_output,
-/// reason]` with reason 0 admitted, 1 tenant limit, 2 model limit, 3 admitted clamped.
+/// request_id, deadline_s, clamp (1/0), min_output_cost, has_model (1/0), tombstone_s, "tg3",
+/// lease_owner` (this Envoy's lease field prefix, `L|<envoy>|`, or `-`).
+/// Reply: `[allowed, used_after, limit, model_used_after, model_limit (-1 = none), held_elsewhere,
+/// granted_output, reason]` with reason 0 admitted, 1 tenant limit, 2 model limit, 3 admitted clamped;
+/// `held_elsewhere` (0 when admitted): how much what is left would grow once other Envoys' leases of
+/// the account went back.
 ///
 /// An admitted reservation is recorded in `open` (`"<amount> <prompt_cost> <used keys>"`) with a
 /// deadline `now + deadline_s` (Redis' clock) in `due`. Every call first resolves up to 16 reservations
@@ -40,7 +43,7 @@ pub const RESERVE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "7e40d1ff33e349d0a8abafb393a612b25d69ffab";
+pub const RESERVE_SHA1: &str = "8447c44f62562a67fc797b7754d14556f362ffd4";
 
 /// The settlement script: a batch of ONE tenant's settlements and charges (their keys share the tenant's
 /// hash tag, so the batch stays on one Redis Cluster slot).
@@ -94,6 +97,9 @@ pub struct ReserveArgs {
     pub clamp_output: bool,
     /// Smallest output cost worth admitting when clamping (below it the request is rejected).
     pub min_output_cost: u64,
+    /// This Envoy's lease field prefix ([`lease_owner`](super::lease_owner)): its own leases are
+    /// not counted in a refusal's `held_elsewhere`.
+    pub lease_owner: String,
 }
 
 impl ReserveArgs {
@@ -139,6 +145,7 @@ pub fn reserve_request(args: &ReserveArgs, call: ScriptCall) -> String {
         flag(k.has_model),
         lua_int(TOMBSTONE_S),
         QUOTA_PROTOCOL_TAG.to_string(),
+        args.lease_owner.clone(),
     ];
     command_body(call, RESERVE_SCRIPT, RESERVE_SHA1, &keys, &argv)
 }
@@ -246,6 +253,7 @@ mod tests {
             deadline_s: 600,
             clamp_output: false,
             min_output_cost: 0,
+            lease_owner: "-".into(),
         }
     }
 
@@ -260,7 +268,7 @@ mod tests {
                  tg%3Aq%3A%7Bacme%7D%3Alimit%3Am%3Agpt-4%2E1/tg%3Aq%3A%7Bacme%7D%3Aopen/\
                  tg%3Aq%3A%7Bacme%7D%3Adue/tg%3Aq%3A%7Bacme%7D%3Adone/tg%3Aq%3A%7Bacme%7D%3Agone/\
                  tg%3Aq%3A%7Bacme%7D%3Aleases/\
-                 100/50/1000/0/1796688000/req-1/600/0/0/1/3600/tg3"
+                 100/50/1000/0/1796688000/req-1/600/0/0/1/3600/tg3/-"
             )
         );
     }
@@ -270,14 +278,15 @@ mod tests {
         let mut a = args();
         a.tenant = "a/b+c d.json".into();
         a.request_id = "x.json".into();
+        a.lease_owner = crate::quota::lease_owner(0xabc);
         for body in [
             reserve_request(&a, ScriptCall::Eval),
             reserve_request(&a, ScriptCall::EvalSha),
         ] {
             assert!(!body.contains('+') && !body.contains(' ') && !body.contains('.'));
-            assert!(body.ends_with("/tg3"));
+            assert!(body.ends_with("/tg3/L%7Cabc%7C"), "{body}");
             let segments = body.split('/').count();
-            assert_eq!(segments, 2 + 1 + 9 + 12);
+            assert_eq!(segments, 2 + 1 + 9 + 13);
         }
         assert!(webdis_encode(RESERVE_SCRIPT)
             .bytes()

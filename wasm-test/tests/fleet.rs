@@ -232,6 +232,14 @@ const FIGURES: [&str; 18] = [
     "leases back after",
 ];
 
+/// The refusals a fleet run may see: a tenant's month spent (or held in other Envoys' leases), and its
+/// token bucket.
+const QUOTA_OR_BUCKET: [&str; 3] = [
+    "monthly_quota_exceeded",
+    "monthly_quota_leased",
+    "tokens_per_second_exceeded",
+];
+
 /// Prints the run and asserts the invariants of the module doc.
 fn check(r: &Run) {
     println!(
@@ -306,13 +314,6 @@ fn check(r: &Run) {
 /// Issue 14: an Envoy "gives back what it does not use (idle, expiry, drain)". With
 /// `quota.lease.idle_s: 2` a tenant that stops sending has its lease returned to Redis: the lease entry
 /// holds 0 and the counter equals the usage served. Bound: 2 s idle + 6 s for the leader's walk.
-/// The refusals a fleet run may see: a tenant's month spent (or held in other Envoys' leases), and its
-/// token bucket.
-const QUOTA_OR_BUCKET: [&str; 3] = [
-    "monthly_quota_exceeded",
-    "monthly_quota_leased",
-    "tokens_per_second_exceeded",
-];
 
 #[test]
 fn an_idle_lease_goes_back_to_redis() {

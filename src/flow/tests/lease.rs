@@ -438,11 +438,11 @@ fn a_refusal_that_other_envoys_leases_would_cover_is_a_retryable_429() {
         json!({"min_tokens": 1000, "idle_s": 10, "refresh_ms": 1000}),
     ));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
-    // 4,500 left in Redis; the account's leases (all another Envoy's) hold 2,000.
+    // 500 left in Redis (below exhausted_below, 1,000); other Envoys' leases hold 5,000.
     e.reply(
         &mut c,
         200,
-        &eval(&[0, 1_000_000 - 4_500, 1_000_000, 0, -1, 2_000, 0, 1]),
+        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 5_000, 0, 1]),
     );
     assert_eq!(c.status(), Some(429));
     let j = c.reply_json();
@@ -453,30 +453,56 @@ fn a_refusal_that_other_envoys_leases_would_cover_is_a_retryable_429() {
         Some("monthly_quota_leased")
     );
     assert_eq!(c.reply_header("x-should-retry"), Some("true"));
-    // Idle leases go back after idle_s, at their Envoy's next sync.
-    assert_eq!(c.reply_header("retry-after"), Some("11"));
-    assert_eq!(c.reply_header("x-tokengate-quota-remaining"), Some("4500"));
-    assert_eq!(c.audit_field("decision").as_deref(), Some("quota_leased"));
+    // Idle leases go back after idle_s, at their Envoy's next sync, walk and call: 10 + 1 + 0.02
+    // (one account in this Envoy's walk, a tick of 32) + 1 s, rounded up.
+    assert_eq!(c.reply_header("retry-after"), Some("13"));
+    assert_eq!(c.reply_header("retry-after-ms"), Some("12020"));
+    assert_eq!(c.reply_header("x-tokengate-quota-remaining"), Some("500"));
+    assert_eq!(
+        c.audit_field("decision").as_deref(),
+        Some("quota_held_elsewhere")
+    );
     assert_eq!(e.metric(Metric::QuotaRejected), 1);
-    // No exhausted marker: the next request asks Redis again.
-    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
-    assert!(c.pending.is_some());
+    // No exhausted marker, though less than exhausted_below is left: the next request asks Redis.
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
+    assert!(c.pending.is_some(), "asks Redis");
 }
 
 #[test]
-fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota() {
+fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota_and_marks_nothing_while_they_hold_some(
+) {
     let e = envoy(cfg(json!({"min_tokens": 1000})));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
-    // 3,000 left and 1,000 in other Envoys' leases: 4,000 < 5,010.
+    // 500 left and 2,000 in other Envoys' leases: 2,500 < 5,010.
     e.reply(
         &mut c,
         200,
-        &eval(&[0, 1_000_000 - 3_000, 1_000_000, 0, -1, 1_000, 0, 1]),
+        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 2_000, 0, 1]),
     );
     assert_eq!(c.status(), Some(429));
     assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
     assert_eq!(c.reply_header("x-should-retry"), Some("false"));
     assert_eq!(c.reply_header("retry-after"), None);
+    // Review: the exhausted marker (500 < 1,000) then refused a request of 1,510 at once as month
+    // spent, which the leases going back would let through: Redis is asked.
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
+    assert!(c.pending.is_some(), "asks Redis");
+    e.reply(
+        &mut c,
+        200,
+        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 2_000, 0, 1]),
+    );
+    assert_eq!(
+        c.reply_header("x-tokengate-reason"),
+        Some("monthly_quota_leased")
+    );
+    // With no lease held anywhere, the marker is written as before.
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
+    e.reply(&mut c, 200, &refused(1_000_000 - 500));
+    assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
+    assert!(c.pending.is_none(), "refused from the marker");
+    assert_eq!(c.status(), Some(429));
 }
 
 #[test]
