@@ -12,7 +12,7 @@
 //! | `/chat/completions`    | `messages[]` (content strings and parts, `name`, `tool_calls`, `refusal`), `tools`, `functions`, `response_format`, `prediction.content` | the larger of `max_tokens` / `max_completion_tokens` × `n` |
 //! | `/completions`         | `prompt` (string, strings, token ids), `suffix`                         | `max_tokens` × max(`n`, `best_of`) |
 //! | `/embeddings`          | `input` (string, strings, token ids, arrays of token ids)              | none (0) |
-//! | `/responses`           | `input` (string or items), `instructions`, `tools`, `text.format`       | `max_output_tokens` |
+//! | `/responses`           | `input` (string or items), `instructions`, `tools`, `text.format`, `prompt` (a template, as JSON text) | `max_output_tokens` |
 //! | `/messages` (Anthropic)| `system`, `messages[].content` blocks (text, tool_use, tool_result), `tools` | `max_tokens` |
 //!
 //! The reserved output is what the body asks for (the largest present of `max_tokens`,

@@ -5,8 +5,9 @@
 //! tokens of `name:description` (one trailing full stop dropped); if its `parameters.properties` is
 //! not empty, 3, then per property 3 and the tokens of `key:type:description`, and for an `enum`
 //! −3 once plus 3 and the item's tokens per item; 12 once for the list. What that method does not
-//! look at (nested schemas: a property's `items`, `properties`, `anyOf`, …) is counted as its JSON
-//! text, and a tool that is not a function (`web_search`, `file_search`, custom tools) as its whole
+//! look at (nested schemas: a property's `items`, `properties`, `anyOf`, …; the rest of `parameters`:
+//! `$defs`, `title`, …; the function's other fields) is counted as its JSON text, and a tool that is
+//! not a function (`web_search`, `file_search`, custom tools) as its whole
 //! JSON text, so that the count is never lower than the method's.
 //!
 //! Anthropic (`tools`): each definition as its JSON text, plus the tool-use system prompt Anthropic
@@ -127,7 +128,7 @@ fn function_tokens(name: &str, f: &Map<String, Value>) -> u64 {
         "{name}:{}",
         description(f.get("description"))
     )));
-    let parameters = f.get("parameters").and_then(Value::as_object);
+    let parameters = f.get("parameters");
     let properties = parameters
         .and_then(|p| p.get("properties"))
         .and_then(Value::as_object);
@@ -139,7 +140,48 @@ fn function_tokens(name: &str, f: &Map<String, Value>) -> u64 {
                 .saturating_add(property_tokens(key, p));
         }
     }
+    // What the method does not look at, as its JSON text: the rest of the schema (`$defs` of nested
+    // models, `title`, a top-level `enum`, …; the provider renders and bills it) and the function's
+    // other fields. A client could otherwise hide any amount of text there.
+    match parameters {
+        Some(Value::Object(p)) => {
+            for (k, v) in p {
+                let counted = match (k.as_str(), v) {
+                    ("type", _) => true,
+                    ("properties", _) => properties.is_some(),
+                    // The property names the method counted (anything else in it is counted).
+                    ("required", Value::Array(names)) => names.iter().all(|n| {
+                        n.as_str()
+                            .is_some_and(|n| properties.is_some_and(|p| p.contains_key(n)))
+                    }),
+                    ("additionalProperties", Value::Bool(_)) => true,
+                    _ => false,
+                };
+                if !counted {
+                    t = t.saturating_add(key_value_tokens(k, v));
+                }
+            }
+        }
+        Some(Value::Null) | None => {}
+        Some(other) => t = t.saturating_add(json_tokens(other)),
+    }
+    for (k, v) in f {
+        let counted = match (k.as_str(), v) {
+            ("name" | "parameters" | "type", _) => true,
+            ("description", Value::String(_) | Value::Null) => true,
+            ("strict", Value::Bool(_)) => true,
+            _ => false,
+        };
+        if !counted {
+            t = t.saturating_add(key_value_tokens(k, v));
+        }
+    }
     t
+}
+
+/// A key the method does not count: its text and its value's JSON text.
+fn key_value_tokens(k: &str, v: &Value) -> u64 {
+    text_tokens(k).saturating_add(json_tokens(v))
 }
 
 /// One property of a function's parameters: `key:type:description`, its enum items, and the JSON
@@ -166,7 +208,12 @@ fn property_tokens(key: &str, p: &Value) -> u64 {
         t = t.saturating_add(e.saturating_sub(ENUM_INIT));
     }
     for (k, v) in p {
-        if !matches!(k.as_str(), "type" | "description" | "enum") {
+        let counted = match (k.as_str(), v) {
+            ("type", _) | ("enum", Value::Array(_)) => true,
+            ("description", Value::String(_) | Value::Null) => true,
+            _ => false,
+        };
+        if !counted {
             t = t
                 .saturating_add(text_tokens(k))
                 .saturating_add(json_tokens(v));

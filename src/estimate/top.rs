@@ -86,7 +86,7 @@ impl Fields {
             ],
             ApiKind::Completions => [&self.prompt, &Ok(0), &Ok(0), &Ok(0)],
             ApiKind::Embeddings => [&self.input, &Ok(0), &Ok(0), &Ok(0)],
-            ApiKind::Responses => [&self.input, &self.instructions, &self.tools, &Ok(0)],
+            ApiKind::Responses => [&self.input, &self.instructions, &self.tools, &self.prompt],
             ApiKind::AnthropicMessages => [&self.system, &self.messages, &self.tools, &Ok(0)],
         };
         let mut t = match kind {
@@ -154,6 +154,11 @@ impl<'de> Shape<'de> for Top<'_> {
                 }
                 (Key::ResponseFormat, ChatCompletions) => {
                     f.response_format = format_tokens(&a.next_value::<Value>()?)
+                }
+                // A Responses prompt template (`{"id", "version", "variables"}`): its variables
+                // are billed text; counted as its JSON text.
+                (Key::Prompt, Responses) => {
+                    f.prompt = Ok(super::shape::json_tokens(&a.next_value::<Value>()?))
                 }
                 (Key::Prompt, Completions) => {
                     f.prompt = read_text(&mut a, raw, IdsOrText("prompt"))?

@@ -663,3 +663,49 @@ fn a_long_word_is_never_estimated_below_what_it_costs_and_never_lowers_the_estim
     );
     tg::assert_no_panic(&small);
 }
+
+#[test]
+fn text_hidden_in_a_tool_schema_is_charged_and_cannot_pass_a_burst() {
+    // Black-box run: `openai.pydantic_function_tool()` of a nested model puts its descriptions under
+    // `parameters.$defs`, which the estimate skipped: 13 KB of schema estimated at 56 tokens, and a
+    // bucket of burst 2,000 admitted it 3 times of 3 (the same fields inline: 413, 2,443 tokens).
+    let mock = mock_provider!();
+    let small = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
+    );
+    let field = "The customer's full postal address, as printed on the invoice, with the city. ";
+    let defs: serde_json::Map<String, serde_json::Value> = (0..60)
+        .map(|i| {
+            (
+                format!("F{i}"),
+                json!({"type": "object", "description": field.repeat(3),
+                       "properties": {"v": {"type": "string", "description": field}}}),
+            )
+        })
+        .collect();
+    let properties: serde_json::Map<String, serde_json::Value> = (0..60)
+        .map(|i| (format!("f{i}"), json!({"$ref": format!("#/$defs/F{i}")})))
+        .collect();
+    let body = json!({"model": "gpt-test", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Fill the form."}],
+        "tools": [{"type": "function", "function": {"name": "form", "strict": true,
+            "parameters": {"type": "object", "properties": properties, "$defs": defs,
+                           "required": (0..60).map(|i| format!("f{i}")).collect::<Vec<_>>(),
+                           "additionalProperties": false}}}]});
+    let r = tg::post_chat(&small, "schema", body.to_string().as_bytes());
+    println!("{} {}", r.status, r.text());
+    tg::assert_error(
+        &r,
+        413,
+        "invalid_request_error",
+        "cost_exceeds_burst",
+        "cost_exceeds_burst",
+    );
+    assert!(
+        tg::header_u64(&r, "x-tokengate-estimated-tokens") > 2_000,
+        "{:?}",
+        r.headers
+    );
+    tg::assert_no_panic(&small);
+}

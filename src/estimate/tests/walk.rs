@@ -746,6 +746,104 @@ fn tools_are_counted_by_openais_published_method() {
 }
 
 #[test]
+fn text_a_function_schema_holds_beyond_the_methods_fields_is_counted() {
+    // Black-box run: a nested pydantic model (`openai.pydantic_function_tool`) puts its fields'
+    // descriptions under `parameters.$defs`; 13 KB of them estimated at 56 tokens (the same fields
+    // inline: 2,443), past a burst of 2,000 and charged 54 when the client left early.
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(200);
+    let base = ok(
+        ApiKind::ChatCompletions,
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .prompt_tokens;
+    let hidden = text_tokens(&words);
+    let with = |parameters: &str, extra: &str| {
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{parameters}{extra}}}}}]}}"#
+        );
+        ok(ApiKind::ChatCompletions, &body).prompt_tokens - base
+    };
+    let plain = with(
+        r#"{"type":"object","properties":{"a":{"type":"string"}},"required":["a"],"additionalProperties":false}"#,
+        r#","strict":true"#,
+    );
+    // The published method alone for the plain one: `required` naming a property, a boolean
+    // `additionalProperties` and `strict` add nothing.
+    assert_eq!(
+        plain,
+        FUNCTION_INIT
+            + text_tokens("f:")
+            + PROPERTIES_INIT
+            + PROPERTY_KEY
+            + text_tokens("a:string:")
+            + FUNCTIONS_END
+    );
+    for (parameters, extra) in [
+        (
+            format!(
+                r##"{{"type":"object","properties":{{"a":{{"$ref":"#/$defs/A"}}}},"$defs":{{"A":{{"description":"{words}"}}}}}}"##
+            ),
+            String::new(),
+        ),
+        (
+            format!(
+                r#"{{"type":"object","title":"{words}","properties":{{"a":{{"type":"string"}}}}}}"#
+            ),
+            String::new(),
+        ),
+        (
+            format!(r#"{{"type":"object","enum":["{words}"]}}"#),
+            String::new(),
+        ),
+        (
+            format!(
+                r#"{{"type":"object","properties":{{"a":{{"type":"string"}}}},"required":["{words}"]}}"#
+            ),
+            String::new(),
+        ),
+        (format!(r#""{words}""#), String::new()),
+        (
+            r#"{"type":"object","properties":{"a":{"type":"string"}}}"#.to_string(),
+            format!(r#","examples":["{words}"]"#),
+        ),
+        (
+            r#"{"type":"object","properties":{"a":{"type":"string"}}}"#.to_string(),
+            format!(r#","description":{{"x":"{words}"}}"#),
+        ),
+        (
+            format!(
+                r#"{{"type":"object","properties":{{"a":{{"type":"string","description":{{"x":"{words}"}}}}}}}}"#
+            ),
+            String::new(),
+        ),
+        (
+            format!(
+                r#"{{"type":"object","properties":{{"a":{{"type":"string","enum":"{words}"}}}}}}"#
+            ),
+            String::new(),
+        ),
+    ] {
+        let t = with(&parameters, &extra);
+        assert!(
+            t >= hidden,
+            "{t} < {hidden}: {}",
+            &parameters[..parameters.len().min(80)]
+        );
+    }
+    // A Responses prompt template's variables are billed text.
+    let plain = ok(ApiKind::Responses, r#"{"input":"hi"}"#).prompt_tokens;
+    let templated = ok(
+        ApiKind::Responses,
+        &format!(r#"{{"input":"hi","prompt":{{"id":"pmpt_1","variables":{{"doc":"{words}"}}}}}}"#),
+    )
+    .prompt_tokens;
+    assert!(
+        templated - plain >= hidden,
+        "{templated} - {plain} < {hidden}"
+    );
+}
+
+#[test]
 fn anthropic_tools_add_the_published_tool_use_system_prompt() {
     let base = ok(
         ApiKind::AnthropicMessages,
