@@ -136,6 +136,25 @@ pub fn from_usage_object(u: &Map<String, Value>) -> Option<Usage> {
     None
 }
 
+/// [`from_usage_object`] of a response that generates output: `None` also when the object has no
+/// output count (`completion_tokens` / `output_tokens`): such a usage would settle the output at 0
+/// (a provider that reported the prompt only, or `{}` on an Anthropic `message_delta`).
+pub fn with_output_count(u: &Map<String, Value>) -> Option<Usage> {
+    let output = ["completion_tokens", "output_tokens"]
+        .iter()
+        .any(|k| u.get(*k).is_some_and(Value::is_u64));
+    output.then(|| from_usage_object(u)).flatten()
+}
+
+/// Whether a parsed response's usage ([`from_value`]'s object) has an output count.
+fn reports_output(v: &Value) -> bool {
+    let u = v
+        .get("usage")
+        .or_else(|| v.get("response").and_then(|r| r.get("usage")));
+    u.and_then(Value::as_object)
+        .is_some_and(|u| with_output_count(u).is_some())
+}
+
 /// Usage from a parsed response: top-level `usage`, or `response.usage` (a responses-API event).
 fn from_value(v: &Value) -> Option<Usage> {
     let obj = v.as_object()?;
@@ -157,16 +176,26 @@ fn from_value(v: &Value) -> Option<Usage> {
 /// into a [`Value`] and reading it with [`from_value`] (a repeated key: the last one counts), at a
 /// fraction of the cost, on every response that settles a quota.
 pub fn from_json(body: &[u8]) -> Option<Usage> {
+    json_usage(body, from_usage_object)
+}
+
+/// [`from_json`] of a response that generates output (every API but embeddings): `None` also when
+/// the usage has no output count ([`with_output_count`]).
+pub fn from_json_with_output(body: &[u8]) -> Option<Usage> {
+    json_usage(body, with_output_count)
+}
+
+fn json_usage(body: &[u8], read: fn(&Map<String, Value>) -> Option<Usage>) -> Option<Usage> {
     let top: UsageFields = serde_json::from_slice(body).ok()?;
     if let Some(u) = top.usage.as_ref().and_then(Value::as_object) {
-        return from_usage_object(u);
+        return read(u);
     }
     top.response
         .as_ref()
         .and_then(Value::as_object)?
         .get("usage")
         .and_then(Value::as_object)
-        .and_then(from_usage_object)
+        .and_then(read)
 }
 
 /// The two top-level members of a response body that can carry usage ([`from_json`]).
@@ -593,7 +622,12 @@ impl SseScanner {
             "message_delta" => {
                 if let Some(u) = obj.get("usage").and_then(Value::as_object) {
                     self.merge_anthropic(u);
-                    if let Some(a) = self.anthropic.as_mut() {
+                    // Only an output count finishes the usage (`"usage":{}` says nothing of it).
+                    if let Some(a) = self
+                        .anthropic
+                        .as_mut()
+                        .filter(|_| uint(u, "output_tokens").is_some())
+                    {
                         a.finished = true;
                     }
                 }
@@ -608,7 +642,7 @@ impl SseScanner {
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 self.completed = true;
-                if let Some(u) = from_value(&v) {
+                if let Some(u) = from_value(&v).filter(|_| reports_output(&v)) {
                     self.usage = Some(u);
                 }
             }
@@ -641,7 +675,7 @@ impl SseScanner {
         let Some(u) = obj.get("usage").and_then(Value::as_object) else {
             return false;
         };
-        if let Some(parsed) = from_usage_object(u) {
+        if let Some(parsed) = with_output_count(u) {
             self.usage = Some(parsed);
         }
         self.strip && choices.is_some_and(Vec::is_empty)
@@ -698,7 +732,7 @@ impl SseScanner {
         };
         let mut it = serde_json::Deserializer::from_slice(after).into_iter::<Value>();
         if let Some(Ok(Value::Object(u))) = it.next() {
-            if let Some(parsed) = from_usage_object(&u) {
+            if let Some(parsed) = with_output_count(&u) {
                 self.usage = Some(parsed);
             }
         }
@@ -1019,6 +1053,29 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         assert_eq!(s.usage(), Some(u(125, 15, 100, 0)));
         assert!(s.completed());
         assert_eq!(s.content_bytes(), 6);
+    }
+
+    #[test]
+    fn a_final_usage_without_an_output_count_is_no_usage() {
+        // Black-box run: `"usage":{}` on message_delta settled input + message_start's 1 output
+        // token; an OpenAI final chunk with the prompt count only settled the prompt alone.
+        let mut s = SseScanner::new(false);
+        s.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n");
+        s.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{}}\n\n");
+        assert_eq!(s.usage(), None);
+        let mut s = SseScanner::new(false);
+        s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10}}\n\ndata: [DONE]\n\n");
+        assert!(s.completed());
+        assert_eq!(s.usage(), None);
+        let body = br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"total_tokens":10}}"#;
+        assert_eq!(from_json_with_output(body), None);
+        // Embeddings report no output: their usage stands.
+        assert_eq!(from_json(body).map(|u| u.prompt_tokens), Some(10));
+        assert_eq!(
+            from_json_with_output(br#"{"usage":{"prompt_tokens":10,"completion_tokens":0}}"#)
+                .map(|u| u.completion_tokens),
+            Some(0)
+        );
     }
 
     #[test]

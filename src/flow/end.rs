@@ -146,7 +146,11 @@ pub(super) fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
 fn response_usage(f: &Forwarded) -> Option<usage::Usage> {
     match &f.resp.stream {
         Some(sc) => sc.usage(),
-        None => usage::from_json(&f.resp.json),
+        // Embeddings report no output; every other API's usage without an output count is none.
+        None if f.meta.kind == Some(crate::estimate::ApiKind::Embeddings) => {
+            usage::from_json(&f.resp.json)
+        }
+        None => usage::from_json_with_output(&f.resp.json),
     }
 }
 

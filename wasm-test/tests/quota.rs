@@ -2830,3 +2830,83 @@ fn a_stream_in_flight_when_envoy_stops_keeps_its_reservation_until_the_deadline_
         "charged {stopped}: neither the prompt {prompt} nor the reservation {reserved}"
     );
 }
+
+#[test]
+fn a_usage_without_an_output_count_settles_the_reservation_not_the_prompt_alone() {
+    // Black-box run: an Anthropic stream whose `message_delta` said `"usage":{}` after 150 words was
+    // charged input + message_start's 1 output token (15 for 1,007 reserved); an OpenAI final
+    // chunk with `usage: {"prompt_tokens":10}` was charged 10. A complete answer without its output
+    // count is one without usage: the reservation.
+    const MAX_TOKENS: u64 = 200;
+    let s = Stack::start();
+    let envoy = s.envoy(json!({"monthly_limit": 1_000_000}));
+    let opts = StreamOpts {
+        abort_after_bytes: None,
+        timeout: Duration::from_secs(10),
+    };
+    let cases: [(&str, &str, Vec<u8>, bool); 4] = [
+        (
+            "nocount-msgs-sse",
+            "/v1/messages",
+            messages_body(MAX_TOKENS, true),
+            true,
+        ),
+        (
+            "nocount-chat-sse",
+            tg::CHAT,
+            chat_body(MAX_TOKENS, true, Some(true)),
+            true,
+        ),
+        (
+            "nocount-chat-json",
+            tg::CHAT,
+            chat_body(MAX_TOKENS, false, None),
+            false,
+        ),
+        (
+            "nocount-msgs-json",
+            "/v1/messages",
+            messages_body(MAX_TOKENS, false),
+            false,
+        ),
+    ];
+    for (tenant, path, body, stream) in cases {
+        let key = used_key(tenant, &month_label(now_unix()));
+        let extra = [("x-mock-no-output-count", "1")];
+        let reserved = if stream {
+            let r = post_stream(&envoy, path, tenant, &extra, &body, &opts);
+            assert!(r.status == 200 && r.complete, "{tenant}: {}", r.text());
+            stream_estimate(&r)
+        } else {
+            let (r, _) = post_t(&envoy, path, tenant, &extra, &body);
+            assert_eq!(r.status, 200, "{tenant}: {}", r.text());
+            let u = &r.json()["usage"];
+            assert!(
+                u.get("completion_tokens").is_none() && u.get("output_tokens").is_none(),
+                "{tenant}: {u}"
+            );
+            header_u64(&r, "x-tokengate-estimated-tokens") as i64
+        };
+        // The counter holds the reservation from the admission on: the audit record says what the
+        // settlement charged.
+        let deadline = Instant::now() + SETTLE_WAIT;
+        let line = loop {
+            let lines = audit_lines(&envoy, tenant);
+            match lines.first() {
+                Some(l) if l.contains("actual=") => break l.clone(),
+                _ if Instant::now() > deadline => panic!("{tenant}: no settled audit record"),
+                _ => thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        let actual: i64 = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("actual="))
+            .and_then(|v| v.parse().ok())
+            .expect("actual=");
+        println!("{tenant}: reserved {reserved}: {line}");
+        assert_eq!(actual, reserved, "{tenant}: the reservation: {line}");
+        assert!(!line.contains("usage_source=provider"), "{line}");
+        assert_eq!(wait_key(s.redis(), &key, reserved), reserved);
+    }
+    tg::assert_no_panic(&envoy);
+}

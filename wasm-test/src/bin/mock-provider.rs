@@ -35,6 +35,7 @@
 //! - `x-mock-id: name`           echoed as response header `x-mock-served-by`
 //! - `x-mock-tenant: t`, `x-mock-tag: id`   the ledger's tenant and request id (see below)
 //! - `x-mock-gzip: 1`            gzip the LLM answer (JSON or SSE) even without `accept-encoding: gzip`
+//! - `x-mock-no-output-count: 1` the final usage without `completion_tokens` / `output_tokens`
 //!
 //! Like real providers, LLM answers are gzip-encoded (`content-encoding: gzip`) when the request's
 //! `accept-encoding` lists gzip (stored deflate blocks: a valid gzip stream, one block per SSE event).
@@ -636,7 +637,13 @@ fn answer(
             .and_then(Value::as_bool)
             == Some(true);
         let delay = Duration::from_millis(req.header_num("x-mock-chunk-delay-ms").unwrap_or(5));
-        let (events, at) = stream_events(kind, &model, &usage, include_usage);
+        let (mut events, at) = stream_events(kind, &model, &usage, include_usage);
+        if no_output_count(req) {
+            events = events
+                .iter()
+                .map(|e| without_output_count_event(e))
+                .collect();
+        }
         let end = if wants_gzip(req) {
             extra.push(("content-encoding".into(), "gzip".into()));
             write_stream(out, extra, &gzip_events(&events), delay, cut_after, last)
@@ -666,6 +673,9 @@ fn answer(
     // A JSON answer: the provider generated the whole completion, however much of it is delivered.
     served.output_sent = usage.completion;
     let mut body = full_body(kind, &model, &usage);
+    if no_output_count(req) {
+        without_output_count(&mut body);
+    }
     if kind == Endpoint::Responses
         && parsed.get("background").and_then(Value::as_bool) == Some(true)
     {
@@ -1000,6 +1010,41 @@ fn responses_object(model: &str, text: &str, u: &Usage, created: u64) -> Value {
 }
 
 /// SSE events, each already framed (`data: …\n\n` or `event: …\ndata: …\n\n`).
+/// `x-mock-no-output-count: 1`: the final usage without its output count (a provider that reports
+/// the prompt only; Anthropic's `message_delta` then has `"usage":{}`).
+fn no_output_count(req: &Request) -> bool {
+    req.header("x-mock-no-output-count")
+        .is_some_and(|v| v.trim() == "1")
+}
+
+/// `completion_tokens` / `output_tokens` taken out of `usage` and `response.usage`.
+fn without_output_count(v: &mut Value) {
+    for ptr in ["/usage", "/response/usage"] {
+        if let Some(Value::Object(u)) = v.pointer_mut(ptr) {
+            u.remove("completion_tokens");
+            u.remove("output_tokens");
+        }
+    }
+}
+
+/// [`without_output_count`] of one SSE event (`message_start`'s usage kept: it is not the final one).
+fn without_output_count_event(ev: &str) -> String {
+    let mut out = String::new();
+    for line in ev.split_inclusive('\n') {
+        match line
+            .strip_prefix("data: ")
+            .map(|d| serde_json::from_str::<Value>(d.trim_end()))
+        {
+            Some(Ok(mut v)) if v.get("type").and_then(Value::as_str) != Some("message_start") => {
+                without_output_count(&mut v);
+                out.push_str(&format!("data: {v}\n"));
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
+}
+
 fn stream_events(
     kind: Endpoint,
     model: &str,
