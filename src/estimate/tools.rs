@@ -166,12 +166,12 @@ fn function_tokens(name: &str, f: &Map<String, Value>) -> u64 {
         Some(other) => t = t.saturating_add(json_tokens(other)),
     }
     for (k, v) in f {
-        let counted = match (k.as_str(), v) {
-            ("name" | "parameters" | "type", _) => true,
-            ("description", Value::String(_) | Value::Null) => true,
-            ("strict", Value::Bool(_)) => true,
-            _ => false,
-        };
+        let counted = matches!(
+            (k.as_str(), v),
+            ("name" | "parameters" | "type", _)
+                | ("description", Value::String(_) | Value::Null)
+                | ("strict", Value::Bool(_))
+        );
         if !counted {
             t = t.saturating_add(key_value_tokens(k, v));
         }
@@ -208,11 +208,12 @@ fn property_tokens(key: &str, p: &Value) -> u64 {
         t = t.saturating_add(e.saturating_sub(ENUM_INIT));
     }
     for (k, v) in p {
-        let counted = match (k.as_str(), v) {
-            ("type", _) | ("enum", Value::Array(_)) => true,
-            ("description", Value::String(_) | Value::Null) => true,
-            _ => false,
-        };
+        let counted = matches!(
+            (k.as_str(), v),
+            ("type", _)
+                | ("enum", Value::Array(_))
+                | ("description", Value::String(_) | Value::Null)
+        );
         if !counted {
             t = t
                 .saturating_add(text_tokens(k))
