@@ -119,6 +119,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn key_parts_are_encoded_as_the_readme_tells_operators() {
+        // README "Operating": Python's `quote(s, safe=":")` with `~` as `%7E` gives the same.
+        for (raw, key) in [
+            ("alice@example.com", "alice%40example.com"),
+            ("meta-llama/Llama-3.1-8B", "meta-llama%2FLlama-3.1-8B"),
+            ("~b:x:été", "%7Eb:x:%C3%A9t%C3%A9"),
+            ("team_a.b-c", "team_a.b-c"),
+        ] {
+            assert_eq!(sanitize(raw), key);
+        }
+    }
+
+    #[test]
     fn no_shared_data_prefix_is_the_start_of_another() {
         let shared = [
             BUCKET,
