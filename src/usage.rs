@@ -136,36 +136,32 @@ pub fn from_usage_object(u: &Map<String, Value>) -> Option<Usage> {
     None
 }
 
-/// [`from_usage_object`] of a response that generates output: `None` also when the object has no
-/// output count (`completion_tokens` / `output_tokens`): such a usage would settle the output at 0
-/// (a provider that reported the prompt only, or `{}` on an Anthropic `message_delta`).
-pub fn with_output_count(u: &Map<String, Value>) -> Option<Usage> {
-    let output = ["completion_tokens", "output_tokens"]
-        .iter()
-        .any(|k| u.get(*k).is_some_and(Value::is_u64));
-    output.then(|| from_usage_object(u)).flatten()
+/// [`from_usage_object`] of a response that generates output: `None` also when the object lacks the
+/// input or the output count of its format (`prompt_tokens` and `completion_tokens`, or
+/// `input_tokens` and `output_tokens`): such a usage would settle the missing side at 0 (a provider
+/// that reported the prompt only, or `{}` on an Anthropic `message_delta`).
+pub fn complete_usage(u: &Map<String, Value>) -> Option<Usage> {
+    let has = |k: &str| u.get(k).is_some_and(Value::is_u64);
+    let complete = if u.contains_key("prompt_tokens") || u.contains_key("completion_tokens") {
+        has("prompt_tokens") && has("completion_tokens")
+    } else {
+        has("input_tokens") && has("output_tokens")
+    };
+    complete.then(|| from_usage_object(u)).flatten()
 }
 
-/// Whether a parsed response's usage ([`from_value`]'s object) has an output count.
-fn reports_output(v: &Value) -> bool {
-    let u = v
-        .get("usage")
-        .or_else(|| v.get("response").and_then(|r| r.get("usage")));
-    u.and_then(Value::as_object)
-        .is_some_and(|u| with_output_count(u).is_some())
-}
-
-/// Usage from a parsed response: top-level `usage`, or `response.usage` (a responses-API event).
-fn from_value(v: &Value) -> Option<Usage> {
+/// Usage from a parsed response: top-level `usage`, or `response.usage` (a responses-API event), read
+/// by `read`.
+fn from_value_with(v: &Value, read: fn(&Map<String, Value>) -> Option<Usage>) -> Option<Usage> {
     let obj = v.as_object()?;
     if let Some(u) = obj.get("usage").and_then(Value::as_object) {
-        return from_usage_object(u);
+        return read(u);
     }
     obj.get("response")
         .and_then(Value::as_object)?
         .get("usage")
         .and_then(Value::as_object)
-        .and_then(from_usage_object)
+        .and_then(read)
 }
 
 /// Usage from a whole (non-streamed) JSON response body of any supported API. `None` when the body is
@@ -180,9 +176,9 @@ pub fn from_json(body: &[u8]) -> Option<Usage> {
 }
 
 /// [`from_json`] of a response that generates output (every API but embeddings): `None` also when
-/// the usage has no output count ([`with_output_count`]).
+/// the usage lacks its input or output count ([`complete_usage`]).
 pub fn from_json_with_output(body: &[u8]) -> Option<Usage> {
-    json_usage(body, with_output_count)
+    json_usage(body, complete_usage)
 }
 
 fn json_usage(body: &[u8], read: fn(&Map<String, Value>) -> Option<Usage>) -> Option<Usage> {
@@ -295,6 +291,8 @@ struct AnthropicParts {
     cache_read: u64,
     cache_write: u64,
     output: u64,
+    /// An input count was seen (`message_start`'s, or a `message_delta`'s).
+    has_input: bool,
     /// A `message_delta` with usage was seen: `output` is the message's final count. Before it, the
     /// `output_tokens` of `message_start` (1) says nothing of what was generated, so the stream has no
     /// usage yet (a stream cut there is charged as one without usage).
@@ -375,19 +373,21 @@ impl SseScanner {
         if self.usage.is_some() {
             return self.usage;
         }
-        self.anthropic.filter(|a| a.finished).map(|a| {
-            let prompt = a
-                .input
-                .saturating_add(a.cache_read)
-                .saturating_add(a.cache_write);
-            Usage {
-                prompt_tokens: prompt,
-                completion_tokens: a.output,
-                cached_tokens: a.cache_read.min(prompt),
-                reasoning_tokens: 0,
-                source: Source::Provider,
-            }
-        })
+        self.anthropic
+            .filter(|a| a.finished && a.has_input)
+            .map(|a| {
+                let prompt = a
+                    .input
+                    .saturating_add(a.cache_read)
+                    .saturating_add(a.cache_write);
+                Usage {
+                    prompt_tokens: prompt,
+                    completion_tokens: a.output,
+                    cached_tokens: a.cache_read.min(prompt),
+                    reasoning_tokens: 0,
+                    source: Source::Provider,
+                }
+            })
     }
 
     /// The stream ended properly: `data: [DONE]`, Anthropic `message_stop`, or a responses-API
@@ -642,7 +642,7 @@ impl SseScanner {
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 self.completed = true;
-                if let Some(u) = from_value(&v).filter(|_| reports_output(&v)) {
+                if let Some(u) = from_value_with(&v, complete_usage) {
                     self.usage = Some(u);
                 }
             }
@@ -675,7 +675,7 @@ impl SseScanner {
         let Some(u) = obj.get("usage").and_then(Value::as_object) else {
             return false;
         };
-        if let Some(parsed) = with_output_count(u) {
+        if let Some(parsed) = complete_usage(u) {
             self.usage = Some(parsed);
         }
         self.strip && choices.is_some_and(Vec::is_empty)
@@ -685,6 +685,7 @@ impl SseScanner {
         let a = self.anthropic.get_or_insert_with(AnthropicParts::default);
         if let Some(n) = uint(u, "input_tokens") {
             a.input = n;
+            a.has_input = true;
         }
         if let Some(n) = uint(u, "cache_read_input_tokens") {
             a.cache_read = n;
@@ -732,7 +733,7 @@ impl SseScanner {
         };
         let mut it = serde_json::Deserializer::from_slice(after).into_iter::<Value>();
         if let Some(Ok(Value::Object(u))) = it.next() {
-            if let Some(parsed) = with_output_count(&u) {
+            if let Some(parsed) = complete_usage(&u) {
                 self.usage = Some(parsed);
             }
         }
@@ -844,7 +845,7 @@ data: [DONE]\n\n";
         let whole = |b: &[u8]| {
             serde_json::from_slice::<Value>(b)
                 .ok()
-                .and_then(|v| from_value(&v))
+                .and_then(|v| from_value_with(&v, from_usage_object))
         };
         let bodies: &[&[u8]] = &[
             br#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello \"there\" \u00e9!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":24,"completion_tokens":4,"total_tokens":28}}"#,
@@ -1069,6 +1070,27 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         assert_eq!(s.usage(), None);
         let body = br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"total_tokens":10}}"#;
         assert_eq!(from_json_with_output(body), None);
+        // Review: the counts of one format, both of them; an Anthropic stream without an input count.
+        for u in [
+            br#"{"usage":{"prompt_tokens":10,"output_tokens":5}}"#.as_slice(),
+            br#"{"usage":{"completion_tokens":5}}"#,
+            br#"{"usage":{"output_tokens":5}}"#,
+        ] {
+            assert_eq!(
+                from_json_with_output(u),
+                None,
+                "{}",
+                String::from_utf8_lossy(u)
+            );
+        }
+        let mut s = SseScanner::new(false);
+        s.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n");
+        s.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":40}}\n\n");
+        assert_eq!(s.usage(), None);
+        // A `usage: null` event with a complete `response.usage` still counts.
+        let mut s = SseScanner::new(false);
+        s.feed(b"data: {\"type\":\"response.completed\",\"usage\":null,\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}}\n\n");
+        assert_eq!(s.usage().map(|u| u.completion_tokens), Some(4));
         // Embeddings report no output: their usage stands.
         assert_eq!(from_json(body).map(|u| u.prompt_tokens), Some(10));
         assert_eq!(

@@ -187,6 +187,15 @@ impl std::fmt::Display for ShimError {
 /// Checks the status and envelope and returns the array of `len` integers the script answered (each
 /// within ±[`MAX_LUA_INT`]); every failure is classified as a [`ShimError`]. Never panics.
 pub fn parse_int_array(http_status: u32, body: &[u8], len: usize) -> Result<Vec<i64>, ShimError> {
+    parse_int_array_of(http_status, body, len..=len)
+}
+
+/// [`parse_int_array`] with a length in `lens` (a reply that grew a trailing element).
+pub fn parse_int_array_of(
+    http_status: u32,
+    body: &[u8],
+    lens: std::ops::RangeInclusive<usize>,
+) -> Result<Vec<i64>, ShimError> {
     match http_status {
         200 => {}
         0 | 500..=599 => return Err(ShimError::Unavailable),
@@ -216,9 +225,9 @@ pub fn parse_int_array(http_status: u32, body: &[u8], len: usize) -> Result<Vec<
         }
         return Err(ShimError::RedisError(msg));
     }
-    if arr.len() != len {
+    if !lens.contains(&arr.len()) {
         return Err(ShimError::Garbage(format!(
-            "expected {len} integers, got {}",
+            "expected {lens:?} integers, got {}",
             arr.len()
         )));
     }

@@ -268,6 +268,53 @@ mod quota {
     }
 
     #[test]
+    fn a_refusal_of_an_account_over_its_limit_reports_growth_from_zero_and_any_lease_elsewhere() {
+        // Review: 1,050 used of 1,000 (100 of it in another Envoy's lease) reported a growth of 100,
+        // deficit included: a request of 80 got a retry that its lease coming back (50 left) refuses.
+        let Some(st) = Stack::start() else { return };
+        assert_eq!(lease_of(&st, 2, "gamma", None, 1_000, 100).held, 100);
+        let a = ReserveArgs {
+            tenant: "gamma".into(),
+            model: None,
+            default_limit: 1_000,
+            prompt_cost: 80,
+            output_cost: 0,
+            ..base()
+        };
+        st.cli(&["INCRBY", &a.keys().used_total, "950"]);
+        let r = reserve(&st, &a).unwrap();
+        assert_eq!(
+            (r.allowed, r.held_elsewhere, r.leases_elsewhere),
+            (false, 50, true)
+        );
+        // A tie of tenant and model (both spent), the other Envoy's lease of another model: no
+        // growth for this model, but leases elsewhere (no exhausted marker).
+        assert_eq!(lease_of(&st, 3, "delta", Some("b"), 1_000, 500).held, 500);
+        let t = ReserveArgs {
+            tenant: "delta".into(),
+            model: Some("a".into()),
+            default_limit: 1_000,
+            default_model_limit: 500,
+            prompt_cost: 10,
+            output_cost: 0,
+            request_id: "req-tie".into(),
+            ..base()
+        };
+        st.cli(&["INCRBY", &t.keys().used_total, "500"]);
+        st.cli(&["INCRBY", &t.keys().used_model, "500"]);
+        let r = reserve(&st, &t).unwrap();
+        assert_eq!(
+            (
+                r.allowed,
+                r.remaining(),
+                r.held_elsewhere,
+                r.leases_elsewhere
+            ),
+            (false, 0, 0, true)
+        );
+    }
+
+    #[test]
     fn a_tenant_refusal_counts_other_leases_only_up_to_the_models_own_limit() {
         // Review: a tenant-limit refusal reported every lease on the tenant's counter, though the
         // model's own limit would refuse the request once they went back: a retry that never passes.

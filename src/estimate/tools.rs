@@ -104,14 +104,23 @@ pub(super) fn openai_tool_tokens(v: &Value) -> u64 {
     let Some(o) = v.as_object() else {
         return json_tokens(v);
     };
-    let function = match o.get("function") {
-        Some(Value::Object(f)) => f,
-        _ => o,
+    let (function, wrapped) = match o.get("function") {
+        Some(Value::Object(f)) => (f, true),
+        _ => (o, false),
     };
     let name = function.get("name").and_then(Value::as_str);
     let ty = o.get("type").and_then(Value::as_str);
     match (name, ty) {
-        (Some(name), None | Some("function")) => function_tokens(name, function),
+        (Some(name), None | Some("function")) => {
+            let t = function_tokens(name, function);
+            if !wrapped {
+                return t;
+            }
+            // The wrapper's other keys, which the method does not look at either.
+            o.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "type" | "function"))
+                .fold(t, |t, (k, v)| t.saturating_add(key_value_tokens(k, v)))
+        }
         _ => json_tokens(v),
     }
 }
@@ -147,13 +156,18 @@ fn function_tokens(name: &str, f: &Map<String, Value>) -> u64 {
         Some(Value::Object(p)) => {
             for (k, v) in p {
                 let counted = match (k.as_str(), v) {
-                    ("type", _) => true,
+                    ("type", Value::String(t)) => t == "object",
                     ("properties", _) => properties.is_some(),
-                    // The property names the method counted (anything else in it is counted).
-                    ("required", Value::Array(names)) => names.iter().all(|n| {
-                        n.as_str()
-                            .is_some_and(|n| properties.is_some_and(|p| p.contains_key(n)))
-                    }),
+                    // The property names the method counted, each once (anything else in it is
+                    // counted).
+                    ("required", Value::Array(names)) => {
+                        let mut seen = std::collections::BTreeSet::new();
+                        names.iter().all(|n| {
+                            n.as_str().is_some_and(|n| {
+                                properties.is_some_and(|p| p.contains_key(n)) && seen.insert(n)
+                            })
+                        })
+                    }
                     ("additionalProperties", Value::Bool(_)) => true,
                     _ => false,
                 };
@@ -166,12 +180,12 @@ fn function_tokens(name: &str, f: &Map<String, Value>) -> u64 {
         Some(other) => t = t.saturating_add(json_tokens(other)),
     }
     for (k, v) in f {
-        let counted = matches!(
-            (k.as_str(), v),
-            ("name" | "parameters" | "type", _)
-                | ("description", Value::String(_) | Value::Null)
-                | ("strict", Value::Bool(_))
-        );
+        let counted = match (k.as_str(), v) {
+            ("name" | "parameters", _) | ("description", Value::String(_) | Value::Null) => true,
+            ("type", Value::String(t)) => t == "function",
+            ("strict", Value::Bool(_)) => true,
+            _ => false,
+        };
         if !counted {
             t = t.saturating_add(key_value_tokens(k, v));
         }

@@ -36,7 +36,7 @@ pub(super) struct Fields {
     pub(super) tools: Res<u64>,
     pub(super) functions: Res<u64>,
     pub(super) response_format: u64,
-    /// Completions `prompt`.
+    /// Completions `prompt`, or a Responses `prompt` template (its JSON text).
     pub(super) prompt: Res<u64>,
     pub(super) suffix: u64,
     /// Embeddings or Responses `input`.

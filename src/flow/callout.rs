@@ -310,8 +310,10 @@ impl Request {
                     // back for this request: Redis may not have it yet): that part goes back to
                     // Redis at the next sync and the next request may get it. Nor while other
                     // Envoys' leases hold some of it (a smaller request may fit once they went back).
-                    let leased =
-                        qr.refusal.is_some() || lease.is_some_and(|a| a.held > 0) || elsewhere > 0;
+                    let leased = qr.refusal.is_some()
+                        || lease.is_some_and(|a| a.held > 0)
+                        || elsewhere > 0
+                        || r.leases_elsewhere;
                     if r.reason == Reason::TenantLimit
                         && r.remaining() < q.exhausted_below
                         && !leased

@@ -92,7 +92,7 @@ impl Request {
         };
         let details = match refusal.class {
             crate::reply::Class::QuotaUnavailable => "tokengate_quota_unavailable",
-            crate::reply::Class::QuotaLeased => "tokengate_quota_leased",
+            crate::reply::Class::QuotaLeased => "tokengate_quota_held_elsewhere",
             _ => "tokengate_quota_exceeded",
         };
         self.answer(cx, audit, reconcile, refusal, details)

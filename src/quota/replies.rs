@@ -4,7 +4,7 @@
 //! consistency checks of each script's reply. Never panics: anything unexpected is
 //! [`ShimError::Garbage`].
 
-use crate::webdis::{parse_int_array, ShimError};
+use crate::webdis::{parse_int_array, parse_int_array_of, ShimError};
 
 /// Why a reservation was admitted or rejected (last reply element).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,8 @@ pub struct ReserveReply {
     /// Rejected: how much what is left (the binding remaining) would grow once other Envoys' leases
     /// of the account went back (0 when admitted, or beyond 512 leases of the tenant).
     pub held_elsewhere: u64,
+    /// Rejected: other Envoys hold leases of the tenant (of any model, or more than Redis looked at).
+    pub leases_elsewhere: bool,
     /// Why.
     pub reason: Reason,
 }
@@ -81,10 +83,14 @@ fn flag(n: i64, what: &str) -> Result<bool, ShimError> {
 ///
 /// [`reserve_request`]: super::reserve_request
 pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply, ShimError> {
-    let a = parse_int_array(http_status, body, 8)?;
-    let [allowed, used, limit, mused, mlimit, elsewhere, granted, reason] = a.as_slice() else {
+    // The 9th element (other Envoys hold leases of the tenant) is new: a reply without it says no.
+    let a = parse_int_array_of(http_status, body, 8..=9)?;
+    let [allowed, used, limit, mused, mlimit, elsewhere, granted, reason] =
+        a.get(..8).unwrap_or_default()
+    else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
+    let others = a.get(8).copied().unwrap_or(0);
     if *allowed != 0 && *elsewhere != 0 {
         // An admission reports no leases (the v2 scripts' "duplicate" flag; v3 has no free repeats).
         return Err(ShimError::Garbage(format!(
@@ -111,6 +117,7 @@ pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply
         granted_output: non_neg(*granted, "granted output")?,
         // A hint: one that is not a count reads as none (the refusal stands, never a shim error).
         held_elsewhere: u64::try_from(*elsewhere).unwrap_or(0),
+        leases_elsewhere: others != 0,
         reason,
     };
     let consistent = matches!(
@@ -153,6 +160,7 @@ mod tests {
                 model_limit: Some(500),
                 granted_output: 50,
                 held_elsewhere: 0,
+                leases_elsewhere: false,
                 reason: Reason::Admitted
             }
         );
@@ -228,7 +236,7 @@ mod tests {
             br#"{"GET":[1,1,1,1,1,0,1,0]}"#,
             br#"{"EVAL":[1,1,1,1,1,0,1,0],"x":1}"#,
             br#"{"EVAL":[1,1,1,1,1,0,1]}"#,
-            br#"{"EVAL":[1,1,1,1,1,0,1,0,0]}"#,
+            br#"{"EVAL":[1,1,1,1,1,0,1,0,0,0]}"#,
             br#"{"EVAL":[1,"1",1,1,1,0,1,0]}"#,
             br#"{"EVAL":[1,1.5,1,1,1,0,1,0]}"#,
             br#"{"EVAL":[1,1,-5,1,1,0,1,0]}"#,
@@ -287,6 +295,7 @@ mod tests {
             model_limit: mlimit,
             granted_output: 0,
             held_elsewhere: 0,
+            leases_elsewhere: false,
             reason,
         }
     }

@@ -23,7 +23,8 @@ if p + o > avail then
     -- once other Envoys' leases go back (their unspent part comes back when they are idle), so that
     -- the Envoy can tell a spent month from one that leases hold. This Envoy's own leases (fields
     -- starting with ARGV[13]) are not counted. Not beyond 512 leases of the tenant (0 is then answered).
-    local grow, own = 0, ARGV[13] or '-'
+    -- others: other Envoys hold leases of the tenant (of any model): no exhausted marker then.
+    local grow, others, own = 0, 0, ARGV[13] or '-'
     if redis.call('HLEN', leases) <= 512 then
       local lt, lm = 0, 0
       local all = redis.call('HGETALL', leases)
@@ -39,9 +40,13 @@ if p + o > avail then
       end
       local after = lim - used + lt
       if mlim >= 0 and mlim - mused + lm < after then after = mlim - mused + lm end
-      grow = math.min(math.max(after - avail, 0), 1e15)
+      -- From what is left, not from a deficit (an account over its limit).
+      grow = math.min(math.max(math.max(after, 0) - math.max(avail, 0), 0), 1e15)
+      if lt > 0 then others = 1 end
+    else
+      others = 1
     end
-    return {0, used, lim, mused, mlim, grow, 0, why}
+    return {0, used, lim, mused, mlim, grow, 0, why, others}
   end
 end
 local cost = string.format('%d', p + grant)
@@ -56,4 +61,4 @@ end
 redis.call('HSET', open, rid, cost .. ' ' .. string.format('%d', p) .. ' ' .. KEYS[1] .. ' ' .. km)
 redis.call('ZADD', due, now + ttl, rid)
 for _, k in ipairs({open, due, done, gone}) do keep(k, ttl + tomb * 24 + 86400) end
-return {1, ua, lim, ma, mlim, 0, grant, reason}
+return {1, ua, lim, ma, mlim, 0, grant, reason, 0}

@@ -26,9 +26,10 @@ pub const TOMBSTONE_S: u64 = 3600;
 /// request_id, deadline_s, clamp (1/0), min_output_cost, has_model (1/0), tombstone_s, "tg3",
 /// lease_owner` (this Envoy's lease field prefix, `L|<envoy>|`, or `-`).
 /// Reply: `[allowed, used_after, limit, model_used_after, model_limit (-1 = none), held_elsewhere,
-/// granted_output, reason]` with reason 0 admitted, 1 tenant limit, 2 model limit, 3 admitted clamped;
-/// `held_elsewhere` (0 when admitted): how much what is left would grow once other Envoys' leases of
-/// the account went back.
+/// granted_output, reason, leases_elsewhere]` with reason 0 admitted, 1 tenant limit, 2 model limit,
+/// 3 admitted clamped; `held_elsewhere` (0 when admitted): how much what is left (never a deficit)
+/// would grow once other Envoys' leases of the account went back; `leases_elsewhere` (0/1): other
+/// Envoys hold leases of the tenant, of any model (1 also beyond the 512 leases looked at).
 ///
 /// An admitted reservation is recorded in `open` (`"<amount> <prompt_cost> <used keys>"`) with a
 /// deadline `now + deadline_s` (Redis' clock) in `due`. Every call first resolves up to 16 reservations
@@ -43,7 +44,7 @@ pub const RESERVE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`RESERVE_SCRIPT`] (what `SCRIPT LOAD` returns; checked against a real Redis in the tests).
-pub const RESERVE_SHA1: &str = "8447c44f62562a67fc797b7754d14556f362ffd4";
+pub const RESERVE_SHA1: &str = "c09ac96d358b16d76f22fb284bf1ddb47287432b";
 
 /// The settlement script: a batch of ONE tenant's settlements and charges (their keys share the tenant's
 /// hash tag, so the batch stays on one Redis Cluster slot).

@@ -830,6 +830,29 @@ fn text_a_function_schema_holds_beyond_the_methods_fields_is_counted() {
             &parameters[..parameters.len().min(80)]
         );
     }
+    // Review: a `type` that is not "object", `required` repeating a property's name, and the
+    // wrapper's own keys (chat `{"type":"function","function":{…},…}`).
+    let key = words.trim().replace(' ', "_");
+    for (parameters, times) in [
+        (
+            format!(r#"{{"type":"{words}","properties":{{"a":{{"type":"string"}}}}}}"#),
+            1,
+        ),
+        (
+            format!(
+                r#"{{"type":"object","properties":{{"{key}":{{"type":"string"}}}},"required":["{key}","{key}","{key}"]}}"#
+            ),
+            2,
+        ),
+    ] {
+        let t = with(&parameters, "");
+        assert!(t >= hidden * times, "{t} < {times} × {hidden}");
+    }
+    let wrapped = format!(
+        r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f"}},"x":"{words}"}}]}}"#
+    );
+    let t = ok(ApiKind::ChatCompletions, &wrapped).prompt_tokens - base;
+    assert!(t >= hidden, "{t} < {hidden}");
     // A Responses prompt template's variables are billed text.
     let plain = ok(ApiKind::Responses, r#"{"input":"hi"}"#).prompt_tokens;
     let templated = ok(

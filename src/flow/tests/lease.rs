@@ -496,6 +496,17 @@ fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota_and_marks_nothing_
         c.reply_header("x-tokengate-reason"),
         Some("monthly_quota_leased")
     );
+    // Review: no growth for this request's account, but other Envoys hold leases of the tenant
+    // (another model): no marker either (9th element).
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
+    e.reply(
+        &mut c,
+        200,
+        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 0, 0, 1, 1]),
+    );
+    assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
+    let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
+    assert!(c.pending.is_some(), "asks Redis");
     // With no lease held anywhere, the marker is written as before.
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
     e.reply(&mut c, 200, &refused(1_000_000 - 500));
