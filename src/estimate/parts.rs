@@ -370,4 +370,13 @@ impl<'de> Shape<'de> for ToolResultContent {
             },
         )
     }
+    /// One block as an object (Anthropic's server-tool results: `code_execution_result` with its
+    /// `stdout`, `web_fetch_result` with its document): counted as a part.
+    fn map<A: MapAccess<'de>>(self, a: A) -> Result<u64, A::Error> {
+        Part {
+            depth: self.depth.saturating_add(1),
+            raw: self.raw,
+        }
+        .map(a)
+    }
 }

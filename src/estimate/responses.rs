@@ -67,7 +67,7 @@ impl<'de> Shape<'de> for ResponseItem {
         let mut ty = Tag::Other;
         let mut name = None;
         let mut arguments = 0;
-        let mut input = None;
+        let mut input: Option<Res<u64>> = None;
         let mut output = Ok(0);
         let mut text = None;
         let mut role = None;
@@ -83,9 +83,15 @@ impl<'de> Shape<'de> for ResponseItem {
                 Key::Type => ty = value(&mut a, TypeTag)?,
                 Key::Name => name = read_text(&mut a, raw, Str)?,
                 Key::Arguments => arguments = value(&mut a, Arguments)?,
-                Key::Input => input = read_text(&mut a, raw, Str)?,
+                Key::Input => {
+                    input = Some(read_text(
+                        &mut a,
+                        raw,
+                        Loose(Content::top("input[].input", raw)),
+                    )?)
+                }
                 Key::Output => {
-                    let shape = Content::top("input[].output", raw);
+                    let shape = Loose(Content::top("input[].output", raw));
                     output = read_text(&mut a, raw, shape)?;
                 }
                 Key::Text => text = read_text(&mut a, raw, Str)?,
@@ -104,19 +110,56 @@ impl<'de> Shape<'de> for ResponseItem {
                         .saturating_add(3)
                         .saturating_add(name.unwrap_or(0))
                         .saturating_add(arguments)
-                        .saturating_add(input.unwrap_or(0));
+                        .saturating_add(input.unwrap_or(Ok(0))?);
                 }
                 Tag::FunctionCallOutput => t = t.saturating_add(output?),
+                _ if has_content && role.is_some() => {}
                 _ => {
-                    if !has_content {
-                        // An item of a type the walk does not know (or a message without content):
-                        // its text and the rest of it by size.
-                        t = t.saturating_add(text.unwrap_or(0)).saturating_add(extra);
-                    }
+                    // An item of a type the walk does not know (an MCP or shell call, its output, a
+                    // computer call's screenshot, …; or a message without content): all it holds,
+                    // the fields the walk reads as it counts them, the rest by size.
+                    t = [
+                        text.unwrap_or(0),
+                        name.unwrap_or(0),
+                        arguments,
+                        input.unwrap_or(Ok(0))?,
+                        output?,
+                        extra,
+                    ]
+                    .iter()
+                    .fold(t, |t, &n| t.saturating_add(n));
                 }
             }
             Ok(t)
         })())
+    }
+}
+
+/// A field of a Responses item that is text or content parts for the items the walk knows, and
+/// anything at all for the others (an object, such as a computer call's screenshot: by its size; a
+/// number or boolean: 2). Never an error but for the content it wraps.
+#[derive(Clone, Copy)]
+struct Loose(Content);
+
+impl<'de> Shape<'de> for Loose {
+    type Out = Res<u64>;
+    fn other(self) -> Res<u64> {
+        Ok(Size.other())
+    }
+    fn null(self) -> Res<u64> {
+        Ok(0)
+    }
+    fn string(self, s: &str) -> Res<u64> {
+        self.0.string(s)
+    }
+    fn tokens(self, n: u64) -> Res<u64> {
+        self.0.tokens(n)
+    }
+    fn seq<A: SeqAccess<'de>>(self, a: A) -> Result<Res<u64>, A::Error> {
+        self.0.seq(a)
+    }
+    fn map<A: MapAccess<'de>>(self, a: A) -> Result<Res<u64>, A::Error> {
+        Size.map(a).map(Ok)
     }
 }
 

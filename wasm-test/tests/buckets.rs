@@ -709,3 +709,43 @@ fn text_hidden_in_a_tool_schema_is_charged_and_cannot_pass_a_burst() {
     );
     tg::assert_no_panic(&small);
 }
+
+#[test]
+fn text_in_responses_tool_items_and_anthropic_server_tool_results_cannot_pass_a_burst() {
+    // Black-box run: ~3,230 tokens of text in a Responses `mcp_call` output, or in an Anthropic
+    // `code_execution_tool_result`, were estimated at 31-51 tokens and admitted past a burst of
+    // 2,000 (the provider then billed ~3,980).
+    let mock = mock_provider!();
+    let small = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
+    );
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(350);
+    let cases = [
+        (
+            "/v1/responses",
+            json!({"model": "gpt-test", "max_output_tokens": 16, "input": [
+                {"role": "user", "content": "What did the tool say?"},
+                {"type": "mcp_call", "id": "mcp_1", "server_label": "s", "name": "read",
+                 "arguments": "{}", "output": words}]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "claude-test", "max_tokens": 16, "messages": [
+                {"role": "user", "content": "Run it."},
+                {"role": "assistant", "content": [{"type": "code_execution_tool_result",
+                    "tool_use_id": "srvtoolu_1", "content": {"type": "code_execution_result",
+                    "stdout": words, "stderr": "", "return_code": 0, "content": []}}]},
+                {"role": "user", "content": "And?"}]}),
+        ),
+    ];
+    for (path, body) in cases {
+        let r = http::post_json(small.port, path, &[("x-tenant-id", "hidden")], &body)
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        println!("{path}: {} {}", r.status, r.text());
+        assert_eq!(r.status, 413, "{path}: {}", r.text());
+        assert_eq!(r.header("x-tokengate-reason"), Some("cost_exceeds_burst"));
+        assert!(tg::header_u64(&r, "x-tokengate-estimated-tokens") > 2_000);
+    }
+    tg::assert_no_panic(&small);
+}

@@ -867,6 +867,73 @@ fn text_a_function_schema_holds_beyond_the_methods_fields_is_counted() {
 }
 
 #[test]
+fn billed_text_in_responses_items_and_anthropic_server_tool_results_is_counted() {
+    // Black-box run: 15,828 characters (~3,230 tokens) in an MCP call's output, a shell call's
+    // output, an item of an unknown type, a computer call's screenshot, or an Anthropic code
+    // execution / web fetch result were estimated at 27-63 tokens, past a burst of 2,000.
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(200);
+    let hidden = text_tokens(&words);
+    let plain = ok(ApiKind::Responses, r#"{"input":[]}"#).prompt_tokens;
+    let shot = "A".repeat(40_000);
+    for item in [
+        format!(r#"{{"type":"mcp_call","name":"f","arguments":"{{}}","output":"{words}"}}"#),
+        format!(r#"{{"type":"mcp_call","name":"f","arguments":"{words}"}}"#),
+        format!(r#"{{"type":"mcp_approval_request","name":"f","arguments":"{words}"}}"#),
+        format!(r#"{{"type":"local_shell_call_output","call_id":"c","output":"{words}"}}"#),
+        format!(
+            r#"{{"type":"shell_call_output","call_id":"c","output":[{{"stdout":"{words}"}}]}}"#
+        ),
+        format!(r#"{{"type":"new_thing","input":"{words}"}}"#),
+        format!(r#"{{"type":"new_thing","content":"","payload":"{words}"}}"#),
+        format!(
+            r#"{{"type":"computer_call_output","call_id":"c","output":{{"type":"computer_screenshot","image_url":"data:image/png;base64,{shot}"}}}}"#
+        ),
+    ] {
+        let t = ok(ApiKind::Responses, &format!(r#"{{"input":[{item}]}}"#)).prompt_tokens - plain;
+        let want = if item.contains("computer") {
+            40_000 / 8
+        } else {
+            hidden
+        };
+        assert!(t >= want, "{t} < {want}: {}", &item[..item.len().min(60)]);
+    }
+    // A message keeps the published framing (its other fields are not counted).
+    let m = ok(
+        ApiKind::Responses,
+        r#"{"input":[{"type":"message","role":"user","content":"hi","id":"msg_1"}]}"#,
+    )
+    .prompt_tokens;
+    let m0 = ok(
+        ApiKind::Responses,
+        r#"{"input":[{"role":"user","content":"hi"}]}"#,
+    )
+    .prompt_tokens;
+    assert_eq!(m, m0);
+    let base = ok(
+        ApiKind::AnthropicMessages,
+        r#"{"max_tokens":1,"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .prompt_tokens;
+    for block in [
+        format!(
+            r#"{{"type":"code_execution_tool_result","tool_use_id":"t","content":{{"type":"code_execution_result","stdout":"{words}","stderr":"","return_code":0,"content":[]}}}}"#
+        ),
+        format!(
+            r#"{{"type":"bash_code_execution_tool_result","tool_use_id":"t","content":{{"type":"bash_code_execution_result","stdout":"{words}"}}}}"#
+        ),
+        format!(
+            r#"{{"type":"web_fetch_tool_result","tool_use_id":"t","content":{{"type":"web_fetch_result","url":"https://x","content":{{"type":"document","source":{{"type":"text","media_type":"text/plain","data":"{words}"}}}}}}}}"#
+        ),
+    ] {
+        let body = format!(
+            r#"{{"max_tokens":1,"messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":[{block}]}}]}}"#
+        );
+        let t = ok(ApiKind::AnthropicMessages, &body).prompt_tokens - base;
+        assert!(t >= hidden, "{t} < {hidden}: {}", &block[..60]);
+    }
+}
+
+#[test]
 fn anthropic_tools_add_the_published_tool_use_system_prompt() {
     let base = ok(
         ApiKind::AnthropicMessages,
