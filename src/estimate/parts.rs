@@ -125,6 +125,9 @@ impl<'de> Shape<'de> for Part {
                 // Responses `input_file` parts carry these directly.
                 Key::FileData => file_data = value(&mut a, Len)?,
                 Key::FileId => file_id = value(&mut a, Len)?.is_some(),
+                // Responses `input_file` by URL: the provider fetches and bills the file, as a
+                // `file_id`'s.
+                Key::FileUrl => file_id |= value(&mut a, Len)?.is_some(),
                 Key::Title => title = read_text(&mut a, raw, Str)?.unwrap_or(0),
                 Key::Context => context = read_text(&mut a, raw, Str)?.unwrap_or(0),
                 // Counted by their size for a part of an unknown type, as any other field.

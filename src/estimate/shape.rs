@@ -68,6 +68,7 @@ pub(super) enum Key {
     File,
     FileData,
     FileId,
+    FileUrl,
     Title,
     Context,
     Role,
@@ -163,6 +164,8 @@ impl Key {
                     Key::Function
                 } else if is(b"thinking") {
                     Key::Thinking
+                } else if is(b"file_url") {
+                    Key::FileUrl
                 } else {
                     Key::Other
                 }

@@ -897,6 +897,15 @@ fn billed_text_in_responses_items_and_anthropic_server_tool_results_is_counted()
         };
         assert!(t >= want, "{t} < {want}: {}", &item[..item.len().min(60)]);
     }
+    // Black-box run: a Responses `input_file` by `file_url` counted 8, as a `file_id` 2,056.
+    let by_url = ok(ApiKind::Responses, r#"{"input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}"#).prompt_tokens;
+    let by_id = ok(
+        ApiKind::Responses,
+        r#"{"input":[{"role":"user","content":[{"type":"input_file","file_id":"file-1"}]}]}"#,
+    )
+    .prompt_tokens;
+    assert_eq!(by_url, by_id);
+    assert!(by_url >= FILE_ID_TOKENS);
     // A message keeps the published framing (its other fields are not counted).
     let m = ok(
         ApiKind::Responses,
