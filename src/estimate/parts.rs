@@ -124,7 +124,7 @@ impl<'de> Shape<'de> for Part {
                 Key::File => file = value(&mut a, FilePart)?,
                 // Responses `input_file` parts carry these directly.
                 Key::FileData => file_data = value(&mut a, Len)?,
-                Key::FileId => file_id = value(&mut a, Len)?.is_some(),
+                Key::FileId => file_id |= value(&mut a, Len)?.is_some(),
                 // Responses `input_file` by URL: the provider fetches and bills the file, as a
                 // `file_id`'s.
                 Key::FileUrl => file_id |= value(&mut a, Len)?.is_some(),
@@ -148,7 +148,8 @@ impl<'de> Shape<'de> for Part {
             // `detail: "low"` where the image's API reads it.
             Tag::ImageUrl if low_in_url => IMAGE_LOW_TOKENS,
             Tag::InputImage if low_in_part => IMAGE_LOW_TOKENS,
-            Tag::Image | Tag::ImageUrl | Tag::InputImage => IMAGE_TOKENS,
+            Tag::Image | Tag::ImageUrl | Tag::InputImage | Tag::GeneratedImage => IMAGE_TOKENS,
+            Tag::FileRef => 0,
             // Anthropic tool use: name + the input object as JSON.
             Tag::ToolUse => name
                 .unwrap_or(0)

@@ -113,6 +113,8 @@ impl<'de> Shape<'de> for ResponseItem {
                         .saturating_add(input.unwrap_or(Ok(0))?);
                 }
                 Tag::FunctionCallOutput => t = t.saturating_add(output?),
+                // Its `result` is the image (base64): billed as an image, not by its size.
+                Tag::GeneratedImage => t = t.saturating_add(super::IMAGE_TOKENS),
                 _ if has_content && role.is_some() => {}
                 _ => {
                     // An item of a type the walk does not know (an MCP or shell call, its output, a
@@ -136,7 +138,7 @@ impl<'de> Shape<'de> for ResponseItem {
 }
 
 /// A field of a Responses item that is text or content parts for the items the walk knows, and
-/// anything at all for the others (an object, such as a computer call's screenshot: by its size; a
+/// anything at all for the others (an object, such as a computer call's screenshot: as a part; a
 /// number or boolean: 2). Never an error but for the content it wraps.
 #[derive(Clone, Copy)]
 struct Loose(Content);
@@ -158,8 +160,15 @@ impl<'de> Shape<'de> for Loose {
     fn seq<A: SeqAccess<'de>>(self, a: A) -> Result<Res<u64>, A::Error> {
         self.0.seq(a)
     }
+    /// An object: as a content part (a computer call's screenshot is an image; an object of a type
+    /// the walk does not know counts all it holds, the rest by size).
     fn map<A: MapAccess<'de>>(self, a: A) -> Result<Res<u64>, A::Error> {
-        Size.map(a).map(Ok)
+        super::parts::Part {
+            depth: 1,
+            raw: self.0.raw,
+        }
+        .map(a)
+        .map(Ok)
     }
 }
 

@@ -270,16 +270,27 @@ pub(super) enum Tag {
     Refusal,
     FunctionCall,
     FunctionCallOutput,
+    GeneratedImage,
+    FileRef,
     Other,
 }
 
 impl Tag {
     pub(super) fn of(s: &str) -> Tag {
         match s {
-            "text" => Tag::Text,
+            // Responses' text parts (their annotations and logprobs are not billed).
+            "text" | "input_text" | "output_text" | "summary_text" | "reasoning_text" => Tag::Text,
             // Chat's (`detail` inside its `image_url` object), Responses' (`detail` beside its URL).
             "image_url" => Tag::ImageUrl,
-            "input_image" => Tag::InputImage,
+            // A computer call's output is a screenshot, billed as an image.
+            "input_image" | "computer_screenshot" => Tag::InputImage,
+            // A Responses image generation call passed back: its image, billed as one.
+            "image_generation_call" => Tag::GeneratedImage,
+            // Anthropic code-execution output files and container uploads: references to files in
+            // the container, not context.
+            "code_execution_output" | "bash_code_execution_output" | "container_upload" => {
+                Tag::FileRef
+            }
             // Anthropic's: no `detail`.
             "image" => Tag::Image,
             "tool_use" | "server_tool_use" => Tag::ToolUse,

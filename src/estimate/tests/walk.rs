@@ -890,8 +890,9 @@ fn billed_text_in_responses_items_and_anthropic_server_tool_results_is_counted()
         ),
     ] {
         let t = ok(ApiKind::Responses, &format!(r#"{{"input":[{item}]}}"#)).prompt_tokens - plain;
+        // The screenshot is an image, billed as one (not by its size).
         let want = if item.contains("computer") {
-            40_000 / 8
+            IMAGE_TOKENS
         } else {
             hidden
         };
@@ -906,6 +907,35 @@ fn billed_text_in_responses_items_and_anthropic_server_tool_results_is_counted()
     .prompt_tokens;
     assert_eq!(by_url, by_id);
     assert!(by_url >= FILE_ID_TOKENS);
+    // Review: a screenshot of 1 MB is still an image, not 350,000 tokens; an image generation call
+    // passed back is an image, not its base64 by size.
+    let big = "A".repeat(1 << 20);
+    for item in [
+        format!(
+            r#"{{"type":"computer_call_output","call_id":"c","output":{{"type":"computer_screenshot","image_url":"data:image/png;base64,{big}"}}}}"#
+        ),
+        format!(
+            r#"{{"type":"image_generation_call","id":"ig_1","status":"completed","result":"{big}"}}"#
+        ),
+    ] {
+        let t = ok(ApiKind::Responses, &format!(r#"{{"input":[{item}]}}"#)).prompt_tokens - plain;
+        assert!(
+            (IMAGE_TOKENS..IMAGE_TOKENS + 20).contains(&t),
+            "{t}: {}",
+            &item[..50]
+        );
+    }
+    // Annotations and logprobs of an echoed output_text part are not billed text.
+    let echo = |extra: &str| {
+        ok(ApiKind::Responses, &format!(r#"{{"input":[{{"role":"assistant","content":[{{"type":"output_text","text":"hello there"{extra}}}]}}]}}"#)).prompt_tokens
+    };
+    assert_eq!(
+        echo(""),
+        echo(&format!(
+            r#","annotations":[{{"type":"url_citation","url":"{}"}}]"#,
+            "x".repeat(3000)
+        ))
+    );
     // A message keeps the published framing (its other fields are not counted).
     let m = ok(
         ApiKind::Responses,
@@ -923,6 +953,10 @@ fn billed_text_in_responses_items_and_anthropic_server_tool_results_is_counted()
         r#"{"max_tokens":1,"messages":[{"role":"user","content":"hi"}]}"#,
     )
     .prompt_tokens;
+    // Review: code-execution output files are references to files in the container: not 2,048 each.
+    let files = r#"{"max_tokens":1,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"code_execution_tool_result","tool_use_id":"t","content":{"type":"code_execution_result","stdout":"","content":[{"type":"code_execution_output","file_id":"file_1"},{"type":"code_execution_output","file_id":"file_2"}]}}]}]}"#;
+    let t = ok(ApiKind::AnthropicMessages, files).prompt_tokens - base;
+    assert!(t < 100, "{t}");
     for block in [
         format!(
             r#"{{"type":"code_execution_tool_result","tool_use_id":"t","content":{{"type":"code_execution_result","stdout":"{words}","stderr":"","return_code":0,"content":[]}}}}"#
