@@ -204,6 +204,25 @@ mod quota {
         parse_lease_reply(s, &b).unwrap()
     }
 
+    /// A reservation of `prompt` tokens and no output for `tenant` (× `model`) under the default
+    /// limits `(tenant, model)` (model 0: none).
+    fn prompt_of(
+        tenant: &str,
+        model: Option<&str>,
+        limits: (u64, u64),
+        prompt: u64,
+    ) -> ReserveArgs {
+        ReserveArgs {
+            tenant: tenant.into(),
+            model: model.map(Into::into),
+            default_limit: limits.0,
+            default_model_limit: limits.1,
+            prompt_cost: prompt,
+            output_cost: 0,
+            ..base()
+        }
+    }
+
     /// A lease of Envoy `envoy` for `tenant` (× `model`), limit `limit`, wanting `want`.
     fn lease_of(
         st: &Stack,
@@ -273,14 +292,7 @@ mod quota {
         // deficit included: a request of 80 got a retry that its lease coming back (50 left) refuses.
         let Some(st) = Stack::start() else { return };
         assert_eq!(lease_of(&st, 2, "gamma", None, 1_000, 100).held, 100);
-        let a = ReserveArgs {
-            tenant: "gamma".into(),
-            model: None,
-            default_limit: 1_000,
-            prompt_cost: 80,
-            output_cost: 0,
-            ..base()
-        };
+        let a = prompt_of("gamma", None, (1_000, 0), 80);
         st.cli(&["INCRBY", &a.keys().used_total, "950"]);
         let r = reserve(&st, &a).unwrap();
         assert_eq!(
@@ -291,14 +303,8 @@ mod quota {
         // growth for this model, but leases elsewhere (no exhausted marker).
         assert_eq!(lease_of(&st, 3, "delta", Some("b"), 1_000, 500).held, 500);
         let t = ReserveArgs {
-            tenant: "delta".into(),
-            model: Some("a".into()),
-            default_limit: 1_000,
-            default_model_limit: 500,
-            prompt_cost: 10,
-            output_cost: 0,
             request_id: "req-tie".into(),
-            ..base()
+            ..prompt_of("delta", Some("a"), (1_000, 500), 10)
         };
         st.cli(&["INCRBY", &t.keys().used_total, "500"]);
         st.cli(&["INCRBY", &t.keys().used_model, "500"]);
@@ -324,15 +330,7 @@ mod quota {
             lease_of(&st, 2, "beta", Some("b"), 20_000, 10_000).held,
             10_000
         );
-        let a = ReserveArgs {
-            tenant: "beta".into(),
-            model: Some("a".into()),
-            default_limit: 20_000,
-            default_model_limit: 4_000,
-            prompt_cost: 5_000,
-            output_cost: 0,
-            ..base()
-        };
+        let a = prompt_of("beta", Some("a"), (20_000, 4_000), 5_000);
         st.cli(&["INCRBY", &a.keys().used_total, "7000"]);
         let r = reserve(&st, &a).unwrap();
         assert_eq!(

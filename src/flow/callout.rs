@@ -347,11 +347,7 @@ impl Request {
         // Counted where the refusal is the answer: not a first refusal that a give-back of this
         // Envoy's lease then turned into an admission.
         cx.inc(Metric::QuotaRejected);
-        let what = if reason == Reason::ModelLimit {
-            format!("for model '{}'", plan.model)
-        } else {
-            "for this tenant".to_string()
-        };
+        let what = whose_quota(reason, &plan.model);
         let refusal = answers::quota_exceeded(
             qr.limit,
             qr.remaining.unwrap_or(0),
@@ -386,11 +382,7 @@ impl Request {
             return;
         };
         cx.inc(Metric::QuotaRejected);
-        let what = if reason == Reason::ModelLimit {
-            format!("for model '{}'", plan.model)
-        } else {
-            "for this tenant".to_string()
-        };
+        let what = whose_quota(reason, &plan.model);
         let retry_s = retry_after_leases(cx, l);
         let refusal = answers::quota_leased(
             qr.limit,
@@ -445,6 +437,15 @@ impl Request {
         // What is left stays the first refusal's until the reservation answers again.
         qr.answered = false;
         self.start_reserve(cx, plan, qr);
+    }
+}
+
+/// Whose quota a refusal for `reason` names, as the answer words it.
+fn whose_quota(reason: Reason, model: &str) -> String {
+    if reason == Reason::ModelLimit {
+        format!("for model '{model}'")
+    } else {
+        "for this tenant".to_string()
     }
 }
 

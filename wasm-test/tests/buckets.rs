@@ -649,18 +649,9 @@ fn a_long_word_is_never_estimated_below_what_it_costs_and_never_lowers_the_estim
     tg::assert_no_panic(&envoy);
 
     // And a bucket of 2,000 tokens refuses it outright: it costs more than the burst.
-    let small = tg::start(
-        &mock,
-        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
-    );
+    let small = burst_2000(&mock);
     let r = tg::post_chat(&small, "longword", &chat_with(&"x".repeat(100_000)));
-    tg::assert_error(
-        &r,
-        413,
-        "invalid_request_error",
-        "cost_exceeds_burst",
-        "cost_exceeds_burst",
-    );
+    assert_cost_exceeds_burst(&r);
     tg::assert_no_panic(&small);
 }
 
@@ -670,10 +661,7 @@ fn text_hidden_in_a_tool_schema_is_charged_and_cannot_pass_a_burst() {
     // `parameters.$defs`, which the estimate skipped: 13 KB of schema estimated at 56 tokens, and a
     // bucket of burst 2,000 admitted it 3 times of 3 (the same fields inline: 413, 2,443 tokens).
     let mock = mock_provider!();
-    let small = tg::start(
-        &mock,
-        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
-    );
+    let small = burst_2000(&mock);
     let field = "The customer's full postal address, as printed on the invoice, with the city. ";
     let defs: serde_json::Map<String, serde_json::Value> = (0..60)
         .map(|i| {
@@ -695,13 +683,7 @@ fn text_hidden_in_a_tool_schema_is_charged_and_cannot_pass_a_burst() {
                            "additionalProperties": false}}}]});
     let r = tg::post_chat(&small, "schema", body.to_string().as_bytes());
     println!("{} {}", r.status, r.text());
-    tg::assert_error(
-        &r,
-        413,
-        "invalid_request_error",
-        "cost_exceeds_burst",
-        "cost_exceeds_burst",
-    );
+    assert_cost_exceeds_burst(&r);
     assert!(
         tg::header_u64(&r, "x-tokengate-estimated-tokens") > 2_000,
         "{:?}",
@@ -716,10 +698,7 @@ fn text_in_responses_tool_items_and_anthropic_server_tool_results_cannot_pass_a_
     // `code_execution_tool_result`, were estimated at 31-51 tokens and admitted past a burst of
     // 2,000 (the provider then billed ~3,980).
     let mock = mock_provider!();
-    let small = tg::start(
-        &mock,
-        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
-    );
+    let small = burst_2000(&mock);
     let words = "the quick brown fox jumps over the lazy dog ".repeat(350);
     let cases = [
         (
@@ -748,4 +727,23 @@ fn text_in_responses_tool_items_and_anthropic_server_tool_results_cannot_pass_a_
         assert!(tg::header_u64(&r, "x-tokengate-estimated-tokens") > 2_000);
     }
     tg::assert_no_panic(&small);
+}
+
+/// A tokengate whose one rule holds a burst of 2,000 tokens (10 a second).
+fn burst_2000(mock: &wasm_test::MockProvider) -> wasm_test::Envoy {
+    tg::start(
+        mock,
+        tg::config(json!([rule("all", "*", "*", 10.0, 2_000)])),
+    )
+}
+
+/// The 413 of a request that costs more than the burst.
+fn assert_cost_exceeds_burst(r: &http::Response) {
+    tg::assert_error(
+        r,
+        413,
+        "invalid_request_error",
+        "cost_exceeds_burst",
+        "cost_exceeds_burst",
+    );
 }

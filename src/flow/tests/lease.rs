@@ -387,6 +387,22 @@ fn a_request_too_big_for_the_lease_reports_the_unspent_lease_as_left() {
     assert!(left < from_lease);
 }
 
+/// A tenant refusal with `left` of 1,000,000 left, what other Envoys' leases would add (`grow`), and
+/// whether they hold leases of the tenant at all (the 9th element).
+fn refused_elsewhere(left: i64, grow: i64, others: bool) -> String {
+    eval(&[
+        0,
+        1_000_000 - left,
+        1_000_000,
+        0,
+        -1,
+        grow,
+        0,
+        1,
+        i64::from(others),
+    ])
+}
+
 /// A refused reservation: `[0, used, limit, model_used, model_limit, 0, 0, reason 1 (tenant)]`.
 fn refused(used: i64) -> String {
     eval(&[0, used, 1_000_000, used, -1, 0, 0, 1])
@@ -439,11 +455,7 @@ fn a_refusal_that_other_envoys_leases_would_cover_is_a_retryable_429() {
     ));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
     // 500 left in Redis (below exhausted_below, 1,000); other Envoys' leases hold 5,000.
-    e.reply(
-        &mut c,
-        200,
-        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 5_000, 0, 1]),
-    );
+    e.reply(&mut c, 200, &refused_elsewhere(500, 5_000, true));
     assert_eq!(c.status(), Some(429));
     let j = c.reply_json();
     assert_eq!(j["error"]["code"], "rate_limit_exceeded");
@@ -474,11 +486,7 @@ fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota_and_marks_nothing_
     let e = envoy(cfg(json!({"min_tokens": 1000})));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5_000));
     // 500 left and 2,000 in other Envoys' leases: 2,500 < 5,010.
-    e.reply(
-        &mut c,
-        200,
-        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 2_000, 0, 1]),
-    );
+    e.reply(&mut c, 200, &refused_elsewhere(500, 2_000, true));
     assert_eq!(c.status(), Some(429));
     assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
     assert_eq!(c.reply_header("x-should-retry"), Some("false"));
@@ -487,11 +495,7 @@ fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota_and_marks_nothing_
     // spent, which the leases going back would let through: Redis is asked.
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
     assert!(c.pending.is_some(), "asks Redis");
-    e.reply(
-        &mut c,
-        200,
-        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 2_000, 0, 1]),
-    );
+    e.reply(&mut c, 200, &refused_elsewhere(500, 2_000, true));
     assert_eq!(
         c.reply_header("x-tokengate-reason"),
         Some("monthly_quota_leased")
@@ -499,11 +503,7 @@ fn a_refusal_that_the_leases_cannot_cover_stays_a_spent_quota_and_marks_nothing_
     // Review: no growth for this request's account, but other Envoys hold leases of the tenant
     // (another model): no marker either (9th element).
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
-    e.reply(
-        &mut c,
-        200,
-        &eval(&[0, 1_000_000 - 500, 1_000_000, 0, -1, 0, 0, 1, 1]),
-    );
+    e.reply(&mut c, 200, &refused_elsewhere(500, 0, true));
     assert_eq!(c.reply_json()["error"]["code"], "insufficient_quota");
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 1_500));
     assert!(c.pending.is_some(), "asks Redis");
