@@ -54,7 +54,7 @@ pub fn tenant_from_key(key: &str) -> String {
 }
 
 /// The API keys an operator listed (`api_keys` in the configuration): SHA-256 digest → tenant.
-pub type ApiKeys = std::collections::HashMap<[u8; 32], String, crate::hash::FnvBuild>;
+pub type ApiKeys = std::collections::HashMap<[u8; 32], String, crate::store::hash::FnvBuild>;
 
 /// Parses a key digest as the configuration gives it: 64 hex digits, optionally after `sha256:`.
 pub fn parse_digest(s: &str) -> Option<[u8; 32]> {
@@ -77,7 +77,7 @@ pub fn parse_digest(s: &str) -> Option<[u8; 32]> {
 /// most [`KeyCache::MAX`] entries (cleared when full).
 #[derive(Default)]
 pub struct KeyCache {
-    map: std::collections::HashMap<KeyId, ([u8; 32], String), crate::hash::FnvBuild>,
+    map: std::collections::HashMap<KeyId, ([u8; 32], String), crate::store::hash::FnvBuild>,
 }
 
 /// How [`KeyCache`] finds a key without keeping it: two 64-bit hashes and the length.
@@ -88,7 +88,7 @@ impl KeyCache {
     pub const MAX: usize = 4096;
 
     fn entry(&mut self, key: &str) -> &([u8; 32], String) {
-        let a = crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes());
+        let a = crate::store::hash::fnv1a(crate::store::hash::FNV_OFFSET, key.as_bytes());
         let b = key
             .as_bytes()
             .iter()

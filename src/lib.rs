@@ -18,30 +18,20 @@
     )
 )]
 
-pub mod accounting;
-pub mod admission;
 pub mod breaker;
-pub mod bucket;
-pub mod calendar;
 pub mod config;
 pub mod estimate;
-pub mod failover;
 pub mod flow;
-pub mod glease;
 pub mod global;
-pub mod hash;
 pub mod host;
 pub mod identity;
-pub mod inflight;
-pub mod journal;
-pub mod keys;
-pub mod lease;
+pub mod limits;
 pub mod quota;
 pub mod reply;
 pub mod rewrite;
+pub mod shim;
 pub mod store;
 pub mod usage;
-pub mod webdis;
 
 // The Envoy entry point, only in the wasm build: native test binaries need no `_initialize` export.
 #[cfg(target_arch = "wasm32")]

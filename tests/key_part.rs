@@ -1,9 +1,9 @@
 //! `scripts/key-part.py`, which README "Operating" gives operators to type a tenant's Redis keys,
-//! writes a key part as the filter does (`tokengate::keys::sanitize`), long and non-ASCII ones
+//! writes a key part as the filter does (`tokengate::store::keys::sanitize`), long and non-ASCII ones
 //! included. Skipped (with a line) where `python3` is not installed.
 
 use std::process::Command;
-use tokengate::keys::sanitize;
+use tokengate::store::keys::sanitize;
 
 #[test]
 fn the_operators_script_writes_key_parts_as_the_filter_does() {

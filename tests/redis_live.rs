@@ -12,12 +12,12 @@
 //! (`CI` set), where that is a failure. Every process is killed by PID when its guard drops.
 
 use std::path::Path;
-use tokengate::bucket::{self, BucketParams, BucketState, Verdict};
 use tokengate::global::{
     argv, charge_request, lease_argv, parse_reply, LeaseAsk, Reply, SCRIPT, SHA1,
 };
+use tokengate::limits::bucket::{self, BucketParams, BucketState, Verdict};
 use tokengate::quota::*;
-use tokengate::webdis::{command_body, ScriptCall, ShimError, MAX_LUA_INT};
+use tokengate::shim::webdis::{command_body, ScriptCall, ShimError, MAX_LUA_INT};
 use wasm_test::{http, redis_cmd, RedisServer, RespValue, Webdis};
 
 /// True when `name` (or the path in `$var`) is an executable on `PATH`.

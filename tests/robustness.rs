@@ -4,8 +4,8 @@
 //! with request, response, callout or shared-data bytes.
 
 use tokengate::breaker::{BreakerState, OpenSet};
-use tokengate::bucket::BucketState;
 use tokengate::estimate::{self, ApiKind, OutputLimits};
+use tokengate::limits::bucket::BucketState;
 use tokengate::quota::{self, ExhaustedMarker};
 use tokengate::rewrite::{self, Edits};
 use tokengate::store::Codec;

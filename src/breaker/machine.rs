@@ -411,7 +411,7 @@ pub fn record(
 }
 
 /// Counts `n` outcomes that were plain successes (not probes), reported together by one worker
-/// (see `crate::failover`: a worker gathers them and reports them in one write). The same as `n`
+/// (see `crate::breaker::failover`: a worker gathers them and reports them in one write). The same as `n`
 /// calls of [`record`] with [`Outcome::Success`] and `was_probe = false` at `now_ns`: only CLOSED with a
 /// failure-rate threshold counts them; a success never opens or closes anything.
 pub fn record_successes(

@@ -5,7 +5,7 @@
 //! and shared data is reached through [`SharedStore`]. The flow calls [`admit_shared`] before it sends a
 //! request to a key, [`classify`] + [`retry_after_ms`] on the response, then [`record_shared`] (or
 //! [`record_batch_shared`], which also adds the successes a worker gathered). For the request breakers,
-//! `crate::failover` reads a breaker's key only when [`open_set`] names it.
+//! `crate::breaker::failover` reads a breaker's key only when [`open_set`] names it.
 //!
 //! # Transitions
 //!
@@ -88,6 +88,7 @@
 //! [`store::update`]: crate::store::update
 
 mod codec;
+pub mod failover;
 mod machine;
 pub mod open_set;
 mod outcome;

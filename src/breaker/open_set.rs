@@ -42,7 +42,7 @@ use super::{BreakerState, State};
 use crate::store::{self, Codec, SharedStore, StoreError, UpdateError};
 
 /// Shared-data key of the set (`tg:open:breakers`, outside the `tg:cb:` prefix of the breaker keys).
-pub const OPEN_SET_KEY: &str = crate::keys::BREAKER_OPEN_SET;
+pub const OPEN_SET_KEY: &str = crate::store::keys::BREAKER_OPEN_SET;
 
 /// Version byte of a non-empty set.
 const VERSION: u8 = 1;

@@ -140,7 +140,7 @@ pub fn record_batch_shared(
 /// (two names equal in their first 128 characters share a breaker).
 pub fn key(scope: &str, name: &str) -> String {
     let mut k = String::with_capacity(6 + MAX_SCOPE_BYTES + 1 + MAX_NAME_BYTES);
-    k.push_str(crate::keys::BREAKER);
+    k.push_str(crate::store::keys::BREAKER);
     push_sanitized(&mut k, scope, MAX_SCOPE_BYTES);
     k.push('=');
     push_sanitized(&mut k, name, MAX_NAME_BYTES);
@@ -148,7 +148,7 @@ pub fn key(scope: &str, name: &str) -> String {
 }
 
 /// Length of the prefix every breaker key starts with (`tg:cb:`).
-pub(super) const KEY_PREFIX_LEN: usize = crate::keys::BREAKER.len();
+pub(super) const KEY_PREFIX_LEN: usize = crate::store::keys::BREAKER.len();
 
 /// The characters of `s` as a key keeps them: at most `max`, unsafe ones as `_`.
 fn sanitized_chars(s: &str, max: usize) -> impl Iterator<Item = char> + '_ {

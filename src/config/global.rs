@@ -34,8 +34,8 @@ pub struct GlobalSettings {
     pub on_failure: GlobalFailure,
     /// Breaker on the shim itself (shared with the quota's when both use one cluster).
     pub shim_breaker: BreakerConfig,
-    /// Leases (`global_buckets.lease`, see [`crate::glease`]): off when `None`.
-    pub lease: Option<crate::glease::Policy>,
+    /// Leases (`global_buckets.lease`, see [`crate::global::lease`]): off when `None`.
+    pub lease: Option<crate::global::lease::Policy>,
 }
 
 #[derive(Deserialize)]
@@ -58,7 +58,7 @@ struct RawLease {
 }
 
 /// `global_buckets.lease`: every field optional (`{}` turns leases on with the defaults).
-fn lease(raw: RawLease, timeout_ms: u32) -> Result<crate::glease::Policy, ConfigError> {
+fn lease(raw: RawLease, timeout_ms: u32) -> Result<crate::global::lease::Policy, ConfigError> {
     let horizon_ms = in_range(
         "global_buckets.lease.horizon_ms",
         raw.horizon_ms.unwrap_or(1000),
@@ -77,7 +77,7 @@ fn lease(raw: RawLease, timeout_ms: u32) -> Result<crate::glease::Policy, Config
         100,
         3_600_000,
     )?;
-    Ok(crate::glease::Policy {
+    Ok(crate::global::lease::Policy {
         horizon_s: horizon_ms as f64 / 1000.0,
         max_share: f64::from(share) / 100.0,
         idle_ns: idle_ms.saturating_mul(1_000_000),

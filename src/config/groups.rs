@@ -39,7 +39,8 @@ pub(super) struct RawGroupLevel {
 pub(super) struct Groups {
     pub levels: Vec<GroupLevel>,
     /// Tenant → its group at each level (index of `levels`).
-    pub tenants: std::collections::HashMap<String, Vec<Option<String>>, crate::hash::FnvBuild>,
+    pub tenants:
+        std::collections::HashMap<String, Vec<Option<String>>, crate::store::hash::FnvBuild>,
 }
 
 /// Validates `groups`, its `group_header` shorthand and `tenant_groups`.

@@ -19,7 +19,7 @@ use super::rules::{
     bucket, model_field, name_field, tenant_pattern, Rule, Scope, MAX_WAIT_MS_LIMIT,
 };
 use super::{err, ConfigError};
-use crate::bucket::BucketParams;
+use crate::limits::bucket::BucketParams;
 use serde::Deserialize;
 
 /// Most limits.

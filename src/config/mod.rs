@@ -101,7 +101,7 @@ pub struct Config {
     pub groups: Vec<GroupLevel>,
     /// Tenants' fixed groups (one per level), which their headers cannot change.
     pub tenant_groups:
-        std::collections::HashMap<String, Vec<Option<String>>, crate::hash::FnvBuild>,
+        std::collections::HashMap<String, Vec<Option<String>>, crate::store::hash::FnvBuild>,
     /// Derive the tenant from a hashed API key when the header is absent.
     pub api_key_tenants: bool,
     /// The only API keys accepted (SHA-256 → tenant); `None`: any key names its own `key:` tenant.

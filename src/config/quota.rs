@@ -82,7 +82,7 @@ pub struct QuotaSettings {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LeaseSettings {
     /// Sizing and renewal.
-    pub policy: crate::lease::Policy,
+    pub policy: crate::quota::lease::account::Policy,
     /// A lease not renewed for this long is resolved by Redis (its Envoy went away).
     pub ttl_s: u64,
 }
@@ -192,13 +192,13 @@ fn lease(raw: RawLease, timeout_ms: u32) -> Result<LeaseSettings, ConfigError> {
         ));
     }
     Ok(LeaseSettings {
-        policy: crate::lease::Policy {
+        policy: crate::quota::lease::account::Policy {
             horizon_s: horizon_ms as f64 / 1000.0,
             min_tokens: in_range(
                 "quota.lease.min_tokens",
                 raw.min_tokens.unwrap_or(4096),
                 1,
-                crate::webdis::MAX_LUA_INT,
+                crate::shim::webdis::MAX_LUA_INT,
             )?,
             max_share: f64::from(in_range(
                 "quota.lease.max_share_percent",
@@ -384,8 +384,8 @@ pub(super) fn quota(
         weights.push((m, wt));
     }
     let month_offset_minutes = raw.month_offset_minutes.unwrap_or(0);
-    if month_offset_minutes.unsigned_abs() > crate::calendar::MAX_OFFSET_MIN.unsigned_abs() {
-        let max = crate::calendar::MAX_OFFSET_MIN;
+    if month_offset_minutes.unsigned_abs() > crate::quota::calendar::MAX_OFFSET_MIN.unsigned_abs() {
+        let max = crate::quota::calendar::MAX_OFFSET_MIN;
         return Err(err(
             "quota.month_offset_minutes",
             format!("must be between -{max} and {max}, got {month_offset_minutes}"),

@@ -6,7 +6,7 @@
 
 use super::fields::{in_range, number_in, show, TENANT_ID};
 use super::{err, ConfigError};
-use crate::bucket::BucketParams;
+use crate::limits::bucket::BucketParams;
 use serde::Deserialize;
 
 /// How a rule selects models.

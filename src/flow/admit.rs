@@ -7,9 +7,9 @@ use super::answers;
 use super::state::{Charge, Charges, Plan, Request};
 use super::worker::{self, Credit, KNOWN_KEYS_CACHE};
 use super::{Cx, Level, Metric, Next};
-use crate::admission::{self, Decision};
 use crate::config::StoreFailure;
 use crate::global;
+use crate::limits::local::{self, Decision};
 use crate::reply::Refusal;
 use crate::store::UpdateError;
 
@@ -97,9 +97,9 @@ impl Request {
         let mut key = slot_key(rule, &subject(cfg, rule, &plan.meta));
         // Semaphore keys count against `max_tenants` like bucket keys; past it, subjects share 64
         // overflow semaphores per limit.
-        if !admission::claim_slot(
+        if !crate::store::registry::claim_slot(
             cx.host.store(),
-            admission::KEY_COUNTER,
+            local::KEY_COUNTER,
             cfg.max_tenants,
             cfg.cas_max_retries,
             &mut cx.worker.known_keys,
@@ -107,28 +107,39 @@ impl Request {
             &key,
         ) {
             cx.inc(Metric::TenantOverflow);
-            let n = crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes())
-                % admission::OVERFLOW_SLOTS;
-            key = format!("{}{}:~overflow{n}", crate::keys::IN_FLIGHT, rule.name);
+            let n = crate::store::hash::fnv1a(crate::store::hash::FNV_OFFSET, key.as_bytes())
+                % local::OVERFLOW_SLOTS;
+            key = format!(
+                "{}{}:~overflow{n}",
+                crate::store::keys::IN_FLIGHT,
+                rule.name
+            );
         }
-        let owner = crate::inflight::owner(self.id, now);
-        let ttl = crate::inflight::SLOT_TTL_S.saturating_mul(1_000_000_000);
-        match crate::inflight::acquire(cx.store(), &key, max, owner, now, ttl, cfg.cas_max_retries)
-        {
+        let owner = crate::limits::inflight::owner(self.id, now);
+        let ttl = crate::limits::inflight::SLOT_TTL_S.saturating_mul(1_000_000_000);
+        match crate::limits::inflight::acquire(
+            cx.store(),
+            &key,
+            max,
+            owner,
+            now,
+            ttl,
+            cfg.cas_max_retries,
+        ) {
             Ok((acquired, corrupt)) => {
                 if corrupt {
                     cx.inc(Metric::StateCorrupt);
                 }
                 match acquired {
-                    crate::inflight::Acquired::Taken { .. } => {
+                    crate::limits::inflight::Acquired::Taken { .. } => {
                         plan.charges.slots.push((key, owner));
                         Ok(())
                     }
-                    crate::inflight::Acquired::Full if rule.shadow => {
+                    crate::limits::inflight::Acquired::Full if rule.shadow => {
                         shadow_refusal(cx, rule, &plan.meta.tenant);
                         Ok(())
                     }
-                    crate::inflight::Acquired::Full => {
+                    crate::limits::inflight::Acquired::Full => {
                         let refusal = answers::too_many_in_flight(rule, max, &cfg.groups);
                         Err(self.reject_after_charges(cx, plan, refusal))
                     }
@@ -173,7 +184,7 @@ impl Request {
             return Ok(());
         };
         let who = subject(cfg, rule, &plan.meta);
-        let (key, info) = admission::bucket_key(
+        let (key, info) = local::bucket_key(
             cx.host.store(),
             cfg,
             &mut cx.worker.known_keys,
@@ -192,8 +203,7 @@ impl Request {
                 None
             }
         };
-        let (decision, stats) =
-            admission::charge(cx.store(), cfg, rule, &key, plan.cost, now, seen);
+        let (decision, stats) = local::charge(cx.store(), cfg, rule, &key, plan.cost, now, seen);
         if stats.corrupt {
             cx.inc(Metric::StateCorrupt);
             cx.log_failure(
@@ -295,7 +305,7 @@ pub(super) fn refund(cx: &mut Cx, charges: &mut Charges) {
     for c in std::mem::take(&mut charges.local) {
         if let Some(rule) = cfg.rule(c.rule) {
             let now = cx.now();
-            if admission::credit(cx.store(), cfg, rule, &c.key, c.cost, now).is_ok() {
+            if local::credit(cx.store(), cfg, rule, &c.key, c.cost, now).is_ok() {
                 cx.add(Metric::TokensCredited, c.cost);
             }
         }
@@ -315,8 +325,10 @@ pub(super) fn refund(cx: &mut Cx, charges: &mut Charges) {
 /// Gives back the in-flight slots the request holds.
 pub(super) fn release_slots(cx: &mut Cx, charges: &mut Charges) {
     for (key, owner) in std::mem::take(&mut charges.slots) {
-        if let Err(e) = crate::inflight::release(cx.store(), &key, owner, cx.cfg.cas_max_retries) {
-            // The slot expires by itself (crate::inflight::SLOT_TTL_S).
+        if let Err(e) =
+            crate::limits::inflight::release(cx.store(), &key, owner, cx.cfg.cas_max_retries)
+        {
+            // The slot expires by itself (crate::limits::inflight::SLOT_TTL_S).
             cx.inc(Metric::StoreErrors);
             cx.log_failure(
                 Level::Warn,
@@ -339,7 +351,7 @@ pub(super) fn subject(
 
 /// The shared-data key of a limit's in-flight slots for `subject`.
 pub(super) fn slot_key(rule: &crate::config::Rule, subject: &str) -> String {
-    format!("{}{}:{}", crate::keys::IN_FLIGHT, rule.name, subject)
+    format!("{}{}:{}", crate::store::keys::IN_FLIGHT, rule.name, subject)
 }
 
 /// A shadow limit would have refused: counted and logged, never enforced.
@@ -361,7 +373,7 @@ impl Plan {
     pub(super) fn bind(
         &mut self,
         rule: &crate::config::Rule,
-        snap: crate::bucket::Snapshot,
+        snap: crate::limits::bucket::Snapshot,
         wait_ms: u64,
     ) {
         if rule.shadow {

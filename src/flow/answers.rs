@@ -1,6 +1,6 @@
 //! The answers the flow makes itself (as [`Refusal`]s, rendered per API family by
 //! [`crate::reply::render`]), and the audit record. Every reply text lives here or in
-//! [`crate::admission`] (bucket refusals).
+//! [`crate::limits::local`] (bucket refusals).
 
 use super::state::QuotaReq;
 use crate::reply::{Class, Dec, QuotaView, Refusal};
@@ -164,7 +164,7 @@ pub fn quota_exceeded(
         limit,
         remaining,
         reset_unix_s,
-        reset_in_s: crate::calendar::seconds_until(reset_unix_s, now_unix_s),
+        reset_in_s: crate::quota::calendar::seconds_until(reset_unix_s, now_unix_s),
         currency: None,
     });
     r
@@ -228,7 +228,7 @@ pub fn audit_record(
     let model = if model.is_empty() {
         std::borrow::Cow::Borrowed("-")
     } else {
-        crate::keys::sanitized(model)
+        crate::store::keys::sanitized(model)
     };
     let model = model.as_ref();
     let estimated = Dec::int(cost.unwrap_or(0));

@@ -7,9 +7,9 @@ use super::admit::refund;
 use super::answers;
 use super::state::{Audit, Charges, Forwarded, Plan, QuotaReq, Request, Stage, Step};
 use super::{Body, Cx, Effect, Level, Metric, Next};
+use crate::breaker::failover::Choice;
 use crate::config::InvalidBody;
 use crate::estimate::{self, ApiKind};
-use crate::failover::Choice;
 use crate::reply::Refusal;
 use crate::rewrite::{self, Edits};
 

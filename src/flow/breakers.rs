@@ -1,14 +1,14 @@
 //! The request breakers (cluster, model) in the flow: checked in the headers phase (cluster) and once the
 //! body is read (model), taken after the bucket admitted, reported when the request ends; successes of a
 //! failure-rate breaker written in batches by the VM's tick. The mechanics — one read of the set of open
-//! breakers while all are closed, and the staleness bounds — are in [`crate::failover`].
+//! breakers while all are closed, and the staleness bounds — are in [`crate::breaker::failover`].
 
 use super::state::{Forwarded, Meta};
 use super::worker::KNOWN_KEYS_CACHE;
 use super::{Cx, Effect, Level, Metric};
+use crate::breaker::failover::{self, Choice, Ctx, Held};
 use crate::breaker::{self, Outcome, View};
 use crate::config::BreakerSettings;
-use crate::failover::{self, Choice, Ctx, Held};
 use crate::usage::SseScanner;
 use std::borrow::Cow;
 

@@ -8,16 +8,16 @@ use super::headers::unix_s;
 use super::shim;
 use super::state::{Audit, Charge, Plan, QuotaReq, Request, Stage, Step};
 use super::{CalloutReply, Cx, Effect, Metric, Next, Purpose};
-use crate::admission::{self, Decision};
-use crate::bucket::Verdict;
-use crate::calendar;
 use crate::config::QuotaSettings;
 use crate::global;
-use crate::keys::MARKER_COUNTER;
+use crate::limits::bucket::Verdict;
+use crate::limits::local::{self, Decision};
+use crate::quota::calendar;
 use crate::quota::{self, ExhaustedMarker, Reason};
 use crate::rewrite::{self, Edits, Thinking};
+use crate::shim::webdis::ShimError;
+use crate::store::keys::MARKER_COUNTER;
 use crate::store::Codec;
-use crate::webdis::ShimError;
 
 impl Request {
     /// A callout of this request answered (or the host refused it: [`CalloutReply::refused`]).
@@ -116,7 +116,7 @@ impl Request {
                     let _ = cx.store().set(&global::seen_slot(&key), &seen.encode(), 0);
                 }
                 let snap = r.state.snapshot(&rule.params);
-                match admission::decision(r.verdict, snap, rule, cost) {
+                match local::decision(r.verdict, snap, rule, cost) {
                     Decision::Admit {
                         snapshot, wait_ms, ..
                     } => {
@@ -458,10 +458,13 @@ fn whose_quota(reason: Reason, model: &str) -> String {
 ///
 /// [`SCAN_PER_TICK`]: super::lease::SCAN_PER_TICK
 fn retry_after_leases(cx: &Cx, l: &crate::config::LeaseSettings) -> f64 {
-    let accounts = crate::store::peek::<crate::store::Count>(cx.store(), crate::lease::COUNTER)
-        .ok()
-        .and_then(|(c, _)| c)
-        .map_or(0, |c| c.0);
+    let accounts = crate::store::peek::<crate::store::Count>(
+        cx.store(),
+        crate::quota::lease::account::COUNTER,
+    )
+    .ok()
+    .and_then(|(c, _)| c)
+    .map_or(0, |c| c.0);
     let walk_s = accounts.div_ceil(super::lease::SCAN_PER_TICK) as f64
         * f64::from(crate::host::root::SETTLE_TICK_MS)
         / 1000.0;
@@ -503,7 +506,7 @@ fn mark_exhausted(
 ) {
     let key = ExhaustedMarker::key(tenant);
     let now_s = unix_s(cx, q);
-    let ok = admission::claim_slot(
+    let ok = crate::store::registry::claim_slot(
         cx.host.store(),
         MARKER_COUNTER,
         cx.cfg.max_tenants,

@@ -5,11 +5,11 @@ use super::answers;
 use super::state::{Charge, Forwarded, QuotaReq, Request, Stage};
 use super::worker::{self, Credit, Job};
 use super::{Cx, Effect, Level, Metric};
-use crate::accounting::{self, Ending};
-use crate::admission;
+use crate::breaker::failover;
 use crate::breaker::{self, Transition};
 use crate::config::AbandonedCharge;
-use crate::failover;
+use crate::limits::local;
+use crate::quota::accounting::{self, Ending};
 use crate::quota::{SettleArgs, SettleMode};
 use crate::usage;
 
@@ -356,12 +356,12 @@ fn refund_one(cx: &mut Cx, charge: &Charge, global: bool, amount: i64) {
         );
     } else if amount > 0 {
         let amount = amount.unsigned_abs();
-        if admission::credit(cx.store(), cfg, rule, &charge.key, amount, now).is_ok() {
+        if local::credit(cx.store(), cfg, rule, &charge.key, amount, now).is_ok() {
             cx.add(Metric::TokensCredited, amount);
         }
     } else {
         let amount = amount.unsigned_abs();
-        if let Ok(taken) = admission::debit(cx.store(), cfg, rule, &charge.key, amount, now) {
+        if let Ok(taken) = local::debit(cx.store(), cfg, rule, &charge.key, amount, now) {
             // What the bucket really lost (its debt stops one burst deep).
             cx.add(Metric::TokensDebited, taken);
         }
@@ -387,7 +387,7 @@ pub(super) fn transition(cx: &mut Cx, key: &str, t: Transition) {
     cx.fx.push(Effect::Gauge(
         format!(
             "tokengate_breaker_state.{}",
-            key.strip_prefix(crate::keys::BREAKER).unwrap_or(key)
+            key.strip_prefix(crate::store::keys::BREAKER).unwrap_or(key)
         ),
         failover::gauge(t.to),
     ));

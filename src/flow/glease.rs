@@ -1,4 +1,4 @@
-//! Global-bucket leases in the flow (see [`crate::glease`]): a request whose bucket's account holds its
+//! Global-bucket leases in the flow (see [`crate::global::lease`]): a request whose bucket's account holds its
 //! cost is admitted from it in shared data — no callout; any other request is charged in Redis as
 //! without leases, and that same call asks for a block when the bucket is busy. The tick of the VM that
 //! saw an account run low tops it up; the VM holding the leader claim walks every account to top up
@@ -6,12 +6,12 @@
 
 use super::worker::Credit;
 use super::{shim, CalloutReply, Cx, Effect, Level, Metric, Purpose};
-use crate::bucket::{Snapshot, Verdict};
 use crate::config::GlobalSettings;
-use crate::glease::{self, Answer, Plan, Policy, Take};
+use crate::global::lease::{self, Answer, Plan, Policy, Take};
 use crate::global::{self, LeaseAsk, Reply};
-use crate::hash::FnvBuild;
-use crate::webdis::ShimError;
+use crate::limits::bucket::{Snapshot, Verdict};
+use crate::shim::webdis::ShimError;
+use crate::store::hash::FnvBuild;
 use std::collections::HashMap;
 
 /// Top-ups started per tick for accounts this VM saw run low.
@@ -64,13 +64,13 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
     let Some(rule) = cx.cfg.rule(idx) else {
         return Taken::Miss(None, 0);
     };
-    let akey = glease::account_key(key);
+    let akey = lease::account_key(key);
     let now = cx.now();
     let retries = cx.cfg.cas_max_retries;
     let max = u64::from(cx.cfg.max_tenants);
     let store = cx.store();
-    let may_create = || glease::REGISTRY.registered(store) < max;
-    match glease::take(
+    let may_create = || lease::REGISTRY.registered(store) < max;
+    match lease::take(
         store,
         &akey,
         &rule.params,
@@ -85,20 +85,20 @@ pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) 
             if refill {
                 mark(cx, idx, key);
             }
-            Taken::Hit(glease::snapshot(&a, &rule.params, now))
+            Taken::Hit(lease::snapshot(&a, &rule.params, now))
         }
         Take::Miss(ask, created, from) => {
             if created
-                && !glease::REGISTRY.register(
+                && !lease::REGISTRY.register(
                     cx.store(),
-                    &glease::entry(idx, &rule.name, key),
+                    &lease::entry(idx, &rule.name, key),
                     cx.cfg.max_tenants,
                     retries,
                 )
             {
                 // Every registry slot is taken: this bucket is never leased here (the leader could not
                 // give its lease back when idle).
-                glease::forbid(cx.store(), &akey, retries);
+                lease::forbid(cx.store(), &akey, retries);
                 return Taken::Miss(None, from);
             }
             Taken::Miss(ask, from)
@@ -149,9 +149,9 @@ fn keep(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, ans: &Answer) {
         return;
     };
     let now = cx.now();
-    let akey = glease::account_key(key);
+    let akey = lease::account_key(key);
     cx.add(Metric::GlobalLeaseTokens, ans.block_tokens);
-    let excess = glease::apply(
+    let excess = lease::apply(
         cx.store(),
         &akey,
         &rule.params,
@@ -191,11 +191,7 @@ fn give_back_later(cx: &mut Cx, idx: usize, key: &str, tokens: u64, requests: u6
 
 /// A request's charge that asked for a block got no answer: the ask is cleared.
 pub(super) fn abandon(cx: &mut Cx, key: &str) {
-    glease::abandon(
-        cx.store(),
-        &glease::account_key(key),
-        cx.cfg.cas_max_retries,
-    );
+    lease::abandon(cx.store(), &lease::account_key(key), cx.cfg.cas_max_retries);
 }
 
 /// Tokens a request gives back (a later step refused it, `refund_unused`), or takes after the fact
@@ -204,15 +200,15 @@ pub(super) fn absorb(cx: &mut Cx, pol: &Policy, c: &Credit) -> i64 {
     let Some(rule) = cx.cfg.rule(c.rule) else {
         return c.amount;
     };
-    let akey = glease::account_key(&c.key);
+    let akey = lease::account_key(&c.key);
     let retries = cx.cfg.cas_max_retries;
     let amount = c.amount.unsigned_abs();
     if c.amount > 0 {
-        let rest = glease::credit(cx.store(), &akey, &rule.params, pol, amount, retries);
+        let rest = lease::credit(cx.store(), &akey, &rule.params, pol, amount, retries);
         cx.add(Metric::GlobalTokensCredited, amount - rest);
         i64::try_from(rest).unwrap_or(i64::MAX)
     } else {
-        let rest = glease::debit(cx.store(), &akey, amount, retries);
+        let rest = lease::debit(cx.store(), &akey, amount, retries);
         cx.add(Metric::GlobalTokensDebited, amount - rest);
         i64::try_from(rest).map_or(i64::MIN, |r| -r)
     }
@@ -237,20 +233,20 @@ pub(super) fn tick(cx: &mut Cx, g: &GlobalSettings, pol: &Policy) {
     }
     let now = cx.now();
     if cx.worker.gleases.owner == 0 {
-        cx.worker.gleases.owner = crate::journal::owner_id(cx.store(), retries).unwrap_or(0);
+        cx.worker.gleases.owner = crate::store::claim::owner_id(cx.store(), retries).unwrap_or(0);
     }
     let owner = cx.worker.gleases.owner;
-    if owner == 0 || !crate::journal::claim_key(cx.store(), glease::LEADER, owner, now, retries) {
+    if owner == 0 || !crate::store::claim::hold(cx.store(), lease::LEADER, owner, now, retries) {
         return;
     }
-    let total = glease::REGISTRY.registered(cx.store());
+    let total = lease::REGISTRY.registered(cx.store());
     for _ in 0..SCAN_PER_TICK.min(total) {
         let i = cx.worker.gleases.cursor % total;
         cx.worker.gleases.cursor = cx.worker.gleases.cursor.wrapping_add(1);
-        let Some(entry) = glease::REGISTRY.slot(cx.store(), i) else {
+        let Some(entry) = lease::REGISTRY.slot(cx.store(), i) else {
             continue;
         };
-        let Some((idx, name, key)) = glease::parse_entry(&entry) else {
+        let Some((idx, name, key)) = lease::parse_entry(&entry) else {
             continue;
         };
         // The rule's index as registered, or (after a configuration change) where its name is now.
@@ -271,9 +267,9 @@ fn start(cx: &mut Cx, g: &GlobalSettings, pol: &Policy, idx: usize, key: String)
     let Some(rule) = cx.cfg.rule(idx) else {
         return;
     };
-    let akey = glease::account_key(&key);
+    let akey = lease::account_key(&key);
     let now = cx.now();
-    match glease::plan(
+    match lease::plan(
         cx.store(),
         &akey,
         &rule.params,

@@ -8,7 +8,7 @@ use super::state::{Charge, GlobalCharge, Plan, Request, Stage, Step};
 use super::{Cx, Effect, Level, Metric, Next, Purpose};
 use crate::config::GlobalFailure;
 use crate::global;
-use crate::webdis::ScriptCall;
+use crate::shim::webdis::ScriptCall;
 
 impl Request {
     /// The next global bucket charge, or the steps after the buckets when none is left.

@@ -4,10 +4,10 @@
 use super::answers;
 use super::state::{Audit, Meta, Replied, Request, Stage};
 use super::{Cx, Effect, Headers, Metric, Next};
-use crate::admission;
 use crate::estimate::ApiKind;
 use crate::global;
 use crate::identity;
+use crate::limits::local;
 use crate::quota::ExhaustedMarker;
 use crate::reply::{Class, Dec, Family, Refusal};
 use std::borrow::Cow;
@@ -346,7 +346,7 @@ impl Request {
             let who = super::admit::subject(cfg, rule, meta);
             if let Some(max) = rule.max_in_flight {
                 let key = super::admit::slot_key(rule, &who);
-                if crate::inflight::in_flight(cx.store(), &key, now)
+                if crate::limits::inflight::in_flight(cx.store(), &key, now)
                     .is_ok_and(|n| n >= usize::try_from(max).unwrap_or(usize::MAX))
                 {
                     let refusal = answers::too_many_in_flight(rule, max, &cfg.groups);
@@ -364,9 +364,9 @@ impl Request {
                     return Some(self.reject(cx, meta, &model, None, refusal));
                 }
             } else {
-                let key = admission::plain_key(rule, &who, &model);
+                let key = local::plain_key(rule, &who, &model);
                 let mut seen = None;
-                match admission::precheck(cx.store(), rule, &key, now, &mut seen) {
+                match local::precheck(cx.store(), rule, &key, now, &mut seen) {
                     Ok(Some(refusal)) => return Some(self.reject(cx, meta, &model, None, refusal)),
                     Ok(None) => {
                         if meta.prechecked.is_none() {
@@ -469,12 +469,12 @@ pub(super) fn global_refused_from_cache(
 ) -> Option<Refusal> {
     let (bytes, _) = cx.store().get(&global::seen_slot(key)).ok()??;
     let state = global::Seen::for_key(&bytes, key)?;
-    let refusal = admission::refusal_for(&state, rule, cost, cx.now())?;
+    let refusal = local::refusal_for(&state, rule, cost, cx.now())?;
     // Redis refused, but this Envoy's lease of the bucket may still hold the request.
     if cx.cfg.global.as_ref().is_some_and(|g| g.lease.is_some())
-        && crate::glease::covers(
+        && crate::global::lease::covers(
             cx.store(),
-            &crate::glease::account_key(key),
+            &crate::global::lease::account_key(key),
             &rule.params,
             cost,
         )
@@ -519,7 +519,7 @@ pub(super) fn exhausted_cached(
     Some(answers::quota_exceeded(
         marker.limit,
         marker.remaining,
-        crate::calendar::month_end_unix(now_s, q.month_offset_minutes),
+        crate::quota::calendar::month_end_unix(now_s, q.month_offset_minutes),
         now_s,
         "for this tenant",
     ))

@@ -1,4 +1,4 @@
-//! Quota leases in the flow (see [`crate::lease`] and [`crate::quota::lease`]): a request whose account
+//! Quota leases in the flow (see [`crate::quota::lease::account`] and [`crate::quota::lease::redis`]): a request whose account
 //! holds enough is reserved from it in shared data — no callout — and settles into it; any other
 //! request takes the per-request path (a reservation callout) and asks for a sync. Syncs are sent by
 //! the tick of the VM that saw the miss, and by the VM holding the leader claim, which walks every
@@ -7,12 +7,12 @@
 use super::shim;
 use super::state::QuotaReq;
 use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
-use crate::calendar;
 use crate::config::{LeaseSettings, QuotaSettings};
-use crate::hash::FnvBuild;
-use crate::lease::{self, Account, Miss, Settled, Synced, Take};
+use crate::quota::calendar;
+use crate::quota::lease::account::{self, Account, Miss, Settled, Synced, Take};
 use crate::quota::{self, LeaseArgs, QuotaKeys};
-use crate::webdis::ShimError;
+use crate::shim::webdis::ShimError;
+use crate::store::hash::FnvBuild;
 use std::collections::HashMap;
 
 /// Syncs started per tick for accounts this VM saw miss.
@@ -94,9 +94,9 @@ fn month_label(code: u32) -> String {
 /// the account asks for a sync.
 pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Account, String)> {
     let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
-    let key = lease::account_key(tenant, model);
+    let key = account::account_key(tenant, model);
     let cost = qr.reserved.total();
-    let month = lease::month_code(&qr.args.month);
+    let month = account::month_code(&qr.args.month);
     let low = l.policy.min_tokens / 2;
     let now = cx.now();
     // This VM's ended requests of the account are written in the same CAS.
@@ -105,7 +105,7 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
     let done = at
         .and_then(|i| unsettled.get(i))
         .map_or(Settled::default(), |(_, d)| *d);
-    let (took, written) = lease::take_after(
+    let (took, written) = account::take_after(
         cx.store(),
         &key,
         done,
@@ -132,7 +132,7 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
         Take::Miss(why) => {
             if why == Miss::Cold {
                 let entry = format!("{tenant}\n{}", model.unwrap_or(""));
-                if !lease::REGISTRY.register(
+                if !account::REGISTRY.register(
                     cx.store(),
                     &entry,
                     cx.cfg.max_tenants,
@@ -140,7 +140,7 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
                 ) {
                     // Every account slot is taken: this one is never leased (its lease could not be
                     // renewed or given back by the leader).
-                    lease::forbid(cx.store(), &key, cx.cfg.cas_max_retries);
+                    account::forbid(cx.store(), &key, cx.cfg.cas_max_retries);
                     return None;
                 }
             }
@@ -190,7 +190,7 @@ pub(super) fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
 pub(super) fn flush(cx: &mut Cx) {
     let retries = cx.cfg.cas_max_retries;
     for (key, d) in std::mem::take(&mut cx.worker.leases.unsettled) {
-        if lease::settle(cx.store(), &key, d.reserved, d.actual, retries) {
+        if account::settle(cx.store(), &key, d.reserved, d.actual, retries) {
             continue;
         }
         cx.inc(Metric::StoreErrors);
@@ -216,7 +216,7 @@ pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
     };
     let now = cx.now();
     if cx.worker.leases.envoy == 0 {
-        cx.worker.leases.envoy = lease::envoy_id(cx.store(), now);
+        cx.worker.leases.envoy = account::envoy_id(cx.store(), now);
     }
     if probe {
         while !cx.worker.leases.dirty.is_empty() {
@@ -244,20 +244,20 @@ fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) 
     let now = cx.now();
     let retries = cx.cfg.cas_max_retries;
     if cx.worker.leases.owner == 0 {
-        cx.worker.leases.owner = crate::journal::owner_id(cx.store(), retries).unwrap_or(0);
+        cx.worker.leases.owner = crate::store::claim::owner_id(cx.store(), retries).unwrap_or(0);
     }
     let owner = cx.worker.leases.owner;
-    if owner == 0 || !crate::journal::claim_key(cx.store(), lease::LEADER, owner, now, retries) {
+    if owner == 0 || !crate::store::claim::hold(cx.store(), account::LEADER, owner, now, retries) {
         return false;
     }
-    let total = lease::REGISTRY.registered(cx.store());
+    let total = account::REGISTRY.registered(cx.store());
     if total == 0 {
         return false;
     }
     for _ in 0..SCAN_PER_TICK.min(total) {
         let i = cx.worker.leases.cursor % total;
         cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
-        let Some(entry) = lease::REGISTRY.slot(cx.store(), i) else {
+        let Some(entry) = account::REGISTRY.slot(cx.store(), i) else {
             continue;
         };
         let (tenant, model) = match entry.split_once('\n') {
@@ -283,9 +283,9 @@ fn start(
     typical: u64,
     probe: bool,
 ) -> bool {
-    let key = lease::account_key(tenant, model);
+    let key = account::account_key(tenant, model);
     let sc = sync_ctx(cx, q, l, typical);
-    let Some((plan, _)) = lease::begin_sync(cx.store(), &key, &sc) else {
+    let Some((plan, _)) = account::begin_sync(cx.store(), &key, &sc) else {
         return false;
     };
     let body = call_body(cx, q, l, tenant, model, &plan);
@@ -325,7 +325,7 @@ fn call_body(
     l: &LeaseSettings,
     tenant: &str,
     model: Option<&str>,
-    plan: &lease::SyncPlan,
+    plan: &account::SyncPlan,
 ) -> String {
     let label = month_label(plan.month);
     let keys = QuotaKeys::new(tenant, model, &label, "-");
@@ -362,10 +362,10 @@ fn sync_ctx<'a>(
     q: &QuotaSettings,
     l: &'a LeaseSettings,
     typical: u64,
-) -> lease::SyncCtx<'a> {
+) -> account::SyncCtx<'a> {
     let now_s = super::headers::unix_s(cx, q);
     let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
-    lease::SyncCtx {
+    account::SyncCtx {
         month: u32::try_from(y)
             .unwrap_or(0)
             .saturating_mul(100)
@@ -383,7 +383,7 @@ fn sync_ctx<'a>(
 pub(super) fn owner(cx: &Cx) -> String {
     let leases = cx.cfg.quota.as_ref().is_some_and(|q| q.lease.is_some());
     let id = match cx.worker.leases.envoy {
-        0 if leases => lease::known_envoy_id(cx.store()).unwrap_or(0),
+        0 if leases => account::known_envoy_id(cx.store()).unwrap_or(0),
         id => id,
     };
     quota::lease_owner(id)
@@ -391,11 +391,11 @@ pub(super) fn owner(cx: &Cx) -> String {
 
 /// This Envoy's lease of `qr`'s account, if it has one for `qr`'s month.
 pub(super) fn account(cx: &Cx, qr: &QuotaReq) -> Option<Account> {
-    let key = lease::account_key(&qr.args.tenant, qr.args.model.as_deref());
+    let key = account::account_key(&qr.args.tenant, qr.args.model.as_deref());
     crate::store::peek::<Account>(cx.store(), &key)
         .ok()
         .and_then(|(a, _)| a)
-        .filter(|a| a.month == lease::month_code(&qr.args.month))
+        .filter(|a| a.month == account::month_code(&qr.args.month))
 }
 
 /// Redis refused `qr`'s reservation, and what this Envoy's lease of the account holds unspent would
@@ -405,9 +405,9 @@ pub(super) fn account(cx: &Cx, qr: &QuotaReq) -> Option<Account> {
 /// stands).
 pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &QuotaReq) -> bool {
     let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
-    let key = lease::account_key(tenant, model);
+    let key = account::account_key(tenant, model);
     let sc = sync_ctx(cx, q, l, 0);
-    let Some((plan, _)) = lease::begin_give_back(cx.store(), &key, &sc) else {
+    let Some((plan, _)) = account::begin_give_back(cx.store(), &key, &sc) else {
         return false;
     };
     let body = call_body(cx, q, l, tenant, model, &plan);
@@ -426,12 +426,12 @@ pub(super) fn give_back_again(
 ) -> bool {
     cx.worker.leases.loaded = false;
     let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
-    let key = lease::account_key(tenant, model);
+    let key = account::account_key(tenant, model);
     let sc = sync_ctx(cx, q, l, 0);
     let Some(plan) = crate::store::peek::<Account>(cx.store(), &key)
         .ok()
         .and_then(|(a, _)| a)
-        .and_then(|a| lease::give_back_plan(&a, &sc))
+        .and_then(|a| account::give_back_plan(&a, &sc))
     else {
         return false;
     };
@@ -453,7 +453,7 @@ pub(super) fn given_back(
     let p = Pending {
         tenant: tenant.to_string(),
         model: model.map(str::to_string),
-        key: lease::account_key(tenant, model),
+        key: account::account_key(tenant, model),
         typical: 0,
         probe: false,
     };
@@ -484,7 +484,7 @@ fn apply(
     reply: CalloutReply,
     give_back: bool,
 ) -> bool {
-    let sc = lease::SyncCtx {
+    let sc = account::SyncCtx {
         give_back,
         ..sync_ctx(cx, q, l, p.typical)
     };
@@ -513,7 +513,7 @@ fn apply(
                 remaining: r.remaining(),
                 limit: r.binding_limit(),
             };
-            lease::finish_sync(cx.store(), &p.key, Some(synced), &sc);
+            account::finish_sync(cx.store(), &p.key, Some(synced), &sc);
             true
         }
         Err((e, why)) => {
@@ -533,7 +533,7 @@ fn apply(
                     ),
                 );
             }
-            lease::finish_sync(cx.store(), &p.key, None, &sc);
+            account::finish_sync(cx.store(), &p.key, None, &sc);
             // Asked again on the next tick.
             mark(cx, &p.tenant, p.model.as_deref(), p.typical);
             false

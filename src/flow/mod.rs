@@ -174,7 +174,7 @@ pub struct Callout {
     pub authority: String,
     /// Timeout.
     pub timeout_ms: u32,
-    /// The command (see [`crate::webdis::webdis_encode`]).
+    /// The command (see [`crate::shim::webdis::webdis_encode`]).
     pub body: String,
 }
 

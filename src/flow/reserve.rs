@@ -7,12 +7,12 @@ use super::answers;
 use super::shim;
 use super::state::{Audit, Plan, QuotaReq, Request, Stage, Step};
 use super::{Cx, Effect, Level, Metric, Next, Purpose};
-use crate::accounting::Reserved;
-use crate::calendar;
 use crate::config::QuotaFailure;
+use crate::quota::accounting::Reserved;
+use crate::quota::calendar;
 use crate::quota::{self, ReserveArgs};
 use crate::reply::Refusal;
-use crate::webdis::ScriptCall;
+use crate::shim::webdis::ScriptCall;
 
 impl Request {
     /// Every bucket admitted: the quota next, or let the request go.
@@ -353,7 +353,7 @@ pub(super) fn give_back_quotas(cx: &mut Cx, quotas: &mut Vec<QuotaReq>) {
             super::lease::settle(cx, key, qr.reserved.total(), 0);
         } else if qr.uncertain {
             // Redis may have reserved it (or may still): charge 0, whatever it did.
-            super::end::reconcile(cx, &mut qr, crate::accounting::Ending::NotServed);
+            super::end::reconcile(cx, &mut qr, crate::quota::accounting::Ending::NotServed);
         } else if qr.fail_open {
             // Nothing was reserved.
         } else {

@@ -89,8 +89,10 @@ impl Request {
         }
         if let Some((qr, q)) = f.token_quota().zip(cx.cfg.quota.as_ref()) {
             if let Some(remaining) = qr.remaining {
-                let reset_s =
-                    crate::calendar::seconds_until(qr.reset_at, super::headers::unix_s(cx, q));
+                let reset_s = crate::quota::calendar::seconds_until(
+                    qr.reset_at,
+                    super::headers::unix_s(cx, q),
+                );
                 for (k, v) in answers::quota_headers(qr.limit, remaining, reset_s) {
                     cx.fx
                         .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Int(v)));

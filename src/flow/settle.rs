@@ -1,22 +1,22 @@
-//! Quota settlements through the shared-data journal ([`crate::journal`]): a request that ends pushes its
+//! Quota settlements through the shared-data journal ([`crate::store::journal`]): a request that ends pushes its
 //! settlement (or the charge of a request with no known reservation); the VM holding the journal's claim
 //! sends them, batched per tenant, and moves the journal's head once Redis took them. Nothing waits in
 //! one VM's memory except what the journal could not take at that instant (retried on the next tick).
 //!
 //! A batch the shim could not take is sent again after a backoff (`quota.settle_retry_ms`, doubling, at
 //! most 60 s) and while the shim's breaker is open nothing is sent: settlements wait in the journal for
-//! as long as Redis is away (up to [`crate::journal::CAPACITY`] of them; beyond, new ones are dropped
+//! as long as Redis is away (up to [`crate::store::journal::CAPACITY`] of them; beyond, new ones are dropped
 //! and counted in `tokengate_quota_settle_dropped`). A batch Redis refuses with an error (not an
 //! outage) is given up after `quota.settle_max_attempts` (logged, counted).
 
 use super::shim;
 use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
 use crate::config::QuotaSettings;
-use crate::hash::FnvBuild;
-use crate::journal::{self, PushError};
 use crate::quota::{self, QuotaKeys, SettleArgs, SettleMode};
+use crate::shim::webdis::ShimError;
+use crate::store::hash::FnvBuild;
+use crate::store::journal::{self, PushError};
 use crate::store::read_u64;
-use crate::webdis::ShimError;
 use std::collections::HashMap;
 
 /// Entries read from the journal per window.
@@ -192,7 +192,7 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings) {
         return;
     }
     if cx.worker.settle.owner == 0 {
-        cx.worker.settle.owner = journal::owner_id(cx.store(), retries).unwrap_or(0);
+        cx.worker.settle.owner = crate::store::claim::owner_id(cx.store(), retries).unwrap_or(0);
     }
     let owner = cx.worker.settle.owner;
     if owner == 0 || !journal::claim(cx.store(), owner, now, retries) {

@@ -5,7 +5,7 @@
 
 use super::{Callout, Cx, Level, Purpose};
 use crate::breaker::{self, Admission, BreakerConfig, Outcome};
-use crate::webdis::ScriptCall;
+use crate::shim::webdis::ScriptCall;
 
 /// The shim breaker key of a cluster.
 pub fn key(cluster: &str) -> String {

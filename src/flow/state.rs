@@ -9,9 +9,9 @@
 //! ```
 
 use super::response::Resp;
-use crate::accounting::{Reserved, UsageSource};
-use crate::bucket::Snapshot;
 use crate::estimate::ApiKind;
+use crate::limits::bucket::Snapshot;
+use crate::quota::accounting::{Reserved, UsageSource};
 use crate::quota::ReserveArgs;
 use crate::store::Seen;
 
@@ -167,7 +167,7 @@ pub(super) struct Charges {
     /// In-flight slots held: (semaphore key, owner).
     pub slots: Vec<(String, u64)>,
     /// Breakers that admitted it.
-    pub breakers: Vec<crate::failover::Held>,
+    pub breakers: Vec<crate::breaker::failover::Held>,
 }
 
 /// The request once its body was read: the estimate, the model, the charges, and the admission steps

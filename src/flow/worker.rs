@@ -13,12 +13,12 @@
 //! * Nothing is sent while the shim's breaker is open.
 
 use super::{shim, CalloutReply, Cx, Effect, Level, Metric, Purpose};
-use crate::admission::KeySet;
 use crate::config::GlobalSettings;
 use crate::global;
-use crate::hash::FnvBuild;
 use crate::identity::KeyCache;
-use crate::webdis::ShimError;
+use crate::shim::webdis::ShimError;
+use crate::store::hash::FnvBuild;
+use crate::store::registry::KeySet;
 use std::collections::HashMap;
 
 /// Credit callouts in flight at most per VM.
@@ -67,7 +67,7 @@ pub struct Worker {
     /// The VM's global-bucket lease calls.
     pub gleases: super::glease::GLeases,
     /// Successes of failure-rate breakers not written yet.
-    pub breakers: crate::failover::VmBreakers,
+    pub breakers: crate::breaker::failover::VmBreakers,
     credits: Vec<Credit>,
     credits_inflight: HashMap<u64, Credit, FnvBuild>,
     next_id: u64,

@@ -36,7 +36,7 @@ pub fn dispatch(c: &flow::Callout) -> Result<u32, u32> {
         &c.cluster,
         &[
             (":method", "POST"),
-            (":path", crate::webdis::WEBDIS_PATH),
+            (":path", crate::shim::webdis::WEBDIS_PATH),
             (":authority", &c.authority),
             ("content-type", "application/x-www-form-urlencoded"),
             ("content-length", &len),

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 thread_local! {
-    static IDS: RefCell<HashMap<String, u32, crate::hash::FnvBuild>> =
+    static IDS: RefCell<HashMap<String, u32, crate::store::hash::FnvBuild>> =
         RefCell::new(HashMap::default());
 }
 

@@ -26,7 +26,7 @@ pub struct Vm {
     /// The effect buffer (reused: its capacity survives requests).
     pub fx: Vec<Effect>,
     /// Root callouts in flight: host token → purpose.
-    pub root_callouts: HashMap<u32, Purpose, crate::hash::FnvBuild>,
+    pub root_callouts: HashMap<u32, Purpose, crate::store::hash::FnvBuild>,
 }
 
 thread_local! {

@@ -159,8 +159,8 @@ impl RootContext for Root {
                     &format!("configured: {} bucket rules", cfg.rules.len()),
                 );
                 if cfg.quota.is_some() {
-                    // Before traffic: a key Envoy creates ignores CAS (see crate::journal).
-                    let _ = crate::journal::init(&super::store::HostStore);
+                    // Before traffic: a key Envoy creates ignores CAS (see crate::store::journal).
+                    let _ = crate::store::journal::init(&super::store::HostStore);
                 }
                 self.cfg = Some(Rc::new(cfg));
                 true

@@ -1,5 +1,5 @@
 //! The Redis keys of one tenant's monthly quota. Every key starts with `tg:q:{<tenant>}` (the
-//! [`crate::keys::QUOTA`] prefix and the tenant as Redis Cluster hash tag), so one request's keys, and a
+//! [`crate::store::keys::QUOTA`] prefix and the tenant as Redis Cluster hash tag), so one request's keys, and a
 //! batch of one tenant's settlements, stay on one slot:
 //! ```text
 //! tg:q:{acme}:2026-11                  tenant used this month (reservations in flight included)
@@ -19,13 +19,13 @@
 //! tombstone per request resolved by the deadline rule or charged without a reservation, for
 //! `tombstone_s`): memory is O(tenants + requests in flight), not O(requests).
 //!
-//! Tenant, model, month and ids go through [`crate::keys::sanitize`].
+//! Tenant, model, month and ids go through [`crate::store::keys::sanitize`].
 
-use crate::keys::sanitize;
+use crate::store::keys::sanitize;
 
 /// `tg:q:{<tenant>}` — the prefix (with hash tag) every key of one tenant shares.
 pub fn tenant_prefix(tenant: &str) -> String {
-    format!("{}{{{}}}", crate::keys::QUOTA, sanitize(tenant))
+    format!("{}{{{}}}", crate::store::keys::QUOTA, sanitize(tenant))
 }
 
 /// The Redis keys one request touches. Built once per request (at reservation time) and reused for the
@@ -59,7 +59,7 @@ pub struct QuotaKeys {
 impl QuotaKeys {
     /// Keys for `tenant` (and `model` when given) in month `month` (a [`month_label`]).
     ///
-    /// [`month_label`]: crate::calendar::month_label
+    /// [`month_label`]: crate::quota::calendar::month_label
     pub fn new(tenant: &str, model: Option<&str>, month: &str, request_id: &str) -> Self {
         let p = tenant_prefix(tenant);
         let month = sanitize(month);

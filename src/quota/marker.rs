@@ -1,7 +1,7 @@
 //! The quota-exhausted marker: a tenant known to be out of quota is refused from Envoy shared data in the
 //! headers phase, without a callout, until the marker expires.
 
-use crate::keys::sanitize;
+use crate::store::keys::sanitize;
 use crate::store::{read_u64, Codec};
 
 /// "This tenant is out of quota until `month_end_unix`", cached in Envoy shared data so later requests
@@ -14,7 +14,7 @@ use crate::store::{read_u64, Codec};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExhaustedMarker {
     /// Until when the marker holds: at the latest when the quota resets
-    /// ([`crate::calendar::month_end_unix`]); the host writes an earlier instant to re-check Redis.
+    /// ([`crate::quota::calendar::month_end_unix`]); the host writes an earlier instant to re-check Redis.
     pub month_end_unix: i64,
     /// The effective limit that was exhausted (override or configured), for the 429.
     pub limit: u64,
@@ -37,7 +37,11 @@ impl ExhaustedMarker {
 
     /// Shared-data key of a tenant's marker: `tg:q:x:<sanitized tenant>`.
     pub fn key(tenant: &str) -> String {
-        format!("{}{}", crate::keys::QUOTA_EXHAUSTED, sanitize(tenant))
+        format!(
+            "{}{}",
+            crate::store::keys::QUOTA_EXHAUSTED,
+            sanitize(tenant)
+        )
     }
 }
 

@@ -16,15 +16,15 @@
 //! * [`weights`]: per-model cost weights and the weighted cost ([`weighted`]).
 //! * [`marker`]: the quota-exhausted marker kept in shared data ([`ExhaustedMarker`]).
 //!
-//! Months come from [`crate::calendar`] (counters expire at a *fixed* instant, `EXPIREAT month_end +
+//! Months come from [`crate::quota::calendar`] (counters expire at a *fixed* instant, `EXPIREAT month_end +
 //! grace`, so repeated calls never push the expiry forward), the Webdis encoding and the failure classes
-//! ([`crate::webdis::ShimError`]) from [`crate::webdis`], key sanitizing from [`crate::keys`].
+//! ([`crate::shim::webdis::ShimError`]) from [`crate::shim::webdis`], key sanitizing from [`crate::store::keys`].
 //!
 //! # Example
 //! ```
 //! # use tokengate::quota::*;
-//! # use tokengate::calendar::{month_end_unix, month_label};
-//! # use tokengate::webdis::ScriptCall;
+//! # use tokengate::quota::calendar::{month_end_unix, month_label};
+//! # use tokengate::shim::webdis::ScriptCall;
 //! let now = 1_795_000_000; // 2026-11-18T…Z
 //! let args = ReserveArgs {
 //!     tenant: "acme".into(), model: Some("gpt-4.1".into()), month: month_label(now, 0),
@@ -38,6 +38,8 @@
 //! assert!(reply.allowed && reply.model_limit.is_none());
 //! ```
 
+pub mod accounting;
+pub mod calendar;
 pub mod keys;
 pub mod lease;
 pub mod marker;
@@ -46,7 +48,7 @@ pub mod scripts;
 pub mod weights;
 
 pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};
-pub use lease::{
+pub use lease::redis::{
     lease_id, lease_owner, lease_request, parse_lease_reply, LeaseArgs, LeaseReply, LEASE_SCRIPT,
     LEASE_SHA1,
 };

@@ -1,10 +1,10 @@
 //! Reading Webdis' answers to the quota scripts: the reservation decision ([`ReserveReply`], with the
 //! limit that binds it) and a settlement batch's per-entry results. The
-//! envelope and every failure class come from [`crate::webdis::parse_int_array`]; this adds the shape and
+//! envelope and every failure class come from [`crate::shim::webdis::parse_int_array`]; this adds the shape and
 //! consistency checks of each script's reply. Never panics: anything unexpected is
 //! [`ShimError::Garbage`].
 
-use crate::webdis::{parse_int_array, parse_int_array_of, ShimError};
+use crate::shim::webdis::{parse_int_array, parse_int_array_of, ShimError};
 
 /// Why a reservation was admitted or rejected (last reply element).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,8 @@
 //! what a real Redis' `SCRIPT LOAD` returns.
 
 use super::keys::QuotaKeys;
-use crate::calendar::MAX_UNIX_S;
-use crate::webdis::{command_body, lua_int, ScriptCall};
+use crate::quota::calendar::MAX_UNIX_S;
+use crate::shim::webdis::{command_body, lua_int, ScriptCall};
 
 /// The protocol tag the v3 scripts check (a script refuses arguments laid out for another version).
 pub const QUOTA_PROTOCOL_TAG: &str = "tg3";
@@ -76,7 +76,7 @@ pub struct ReserveArgs {
     pub tenant: String,
     /// Model to meter per tenant x model; `None` = only the tenant total.
     pub model: Option<String>,
-    /// Month label from [`month_label`](crate::calendar::month_label) at reservation time.
+    /// Month label from [`month_label`](crate::quota::calendar::month_label) at reservation time.
     pub month: String,
     /// Request id: names the reservation (its settlement finds it by this id).
     pub request_id: String,
@@ -90,7 +90,7 @@ pub struct ReserveArgs {
     pub default_model_limit: u64,
     /// Fixed expiry of the counters: [`month_end_unix`] plus a grace period for late settlements.
     ///
-    /// [`month_end_unix`]: crate::calendar::month_end_unix
+    /// [`month_end_unix`]: crate::quota::calendar::month_end_unix
     pub expire_at_unix: i64,
     /// Seconds after which a reservation that was never settled is resolved (charged its prompt).
     pub deadline_s: u64,
@@ -213,7 +213,7 @@ pub fn settle_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webdis::{sha1_hex, webdis_encode};
+    use crate::shim::webdis::{sha1_hex, webdis_encode};
 
     #[test]
     fn every_sha1_constant_is_the_sha1_of_its_script_text() {
@@ -231,12 +231,15 @@ mod tests {
     fn the_reservation_scripts_duplicate_answer_is_the_one_read_as_proof_it_ran() {
         let line = format!(
             "return redis.error_reply('{}')",
-            crate::webdis::ALREADY_RESERVED
+            crate::shim::webdis::ALREADY_RESERVED
         );
         assert!(RESERVE_SCRIPT.contains(&line));
-        let dup = crate::webdis::ShimError::RedisError(crate::webdis::ALREADY_RESERVED.into());
+        let dup = crate::shim::webdis::ShimError::RedisError(
+            crate::shim::webdis::ALREADY_RESERVED.into(),
+        );
         assert!(dup.may_have_run());
-        let bad_arg = crate::webdis::ShimError::RedisError("ERR tokengate: bad argument".into());
+        let bad_arg =
+            crate::shim::webdis::ShimError::RedisError("ERR tokengate: bad argument".into());
         assert!(!bad_arg.may_have_run());
     }
 

@@ -10,7 +10,7 @@
 //! assert_eq!(weighted(1000, 100, 400, 50, &w), 600 + 100 + 400);
 //! ```
 
-use crate::webdis::MAX_LUA_INT;
+use crate::shim::webdis::MAX_LUA_INT;
 
 /// Per-model price weights: how many quota units one token of each kind costs.
 ///

@@ -3,8 +3,8 @@
 //! rate-limit headers.
 
 use super::{retry_after, LocalReply};
-use crate::bucket::Snapshot;
 use crate::estimate::ApiKind;
+use crate::limits::bucket::Snapshot;
 use serde_json::{json, Map, Value};
 
 /// The API family a client speaks, which decides the shape of every answer.

@@ -306,7 +306,7 @@ fn on_an_old_window_successes_are_gathered_and_written_with_the_next_failure_of_
     assert_eq!(counts(&e), (654, 1));
     // After a pause longer than the flush interval the window may have emptied: the next success is
     // written at once, and tells the worker the size again.
-    e.advance_ms(crate::failover::SUCCESS_FLUSH_MS + 1);
+    e.advance_ms(crate::breaker::failover::SUCCESS_FLUSH_MS + 1);
     one(&e, 0, "m", 200);
     assert_eq!(counts(&e), (655, 1));
     one(&e, 0, "m", 200);
@@ -325,7 +325,7 @@ fn gathered_successes_are_written_after_the_flush_interval_or_by_the_tick() {
         "each worker's first success is written at once"
     );
     one(&e, 0, "m", 200);
-    e.advance_ms(crate::failover::SUCCESS_FLUSH_MS - 1);
+    e.advance_ms(crate::breaker::failover::SUCCESS_FLUSH_MS - 1);
     one(&e, 0, "m", 200);
     assert_eq!(counts(&e), (642, 0));
     e.advance_ms(1);

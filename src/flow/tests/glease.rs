@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::flow::{Metric, Purpose};
-use crate::glease::{self, Account};
+use crate::global::lease::{self, Account};
 
 const KEY: &str = "tg:gb:{g:acme}:m";
 
@@ -33,7 +33,7 @@ fn argv(body: &str) -> Vec<String> {
 }
 
 fn account(e: &FakeEnvoy) -> Account {
-    crate::store::peek::<Account>(&e.store, &glease::account_key(KEY))
+    crate::store::peek::<Account>(&e.store, &lease::account_key(KEY))
         .unwrap()
         .0
         .expect("an account")
@@ -354,7 +354,7 @@ fn accounts_are_bounded_by_max_tenants_and_beyond_it_requests_are_charged_one_by
         e.reply(&mut c, 200, &admitted(900_000, 0, 0));
         assert!(c.forwarded);
     }
-    let other = glease::account_key("tg:gb:{g:other}:m");
+    let other = lease::account_key("tg:gb:{g:other}:m");
     assert!(crate::store::peek::<Account>(&e.store, &other)
         .unwrap()
         .0

@@ -43,9 +43,10 @@ fn usage_answer(e: &FakeEnvoy, c: &mut Call, total: u64) {
 }
 
 /// This Envoy's lease account of tenant `acme`, model `m`, as shared data holds it.
-fn account(e: &FakeEnvoy) -> crate::lease::Account {
-    let key = crate::lease::account_key("acme", Some("m"));
-    let (a, _) = crate::store::peek::<crate::lease::Account>(&e.store, &key).unwrap();
+fn account(e: &FakeEnvoy) -> crate::quota::lease::account::Account {
+    let key = crate::quota::lease::account::account_key("acme", Some("m"));
+    let (a, _) =
+        crate::store::peek::<crate::quota::lease::account::Account>(&e.store, &key).unwrap();
     a.unwrap()
 }
 
@@ -280,7 +281,7 @@ fn a_tenant_served_from_a_lease_moments_ago_is_not_refused_from_its_exhausted_ma
 fn a_leased_request_is_settled_by_the_next_reservation_of_its_account_or_the_tick() {
     let e = FakeEnvoy::new(&cfg(json!({"min_tokens": 1000})).to_string(), 2);
     granted_a_lease(&e);
-    let key = crate::lease::account_key("acme", Some("m"));
+    let key = crate::quota::lease::account::account_key("acme", Some("m"));
     // The account's CAS token: MemStore moves it by one per write.
     let writes = |e: &FakeEnvoy| {
         crate::store::SharedStore::get(&e.store, &key)

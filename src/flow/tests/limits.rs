@@ -161,7 +161,7 @@ fn a_slot_of_a_request_that_vanished_expires() {
             .status(),
         Some(429)
     );
-    e.advance_ms(crate::inflight::SLOT_TTL_S * 1000);
+    e.advance_ms(crate::limits::inflight::SLOT_TTL_S * 1000);
     assert!(
         e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10))
             .forwarded

@@ -427,7 +427,7 @@ fn a_quota_refusal_answered_seconds_after_its_reservation_still_resets_at_the_st
     e.reply(&mut c, 200, &eval(&[0, 100000, 100000, 0, -1, 0, 0, 1]));
     assert_eq!(c.status(), Some(429));
     let now_s = i64::try_from(crate::flow::fake::T0 / 1_000_000_000).unwrap() + 2;
-    let end = crate::calendar::month_end_unix(now_s, 0);
+    let end = crate::quota::calendar::month_end_unix(now_s, 0);
     let j = c.reply_json();
     let q = &j["tokengate"]["quota"];
     // T0 is 2026-11-15T00:00:00Z.
@@ -560,7 +560,7 @@ fn settlements_wait_in_shared_data_and_any_worker_sends_them() {
     e.reply_root(1, 200, &eval(&[1]));
     assert_eq!(e.metric(Metric::QuotaSettled), 1);
     assert_eq!(
-        crate::journal::bounds(&e.store),
+        crate::store::journal::bounds(&e.store),
         (1, 1),
         "the head moved past it"
     );
@@ -580,7 +580,7 @@ fn a_lapsed_claim_passes_to_another_worker_which_sends_the_same_entries_again() 
     e.tick(1);
     assert_eq!(e.root_callouts.borrow().len(), 1);
     e.reply_root(1, 200, &eval(&[1]));
-    assert_eq!(crate::journal::bounds(&e.store), (1, 1));
+    assert_eq!(crate::store::journal::bounds(&e.store), (1, 1));
 }
 
 #[test]
@@ -602,7 +602,7 @@ fn charges_of_an_outage_wait_for_the_shim_and_are_sent_when_it_answers() {
     // The shim's breaker is open: nothing is sent, everything waits in the journal.
     e.tick(0);
     assert!(e.root_callouts.borrow().is_empty());
-    assert_eq!(crate::journal::bounds(&e.store), (0, 5));
+    assert_eq!(crate::store::journal::bounds(&e.store), (0, 5));
     // Once the breaker lets a probe through, the five charges go in one batch.
     e.advance_ms(5_001);
     e.tick(0);
@@ -618,7 +618,7 @@ fn charges_of_an_outage_wait_for_the_shim_and_are_sent_when_it_answers() {
     };
     assert_eq!(charged, vec![("c".to_string(), 5); 5]);
     e.reply_root(0, 200, &eval(&[1, 1, 1, 1, 1]));
-    assert_eq!(crate::journal::bounds(&e.store), (5, 5));
+    assert_eq!(crate::store::journal::bounds(&e.store), (5, 5));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Lease accounts in shared data: what this Envoy holds of a tenant's (× model's) monthly quota, spent by
 //! requests without a callout, synchronised with Redis by one call now and then (see
-//! [`crate::quota::lease`] for the Redis side). Pure: a [`SharedStore`], time as a parameter.
+//! [`crate::quota::lease::redis`] for the Redis side). Pure: a [`SharedStore`], time as a parameter.
 //!
 //! ```text
 //! tg:la:<tenant>|<model>   [v=1][month u32][held][inflight][consumed][acked][version][remaining][limit]
@@ -28,7 +28,7 @@ pub const COUNTER: &str = "tg:n:accounts";
 /// The claim of the VM that walks the accounts.
 pub const LEADER: &str = "tg:la:c";
 /// The accounts the leader walks: `<tenant>\n<model>` entries.
-pub const REGISTRY: crate::store::Registry = crate::store::Registry {
+pub const REGISTRY: crate::store::registry::Registry = crate::store::registry::Registry {
     counter: COUNTER,
     slot: SLOT,
 };
@@ -156,9 +156,9 @@ impl Account {
 pub fn account_key(tenant: &str, model: Option<&str>) -> String {
     let mut k = String::with_capacity(ACCOUNT.len() + tenant.len() + 32);
     k.push_str(ACCOUNT);
-    k.push_str(&crate::keys::sanitize(tenant));
+    k.push_str(&crate::store::keys::sanitize(tenant));
     k.push('|');
-    k.push_str(&crate::keys::sanitize(model.unwrap_or("-")));
+    k.push_str(&crate::store::keys::sanitize(model.unwrap_or("-")));
     k
 }
 
@@ -609,7 +609,7 @@ pub fn envoy_id(store: &dyn SharedStore, seed: u64) -> u64 {
     if let Some(id) = known_envoy_id(store) {
         return id;
     }
-    let id = crate::hash::fnv1a(crate::hash::FNV_OFFSET, &seed.to_le_bytes()).max(1);
+    let id = crate::store::hash::fnv1a(crate::store::hash::FNV_OFFSET, &seed.to_le_bytes()).max(1);
     let _ = store.set(ENVOY, &id.to_le_bytes(), 0);
     // Two VMs creating it at once: the last write wins, and both use what is there now.
     store

@@ -9,14 +9,20 @@
 //!   key with the *initial* state (no charge applied) and only then applies the change through a real CAS.
 //!   The loss is bounded: at most one concurrent creator per extra worker can overwrite a change made in
 //!   the few microseconds between its read and its create, once per key lifetime.
-//! * Keys are never evicted. Callers bound how many keys they create (see [`crate::keys`]).
+//! * Keys are never evicted. Callers bound how many keys they create (see [`crate::store::keys`]).
 //!
 //! Pure logic never talks to Envoy: it gets a `&dyn SharedStore`, and tests use [`MemStore`], which follows
 //! Envoy's CAS rules exactly (including the create race) so two "workers" can be interleaved.
 //!
 //! Key naming: `tg:<kind>:…` — e.g. `tg:b:gpt:acme:gpt-4.1` (bucket of rule `gpt` for tenant `acme` and a
 //! model), `tg:cb:model=gpt-4.1` (breaker), `tg:q:x:<tenant>` (quota exhausted marker); every prefix is
-//! named in [`crate::keys`].
+//! named in [`crate::store::keys`].
+
+pub mod claim;
+pub mod hash;
+pub mod journal;
+pub mod keys;
+pub mod registry;
 
 /// Why a shared-data operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,52 +218,6 @@ impl SharedStore for MemStore {
             }
         }
         Ok(())
-    }
-}
-
-/// A bounded registry of keys in shared data, for a leader VM to walk: a count at `counter` and entry
-/// number `i` at `<slot><i>` (quota leases and global-bucket leases each have one).
-#[derive(Debug, Clone, Copy)]
-pub struct Registry {
-    /// Key of the count of entries.
-    pub counter: &'static str,
-    /// Prefix of the entries' keys.
-    pub slot: &'static str,
-}
-
-impl Registry {
-    /// Adds `entry` (bounded by `max`). False when full (or the store failed).
-    pub fn register(&self, store: &dyn SharedStore, entry: &str, max: u32, retries: u32) -> bool {
-        let n = update(store, self.counter, retries, &Count(0), |c: &Count| {
-            if c.0 >= u64::from(max) {
-                (None, None)
-            } else {
-                (Some(c.0), Some(Count(c.0 + 1)))
-            }
-        });
-        match n {
-            Ok((Some(i), _)) => store.set(&self.slot_key(i), entry.as_bytes(), 0).is_ok(),
-            _ => false,
-        }
-    }
-
-    /// The key of entry number `i`.
-    pub fn slot_key(&self, i: u64) -> String {
-        format!("{}{i}", self.slot)
-    }
-
-    /// How many entries are registered.
-    pub fn registered(&self, store: &dyn SharedStore) -> u64 {
-        peek::<Count>(store, self.counter)
-            .ok()
-            .and_then(|(c, _)| c)
-            .map_or(0, |c| c.0)
-    }
-
-    /// Entry number `i`.
-    pub fn slot(&self, store: &dyn SharedStore, i: u64) -> Option<String> {
-        let (b, _) = store.get(&self.slot_key(i)).ok()??;
-        String::from_utf8(b).ok()
     }
 }
 

@@ -14,27 +14,25 @@
 //!   [`CAPACITY`]: the entry is dropped and counted by the caller), then the slot is written with its seq.
 //! * **Send** (the claim holder only): reads entries from `head` in order and stops at a slot whose seq is
 //!   not the expected one yet (a push between its two writes); once Redis took them, one CAS moves `head`
-//!   past them. A claim not renewed for [`CLAIM_NS`] passes to the next VM that asks, which sends the
+//!   past them. A claim not renewed for [`CLAIM_NS`](crate::store::claim::CLAIM_NS) passes to the next VM that asks, which sends the
 //!   same entries again: the consumers of this journal must be idempotent (the quota's settle script is).
 //! * The meta key is created before traffic ([`init`], at configuration) so that two workers cannot both
 //!   "create" it: Envoy ignores the CAS of a write to a missing key.
 //!
 //! Cost of a push: one shared-data read and two writes.
 
+#[cfg(test)]
+use crate::store::claim::{owner_id, CLAIM_NS};
 use crate::store::{read_u64, SharedStore, StoreError};
 
 /// Entries kept at most; a push beyond is refused.
 pub const CAPACITY: u64 = 4096;
-/// How long a claim lasts without being renewed.
-pub const CLAIM_NS: u64 = 2_000_000_000;
 /// The meta key.
 pub const META: &str = "tg:j:m";
 /// The slot key prefix.
 pub const SLOT: &str = "tg:j:s:";
 /// The claim key.
 pub const CLAIM: &str = "tg:j:c";
-/// The count VMs take their owner ids from.
-pub const OWNERS: &str = "tg:n:vms";
 
 /// Why a push failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,62 +161,10 @@ pub fn advance(store: &dyn SharedStore, from: u64, to: u64, retries: u32) -> boo
     false
 }
 
-/// Takes or renews the claim for `owner` until `now + CLAIM_NS`. True when `owner` holds it.
+/// Takes or renews the journal's claim for `owner` (see [`crate::store::claim`]). True when `owner`
+/// holds it.
 pub fn claim(store: &dyn SharedStore, owner: u64, now_ns: u64, retries: u32) -> bool {
-    claim_key(store, CLAIM, owner, now_ns, retries)
-}
-
-/// [`claim`] of another role (its own key): one VM of the process holds it at a time.
-pub fn claim_key(
-    store: &dyn SharedStore,
-    key: &str,
-    owner: u64,
-    now_ns: u64,
-    retries: u32,
-) -> bool {
-    for _ in 0..=retries {
-        let current = match store.get(key) {
-            Ok(v) => v,
-            Err(_) => return false,
-        };
-        let (holder, until, cas) = match &current {
-            Some((b, cas)) if b.len() == 17 && b.first() == Some(&1) => (
-                read_u64(b, 1).unwrap_or(0),
-                read_u64(b, 9).unwrap_or(0),
-                *cas,
-            ),
-            Some((_, cas)) => (0, 0, *cas),
-            None => (0, 0, 0),
-        };
-        if holder != owner && until > now_ns {
-            return false;
-        }
-        let mut v = Vec::with_capacity(17);
-        v.push(1);
-        v.extend_from_slice(&owner.to_le_bytes());
-        v.extend_from_slice(&now_ns.saturating_add(CLAIM_NS).to_le_bytes());
-        match store.set(key, &v, cas) {
-            // A missing claim key ignores the CAS: read it back to see who won.
-            Ok(()) if current.is_none() => {
-                return matches!(store.get(key), Ok(Some((b, _))) if read_u64(&b, 1) == Some(owner))
-            }
-            Ok(()) => return true,
-            Err(StoreError::CasMismatch) => continue,
-            Err(StoreError::Host) => return false,
-        }
-    }
-    false
-}
-
-/// A number no other VM of this Envoy got (1, 2, …): a VM's owner id for [`claim`].
-pub fn owner_id(store: &dyn SharedStore, retries: u32) -> Option<u64> {
-    let init = crate::store::Count(0);
-    crate::store::update(store, OWNERS, retries, &init, |c: &crate::store::Count| {
-        let n = c.0.saturating_add(1);
-        (n, Some(crate::store::Count(n)))
-    })
-    .ok()
-    .map(|(n, _)| n)
+    crate::store::claim::hold(store, CLAIM, owner, now_ns, retries)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //! can apply its failure mode and feed the shim's circuit breaker.
 //!
 //! ```
-//! # use tokengate::webdis::*;
+//! # use tokengate::shim::webdis::*;
 //! let body = command_body(ScriptCall::EvalSha, "return 1", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
 //!                         &["tg:q:{a}"], &["1.5".to_string()]);
 //! assert_eq!(body, "EVALSHA/e0e1f9fabfc9d4800c877a703b823ac0578ff8db/1/tg%3Aq%3A%7Ba%7D/1%2E5");
@@ -68,7 +68,7 @@ pub fn webdis_encode(segment: &str) -> String {
     out
 }
 
-/// Appends `%XX` (upper-case hex) for byte `b`: Webdis segments here, key parts in [`crate::keys`].
+/// Appends `%XX` (upper-case hex) for byte `b`: Webdis segments here, key parts in [`crate::store::keys`].
 pub(crate) fn push_percent(out: &mut String, b: u8) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let digit = |n: u8| char::from(HEX.get(usize::from(n & 0x0f)).copied().unwrap_or(b'0'));

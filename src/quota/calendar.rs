@@ -7,7 +7,7 @@
 //! can overflow or panic. Day arithmetic is Howard Hinnant's `civil_from_days` / `days_from_civil`.
 //!
 //! ```
-//! # use tokengate::calendar::*;
+//! # use tokengate::quota::calendar::*;
 //! let last_second_of_november = 1_796_083_199; // 2026-11-30T23:59:59Z
 //! assert_eq!(month_label(last_second_of_november, 0), "2026-11");
 //! assert_eq!(month_end_unix(last_second_of_november, 0), last_second_of_november + 1);

@@ -10,20 +10,15 @@
 //!   cannot pass even a 1-token request.
 //! * [`charge`] is the body-phase CAS read-modify-write that charges the estimated cost.
 
-use crate::bucket::{self, BucketState, Snapshot, Verdict};
 use crate::config::{Config, Rule};
-use crate::hash;
-use crate::keys;
+use crate::limits::bucket::{self, BucketState, Snapshot, Verdict};
 use crate::reply::{Class, Limits, Refusal};
+use crate::store::hash;
+use crate::store::keys;
+use crate::store::registry::{claim_slot, KeySet};
 use crate::store::{self, Codec, SharedStore, UpdateError, UpdateStats};
-use std::collections::HashSet;
 
-use crate::hash::FnvBuild;
-
-/// The per-VM cache of keys known to exist.
-pub type KeySet = HashSet<String, FnvBuild>;
-
-/// Name of the shared counter of created bucket keys ([`crate::keys::BUCKET_COUNTER`]).
+/// Name of the shared counter of created bucket keys ([`crate::store::keys::BUCKET_COUNTER`]).
 pub const KEY_COUNTER: &str = keys::BUCKET_COUNTER;
 /// Overflow buckets per rule.
 pub const OVERFLOW_SLOTS: u64 = 64;
@@ -83,41 +78,6 @@ pub fn plain_key(rule: &Rule, tenant: &str, model: &str) -> String {
         }
     }
     key
-}
-
-/// Claims a slot for `key` under a shared count bounded by `max` (or finds it already exists).
-/// `known` caches keys this VM has seen existing (cleared past `cache_limit`). False = no slot left.
-pub fn claim_slot(
-    store: &dyn SharedStore,
-    counter_key: &str,
-    max: u32,
-    retries: u32,
-    known: &mut KeySet,
-    cache_limit: usize,
-    key: &str,
-) -> bool {
-    if known.contains(key) {
-        return true;
-    }
-    let exists = matches!(store.get(key), Ok(Some(_)));
-    let slot = exists
-        || matches!(
-            store::update(store, counter_key, retries, &store::Count(0), |c| {
-                if c.0 < u64::from(max) {
-                    (true, Some(store::Count(c.0 + 1)))
-                } else {
-                    (false, None)
-                }
-            }),
-            Ok((true, _))
-        );
-    if slot {
-        if known.len() >= cache_limit {
-            known.clear();
-        }
-        known.insert(key.to_string());
-    }
-    slot
 }
 
 /// The key to use, creating a slot for it under the `max_tenants` bound, or an overflow key.
@@ -320,7 +280,7 @@ fn adjust(
     key: &str,
     amount: u64,
     now_ns: u64,
-    f: fn(&BucketState, &crate::bucket::BucketParams, u64, u64) -> BucketState,
+    f: fn(&BucketState, &crate::limits::bucket::BucketParams, u64, u64) -> BucketState,
 ) -> Result<u64, UpdateError> {
     if amount == 0 {
         return Ok(0);

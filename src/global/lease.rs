@@ -30,7 +30,7 @@
 //!   not to Redis (beyond one block, to Redis). A stopped Envoy loses what it held (at most one block per
 //!   bucket), and the bucket refills it anyway.
 
-use crate::bucket::{BucketParams, BucketState, Snapshot};
+use crate::limits::bucket::{BucketParams, BucketState, Snapshot};
 use crate::store::{read_f64, read_u64, Codec, SharedStore};
 
 /// Account key prefix (followed by the bucket's Redis key).
@@ -42,7 +42,7 @@ pub const COUNTER: &str = "tg:n:gleases";
 /// The claim of the VM that walks the accounts.
 pub const LEADER: &str = "tg:gl:c";
 /// The accounts the leader walks: [`entry`]s.
-pub const REGISTRY: crate::store::Registry = crate::store::Registry {
+pub const REGISTRY: crate::store::registry::Registry = crate::store::registry::Registry {
     counter: COUNTER,
     slot: SLOT,
 };

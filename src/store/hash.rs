@@ -6,7 +6,7 @@
 //! buys nothing on the per-request lookup.
 //!
 //! ```
-//! # use tokengate::hash::{fnv1a, FNV_OFFSET};
+//! # use tokengate::store::hash::{fnv1a, FNV_OFFSET};
 //! assert_eq!(fnv1a(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
 //! assert_eq!(fnv1a(fnv1a(FNV_OFFSET, b"fo"), b"o"), fnv1a(FNV_OFFSET, b"foo"));
 //! ```

@@ -18,17 +18,17 @@
 //! Shared data never evicts a key, so every family on the left is bounded by its builder: buckets by
 //! `max_tenants` (then overflow buckets), breakers by `breaker.max_keys`, exhausted markers by
 //! `max_tenants` on their own count, refusal slots by [`crate::global::SEEN_SLOTS`], global-bucket lease
-//! accounts by `max_tenants` on their own count ([`crate::glease`]), in-flight semaphores with the bucket
+//! accounts by `max_tenants` on their own count ([`crate::global::lease`]), in-flight semaphores with the bucket
 //! keys; `tg:open:breakers` is one key, whose value names at most `breaker.max_keys` breakers. The `tg:n:*` keys
 //! hold those counts. Redis keys expire (month end + grace, idempotency window, marker TTL, bucket refill
 //! time), and their `{…}` hash tag keeps one tenant's quota keys (one rule × tenant's bucket) on one
 //! Redis Cluster slot.
 //!
-//! Builders: [`crate::admission::plain_key`] and [`crate::admission::bucket_key`], [`crate::breaker::key`],
+//! Builders: [`crate::limits::local::plain_key`] and [`crate::limits::local::bucket_key`], [`crate::breaker::key`],
 //! [`crate::quota::QuotaKeys`] and [`crate::quota::ExhaustedMarker::key`], [`crate::global::key`] and
 //! [`crate::global::seen_slot`]. Parts of Redis keys go through [`sanitize`]:
 //! ```
-//! # use tokengate::keys::sanitize;
+//! # use tokengate::store::keys::sanitize;
 //! assert_eq!(sanitize("acme"), "acme");
 //! assert_eq!(sanitize("a}b{c/d"), "a%7Db%7Bc%2Fd"); // the hash tag stays the tenant's
 //! assert_eq!(sanitize(""), "~");
@@ -47,7 +47,7 @@ pub const BREAKER_OPEN_SET: &str = "tg:open:breakers";
 pub const QUOTA_EXHAUSTED: &str = "tg:q:x:";
 /// Shared data: one slot of the global buckets' refusal cache, `tg:gx:<n>`.
 pub const GLOBAL_SEEN: &str = "tg:gx:";
-/// Shared data: requests in flight of a limit, `tg:if:<limit>:<subject>` (see [`crate::inflight`]).
+/// Shared data: requests in flight of a limit, `tg:if:<limit>:<subject>` (see [`crate::limits::inflight`]).
 pub const IN_FLIGHT: &str = "tg:if:";
 /// Shared data: how many bucket keys were created (bounded by `max_tenants`).
 pub const BUCKET_COUNTER: &str = "tg:n:buckets";
@@ -88,7 +88,7 @@ pub fn sanitize(raw: &str) -> String {
     short.push('~');
     short.push_str(&format!(
         "{:016x}",
-        crate::hash::fnv1a(crate::hash::FNV_OFFSET, raw.as_bytes())
+        crate::store::hash::fnv1a(crate::store::hash::FNV_OFFSET, raw.as_bytes())
     ));
     short
 }
@@ -104,7 +104,7 @@ fn encode_key_part(raw: &str, max: usize) -> String {
         if safe {
             out.push(char::from(b));
         } else {
-            crate::webdis::push_percent(&mut out, b);
+            crate::shim::webdis::push_percent(&mut out, b);
         }
     }
     out

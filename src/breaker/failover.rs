@@ -51,13 +51,13 @@
 //! Keys are `tg:cb:<scope>=<name>`; their number is bounded by `breaker.max_keys` through a shared count
 //! (`tg:n:breakers`): a name beyond it is not tracked (admitted, never recorded).
 
-use crate::admission::{claim_slot, KeySet};
 use crate::breaker::{self, open_set, Admission, Outcome, State, Transition, View};
 use crate::config::BreakerSettings;
+use crate::store::registry::{claim_slot, KeySet};
 use crate::store::{self, SharedStore, UpdateError};
 
-/// Shared count of created breaker keys ([`crate::keys::BREAKER_COUNTER`]).
-pub const BREAKER_KEY_COUNTER: &str = crate::keys::BREAKER_COUNTER;
+/// Shared count of created breaker keys ([`crate::store::keys::BREAKER_COUNTER`]).
+pub const BREAKER_KEY_COUNTER: &str = crate::store::keys::BREAKER_COUNTER;
 
 /// Longest a success waits in its VM before it is written while the VM serves requests (ms).
 pub const SUCCESS_FLUSH_MS: u64 = 100;
@@ -293,7 +293,7 @@ impl Pending {
     /// Counts one success of breaker `key(scope, name)`; returns its index when the successes waiting
     /// for it reached its batch (to be written now).
     fn add(&mut self, scope: &str, name: &str, now_ns: u64, fresh_ns: u64) -> Option<usize> {
-        let tail = crate::keys::BREAKER.len();
+        let tail = crate::store::keys::BREAKER.len();
         let found = self.entries.iter().position(|e| {
             e.key
                 .get(tail..)

@@ -4,11 +4,11 @@
 //!
 //! One callout per request (`EVALSHA` of [`SCRIPT`], `EVAL` when Redis does not know it yet) charges the
 //! request's estimated cost and one request, atomically, with the same math as the local buckets
-//! ([`crate::bucket::charge`]: refill, burst, requests/minute, shaping debt, cost above burst) on Redis'
+//! ([`crate::limits::bucket::charge`]: refill, burst, requests/minute, shaping debt, cost above burst) on Redis'
 //! own clock (`TIME`), so replicas with skewed clocks still share one exact bucket: over any window the
 //! tokens admitted across all replicas never exceed `burst + tokens_per_second × elapsed`.
 //!
-//! Keys: `tg:gb:{<rule>:<tenant>}[:<model>]` (parts made safe by [`crate::keys::sanitize`]; the hash tag
+//! Keys: `tg:gb:{<rule>:<tenant>}[:<model>]` (parts made safe by [`crate::store::keys::sanitize`]; the hash tag
 //! keeps one tenant's buckets on one Redis Cluster slot), a hash of `t` (tokens), `r` (requests), `u`
 //! (updated, µs). Every write sets `PEXPIRE` to the time the bucket needs to be full again plus 60 s:
 //! a bucket left idle that long is full anyway, so it simply disappears, and Redis holds only the
@@ -27,19 +27,19 @@
 //! 3 requests/minute spent (same), 4 the cost exceeds the burst. The balances are after the charge (before
 //! it when refused).
 //!
-//! Leases (`global_buckets.lease`, see [`crate::glease`]): the same call can also take a *block* beyond
+//! Leases (`global_buckets.lease`, see [`crate::global::lease`]): the same call can also take a *block* beyond
 //! the request's own cost — whole tokens (and requests) the bucket still holds after the charge, at most
 //! what was asked, none while the bucket is shaped into debt — which this Envoy then spends from shared
 //! data without a callout. A block is charged in Redis like any request, so what all Envoys admit never
 //! exceeds what the bucket allowed; a call with cost 0 and no request takes a block alone, and a credit
 //! can give requests back as well as tokens.
 
-use crate::bucket::{BucketParams, BucketState, Verdict};
 use crate::config::Rule;
-use crate::hash::{fnv1a, FNV_OFFSET};
-use crate::keys::{self, sanitize};
+use crate::limits::bucket::{BucketParams, BucketState, Verdict};
+use crate::shim::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimError};
+use crate::store::hash::{fnv1a, FNV_OFFSET};
+use crate::store::keys::{self, sanitize};
 use crate::store::{read_f64, read_u64, Codec};
-use crate::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimError};
 
 /// The last argument of every call of [`SCRIPT`] (a script of another version refuses it).
 pub const PROTOCOL_TAG: &str = "tg2";
@@ -131,7 +131,7 @@ pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
 /// credit (0 = charge, < 0 = debit), now_us (0 = Redis TIME; tests only), "tg2", requests charged with
 /// the cost (1 for a request, 0 for a block alone), block tokens wanted, block requests wanted, requests
 /// credited`.
-pub const SCRIPT: &str = include_str!("global.lua");
+pub const SCRIPT: &str = include_str!("bucket.lua");
 
 /// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked by a unit test and against a real Redis in
 /// `tests/redis_live.rs`).
@@ -296,7 +296,7 @@ pub fn credit_request(key: &str, p: &BucketParams, amount: i64, call: ScriptCall
 /// the lease block it granted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reply {
-    /// As [`crate::bucket::charge`] would say.
+    /// As [`crate::limits::bucket::charge`] would say.
     pub verdict: Verdict,
     /// The balances after the charge and the block (before them when refused), for `x-ratelimit-*`.
     pub state: BucketState,
@@ -380,21 +380,22 @@ mod tests {
         assert_eq!(Seen::for_key(&bytes, "tg:gb:{gpt:other}:m"), None);
         assert_eq!(Seen::decode(&bytes[1..]), None);
         // −0.5 tokens at 10/s: one token is back 150 ms later.
-        let at =
-            |ms: u64| crate::bucket::precheck(&state, &r.params, 1_000_000_000 + ms * 1_000_000, 0);
+        let at = |ms: u64| {
+            crate::limits::bucket::precheck(&state, &r.params, 1_000_000_000 + ms * 1_000_000, 0)
+        };
         assert!(matches!(at(0), Some((Verdict::LimitTokens { .. }, _))));
         assert!(matches!(at(149), Some((Verdict::LimitTokens { .. }, _))));
         assert_eq!(at(150), None);
         // A hold of 200 ms covers it at once.
         assert_eq!(
-            crate::bucket::precheck(&state, &r.params, 1_000_000_000, 200),
+            crate::limits::bucket::precheck(&state, &r.params, 1_000_000_000, 200),
             None
         );
     }
 
     #[test]
     fn the_sha1_constant_is_the_sha1_of_the_script_text() {
-        assert_eq!(crate::webdis::sha1_hex(SCRIPT.as_bytes()), SHA1);
+        assert_eq!(crate::shim::webdis::sha1_hex(SCRIPT.as_bytes()), SHA1);
     }
 
     #[test]

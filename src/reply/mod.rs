@@ -83,7 +83,7 @@ pub use family::{
     HeaderEdits, Limits, QuotaView, Refusal, Trio,
 };
 
-use crate::bucket::Snapshot;
+use crate::limits::bucket::Snapshot;
 use serde_json::json;
 
 /// A local reply to send instead of forwarding.

@@ -15,10 +15,12 @@
 //!   Envoy per tenant × model), and its reported total is remembered as a tombstone for a day, so the
 //!   Envoy's later report counts only what it had not reported.
 
-use super::keys::QuotaKeys;
-use super::scripts::{QUOTA_PROTOCOL_TAG, TOMBSTONE_S};
-use crate::calendar::MAX_UNIX_S;
-use crate::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimError, MAX_LUA_INT};
+use crate::quota::calendar::MAX_UNIX_S;
+use crate::quota::keys::QuotaKeys;
+use crate::quota::scripts::{QUOTA_PROTOCOL_TAG, TOMBSTONE_S};
+use crate::shim::webdis::{
+    command_body, lua_int, parse_int_array, ScriptCall, ShimError, MAX_LUA_INT,
+};
 
 /// The lease script.
 ///
@@ -29,7 +31,7 @@ use crate::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimErro
 /// Reply: `[held, used, limit, model_used, model_limit (-1 none), version, reported_total]`.
 pub const LEASE_SCRIPT: &str = concat!(
     include_str!("lease_head.lua"),
-    include_str!("common.lua"),
+    include_str!("../common.lua"),
     include_str!("lease.lua")
 );
 
@@ -71,8 +73,8 @@ pub struct LeaseArgs {
 pub fn lease_id(envoy: u64, model: Option<&str>, month: &str) -> String {
     format!(
         "L|{envoy:x}|{}|{}",
-        crate::keys::sanitize(model.unwrap_or("-")),
-        crate::keys::sanitize(month)
+        crate::store::keys::sanitize(model.unwrap_or("-")),
+        crate::store::keys::sanitize(month)
     )
 }
 
@@ -184,7 +186,7 @@ pub fn parse_lease_reply(http_status: u32, body: &[u8]) -> Result<LeaseReply, Sh
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webdis::sha1_hex;
+    use crate::shim::webdis::sha1_hex;
 
     #[test]
     fn the_sha1_constant_is_the_sha1_of_the_script_text() {

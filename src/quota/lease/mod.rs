@@ -1,0 +1,5 @@
+//! Quota leases: what this Envoy holds of a tenant's monthly quota, in shared data ([`account`]), and the
+//! Redis side — the lease script and its replies ([`redis`]).
+
+pub mod account;
+pub mod redis;
