@@ -306,7 +306,7 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
 #[test]
 fn case_parameters_and_trailing_slashes_do_not_hide_an_llm_path() {
     use crate::estimate::ApiKind;
-    use crate::flow::headers::api_kind;
+    use crate::flow::request::headers::api_kind;
     for p in [
         "/v1/chat/completions",
         "/V1/Chat/Completions/",

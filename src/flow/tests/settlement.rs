@@ -658,13 +658,15 @@ fn a_request_with_a_reservation_writes_its_audit_record_once_when_it_is_settled(
 
 #[test]
 fn a_quota_refusal_with_tokens_left_says_how_many_not_used_up() {
-    let used_up = crate::flow::answers::quota_exceeded(2000, 0, 3600, 0, "for this tenant");
+    let used_up =
+        crate::flow::request::answers::quota_exceeded(2000, 0, 3600, 0, "for this tenant");
     assert!(
         used_up.message.contains("is used up (2000 tokens)"),
         "{}",
         used_up.message
     );
-    let short = crate::flow::answers::quota_exceeded(2000, 165, 3600, 0, "for this tenant");
+    let short =
+        crate::flow::request::answers::quota_exceeded(2000, 165, 3600, 0, "for this tenant");
     assert!(
         short
             .message

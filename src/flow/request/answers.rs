@@ -216,7 +216,7 @@ pub fn quota_headers(limit: u64, remaining: u64, reset_s: u64) -> [(&'static str
 /// The audit record: `tenant=… model=… estimated=… decision=… [reserved=… actual=… usage_source=…]`.
 /// The model comes from the client's body: written percent-encoded (bounded), so that it can never add
 /// fields or lines to the access log.
-pub fn audit_record(
+pub(in crate::flow) fn audit_record(
     tenant: &str,
     model: &str,
     cost: Option<u64>,

@@ -1,18 +1,19 @@
-//! Global-bucket leases in the flow (see [`crate::global::lease`]): a request whose bucket's account holds its
+//! Global-bucket leases, the VM's side (the accounts are [`crate::global::lease`]): a request whose bucket's account holds its
 //! cost is admitted from it in shared data — no callout; any other request is charged in Redis as
 //! without leases, and that same call asks for a block when the bucket is busy. The tick of the VM that
 //! saw an account run low tops it up; the VM holding the leader claim walks every account to top up
 //! and to give idle ones back.
 
-use super::worker::Credit;
-use super::{shim, CalloutReply, Cx, Effect, Level, Metric, Purpose};
+use super::state::{Credit, GLeaseCall, GLeaseKind};
 use crate::config::GlobalSettings;
+use crate::flow::cx::Cx;
+use crate::flow::effect::{CalloutReply, Effect, Level, Purpose};
+use crate::flow::metric::Metric;
+use crate::flow::shim;
 use crate::global::lease::{self, Answer, Plan, Policy, Take};
 use crate::global::{self, LeaseAsk, Reply};
 use crate::limits::bucket::{Snapshot, Verdict};
 use crate::shim::webdis::ShimError;
-use crate::store::hash::FnvBuild;
-use std::collections::HashMap;
 
 /// Top-ups started per tick for accounts this VM saw run low.
 pub const DIRTY_PER_TICK: usize = 16;
@@ -23,35 +24,8 @@ pub const MAX_DIRTY: usize = 1024;
 /// Give-backs queued per VM at most (beyond, dropped: the bucket refills them anyway).
 pub const MAX_RETURNS: usize = 1024;
 
-/// A lease call in flight.
-enum Kind {
-    /// A block (tokens, requests) asked alone.
-    TopUp(u64, u64),
-    /// A lease (tokens, requests) credited back.
-    GiveBack(u64, u64),
-}
-
-struct Pending {
-    rule: usize,
-    key: String,
-    kind: Kind,
-}
-
-/// The VM's global-lease state.
-#[derive(Default)]
-pub struct GLeases {
-    owner: u64,
-    cursor: u64,
-    /// Accounts this VM saw run low: (rule index, Redis key).
-    dirty: Vec<(usize, String)>,
-    /// Tokens and requests to credit back to Redis: (rule, Redis key, tokens, requests).
-    returns: Vec<(usize, String, u64, u64)>,
-    pending: HashMap<u64, Pending, FnvBuild>,
-    next_id: u64,
-}
-
 /// What the lease did for a request's global charge.
-pub(super) enum Taken {
+pub enum Taken {
     /// Admitted from this Envoy's lease; `x-ratelimit-*` from this snapshot.
     Hit(Snapshot),
     /// Charged in Redis, with this block (tokens, requests) asked beyond it, and these tokens of the
@@ -60,7 +34,7 @@ pub(super) enum Taken {
 }
 
 /// Takes `cost` from the lease of rule `idx`'s bucket at Redis key `key`.
-pub(super) fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) -> Taken {
+pub fn take(cx: &mut Cx, pol: &Policy, idx: usize, key: &str, cost: u64) -> Taken {
     let Some(rule) = cx.cfg.rule(idx) else {
         return Taken::Miss(None, 0);
     };
@@ -123,7 +97,7 @@ fn mark(cx: &mut Cx, idx: usize, key: &str) {
 
 /// A request's charge answered: its use is measured, the block granted kept (beyond the caps, queued
 /// back to Redis).
-pub(super) fn answered(
+pub fn answered(
     cx: &mut Cx,
     pol: &Policy,
     idx: usize,
@@ -190,13 +164,13 @@ fn give_back_later(cx: &mut Cx, idx: usize, key: &str, tokens: u64, requests: u6
 }
 
 /// A request's charge that asked for a block got no answer: the ask is cleared.
-pub(super) fn abandon(cx: &mut Cx, key: &str) {
+pub fn abandon(cx: &mut Cx, key: &str) {
     lease::abandon(cx.store(), &lease::account_key(key), cx.cfg.cas_max_retries);
 }
 
 /// Tokens a request gives back (a later step refused it, `refund_unused`), or takes after the fact
 /// (negative): into or out of this Envoy's lease as far as it can; returns the rest, for Redis.
-pub(super) fn absorb(cx: &mut Cx, pol: &Policy, c: &Credit) -> i64 {
+pub fn absorb(cx: &mut Cx, pol: &Policy, c: &Credit) -> i64 {
     let Some(rule) = cx.cfg.rule(c.rule) else {
         return c.amount;
     };
@@ -216,7 +190,7 @@ pub(super) fn absorb(cx: &mut Cx, pol: &Policy, c: &Credit) -> i64 {
 
 /// The root's tick: queued give-backs, top-ups of accounts this VM saw run low, then (on the leader) a
 /// slice of every account (top-ups, idle give-backs).
-pub(super) fn tick(cx: &mut Cx, g: &GlobalSettings, pol: &Policy) {
+pub fn tick(cx: &mut Cx, g: &GlobalSettings, pol: &Policy) {
     if shim::is_open(cx, &g.cluster, &g.shim_breaker) {
         return;
     }
@@ -224,7 +198,7 @@ pub(super) fn tick(cx: &mut Cx, g: &GlobalSettings, pol: &Policy) {
     let n = cx.worker.gleases.returns.len().min(DIRTY_PER_TICK);
     let returns: Vec<_> = cx.worker.gleases.returns.drain(..n).collect();
     for (idx, key, t, r) in returns {
-        dispatch(cx, g, idx, key, Kind::GiveBack(t, r));
+        dispatch(cx, g, idx, key, GLeaseKind::GiveBack(t, r));
     }
     let n = cx.worker.gleases.dirty.len().min(DIRTY_PER_TICK);
     let dirty: Vec<_> = cx.worker.gleases.dirty.drain(..n).collect();
@@ -277,19 +251,19 @@ fn start(cx: &mut Cx, g: &GlobalSettings, pol: &Policy, idx: usize, key: String)
         now,
         cx.cfg.cas_max_retries,
     ) {
-        Some(Plan::TopUp(t, r)) => dispatch(cx, g, idx, key, Kind::TopUp(t, r)),
-        Some(Plan::GiveBack(t, r)) => dispatch(cx, g, idx, key, Kind::GiveBack(t, r)),
+        Some(Plan::TopUp(t, r)) => dispatch(cx, g, idx, key, GLeaseKind::TopUp(t, r)),
+        Some(Plan::GiveBack(t, r)) => dispatch(cx, g, idx, key, GLeaseKind::GiveBack(t, r)),
         None => {}
     }
 }
 
-fn dispatch(cx: &mut Cx, g: &GlobalSettings, idx: usize, key: String, kind: Kind) {
+fn dispatch(cx: &mut Cx, g: &GlobalSettings, idx: usize, key: String, kind: GLeaseKind) {
     let Some(rule) = cx.cfg.rule(idx) else {
         return;
     };
     let call = shim::script_call(cx.worker.global_script_loaded);
     let body = match kind {
-        Kind::TopUp(t, r) => {
+        GLeaseKind::TopUp(t, r) => {
             let ask = LeaseAsk {
                 requests: 0,
                 block_tokens: t,
@@ -298,14 +272,14 @@ fn dispatch(cx: &mut Cx, g: &GlobalSettings, idx: usize, key: String, kind: Kind
             };
             global::lease_request(&key, &rule.params, 0, 0, &ask, call)
         }
-        Kind::GiveBack(t, r) => global::give_back_request(&key, &rule.params, t, r, call),
+        GLeaseKind::GiveBack(t, r) => global::give_back_request(&key, &rule.params, t, r, call),
     };
     let s = &mut cx.worker.gleases;
     s.next_id = s.next_id.wrapping_add(1);
     let id = s.next_id;
     s.pending.insert(
         id,
-        Pending {
+        GLeaseCall {
             rule: idx,
             key,
             kind,
@@ -322,26 +296,12 @@ fn dispatch(cx: &mut Cx, g: &GlobalSettings, idx: usize, key: String, kind: Kind
 }
 
 /// A top-up or give-back answered (or its dispatch was refused).
-pub(super) fn on_reply(
-    cx: &mut Cx,
-    g: &GlobalSettings,
-    pol: &Policy,
-    id: u64,
-    reply: CalloutReply,
-) {
+pub fn on_reply(cx: &mut Cx, g: &GlobalSettings, pol: &Policy, id: u64, reply: CalloutReply) {
     let Some(p) = cx.worker.gleases.pending.remove(&id) else {
         return;
     };
-    let parsed = match reply.refused {
-        Some(s) => Err((
-            ShimError::Unavailable,
-            shim::describe_refusal(&g.cluster, s),
-        )),
-        None => global::parse_reply(reply.status, &reply.body)
-            .map_err(|e| (e.clone(), format!("{e} (cluster '{}')", g.cluster))),
-    };
-    match (p.kind, parsed) {
-        (Kind::TopUp(..), Ok(r)) => {
+    match (p.kind, shim::read(&g.cluster, &reply, global::parse_reply)) {
+        (GLeaseKind::TopUp(..), Ok(r)) => {
             cx.worker.global_script_loaded = true;
             let ans = Answer {
                 admitted_cost: 0,
@@ -353,34 +313,34 @@ pub(super) fn on_reply(
             };
             keep(cx, pol, p.rule, &p.key, &ans);
         }
-        (Kind::GiveBack(t, _), Ok(_)) => {
+        (GLeaseKind::GiveBack(t, _), Ok(_)) => {
             cx.worker.global_script_loaded = true;
             cx.add(Metric::GlobalLeaseReturnedTokens, t);
             // The bucket holds these again: a refusal cached before is stale.
             global::forget_refusal(cx.store(), &p.key);
         }
-        (kind, Err((ShimError::NoScript, _))) => {
+        (kind, Err(f)) if f.error == ShimError::NoScript => {
             // Sent again with EVAL on the next tick.
             cx.worker.global_script_loaded = false;
             match kind {
-                Kind::TopUp(..) => {
+                GLeaseKind::TopUp(..) => {
                     abandon(cx, &p.key);
                     mark(cx, p.rule, &p.key);
                 }
-                Kind::GiveBack(t, r) => give_back_later(cx, p.rule, &p.key, t, r),
+                GLeaseKind::GiveBack(t, r) => give_back_later(cx, p.rule, &p.key, t, r),
             }
         }
-        (kind, Err((e, why))) => {
+        (kind, Err(shim::Failure { error: e, why })) => {
             cx.inc(Metric::GlobalShimErrors);
             if e == ShimError::Unavailable {
                 shim::record(cx, &g.cluster, &g.shim_breaker, false, false);
             }
             let what = match kind {
-                Kind::TopUp(..) => {
+                GLeaseKind::TopUp(..) => {
                     abandon(cx, &p.key);
                     "lease top-up failed; asked again later"
                 }
-                Kind::GiveBack(..) => {
+                GLeaseKind::GiveBack(..) => {
                     // The bucket refills what this lease held anyway.
                     cx.inc(Metric::GlobalCreditsDropped);
                     "lease give-back failed; dropped (the bucket refills it)"

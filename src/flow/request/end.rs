@@ -1,17 +1,22 @@
 //! Phase 5, the end of a request (end of the response stream, or `on_log` for aborts): the breaker
-//! outcome, the quota settlement (queued for the root's tick), `refund_unused`.
+//! outcome, the quota settlement (queued for the sender of the settlement journal), `refund_unused`. A
+//! client that went before the request was sent upstream is the pipeline's to undo
+//! ([`Request::abandon`]).
 
 use super::answers;
-use super::state::{Charge, Forwarded, QuotaReq, Request, Stage};
-use super::worker::{self, Credit, Job};
-use super::{Cx, Effect, Level, Metric};
-use crate::breaker::failover;
-use crate::breaker::{self, Transition};
+use super::settlement::{reconcile, settle_reserved};
+use super::state::{Charge, Forwarded, Hold, Request, Stage};
+use super::steps::limits::release_slots;
+use crate::breaker::{self, Outcome};
 use crate::config::AbandonedCharge;
+use crate::flow::cx::Cx;
+use crate::flow::effect::Effect;
+use crate::flow::metric::Metric;
+use crate::flow::vm::state::Credit;
+use crate::flow::vm::{breakers, credits, leases};
 use crate::limits::local;
 use crate::quota::accounting::{self, Ending};
-use crate::quota::{SettleArgs, SettleMode};
-use crate::usage;
+use crate::usage::{self, SseScanner};
 
 impl Request {
     /// Envoy's `on_log`: the request is over (completed, failed or aborted by the client).
@@ -24,52 +29,9 @@ impl Request {
             return;
         }
         if let Stage::Forwarded(f) | Stage::Held(f) = &mut self.stage {
-            super::breakers::record(cx, f);
+            record(cx, f);
         }
         self.finish(cx, false);
-    }
-
-    /// The client went before the request was sent upstream (while a callout of its admission was in
-    /// flight, or while shaping held it): nothing was served, so every bucket charge, in-flight slot,
-    /// probe permit and reservation is given back; a reservation whose callout had not answered is
-    /// reconciled at 0 (Redis may run it still: the tombstone makes it a no-op). A global charge in
-    /// flight is left to Redis (the bucket refills).
-    fn abandon(&mut self, cx: &mut Cx) {
-        cx.inc(Metric::RequestsAbandoned);
-        let (meta, model, cost, mut charges, mut quotas, step) =
-            match std::mem::replace(&mut self.stage, Stage::Done) {
-                Stage::Admitting(mut plan) => {
-                    let step = std::mem::replace(&mut plan.step, super::state::Step::Done);
-                    let p = *plan;
-                    (p.meta, p.model, p.cost, p.charges, p.quotas, Some(step))
-                }
-                Stage::Held(f) => {
-                    cx.worker.forget(self.id);
-                    let f = *f;
-                    (f.meta, f.model, f.cost, f.charges, f.quotas, None)
-                }
-                other => {
-                    self.stage = other;
-                    return;
-                }
-            };
-        super::admit::refund(cx, &mut charges);
-        if let Some(super::state::Step::Quota(mut qr)) = step {
-            if qr.started {
-                qr.uncertain = true;
-                quotas.push(*qr);
-            }
-        }
-        let record = answers::audit_record(
-            &meta.tenant,
-            &model,
-            Some(cost),
-            "client_gone",
-            &quotas,
-            cx.cfg,
-        );
-        super::reserve::give_back_quotas(cx, &mut quotas);
-        cx.fx.push(Effect::Audit(record));
     }
 
     /// Settles and refunds once (`ending_complete`: the response reached its end of stream).
@@ -78,11 +40,12 @@ impl Request {
             Stage::Forwarded(f) | Stage::Held(f) => {
                 // The provider's usage, read once for the settlement and the refund (a JSON body is
                 // parsed only when one of them needs it).
-                let needed = f.quotas.iter().any(|q| !q.settled) || (f.refund && !f.resp.refunded);
+                let needed =
+                    f.quotas.iter().any(|q| !q.settled()) || (f.refund && !f.resp.refunded);
                 let usage = if needed { response_usage(f) } else { None };
                 settle(cx, f, ending_complete, usage);
                 refund_unused(cx, f, usage);
-                super::admit::release_slots(cx, &mut f.charges);
+                release_slots(cx, &mut f.charges);
             }
             Stage::Replied(r) => {
                 if let Some(mut qr) = r.reconcile.take() {
@@ -105,43 +68,6 @@ impl Request {
     }
 }
 
-/// Gives a whole reservation back (the request was refused after it was reserved).
-pub(super) fn refund_reservation(cx: &mut Cx, qr: &mut QuotaReq) {
-    queue(cx, qr, SettleMode::Settle, Ending::NotServed);
-}
-
-/// Settles `qr` for how its response ended: a reservation is replaced by the actual cost
-/// ([`SettleMode::Settle`]); a request with no known reservation (admitted while the shim was down, or
-/// whose reservation callout's outcome is unknown) is charged it ([`SettleMode::Charge`], reconciled in
-/// Redis against whatever reached it).
-fn queue(cx: &mut Cx, qr: &mut QuotaReq, mode: SettleMode, ending: Ending) {
-    qr.settled = true;
-    let st = accounting::settle(&qr.reserved, ending);
-    qr.actual = Some(st.actual);
-    qr.source = Some(st.source);
-    let reserved = match mode {
-        SettleMode::Settle => qr.reserved.total(),
-        SettleMode::Charge => 0,
-    };
-    worker::enqueue_settlement(
-        cx,
-        Job {
-            args: SettleArgs {
-                keys: qr.args.keys(),
-                mode,
-                actual: st.actual,
-                expire_at_unix: qr.expire_at,
-            },
-            reserved,
-        },
-    );
-}
-
-/// Queues a reconciliation: charge what the request really cost, whatever the lost reservation did.
-pub(super) fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending) {
-    queue(cx, qr, SettleMode::Charge, ending);
-}
-
 /// The usage the response reported: the SSE scanner's, or the kept JSON body's.
 fn response_usage(f: &Forwarded) -> Option<usage::Usage> {
     match &f.resp.stream {
@@ -157,7 +83,7 @@ fn response_usage(f: &Forwarded) -> Option<usage::Usage> {
 /// Settles the reservation once the response ended (or the stream went away); `usage`: what the
 /// response reported ([`response_usage`]).
 fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<usage::Usage>) {
-    if f.quotas.iter().all(|q| q.settled) {
+    if f.quotas.iter().all(|q| q.settled()) {
         return;
     }
     let status = f.resp.status;
@@ -212,21 +138,20 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
         }
     };
     let mut settled_any = false;
-    for qr in f.quotas.iter_mut().filter(|q| !q.settled) {
-        if let Some(key) = qr.lease.as_deref() {
-            // Settled into this Envoy's lease; reported to Redis by the next sync.
-            let st = accounting::settle(&qr.reserved, ending);
-            super::lease::settle(cx, key, qr.reserved.total(), st.actual);
-            qr.settled = true;
-            qr.actual = Some(st.actual);
-            qr.source = Some(st.source);
-        } else if qr.uncertain || qr.fail_open {
+    for qr in f.quotas.iter_mut().filter(|q| !q.settled()) {
+        match &qr.hold {
+            Hold::Lease(key) => {
+                // Settled into this Envoy's lease; reported to Redis by the next sync.
+                let st = accounting::settle(&qr.reserved, ending);
+                leases::settle(cx, key, qr.reserved.total(), st.actual);
+                qr.hold = Hold::Settled;
+                qr.actual = Some(st.actual);
+                qr.source = Some(st.source);
+            }
             // No reservation is known: charge what it cost (sent when the shim answers again).
-            reconcile(cx, qr, ending);
-        } else if qr.answered {
-            queue(cx, qr, SettleMode::Settle, ending);
-        } else {
-            continue;
+            Hold::Uncertain | Hold::FailOpen { .. } => reconcile(cx, qr, ending),
+            Hold::Redis => settle_reserved(cx, qr, ending),
+            _ => continue,
         }
         settled_any = true;
     }
@@ -346,7 +271,7 @@ fn refund_one(cx: &mut Cx, charge: &Charge, global: bool, amount: i64) {
         // Sent by the root's tick (counted in tokengate_global_tokens_credited / _debited when Redis
         // takes it).
         let span = i64::try_from((rule.params.burst * 2.0).ceil() as u64).unwrap_or(i64::MAX);
-        worker::enqueue_credit(
+        credits::enqueue(
             cx,
             Credit {
                 key: charge.key.clone(),
@@ -368,27 +293,65 @@ fn refund_one(cx: &mut Cx, charge: &Charge, global: bool, amount: i64) {
     }
 }
 
-/// Logs and counts a breaker transition.
-pub(super) fn transition(cx: &mut Cx, key: &str, t: Transition) {
-    cx.log(
-        Level::Info,
-        format!(
-            "breaker {key}: {} -> {} ({})",
-            t.from.as_str(),
-            t.to.as_str(),
-            t.reason
-        ),
-    );
-    cx.inc(match t.to {
-        breaker::State::Open => Metric::BreakerOpened,
-        breaker::State::HalfOpen => Metric::BreakerHalfOpened,
-        breaker::State::Closed => Metric::BreakerClosed,
-    });
-    cx.fx.push(Effect::Gauge(
-        format!(
-            "tokengate_breaker_state.{}",
-            key.strip_prefix(crate::store::keys::BREAKER).unwrap_or(key)
-        ),
-        failover::gauge(t.to),
-    ));
+/// The response reached its end of stream: a 2xx/3xx is judged now, from what the response showed (no
+/// property is read for it, in `on_log` either), so that `on_log` has nothing left to do for it.
+pub(super) fn at_end_of_stream(cx: &mut Cx, f: &mut Forwarded) {
+    if f.resp.ended && (200..400).contains(&f.resp.status) {
+        record(cx, f);
+    }
+}
+
+/// Reports this request's outcome to the breakers that admitted it.
+fn record(cx: &mut Cx, f: &mut Forwarded) {
+    if f.charges.breakers.is_empty() {
+        return;
+    }
+    let Some(b) = &cx.cfg.breaker else {
+        return;
+    };
+    let status = if f.resp.status != 0 {
+        f.resp.status
+    } else {
+        cx.host
+            .property(&["response", "code"])
+            .and_then(|v| crate::store::read_u64(&v, 0))
+            .map(|c| u32::try_from(c).unwrap_or(0))
+            .unwrap_or(0)
+    };
+    // A 2xx/3xx that reached its end of stream came whole from the upstream ("via_upstream"): its
+    // details cannot change the outcome, so the property is not read.
+    let details = if f.resp.ended && (200..400).contains(&status) {
+        None
+    } else {
+        cx.host
+            .property(&["response", "code_details"])
+            .and_then(|v| String::from_utf8(v).ok())
+    };
+    let completed = if b.count_incomplete_streams {
+        f.resp.stream.as_ref().map(SseScanner::completed)
+    } else {
+        None
+    };
+    if !b.count_incomplete_streams
+        && f.resp.stream.is_some()
+        && breaker::cut_after_response_started(status, details.as_deref())
+    {
+        // A stream the upstream cut after it had started: that is what the option turns off (the
+        // reset would otherwise count as one).
+        return;
+    }
+    let Some(outcome) = breaker::classify(status, details.as_deref(), completed, &b.policy) else {
+        return;
+    };
+    let outcome = if outcome == Outcome::Success {
+        outcome
+    } else {
+        let resets: Vec<&str> = f.resp.reset_headers.iter().map(String::as_str).collect();
+        outcome.with_retry_after(breaker::retry_after_ms(
+            f.resp.retry_after.as_deref(),
+            &resets,
+        ))
+    };
+    let held = std::mem::take(&mut f.charges.breakers);
+    breakers::write(cx, held, outcome, &f.model);
 }

@@ -1,42 +1,19 @@
 //! Phase 4, the response: rate-limit, quota and fallback headers; SSE chunks scanned for the final event
-//! and `usage` (the injected usage chunk stripped), or a JSON body kept for its `usage`.
+//! and `usage` (the injected usage chunk stripped), or a JSON body kept for its `usage`. An upstream that
+//! answers while the admission is still pending is accounted as admitted ([`Request::on_response_headers`]).
 
 use super::answers;
-use super::state::{Forwarded, Request, Stage};
-use super::{Body, Cx, Effect, Headers, Next, Value};
+use super::end;
+use super::state::{Hold, QuotaReq, Request, Stage};
+use super::steps::quota;
+use crate::flow::cx::Cx;
+use crate::flow::effect::{Body, Effect, Headers, Level, Next, Value};
+use crate::flow::metric::Metric;
 use crate::usage::{Forward, SseScanner};
 use std::borrow::Cow;
 
 /// Largest JSON response kept to read its `usage`.
 pub const MAX_JSON_RESPONSE: usize = 16 * 1024 * 1024;
-
-/// What the response said, for the breaker, the quota settlement and `refund_unused`.
-#[derive(Default)]
-pub(super) struct Resp {
-    /// HTTP status (0 = no response headers seen).
-    pub status: u32,
-    /// `retry-after` of a failure.
-    pub retry_after: Option<String>,
-    /// Reset hints of a failure (`x-ratelimit-reset-*`, `retry-after-ms` as `<n>ms`).
-    pub reset_headers: Vec<String>,
-    /// An SSE response: its final event, usage and content size.
-    pub stream: Option<SseScanner>,
-    /// Keep a JSON response body to read its `usage`.
-    pub collect: bool,
-    /// The kept JSON body (bounded by [`MAX_JSON_RESPONSE`]).
-    pub json: Vec<u8>,
-    /// Unused bucket tokens were already given back.
-    pub refunded: bool,
-    /// The response reached its end of stream.
-    pub ended: bool,
-}
-
-impl Forwarded {
-    /// The response must be looked at (breaker outcome, settlement, refund).
-    fn settling(&self) -> bool {
-        self.quotas.iter().any(|q| q.answered || q.uncertain)
-    }
-}
 
 impl Request {
     /// Envoy's response-headers callback.
@@ -89,10 +66,7 @@ impl Request {
         }
         if let Some((qr, q)) = f.token_quota().zip(cx.cfg.quota.as_ref()) {
             if let Some(remaining) = qr.remaining {
-                let reset_s = crate::quota::calendar::seconds_until(
-                    qr.reset_at,
-                    super::headers::unix_s(cx, q),
-                );
+                let reset_s = crate::quota::calendar::seconds_until(qr.reset_at, q.now_s(cx.now()));
                 for (k, v) in answers::quota_headers(qr.limit, remaining, reset_s) {
                     cx.fx
                         .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Int(v)));
@@ -106,8 +80,7 @@ impl Request {
             .filter(|q| q.budget.is_some())
             .filter_map(|q| q.remaining.map(|r| (q, r)))
             .min_by(|a, b| {
-                let share =
-                    |(q, r): &(&super::state::QuotaReq, u64)| *r as f64 / q.limit.max(1) as f64;
+                let share = |(q, r): &(&QuotaReq, u64)| *r as f64 / q.limit.max(1) as f64;
                 share(a).total_cmp(&share(b))
             })
         {
@@ -209,7 +182,7 @@ impl Request {
             }
         }
         if end_of_stream {
-            super::breakers::at_end_of_stream(cx, f);
+            end::at_end_of_stream(cx, f);
             self.finish(cx, true);
         }
         Next::Continue
@@ -230,30 +203,20 @@ impl Request {
     /// makes a late one a no-op) — and a callout answer that arrives later is ignored. Counted in
     /// `tokengate_responses_before_decision`.
     fn response_before_decision(&mut self, cx: &mut Cx) {
-        let Stage::Admitting(mut plan) =
-            std::mem::replace(&mut self.stage, super::state::Stage::Done)
-        else {
+        let Stage::Admitting(mut plan) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return;
         };
-        cx.inc(super::Metric::ResponsesBeforeDecision);
+        cx.inc(Metric::ResponsesBeforeDecision);
         cx.log_failure(
-            super::Level::Warn,
+            Level::Warn,
             "response_before_decision",
             "the upstream answered before the filter decided on the request (does it read the whole body before answering?); accounting it as admitted".to_string(),
         );
         // Reservations made stay; the one in flight and those not made yet are reconciled.
         let mut quotas = std::mem::take(&mut plan.quotas);
-        let mut rest: Vec<super::state::QuotaReq> =
-            match std::mem::replace(&mut plan.step, super::state::Step::Done) {
-                super::state::Step::Quota(qr) => {
-                    let mut v = vec![*qr];
-                    v.extend(std::mem::take(&mut plan.pending_quotas));
-                    v
-                }
-                _ => self.quota_requests(cx, &plan),
-            };
+        let mut rest = quota::unmade(cx, &mut plan);
         for qr in &mut rest {
-            qr.uncertain = true;
+            qr.hold = Hold::Uncertain;
         }
         quotas.extend(rest);
         self.forward(cx, plan, quotas, "response_before_decision");

@@ -1,4 +1,4 @@
-//! The per-request state: one type per phase, carried forward as the request moves on.
+//! The per-request state: one type per stage, carried forward as the request moves on.
 //!
 //! ```text
 //! New ──headers──> Passthrough                        (not an LLM call)
@@ -7,23 +7,27 @@
 //!                        └──────── Replied <───────┴──> Held(Forwarded) ──tick──> Forwarded
 //!                                                   └──> Forwarded ──response, end──> (settled)
 //! ```
+//!
+//! A reservation of a quota or budget has its own lifecycle ([`Hold`]): planned, sent, held by Redis,
+//! by this Envoy's lease or by nobody (the shim was down), or of unknown outcome; then settled.
 
-use super::response::Resp;
+use crate::breaker::failover::Held;
 use crate::estimate::ApiKind;
 use crate::limits::bucket::Snapshot;
 use crate::quota::accounting::{Reserved, UsageSource};
-use crate::quota::ReserveArgs;
+use crate::quota::{ReserveArgs, ReserveReply};
 use crate::store::Seen;
+use crate::usage::SseScanner;
 
 /// One request's context.
 pub struct Request {
     /// Envoy's context id.
-    pub(super) id: u32,
+    pub(in crate::flow) id: u32,
     /// Which API family's shapes the answers take.
-    pub(super) family: crate::reply::Family,
+    pub(in crate::flow) family: crate::reply::Family,
     /// The request id echoed in the filter's own answers (`x-request-id`, or one made up).
-    pub(super) reply_id: String,
-    pub(super) stage: Stage,
+    pub(in crate::flow) reply_id: String,
+    pub(in crate::flow) stage: Stage,
 }
 
 impl Request {
@@ -79,7 +83,7 @@ impl Request {
             Stage::Forwarded(f) | Stage::Held(f) => {
                 !f.charges.breakers.is_empty()
                     || !f.charges.slots.is_empty()
-                    || f.quotas.iter().any(|q| !q.settled)
+                    || f.quotas.iter().any(|q| !q.settled())
                     || (f.refund && !f.resp.refunded)
             }
             Stage::Replied(r) => r.reconcile.is_some(),
@@ -89,7 +93,7 @@ impl Request {
         }
     }
 
-    /// The phase, for tests and logs.
+    /// The stage, for tests and logs.
     pub fn phase(&self) -> &'static str {
         match &self.stage {
             Stage::New => "new",
@@ -105,14 +109,14 @@ impl Request {
 }
 
 /// Where a request is.
-pub(super) enum Stage {
+pub(in crate::flow) enum Stage {
     /// Nothing seen yet.
     New,
     /// Not metered: forwarded untouched.
     Passthrough,
     /// Metered; waiting for the end of the body.
     AwaitingBody(Box<Meta>),
-    /// The body was read; an admission callout (global charge, quota reservation) is in flight.
+    /// The body was read; an admission step waits for its callout (`Plan::at`).
     Admitting(Box<Plan>),
     /// Admitted, held by shaping until the root's tick releases it.
     Held(Box<Forwarded>),
@@ -124,9 +128,21 @@ pub(super) enum Stage {
     Done,
 }
 
+/// What the headers phase learnt about the cluster breaker.
+#[derive(Debug, Clone)]
+pub(in crate::flow) enum ClusterSeen {
+    /// The set of open breakers names no cluster: CLOSED, named at the end if needed.
+    Closed,
+    /// Its key was read: the cluster chosen (after any fallback), and when it was read CLOSED.
+    Named {
+        name: String,
+        closed_at: Option<u64>,
+    },
+}
+
 /// What the headers phase learnt.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Meta {
+pub(in crate::flow) struct Meta {
     pub kind: Option<ApiKind>,
     pub tenant: String,
     /// The model named in `model_header`.
@@ -134,7 +150,7 @@ pub(super) struct Meta {
     /// Names the quota settlement (`<client x-request-id>-<context>-<ns>`).
     pub request_id: String,
     /// The cluster breaker as the headers phase saw it (`None`: no cluster breaker).
-    pub cluster: Option<super::breakers::ClusterSeen>,
+    pub cluster: Option<ClusterSeen>,
     /// `x-tokengate-fallback` hops.
     pub fallbacks: Vec<String>,
     /// The `content-length` the upstream was promised (kept): a rewritten body must have this length.
@@ -151,7 +167,7 @@ pub(super) struct Meta {
 
 /// One bucket charge, kept to give it back if a later step refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Charge {
+pub(in crate::flow) struct Charge {
     pub rule: usize,
     pub key: String,
     pub cost: u64,
@@ -159,7 +175,7 @@ pub(super) struct Charge {
 
 /// What the request was charged so far.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Charges {
+pub(in crate::flow) struct Charges {
     /// Buckets in this Envoy's shared data (its rule's, then every matching limit's).
     pub local: Vec<Charge>,
     /// Global (Redis) buckets.
@@ -167,14 +183,19 @@ pub(super) struct Charges {
     /// In-flight slots held: (semaphore key, owner).
     pub slots: Vec<(String, u64)>,
     /// Breakers that admitted it.
-    pub breakers: Vec<crate::breaker::failover::Held>,
+    pub breakers: Vec<Held>,
 }
 
-/// The request once its body was read: the estimate, the model, the charges, and the admission steps
-/// still to run.
-pub(super) struct Plan {
+/// The request once its body was read: the estimate, the model, the charges, and where its admission
+/// is.
+pub(in crate::flow) struct Plan {
+    /// Envoy's context id of the request (it owns the request's in-flight slots).
+    pub context: u32,
     pub meta: Meta,
     pub model: String,
+    /// The model breaker was read CLOSED for this model (the breakers step takes its admission without
+    /// reading it again).
+    pub model_closed: Option<String>,
     /// Estimated tokens (prompt + reserved output), what buckets are charged.
     pub cost: u64,
     pub prompt: u64,
@@ -190,36 +211,44 @@ pub(super) struct Plan {
     pub snapshot: Option<Snapshot>,
     /// Shaping: hold this long once every step admitted.
     pub wait_ms: u64,
-    /// The step in flight or next.
-    pub step: Step,
-    /// Global bucket charges still to make after the one in `step` (rule index, key), last first.
+    /// The admission step running or waiting for its callout (an index in the pipeline's list).
+    pub at: usize,
+    /// The callout in flight, if any.
+    pub inflight: InFlight,
+    /// Global bucket charges still to make after the one in flight (rule index, key), last first.
     pub globals: Vec<(usize, String)>,
     /// Quota reservations made (the tenant's token quota, then its budgets).
     pub quotas: Vec<QuotaReq>,
-    /// Quota reservations still to make after the one in `step`, last first.
+    /// Quota reservations still to make after the one in flight, last first.
     pub pending_quotas: Vec<QuotaReq>,
-    /// The request is still inside its request-body callback (a continue is returned, not resumed).
-    pub sync: bool,
 }
 
-/// Admission steps after the local bucket and breakers.
-pub(super) enum Step {
-    /// The global bucket charge (callout in flight once started).
+/// The callout an admission step waits for.
+pub(in crate::flow) enum InFlight {
+    /// None.
+    Nothing,
+    /// A global bucket charge.
     Global(GlobalCharge),
-    /// The quota reservation (callout in flight once started).
+    /// A quota reservation (or the give-back of this Envoy's lease before it is sent again).
     Quota(Box<QuotaReq>),
-    /// Every step admitted.
-    Done,
+}
+
+/// How a callout was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(in crate::flow) struct Sent {
+    /// As `EVAL` (Redis did not know the script, or it is the first call).
+    pub eval: bool,
+    /// It is the shim breaker's half-open probe.
+    pub probe: bool,
 }
 
 /// One request's global bucket charge.
-pub(super) struct GlobalCharge {
+pub(in crate::flow) struct GlobalCharge {
     pub rule: usize,
     pub key: String,
     pub cost: u64,
-    pub used_eval: bool,
-    pub shim_probe: bool,
-    pub started: bool,
+    /// How its callout was sent.
+    pub sent: Sent,
     /// The lease block (tokens, requests) asked with this charge (`global_buckets.lease`).
     pub block: Option<(u64, u64)>,
     /// Tokens of the charge taken from this Envoy's lease (what it held, short of the cost): Redis is
@@ -227,9 +256,40 @@ pub(super) struct GlobalCharge {
     pub from_lease: u64,
 }
 
+/// Where a reservation is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::flow) enum Hold {
+    /// Not sent (yet, or again).
+    Planned,
+    /// Its reservation callout is in flight.
+    Sent(Sent),
+    /// This Envoy's lease of the account is being given back (its call in flight; `eval`: sent again as
+    /// `EVAL` after a NOSCRIPT) before the reservation is sent again; nothing is reserved meanwhile.
+    GivingBack {
+        /// Sent again as `EVAL`.
+        eval: bool,
+    },
+    /// Redis holds it.
+    Redis,
+    /// This Envoy's lease holds it: the account's shared-data key (settled into it, not through Redis).
+    Lease(String),
+    /// Admitted while the shim could not answer (`on_failure: open`): nothing known reserved; charged
+    /// what it cost at the end. `uncertain`: its callout may have reserved after all (reconciled, also
+    /// when a later step refuses the request).
+    FailOpen {
+        /// The failed callout may have reserved.
+        uncertain: bool,
+    },
+    /// Its callout failed in a way that may still have reserved (timeout, garbage): reconciled — charged
+    /// what it cost, whatever the lost reservation did — at the end.
+    Uncertain,
+    /// Settled (or given back).
+    Settled,
+}
+
 /// One request's quota reservation.
 #[derive(Debug, Clone)]
-pub(super) struct QuotaReq {
+pub(in crate::flow) struct QuotaReq {
     /// What a reservation callout sends (its Redis keys are built from it when needed, never for a
     /// request served from a lease).
     pub args: ReserveArgs,
@@ -240,45 +300,72 @@ pub(super) struct QuotaReq {
     /// When the reservation's month ends (unix seconds, on the quota's clock): the reset every
     /// answer names, with the seconds to it counted from the answer's own clock.
     pub reset_at: i64,
-    /// Waiting for the give-back of this Envoy's lease of the account (`flow::lease::give_back`),
-    /// after which the reservation is sent again.
-    pub giving_back: bool,
+    /// Where it is in its life.
+    pub hold: Hold,
     /// Redis' refusal of this reservation, which is being sent again (once) after this Envoy's lease
     /// of the account went back: the answer if what follows fails.
-    pub refusal: Option<crate::quota::ReserveReply>,
+    pub refusal: Option<ReserveReply>,
     /// What this Envoy's lease of the account held unspent when the reservation was sent (a sync may
     /// give it back before Redis' answer comes).
     pub lease_available: u64,
-    /// The give-back was sent again as `EVAL` after a NOSCRIPT (once).
-    pub give_back_eval: bool,
     pub choices: u64,
-    pub fail_open: bool,
-    pub answered: bool,
-    pub settled: bool,
-    pub used_eval: bool,
-    pub shim_probe: bool,
-    pub started: bool,
     pub actual: Option<u64>,
     pub source: Option<UsageSource>,
-    /// The reservation callout failed in a way that may still have reserved (timeout, garbage): the
-    /// request is reconciled instead of settled.
-    pub uncertain: bool,
-    /// Reserved from this Envoy's lease: the account's shared-data key (settled into it, not through
-    /// Redis).
-    pub lease: Option<String>,
     /// The budget (index in `quota.budgets`) this reservation is for; `None`: the token quota.
     pub budget: Option<usize>,
 }
 
-impl Forwarded {
-    /// The tenant's token quota reservation (headers, audit), if any.
-    pub fn token_quota(&self) -> Option<&QuotaReq> {
-        self.quotas.iter().find(|q| q.budget.is_none())
+impl QuotaReq {
+    /// Settled (or given back): nothing left to do for it.
+    pub fn settled(&self) -> bool {
+        self.hold == Hold::Settled
+    }
+
+    /// Reserved — by Redis, a lease, or admitted with nothing reserved (`on_failure: open`).
+    pub fn answered(&self) -> bool {
+        matches!(
+            self.hold,
+            Hold::Redis | Hold::Lease(_) | Hold::FailOpen { .. }
+        )
+    }
+
+    /// Admitted while the shim could not answer.
+    pub fn fail_open(&self) -> bool {
+        matches!(self.hold, Hold::FailOpen { .. })
+    }
+
+    /// Of unknown outcome (a callout that may have reserved): reconciled at the end.
+    pub fn uncertain(&self) -> bool {
+        matches!(
+            self.hold,
+            Hold::Uncertain | Hold::FailOpen { uncertain: true }
+        )
     }
 }
 
+/// What the response said, for the breaker, the quota settlement and `refund_unused`.
+#[derive(Default)]
+pub(in crate::flow) struct Resp {
+    /// HTTP status (0 = no response headers seen).
+    pub status: u32,
+    /// `retry-after` of a failure.
+    pub retry_after: Option<String>,
+    /// Reset hints of a failure (`x-ratelimit-reset-*`, `retry-after-ms` as `<n>ms`).
+    pub reset_headers: Vec<String>,
+    /// An SSE response: its final event, usage and content size.
+    pub stream: Option<SseScanner>,
+    /// Keep a JSON response body to read its `usage`.
+    pub collect: bool,
+    /// The kept JSON body (bounded by `MAX_JSON_RESPONSE`).
+    pub json: Vec<u8>,
+    /// Unused bucket tokens were already given back.
+    pub refunded: bool,
+    /// The response reached its end of stream.
+    pub ended: bool,
+}
+
 /// An admitted request.
-pub(super) struct Forwarded {
+pub(in crate::flow) struct Forwarded {
     pub meta: Meta,
     pub model: String,
     pub cost: u64,
@@ -295,16 +382,28 @@ pub(super) struct Forwarded {
     pub resp: Resp,
 }
 
+impl Forwarded {
+    /// The tenant's token quota reservation (headers, audit), if any.
+    pub fn token_quota(&self) -> Option<&QuotaReq> {
+        self.quotas.iter().find(|q| q.budget.is_none())
+    }
+
+    /// The response must be looked at (breaker outcome, settlement, refund).
+    pub fn settling(&self) -> bool {
+        self.quotas.iter().any(|q| q.answered() || q.uncertain())
+    }
+}
+
 /// A request the filter answered itself.
-pub(super) struct Replied {
+pub(in crate::flow) struct Replied {
     pub audit: Audit,
     /// A reservation whose outcome is unknown (the callout timed out): reconciled at the end.
-    pub reconcile: Option<QuotaReq>,
+    pub reconcile: Option<Box<QuotaReq>>,
 }
 
 /// What the audit record says.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Audit {
+pub(in crate::flow) struct Audit {
     pub tenant: String,
     pub model: String,
     pub cost: Option<u64>,

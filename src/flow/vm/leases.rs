@@ -1,19 +1,20 @@
-//! Quota leases in the flow (see [`crate::quota::lease::account`] and [`crate::quota::lease::redis`]): a request whose account
-//! holds enough is reserved from it in shared data — no callout — and settles into it; any other
-//! request takes the per-request path (a reservation callout) and asks for a sync. Syncs are sent by
-//! the tick of the VM that saw the miss, and by the VM holding the leader claim, which walks every
-//! account to report usage, renew, return idle leases and settle last month's.
+//! Quota leases, the VM's side (the accounts are [`crate::quota::lease::account`], the Redis side
+//! [`crate::quota::lease::redis`]): a request whose account holds enough is reserved from it in shared
+//! data — no callout ([`take`]) — and settles into it ([`settle`]); any other request takes the
+//! per-request path (a reservation callout) and asks for a sync. Syncs are sent by the tick of the VM
+//! that saw the miss, and by the VM holding the leader claim, which walks every account to report
+//! usage, renew, return idle leases and settle last month's ([`tick`]).
 
-use super::shim;
-use super::state::QuotaReq;
-use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
+use super::state::LeaseCall;
 use crate::config::{LeaseSettings, QuotaSettings};
+use crate::flow::cx::Cx;
+use crate::flow::effect::{Callout, CalloutReply, Effect, Level, Purpose};
+use crate::flow::metric::Metric;
+use crate::flow::shim;
 use crate::quota::calendar;
 use crate::quota::lease::account::{self, Account, Miss, Settled, Synced, Take};
 use crate::quota::{self, LeaseArgs, QuotaKeys};
 use crate::shim::webdis::ShimError;
-use crate::store::hash::FnvBuild;
-use std::collections::HashMap;
 
 /// Syncs started per tick for accounts this VM saw miss.
 pub const DIRTY_PER_TICK: usize = 16;
@@ -21,82 +22,35 @@ pub const DIRTY_PER_TICK: usize = 16;
 pub const SCAN_PER_TICK: u64 = 32;
 /// Accounts remembered as needing a sync, per VM.
 pub const MAX_DIRTY: usize = 1024;
-/// For this long after this VM served a tenant's request from a lease, the headers phase does not read
-/// the tenant's exhausted marker (see [`Leases::served_recently`]).
-pub const SERVED_SKIPS_MARKER_NS: u64 = 100_000_000;
-/// Tenants remembered as served from a lease, per VM (the map is cleared when it is full).
-pub const MAX_SERVED: usize = 4096;
 /// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
 pub const MAX_UNSETTLED: usize = 64;
-
-/// A sync in flight.
-struct Pending {
-    tenant: String,
-    model: Option<String>,
-    key: String,
-    typical: u64,
-    /// The sync is the shim breaker's half-open probe ([`shim::admit_background`]).
-    probe: bool,
-}
-
-/// The VM's lease state.
-#[derive(Default)]
-pub struct Leases {
-    envoy: u64,
-    owner: u64,
-    cursor: u64,
-    /// Accounts this VM saw miss: (tenant, model, a request's cost).
-    dirty: Vec<(String, Option<String>, u64)>,
-    pending: HashMap<u64, Pending, FnvBuild>,
-    next_id: u64,
-    /// Redis has the lease script cached.
-    pub loaded: bool,
-    /// Tenants whose token quota this VM last served from a lease, and when (ns).
-    served: HashMap<String, u64, FnvBuild>,
-    /// Leased requests that ended on this VM, by account key, not written into their account yet
-    /// (see [`settle`]).
-    unsettled: Vec<(String, Settled)>,
-}
-
-impl Leases {
-    /// True when this VM served a request of `tenant`'s token quota from a lease less than
-    /// [`SERVED_SKIPS_MARKER_NS`] before `now`. The headers phase then does not read the tenant's
-    /// exhausted marker (a shared-data read per request): while a lease serves the tenant no marker is
-    /// written (see `callout.rs`), and a request let through anyway meets the lease, or Redis, in the
-    /// body phase — the marker only saves refused requests a callout, it never admits one. The cost of
-    /// a tenant that becomes exhausted within that time: its requests on this VM are refused in the
-    /// body phase (a reservation callout each) instead of the headers phase, for at most that time.
-    pub fn served_recently(&self, tenant: &str, now: u64) -> bool {
-        self.served
-            .get(tenant)
-            .is_some_and(|at| now.saturating_sub(*at) < SERVED_SKIPS_MARKER_NS)
-    }
-
-    /// Notes that `tenant`'s token quota was served from a lease at `now`.
-    fn served(&mut self, tenant: &str, now: u64) {
-        if let Some(at) = self.served.get_mut(tenant) {
-            *at = now;
-            return;
-        }
-        if self.served.len() >= MAX_SERVED {
-            self.served.clear();
-        }
-        self.served.insert(tenant.to_string(), now);
-    }
-}
 
 fn month_label(code: u32) -> String {
     format!("{:04}-{:02}", code / 100, code % 100)
 }
 
-/// Reserves `qr` from its account's lease. `Some((account, key))` when it was (`key`: the account's
+/// What a reservation asks of a lease: the account (`tenant` × `model`), its month label, its cost, and
+/// whether it is a tenant's token quota (not a budget).
+pub struct Ask<'a> {
+    /// The account's tenant (or a budget's account).
+    pub tenant: &'a str,
+    /// The model of a per-model account.
+    pub model: Option<&'a str>,
+    /// The reservation's month (`2026-11`).
+    pub month: &'a str,
+    /// Weighted cost.
+    pub cost: u64,
+    /// A tenant's token quota (budgets are not remembered as served).
+    pub tokens: bool,
+}
+
+/// Reserves `ask` from its account's lease. `Some((account, key))` when it was (`key`: the account's
 /// shared-data key, where the request settles); otherwise the request takes the per-request path and
 /// the account asks for a sync.
-pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Account, String)> {
-    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
+pub fn take(cx: &mut Cx, l: &LeaseSettings, ask: &Ask) -> Option<(Account, String)> {
+    let (tenant, model, cost) = (ask.tenant, ask.model, ask.cost);
     let key = account::account_key(tenant, model);
-    let cost = qr.reserved.total();
-    let month = account::month_code(&qr.args.month);
+    let month = account::month_code(ask.month);
     let low = l.policy.min_tokens / 2;
     let now = cx.now();
     // This VM's ended requests of the account are written in the same CAS.
@@ -121,7 +75,7 @@ pub(super) fn take(cx: &mut Cx, l: &LeaseSettings, qr: &QuotaReq) -> Option<(Acc
     match took {
         Take::Hit(a) => {
             cx.inc(Metric::QuotaLeased);
-            if qr.budget.is_none() {
+            if ask.tokens {
                 cx.worker.leases.served(tenant, now);
             }
             if a.wants_sync() {
@@ -167,11 +121,11 @@ fn mark(cx: &mut Cx, tenant: &str, model: Option<&str>, cost: u64) {
 
 /// A leased request ended: its reservation is to be replaced by its usage in the account at `key`.
 /// Kept by the VM and written with the next request this VM reserves from that account (in the same
-/// CAS, [`lease::take_after`]) or at the VM's next tick ([`flush`]), whichever comes first: one
+/// CAS, [`account::take_after`]) or at the VM's next tick ([`flush`]), whichever comes first: one
 /// shared-data read and write less per leased request. Until then the account counts the reservation
 /// as in flight (other workers see less available, never more) and a sync reports the usage a tick
 /// later.
-pub(super) fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
+pub fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
     let unsettled = &mut cx.worker.leases.unsettled;
     if let Some((_, d)) = unsettled.iter_mut().find(|(k, _)| k == key) {
         d.add(reserved, actual);
@@ -187,7 +141,7 @@ pub(super) fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
 
 /// Writes every ended leased request this VM keeps into its account (the tick, and [`settle`] when
 /// [`MAX_UNSETTLED`] accounts wait). One the store refuses is kept for the next tick.
-pub(super) fn flush(cx: &mut Cx) {
+pub fn flush(cx: &mut Cx) {
     let retries = cx.cfg.cas_max_retries;
     for (key, d) in std::mem::take(&mut cx.worker.leases.unsettled) {
         if account::settle(cx.store(), &key, d.reserved, d.actual, retries) {
@@ -207,7 +161,7 @@ pub(super) fn flush(cx: &mut Cx) {
 
 /// The root's tick: writes this VM's ended leased requests ([`flush`]), then syncs of accounts this VM
 /// saw miss, then (on the leader) a slice of all accounts.
-pub(super) fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
+pub fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
     // Before any sync reads the accounts: this VM's usage is in what they report.
     flush(cx);
     // Half-open: one sync only, the probe; its failure opens the breaker again.
@@ -294,7 +248,7 @@ fn start(
     let id = s.next_id;
     s.pending.insert(
         id,
-        Pending {
+        LeaseCall {
             tenant: tenant.to_string(),
             model: model.map(str::to_string),
             key,
@@ -308,14 +262,14 @@ fn start(
 
 /// Sends a lease call.
 fn dispatch(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) {
+    let c = callout(cx, q, purpose, body);
+    cx.fx.push(Effect::Dispatch(c));
+}
+
+/// A lease call (counted as sent).
+fn callout(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) -> Callout {
     cx.inc(Metric::QuotaLeaseSyncs);
-    cx.fx.push(Effect::Dispatch(shim::callout(
-        purpose,
-        &q.cluster,
-        &q.authority,
-        q.timeout_ms,
-        body,
-    )));
+    shim::callout(purpose, &q.cluster, &q.authority, q.timeout_ms, body)
 }
 
 /// The lease call of `plan` for the account of `tenant` (× `model`).
@@ -363,7 +317,7 @@ fn sync_ctx<'a>(
     l: &'a LeaseSettings,
     typical: u64,
 ) -> account::SyncCtx<'a> {
-    let now_s = super::headers::unix_s(cx, q);
+    let now_s = q.now_s(cx.now());
     let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
     account::SyncCtx {
         month: u32::try_from(y)
@@ -380,7 +334,7 @@ fn sync_ctx<'a>(
 
 /// This Envoy's lease field prefix in Redis (`-` before it ever took a lease), for a reservation:
 /// its own leases are not counted as held elsewhere.
-pub(super) fn owner(cx: &Cx) -> String {
+pub fn owner(cx: &Cx) -> String {
     let leases = cx.cfg.quota.as_ref().is_some_and(|q| q.lease.is_some());
     let id = match cx.worker.leases.envoy {
         0 if leases => account::known_envoy_id(cx.store()).unwrap_or(0),
@@ -389,68 +343,66 @@ pub(super) fn owner(cx: &Cx) -> String {
     quota::lease_owner(id)
 }
 
-/// This Envoy's lease of `qr`'s account, if it has one for `qr`'s month.
-pub(super) fn account(cx: &Cx, qr: &QuotaReq) -> Option<Account> {
-    let key = account::account_key(&qr.args.tenant, qr.args.model.as_deref());
+/// This Envoy's lease of the account of `tenant` (× `model`), if it has one for `month`.
+pub fn account(cx: &Cx, tenant: &str, model: Option<&str>, month: &str) -> Option<Account> {
+    let key = account::account_key(tenant, model);
     crate::store::peek::<Account>(cx.store(), &key)
         .ok()
         .and_then(|(a, _)| a)
-        .filter(|a| a.month == account::month_code(&qr.args.month))
+        .filter(|a| a.month == account::month_code(month))
 }
 
-/// Redis refused `qr`'s reservation, and what this Envoy's lease of the account holds unspent would
-/// cover the difference: gives that back (a lease call by the request, [`Purpose::LeaseGiveBack`]) so
-/// that the reservation, sent again once it answered ([`given_back`]), finds it in Redis. False when
-/// there is nothing to give back or another give-back of the account is in flight (the refusal
-/// stands).
-pub(super) fn give_back(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, qr: &QuotaReq) -> bool {
-    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
-    let key = account::account_key(tenant, model);
-    let sc = sync_ctx(cx, q, l, 0);
-    let Some((plan, _)) = account::begin_give_back(cx.store(), &key, &sc) else {
-        return false;
-    };
-    let body = call_body(cx, q, l, tenant, model, &plan);
-    dispatch(cx, q, Purpose::LeaseGiveBack, body);
-    true
-}
-
-/// The give-back of [`give_back`] answered NOSCRIPT (Redis restarted since the script was loaded):
-/// sent again as `EVAL`, the account still given back (its flag set, nothing spendable). False when
-/// the account is no longer being given back.
-pub(super) fn give_back_again(
+/// Redis refused a reservation of the account of `tenant` (× `model`), and what this Envoy's lease of
+/// it holds unspent would cover the difference: gives that back — the callout to send, by the request
+/// ([`Purpose::LeaseGiveBack`]) — so that the reservation, sent again once it answered
+/// ([`given_back`]), finds it in Redis. `None` when there is nothing to give back or another give-back
+/// of the account is in flight (the refusal stands).
+pub fn give_back(
     cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
-    qr: &QuotaReq,
-) -> bool {
-    cx.worker.leases.loaded = false;
-    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
+    tenant: &str,
+    model: Option<&str>,
+) -> Option<Callout> {
     let key = account::account_key(tenant, model);
     let sc = sync_ctx(cx, q, l, 0);
-    let Some(plan) = crate::store::peek::<Account>(cx.store(), &key)
+    let (plan, _) = account::begin_give_back(cx.store(), &key, &sc)?;
+    let body = call_body(cx, q, l, tenant, model, &plan);
+    Some(callout(cx, q, Purpose::LeaseGiveBack, body))
+}
+
+/// The give-back of [`give_back`] answered NOSCRIPT (Redis restarted since the script was loaded): the
+/// callout that sends it again as `EVAL`, the account still given back (its flag set, nothing
+/// spendable). `None` when the account is no longer being given back.
+pub fn give_back_again(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+) -> Option<Callout> {
+    cx.worker.leases.loaded = false;
+    let key = account::account_key(tenant, model);
+    let sc = sync_ctx(cx, q, l, 0);
+    let plan = crate::store::peek::<Account>(cx.store(), &key)
         .ok()
         .and_then(|(a, _)| a)
-        .and_then(|a| account::give_back_plan(&a, &sc))
-    else {
-        return false;
-    };
+        .and_then(|a| account::give_back_plan(&a, &sc))?;
     let body = call_body(cx, q, l, tenant, model, &plan);
-    dispatch(cx, q, Purpose::LeaseGiveBack, body);
-    true
+    Some(callout(cx, q, Purpose::LeaseGiveBack, body))
 }
 
 /// The give-back of [`give_back`] answered: applied to the account as any sync. True when Redis
 /// took it.
-pub(super) fn given_back(
+pub fn given_back(
     cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
-    qr: &QuotaReq,
+    tenant: &str,
+    model: Option<&str>,
     reply: CalloutReply,
 ) -> bool {
-    let (tenant, model) = (qr.args.tenant.as_str(), qr.args.model.as_deref());
-    let p = Pending {
+    let p = LeaseCall {
         tenant: tenant.to_string(),
         model: model.map(str::to_string),
         key: account::account_key(tenant, model),
@@ -461,13 +413,7 @@ pub(super) fn given_back(
 }
 
 /// A sync answered (or its dispatch was refused).
-pub(super) fn on_reply(
-    cx: &mut Cx,
-    q: &QuotaSettings,
-    l: &LeaseSettings,
-    id: u64,
-    reply: CalloutReply,
-) {
+pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, id: u64, reply: CalloutReply) {
     let Some(p) = cx.worker.leases.pending.remove(&id) else {
         return;
     };
@@ -480,7 +426,7 @@ fn apply(
     cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
-    p: &Pending,
+    p: &LeaseCall,
     reply: CalloutReply,
     give_back: bool,
 ) -> bool {
@@ -488,19 +434,10 @@ fn apply(
         give_back,
         ..sync_ctx(cx, q, l, p.typical)
     };
-    let parsed = match reply.refused {
-        Some(s) => Err((
-            ShimError::Unavailable,
-            shim::describe_refusal(&q.cluster, s),
-        )),
-        None => quota::parse_lease_reply(reply.status, &reply.body).map_err(|e| {
-            let why = format!("{e} (cluster '{}')", q.cluster);
-            (e, why)
-        }),
-    };
+    let parsed = shim::read(&q.cluster, &reply, quota::parse_lease_reply);
     if p.probe {
         // The shim answered unless it was unreachable: that closes or re-opens its breaker.
-        let up = !matches!(parsed, Err((ShimError::Unavailable, _)));
+        let up = !matches!(&parsed, Err(f) if f.error == ShimError::Unavailable);
         shim::record(cx, &q.cluster, &q.shim_breaker, up, true);
     }
     match parsed {
@@ -516,7 +453,7 @@ fn apply(
             account::finish_sync(cx.store(), &p.key, Some(synced), &sc);
             true
         }
-        Err((e, why)) => {
+        Err(shim::Failure { error: e, why }) => {
             if e == ShimError::NoScript {
                 cx.worker.leases.loaded = false;
             } else {

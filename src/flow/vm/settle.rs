@@ -1,4 +1,4 @@
-//! Quota settlements through the shared-data journal ([`crate::store::journal`]): a request that ends pushes its
+//! Quota settlements, sent by one VM, through the shared-data journal ([`crate::store::journal`]): a request that ends pushes its
 //! settlement (or the charge of a request with no known reservation); the VM holding the journal's claim
 //! sends them, batched per tenant, and moves the journal's head once Redis took them. Nothing waits in
 //! one VM's memory except what the journal could not take at that instant (retried on the next tick).
@@ -9,14 +9,16 @@
 //! and counted in `tokengate_quota_settle_dropped`). A batch Redis refuses with an error (not an
 //! outage) is given up after `quota.settle_max_attempts` (logged, counted).
 
-use super::shim;
-use super::{CalloutReply, Cx, Effect, Level, Metric, Purpose};
+use super::state::Window;
 use crate::config::QuotaSettings;
-use crate::quota::{self, QuotaKeys, SettleArgs, SettleMode};
+use crate::flow::cx::Cx;
+use crate::flow::effect::{CalloutReply, Effect, Level, Purpose};
+use crate::flow::metric::Metric;
+use crate::flow::shim;
+use crate::quota::settlement::Job;
+use crate::quota::{self, SettleArgs, SettleMode};
 use crate::shim::webdis::ShimError;
-use crate::store::hash::FnvBuild;
 use crate::store::journal::{self, PushError};
-use crate::store::read_u64;
 use std::collections::HashMap;
 
 /// Entries read from the journal per window.
@@ -27,113 +29,6 @@ pub const MAX_BATCH: usize = 32;
 pub const MAX_LOCAL: usize = 10_000;
 /// A slot whose push never completed is skipped after this long.
 pub const STALL_NS: u64 = 2_000_000_000;
-
-/// What a settlement job sends.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Job {
-    /// The settlement (or charge).
-    pub args: SettleArgs,
-    /// What the reservation held (0 for a charge), for the refund / extra-charge counters.
-    pub reserved: u64,
-}
-
-impl Job {
-    /// The journal entry: `[v=3][mode][actual u64][reserved u64][expire i64][has_model]` then the
-    /// tenant prefix, the two counter keys and the request id, each `[len u16][bytes]`.
-    pub fn encode(&self) -> Vec<u8> {
-        let a = &self.args;
-        let k = &a.keys;
-        let prefix = quota::tenant_tag(k);
-        let mut v = Vec::with_capacity(
-            28 + prefix.len() + k.used_total.len() + k.used_model.len() + k.request_id.len() + 8,
-        );
-        v.push(3);
-        v.push(match a.mode {
-            SettleMode::Settle => b's',
-            SettleMode::Charge => b'c',
-        });
-        v.extend_from_slice(&a.actual.to_le_bytes());
-        v.extend_from_slice(&self.reserved.to_le_bytes());
-        v.extend_from_slice(&a.expire_at_unix.to_le_bytes());
-        v.push(u8::from(k.has_model));
-        for s in [prefix, &k.used_total, &k.used_model, &k.request_id] {
-            let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
-            v.extend_from_slice(&len.to_le_bytes());
-            v.extend_from_slice(s.as_bytes().get(..usize::from(len)).unwrap_or_default());
-        }
-        v
-    }
-
-    /// Reads a journal entry; `None` when it is not one of ours.
-    pub fn decode(b: &[u8]) -> Option<Job> {
-        if b.first() != Some(&3) {
-            return None;
-        }
-        let mode = match b.get(1)? {
-            b's' => SettleMode::Settle,
-            b'c' => SettleMode::Charge,
-            _ => return None,
-        };
-        let actual = read_u64(b, 2)?;
-        let reserved = read_u64(b, 10)?;
-        let expire = i64::from_le_bytes(b.get(18..26)?.try_into().ok()?);
-        let has_model = *b.get(26)? == 1;
-        let mut at = 27usize;
-        let mut parts = Vec::with_capacity(4);
-        for _ in 0..4 {
-            let len = usize::from(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
-            at += 2;
-            parts.push(std::str::from_utf8(b.get(at..at + len)?).ok()?.to_string());
-            at += len;
-        }
-        let [prefix, used_total, used_model, request_id]: [String; 4] = parts.try_into().ok()?;
-        Some(Job {
-            args: SettleArgs {
-                keys: QuotaKeys::for_settlement(
-                    &prefix, used_total, used_model, request_id, has_model,
-                ),
-                mode,
-                actual,
-                expire_at_unix: expire,
-            },
-            reserved,
-        })
-    }
-}
-
-/// Entries sent and not answered yet.
-struct Window {
-    head: u64,
-    end: u64,
-    batches: HashMap<u64, Vec<Job>, FnvBuild>,
-    /// A batch failed because the shim was away (sent again after a backoff).
-    unavailable: bool,
-    /// A batch failed with an error Redis gave (counts towards `settle_max_attempts`).
-    refused: Option<String>,
-    /// Redis did not know the script (restarted): sent again at once with EVAL.
-    noscript: bool,
-}
-
-/// The VM's part of the journal.
-#[derive(Default)]
-pub struct Sender {
-    owner: u64,
-    window: Option<Window>,
-    local: Vec<Job>,
-    stalled: Option<(u64, u64)>,
-    retry_at: u64,
-    attempts: u32,
-    next_id: u64,
-    /// The journal's length this VM last reported (`tokengate_quota_settle_backlog`).
-    backlog: Option<u64>,
-}
-
-impl Sender {
-    /// Settlements waiting in this VM (the journal was busy).
-    pub fn local(&self) -> usize {
-        self.local.len()
-    }
-}
 
 /// Queues a settlement in the journal.
 pub fn enqueue(cx: &mut Cx, job: Job) {
@@ -275,17 +170,10 @@ pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, id: u64, reply: CalloutReply) {
     else {
         return;
     };
-    let result = match reply.refused {
-        Some(s) => Err((
-            ShimError::Unavailable,
-            shim::describe_refusal(&q.cluster, s),
-        )),
-        None => quota::parse_settle_reply(reply.status, &reply.body, jobs.len()).map_err(|e| {
-            let why = format!("{e} (cluster '{}')", q.cluster);
-            (e, why)
-        }),
-    };
-    match result {
+    let n = jobs.len();
+    match shim::read(&q.cluster, &reply, |status, body| {
+        quota::parse_settle_reply(status, body, n)
+    }) {
         Ok(flags) => {
             cx.worker.quota_script_loaded = true;
             for (job, flag) in jobs.iter().zip(flags) {
@@ -306,14 +194,14 @@ pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, id: u64, reply: CalloutReply) {
                 }
             }
         }
-        Err((ShimError::NoScript, _)) => {
+        Err(f) if f.error == ShimError::NoScript => {
             // Sent again at once, with EVAL.
             cx.worker.quota_script_loaded = false;
             if let Some(w) = cx.worker.settle.window.as_mut() {
                 w.noscript = true;
             }
         }
-        Err((e, why)) => {
+        Err(shim::Failure { error: e, why }) => {
             cx.inc(Metric::QuotaShimErrors);
             if e == ShimError::Unavailable {
                 shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
@@ -401,35 +289,5 @@ fn applied(cx: &mut Cx, job: &Job) {
             job.args.actual - job.reserved,
         ),
         SettleMode::Charge => cx.inc(Metric::QuotaReconciled),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_job_survives_the_journal_encoding() {
-        for (model, mode) in [
-            (Some("gpt-4.1"), SettleMode::Settle),
-            (None, SettleMode::Charge),
-        ] {
-            let mut keys = QuotaKeys::new("a}b{c", model, "2026-11", "rid-1-2-3");
-            // A settlement does not need the limit keys: the journal does not keep them.
-            keys.limit_override.clear();
-            keys.limit_model_override.clear();
-            let job = Job {
-                args: SettleArgs {
-                    keys,
-                    mode,
-                    actual: u64::MAX,
-                    expire_at_unix: -5,
-                },
-                reserved: 42,
-            };
-            assert_eq!(Job::decode(&job.encode()), Some(job));
-        }
-        assert_eq!(Job::decode(b""), None);
-        assert_eq!(Job::decode(&[3, b'x']), None);
     }
 }
