@@ -81,7 +81,7 @@ FLEET_SECS ?= 15
 # The `#[ignore]`d tests of wasm-test/tests/{fleet,cluster}.rs, one at a time (each starts up to 3 Envoys,
 # a Redis Cluster and an Envoy redis_proxy), with their tables printed.
 fleet: deps build
-	$(ENVOY_ENV) FLEET_SECS=$(FLEET_SECS) cargo test --no-fail-fast -p wasm-test --test fleet --test cluster \
+	$(ENVOY_ENV) FLEET_SECS=$(FLEET_SECS) cargo test --no-fail-fast -p wasm-test --test fleet --test cluster --test upgrade \
 		-- --ignored --test-threads=1 --nocapture
 	@echo "make fleet: all passed"
 
