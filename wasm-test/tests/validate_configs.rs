@@ -622,8 +622,14 @@ fn docker_compose_mounts_files_that_exist_and_takes_images_from_variables() {
     // Official images by default, each replaceable by a variable.
     for (var, default) in [
         ("ENVOY_IMAGE", "envoyproxy/envoy:v1.40.0"),
-        ("REDIS_IMAGE", "redis:7"),
-        ("WEBDIS_IMAGE", "nicolas/webdis:latest"),
+        (
+            "REDIS_IMAGE",
+            "redis:7.4.11@sha256:c6eabf748fc7a61dbb5a705c78bcf3d6377b1127a97d0ce965c11c44ba46896f",
+        ),
+        (
+            "WEBDIS_IMAGE",
+            "nicolas/webdis:0.1.22@sha256:5a7d342e3a9e5667fe05f045beae4b5042681d1d737f60843b7dfd11f96ab72f",
+        ),
         ("MOCK_IMAGE", "tokengate-mock-provider"),
     ] {
         assert!(
