@@ -556,8 +556,10 @@ def main():
     versions = a.istio.split(",") if a.istio else None
     jobs = []
     if a.render:
+        # (Hidden directories are tests' scratch copies.)
         overlays = a.overlay or sorted(n for n in os.listdir(os.path.join(DEPLOY, "overlays"))
-                                       if os.path.isfile(os.path.join(DEPLOY, "overlays", n, "kustomization.yaml")))
+                                       if not n.startswith(".")
+                                       and os.path.isfile(os.path.join(DEPLOY, "overlays", n, "kustomization.yaml")))
         for overlay in overlays:
             for minor in versions or ISTIO_VERSIONS:
                 text = render(overlay, minor, a.plugin_url)
