@@ -29,8 +29,9 @@
    runs the filter and the provider's cluster; the provider's ServiceEntry and DestinationRule are exported to
    their namespace only; the gateway's hosts include the Service's short forms (<svc>.<ns>.svc, <svc>.<ns>);
    every container image is pinned by digest; NetworkPolicies let only tokengate's pods reach Webdis and only
-   Webdis reach Redis, and the AuthorizationPolicies name principals of this namespace; the WasmPlugin pins
-   well-formed digests; no demo tenants.
+   Webdis reach Redis, and the AuthorizationPolicies name principals of this namespace; Webdis' REDIS_HOST is
+   the in-cluster Redis Service, or another host when components/external-redis removed it; the WasmPlugin
+   pins well-formed digests; no demo tenants.
 4. --bootstrap OUT: writes an Envoy bootstrap built from the Envoy fragments of the gateway rendering (the
    EnvoyFilter patches, the WasmPlugin's pluginConfig with --wasm, the Istio-named clusters with the
    DestinationRule's TLS) for `envoy --mode validate`.
@@ -388,9 +389,21 @@ def check_references(docs):
         for _, d in by_kind.get(kind, []):
             pods[d["metadata"]["name"]] = d["spec"]["template"]["metadata"]["labels"]
     webdis, redis = pods.get("webdis", {}), pods.get("redis", {})
+    redis_host = next((e.get("value") for _, d in by_kind.get("Deployment", []) if d["metadata"]["name"] == "webdis"
+                       for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
+                       if e.get("name") == "REDIS_HOST"), None)
+    redis_services = {f"{sv['metadata']['name']}{suffix}" for _, sv in by_kind.get("Service", [])
+                      if selects(sv["spec"].get("selector"), redis)
+                      for suffix in ("", f".{ns}", f".{ns}.svc", f".{ns}.svc.cluster.local")} if redis else set()
+    if redis and redis_host not in redis_services:
+        err("quota store", f"Webdis' REDIS_HOST {redis_host!r} is not the in-cluster Redis Service "
+                           f"{sorted(redis_services)} (an external Redis: add components/external-redis)")
+    if not redis and redis_host in (None, "redis"):
+        err("quota store", f"no in-cluster Redis, yet Webdis' REDIS_HOST is {redis_host!r}: set inputs redisHost")
     for target, labels, port, allowed in (("webdis", webdis, 7379, proxy_labels), ("redis", redis, 6379, webdis)):
         if not labels:
-            err("network policy", f"no {target} workload in the manifests")
+            if target == "webdis":
+                err("network policy", "no webdis workload in the manifests")
             continue
         pols = [d for _, d in by_kind.get("NetworkPolicy", [])
                 if selects(d["spec"]["podSelector"].get("matchLabels"), labels)

@@ -208,7 +208,7 @@ fn the_inputs_reach_every_place_that_names_them() {
         &[
             ("pluginUrl", url.as_str()),
             ("providerHost", "llm.example.net"),
-            ("redisHost", "redis.shared-data.svc.cluster.local"),
+            ("redisHost", "redis.team-blue.svc.cluster.local"),
             ("jwtIssuer", "https://login.example.org"),
             ("jwtAudience", "llm-platform"),
             ("jwksUri", "https://login.example.org/keys"),
@@ -230,7 +230,7 @@ fn the_inputs_reach_every_place_that_names_them() {
         &[
             ("pluginUrl", url.as_str()),
             ("providerHost", "llm.example.net"),
-            ("redisHost", "redis.shared-data.svc.cluster.local"),
+            ("redisHost", "redis.team-blue.svc.cluster.local"),
             ("clientServiceAccount", "chat-backend"),
         ],
         &[
@@ -241,6 +241,58 @@ fn the_inputs_reach_every_place_that_names_them() {
         ],
     );
     assert!(out.contains("cluster.local/ns/team-blue/sa/chat-backend"));
+}
+
+#[test]
+fn an_external_redis_replaces_the_in_cluster_one() {
+    let overlays = repo_root().join("deploy/overlays");
+    let copy = Scratch::new(&overlays, "external-redis");
+    for f in [
+        "kustomization.yaml",
+        "inputs.yaml",
+        "gateway.yaml",
+        "request-authentication.yaml",
+    ] {
+        let _ = std::fs::copy(overlays.join("gateway").join(f), copy.0.join(f));
+    }
+    let k = copy.0.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&k).unwrap_or_default();
+    assert!(text.contains("- ../../components/inputs\n"));
+    let with = text.replace(
+        "- ../../components/inputs\n",
+        "- ../../components/inputs\n- ../../components/external-redis\n",
+    );
+    std::fs::write(&k, with).unwrap_or_default();
+    let inputs = copy.0.join("inputs.yaml");
+    let original = std::fs::read_to_string(&inputs).unwrap_or_default();
+    let rendered = copy.0.join("rendered.yaml");
+    // Without a host of its own, Webdis would look for the Redis Service that is gone: refused.
+    std::fs::write(&rendered, kustomize(&copy.0)).unwrap_or_default();
+    let (ok, out) = validate(&[rendered.to_str().unwrap_or_default()]);
+    assert!(
+        !ok && out.contains("no in-cluster Redis, yet Webdis' REDIS_HOST is 'redis'"),
+        "{out}"
+    );
+    std::fs::write(
+        &inputs,
+        original.replace(
+            "redisHost: redis\n",
+            "redisHost: redis.data.example.internal\n",
+        ),
+    )
+    .unwrap_or_default();
+    let text = kustomize(&copy.0);
+    for gone in [
+        "kind: StatefulSet",
+        "name: redis-from-webdis-only",
+        "name: redis-strict-mtls",
+    ] {
+        assert!(!text.contains(gone), "{gone} is still rendered");
+    }
+    assert!(text.contains("value: redis.data.example.internal"));
+    std::fs::write(&rendered, &text).unwrap_or_default();
+    let (ok, out) = validate(&[rendered.to_str().unwrap_or_default()]);
+    assert!(ok, "{out}");
 }
 
 #[test]
