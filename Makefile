@@ -4,6 +4,7 @@
 #   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
 #                   (includes the short fault matrix, wasm-test/tests/faults.rs: ~45 s, 5 phases × 5 s of load)
+#                   and the rolling-upgrade test (upgrade.rs, ~65 s) and the deploy/ renderings (deploy.rs, ~80 s)
 #   make soak       the fault matrix long: Redis paused/killed/restarted, Webdis killed, Envoy SIGTERM +
 #                   restart under load, both quota.on_failure policies, ledger vs Redis counters; prints
 #                   the table. SOAK_SECONDS (300) of load over the 5 phases (each fault repeated every 15 s),
