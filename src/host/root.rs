@@ -154,10 +154,7 @@ impl RootContext for Root {
                         "cannot set the tick period; shaping releases late",
                     );
                 }
-                abi::log(
-                    Level::Info,
-                    &format!("configured: {} bucket rules", cfg.rules.len()),
-                );
+                abi::log(Level::Info, &format!("configured: {}", cfg.summary()));
                 if cfg.quota.is_some() {
                     // Before traffic: a key Envoy creates ignores CAS (see crate::journal).
                     let _ = crate::journal::init(&super::store::HostStore);
