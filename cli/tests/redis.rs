@@ -6,11 +6,9 @@
 
 mod common;
 
-use common::{have_redis, now, ok, rows, tg, write};
-use tokengate::calendar::{month_end_unix, month_label};
-use tokengate::quota::*;
-use tokengate::webdis::ScriptCall;
-use wasm_test::{http, RedisServer, TempDir, Webdis};
+use common::{have_redis, now, ok, rows, tg, write, Scripts};
+use tokengate::calendar::month_label;
+use wasm_test::{RedisServer, TempDir, Webdis};
 
 struct Stack {
     _webdis: Webdis,
@@ -64,12 +62,11 @@ impl Stack {
         ok(&a)
     }
 
-    fn post(&self, body: &str) -> Vec<u8> {
-        let r = http::Client::new(self.webdis_port)
-            .post("/", &[], body.as_bytes())
-            .unwrap_or_else(|e| panic!("webdis: {e}"));
-        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-        r.body
+    fn scripts(&self) -> Scripts {
+        Scripts {
+            webdis_port: self.webdis_port,
+            month: self.month.clone(),
+        }
     }
 
     fn reserve(
@@ -81,61 +78,16 @@ impl Stack {
         output: u64,
         limit: u64,
     ) -> bool {
-        let a = ReserveArgs {
-            tenant: account.into(),
-            model: model.map(str::to_string),
-            month: self.month.clone(),
-            request_id: id.into(),
-            prompt_cost: prompt,
-            output_cost: output,
-            default_limit: limit,
-            default_model_limit: 0,
-            expire_at_unix: month_end_unix(now(), 0) + 86_400,
-            deadline_s: 3600,
-            clamp_output: false,
-            min_output_cost: 0,
-            lease_owner: lease_owner(0xe1),
-        };
-        let b = self.post(&reserve_request(&a, ScriptCall::Eval));
-        parse_reserve_reply(200, &b)
-            .unwrap_or_else(|e| panic!("reserve: {e:?}"))
-            .allowed
+        self.scripts()
+            .reserve(account, model, id, prompt, output, limit)
     }
 
     fn settle(&self, account: &str, model: Option<&str>, id: &str, actual: u64) {
-        let keys = QuotaKeys::new(account, model, &self.month, id);
-        let s = SettleArgs {
-            keys,
-            mode: SettleMode::Settle,
-            actual,
-            expire_at_unix: month_end_unix(now(), 0) + 86_400,
-        };
-        let b = self.post(&settle_request(&[&s], ScriptCall::Eval));
-        assert_eq!(
-            parse_settle_reply(200, &b, 1).unwrap_or_else(|e| panic!("settle: {e:?}")),
-            vec![1]
-        );
+        self.scripts().settle(account, model, id, actual)
     }
 
-    /// A lease of Envoy `envoy` growing to `want`; returns what it holds.
     fn lease(&self, account: &str, model: Option<&str>, envoy: u64, want: u64, limit: u64) -> u64 {
-        let a = LeaseArgs {
-            keys: QuotaKeys::new(account, model, &self.month, "-"),
-            lease_id: lease_id(envoy, model, &self.month),
-            reported_total: 0,
-            want,
-            target: None,
-            default_limit: limit,
-            default_model_limit: 0,
-            expire_at_unix: month_end_unix(now(), 0) + 86_400,
-            ttl_s: 60,
-            max_grant: 1_000_000_000,
-            max_share_percent: 100,
-        };
-        let b = self.post(&lease_request(&a, ScriptCall::Eval));
-        parse_lease_reply(200, &b)
-            .unwrap_or_else(|e| panic!("lease: {e:?}"))
-            .held
+        self.scripts().lease(account, model, envoy, want, limit)
     }
 
     fn get(&self, key: &str) -> i64 {

@@ -105,3 +105,98 @@ pub fn rows(json: &str) -> Vec<(String, String, String, i64, i64, i64, i64)> {
         })
         .collect()
 }
+
+/// The filter's own quota scripts, sent through a Webdis as the filter sends them.
+pub struct Scripts {
+    /// Webdis' port.
+    pub webdis_port: u16,
+    /// The month of the keys.
+    pub month: String,
+}
+
+use tokengate::calendar::month_end_unix;
+use tokengate::quota::*;
+use tokengate::webdis::ScriptCall;
+
+impl Scripts {
+    pub fn post(&self, body: &str) -> Vec<u8> {
+        let r = wasm_test::http::Client::new(self.webdis_port)
+            .post("/", &[], body.as_bytes())
+            .unwrap_or_else(|e| panic!("webdis: {e}"));
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.body
+    }
+
+    pub fn reserve(
+        &self,
+        account: &str,
+        model: Option<&str>,
+        id: &str,
+        prompt: u64,
+        output: u64,
+        limit: u64,
+    ) -> bool {
+        let a = ReserveArgs {
+            tenant: account.into(),
+            model: model.map(str::to_string),
+            month: self.month.clone(),
+            request_id: id.into(),
+            prompt_cost: prompt,
+            output_cost: output,
+            default_limit: limit,
+            default_model_limit: 0,
+            expire_at_unix: month_end_unix(now(), 0) + 86_400,
+            deadline_s: 3600,
+            clamp_output: false,
+            min_output_cost: 0,
+            lease_owner: lease_owner(0xe1),
+        };
+        let b = self.post(&reserve_request(&a, ScriptCall::Eval));
+        parse_reserve_reply(200, &b)
+            .unwrap_or_else(|e| panic!("reserve: {e:?}"))
+            .allowed
+    }
+
+    pub fn settle(&self, account: &str, model: Option<&str>, id: &str, actual: u64) {
+        let keys = QuotaKeys::new(account, model, &self.month, id);
+        let s = SettleArgs {
+            keys,
+            mode: SettleMode::Settle,
+            actual,
+            expire_at_unix: month_end_unix(now(), 0) + 86_400,
+        };
+        let b = self.post(&settle_request(&[&s], ScriptCall::Eval));
+        assert_eq!(
+            parse_settle_reply(200, &b, 1).unwrap_or_else(|e| panic!("settle: {e:?}")),
+            vec![1]
+        );
+    }
+
+    /// A lease of Envoy `envoy` growing to `want`; returns what it holds.
+    pub fn lease(
+        &self,
+        account: &str,
+        model: Option<&str>,
+        envoy: u64,
+        want: u64,
+        limit: u64,
+    ) -> u64 {
+        let a = LeaseArgs {
+            keys: QuotaKeys::new(account, model, &self.month, "-"),
+            lease_id: lease_id(envoy, model, &self.month),
+            reported_total: 0,
+            want,
+            target: None,
+            default_limit: limit,
+            default_model_limit: 0,
+            expire_at_unix: month_end_unix(now(), 0) + 86_400,
+            ttl_s: 60,
+            max_grant: 1_000_000_000,
+            max_share_percent: 100,
+        };
+        let b = self.post(&lease_request(&a, ScriptCall::Eval));
+        parse_lease_reply(200, &b)
+            .unwrap_or_else(|e| panic!("lease: {e:?}"))
+            .held
+    }
+}
