@@ -111,9 +111,7 @@ fn bad_configs() -> Vec<String> {
         format!(
             r#"{{"rules":[{r}],"quota":{{"cluster":"w","monthly_limit":1,"prices":{{"m":{{"input":1,"output":1}}}}}}}}"#
         ),
-        format!(
-            r#"{{"rules":[{{"name":"spend","tokens_per_second":1,"burst":1}}],"quota":{{"cluster":"w","currency":"USD","prices":{{"*":{{"input":1,"output":1}}}},"budgets":[{{"name":"spend","scope":"shared","monthly_limit":1}}]}}}}"#
-        ),
+        r#"{"rules":[{"name":"spend","tokens_per_second":1,"burst":1}],"quota":{"cluster":"w","currency":"USD","prices":{"*":{"input":1,"output":1}},"budgets":[{"name":"spend","scope":"shared","monthly_limit":1}]}}"#.to_string(),
         format!(
             r#"{{"rules":[{r}],"quota":{{"cluster":"w","currency":"USD","prices":{{"*":{{"input":1,"output":1}}}},"budgets":[{{"name":"b","scope":"shared","monthly_limit":0}}]}}}}"#
         ),
