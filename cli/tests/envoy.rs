@@ -202,6 +202,15 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     let dir = TempDir::new("cli-ledger");
     let cfg_path = write(dir.path(), "config.json", &cfg.to_string());
     let url = format!("redis://127.0.0.1:{}", redis.port);
+    // The load line names what is configured (it said `configured: 0 bucket rules` with limits only),
+    // and `check` says the same.
+    let summary = "configured: 1 bucket rules, 0 limits, quota (2 budgets)";
+    assert!(
+        envoy.wait_log(summary, Duration::from_secs(10)),
+        "{}",
+        envoy.log()
+    );
+    assert!(ok(&["check", &cfg_path]).ends_with(&format!(": ok: {summary}\n")));
 
     // 24 requests: two tenants, two teams, two models, a completion count lowered by the mock for some.
     let mut ledger = Vec::new();
