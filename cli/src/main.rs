@@ -450,6 +450,19 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         } => {
             let cfg = config(&g)?;
             let month = month(&cfg, m.as_deref())?;
+            if let Some(gr) = &group {
+                for part in gr.split('/') {
+                    if let Some((level, _)) = part.split_once('=') {
+                        if !cfg.groups.iter().any(|l| l.name == level) {
+                            let names: Vec<&str> =
+                                cfg.groups.iter().map(|l| l.name.as_str()).collect();
+                            return Err(Failure::input(format!(
+                                "--group {gr:?}: no group level {level:?} in the configuration (levels: {names:?})"
+                            )));
+                        }
+                    }
+                }
+            }
             let mut store = store::Store::connect(&g.redis)?;
             let months = accounts::read_month(&mut store, &month)?;
             let sel = usage::Select {

@@ -442,3 +442,40 @@ fn help_shows_examples_and_exits_zero() {
     let r = tg(&["usage", "--by", "nothing"]);
     assert_eq!(r.code, 2);
 }
+
+#[test]
+fn budget_counters_per_model_are_reported_in_money_when_redis_has_them() {
+    // The filter keeps no per-model counter for a budget today (it reserves budgets without the model);
+    // a filter that passed the model would get them from the same scripts, and the report reads them:
+    // what team red spent on each model, in money.
+    let Some(s) = Stack::start() else { return };
+    let team = "~b:team-spend:group=red";
+    assert!(s.reserve(team, Some("gpt-x"), "m1", 10, 10, 100_000_000));
+    s.settle(team, Some("gpt-x"), "m1", 1_250_000);
+    assert!(s.reserve(team, Some("gpt-y"), "m2", 10, 10, 100_000_000));
+    s.settle(team, Some("gpt-y"), "m2", 500);
+    let out = s.tg(&[
+        "usage",
+        "--group",
+        "group=red",
+        "--by",
+        "model",
+        "--format",
+        "csv",
+    ]);
+    let (cfg, url) = (s.config(CONFIG), s.url());
+    let r = tg(&[
+        "--config", &cfg, "--redis", &url, "usage", "--group", "team=red",
+    ]);
+    assert_eq!(r.code, 2, "a level the configuration lacks: {}", r.err);
+    println!("{out}");
+    assert!(
+        out.contains("budget,team-spend:group=red,gpt-x,USD,1.25,"),
+        "{out}"
+    );
+    assert!(
+        out.contains("budget,team-spend:group=red,gpt-y,USD,0.0005,"),
+        "{out}"
+    );
+    assert!(out.contains("total,,,USD,1.2505,"), "{out}");
+}
