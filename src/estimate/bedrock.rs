@@ -31,8 +31,8 @@
 //! `invoke` bodies (see [`invoke_shape`]): an Anthropic Messages body (`anthropic_version`, as Claude
 //! on Bedrock takes it) is read as `/v1/messages`; Amazon Nova's `messages-v1` body (`schemaVersion`,
 //! or Converse-shaped `messages` for a `nova` model) as Converse; any other body (Llama's `prompt`,
-//! Titan's `inputText`, Mistral, Cohere, AI21, …) is counted by its size, so that a shape the filter
-//! does not know is never counted low, with the output from the first output limit it names
+//! Titan's `inputText`, Mistral, Cohere, AI21, …) is counted by its size (each string at least as its
+//! text estimate), so that a shape the filter does not know is never counted low, with the output from the first output limit it names
 //! (`max_tokens`, `max_gen_len`, `maxTokenCount`, `max_new_tokens`, `maxTokens`,
 //! `max_completion_tokens`, `max_tokens_to_sample`, at the top or one object down).
 
@@ -604,7 +604,7 @@ const OUTPUT_KEYS: [&str; 7] = [
 ];
 
 /// An `invoke` body of a shape the filter does not know: its size as JSON text
-/// ([`SIZE_BYTES_PER_TOKEN`] per token), and the first output limit it names (at the top, or in an
+/// ([`SIZE_BYTES_PER_TOKEN`] per token; each string at least its text estimate), and the first output limit it names (at the top, or in an
 /// object one level down: Titan's `textGenerationConfig.maxTokenCount`); a limit that is not a
 /// non-negative integer is a bad field.
 pub(super) fn by_size(v: &Value) -> (u64, Res<Option<u64>>) {
@@ -643,9 +643,12 @@ fn value_size(v: &Value, depth: usize) -> u64 {
         return 0;
     }
     match v {
+        // By size, but never below the text estimate: text whose tokens are shorter than 3 bytes
+        // (identifiers, numbers, tables) would otherwise be counted low.
         Value::String(s) => (s.len() as u64)
             .div_ceil(SIZE_BYTES_PER_TOKEN)
-            .saturating_add(1),
+            .saturating_add(1)
+            .max(text_tokens(s)),
         Value::Array(a) => a
             .iter()
             .fold(1u64, |t, x| t.saturating_add(value_size(x, depth + 1))),
