@@ -17,7 +17,6 @@
 //! models) is compared with the same truth to show how much it errs high.
 
 #[path = "../benches/common/corpus.rs"]
-#[allow(dead_code)]
 mod corpus;
 
 use serde_json::json;
