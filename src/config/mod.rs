@@ -19,13 +19,14 @@
 //! One file per section, each with its raw serde structs, its validated types and its step of
 //! `validate()`: `top.rs` (tenant, model and body fields, shared-store bounds), `rules.rs`, `models.rs`
 //! (`default_output`, `models`), `breaker.rs`, `quota.rs`, `global.rs` (`global_buckets`), `paths.rs`
-//! (`unmetered_paths`); `shim.rs`
+//! (`unmetered_paths`), `families.rs` (`azure_openai`); `shim.rs`
 //! holds the Webdis shim settings `quota` and `global_buckets` share, `fields.rs` the value checks every
 //! section uses and `shape.rs` the serde-level errors. Every public type is re-exported here
 //! (`crate::config::Rule`, `crate::config::QuotaSettings`, …).
 
 mod breaker;
 mod budgets;
+mod families;
 mod fields;
 mod global;
 mod groups;
@@ -40,6 +41,7 @@ mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
 pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
+pub use families::{AzureOpenAi, UnknownDeployment, MAX_DEPLOYMENTS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
@@ -147,6 +149,8 @@ pub struct Config {
     /// Refuse OpenAI Responses requests with `background: true` (`background_responses: "refuse"`, the
     /// default): the provider generates after the response, which carries no usage.
     pub refuse_background: bool,
+    /// Azure OpenAI deployments → models (`azure_openai`).
+    pub azure_openai: AzureOpenAi,
 }
 
 impl Config {
@@ -269,6 +273,7 @@ struct RawConfig {
     global_buckets: Option<global::RawGlobal>,
     unmetered_paths: Option<paths::RawUnmetered>,
     background_responses: Option<String>,
+    azure_openai: Option<families::RawAzure>,
 }
 
 /// Parses and validates the plugin configuration.
@@ -308,6 +313,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         global_buckets,
         unmetered_paths,
         background_responses,
+        azure_openai,
     } = raw;
     let sources = top::sources(tenant_header, model_header, api_key_tenants, default_tenant)?;
     let api_keys = api_keys
@@ -332,6 +338,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let global = global_buckets.map(global::global).transpose()?;
     let unmetered = paths::unmetered(unmetered_paths)?;
     let refuse_background = top::refuse_background(background_responses)?;
+    let azure_openai = families::azure(azure_openai)?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
     if let Some(q) = &quota {
         for (i, b) in q.budgets.list.iter().enumerate() {
@@ -350,6 +357,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         || quota.is_some()
         || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);
     Ok(Config {
+        azure_openai,
         unmetered,
         refuse_background,
         reads_responses,

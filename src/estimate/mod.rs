@@ -71,16 +71,19 @@ use std::fmt;
 
 mod anthropic;
 mod ascii;
+mod bedrock;
 mod chat;
 mod classes;
 mod completions;
 mod escapes;
 mod fitted;
+mod gemini;
 mod json;
 mod latin;
 mod output;
 mod parts;
 mod responses;
+mod route;
 mod scripts;
 mod shape;
 mod tables;
@@ -96,6 +99,8 @@ use output::{choices, requested_output};
 use shape::Seed;
 use top::{Fields, Top};
 
+pub use gemini::VIDEO_TOKENS_PER_KB;
+pub use route::{route, PathModel, Route, MAX_PATH_MODEL_LEN};
 pub use shape::SIZE_BYTES_PER_TOKEN;
 pub use text::{text_features, text_tokens};
 pub use tools::{
@@ -149,8 +154,23 @@ pub enum ApiKind {
     Embeddings,
     /// OpenAI `POST /v1/responses`.
     Responses,
-    /// Anthropic `POST /v1/messages`.
+    /// Anthropic `POST /v1/messages` (also Claude on Vertex AI's `:rawPredict` / `:streamRawPredict`,
+    /// see [`route`]).
     AnthropicMessages,
+    /// Gemini API / Vertex AI `POST …/models/{model}:generateContent`.
+    GeminiGenerate,
+    /// Gemini API / Vertex AI `POST …/models/{model}:streamGenerateContent` (SSE with `alt=sse`,
+    /// else a streamed JSON array).
+    GeminiStream,
+    /// Bedrock `POST /model/{modelId}/converse`.
+    BedrockConverse,
+    /// Bedrock `POST /model/{modelId}/converse-stream` (AWS event stream).
+    BedrockConverseStream,
+    /// Bedrock `POST /model/{modelId}/invoke` (the model's own body).
+    BedrockInvoke,
+    /// Bedrock `POST /model/{modelId}/invoke-with-response-stream` (AWS event stream of the model's own
+    /// events).
+    BedrockInvokeStream,
 }
 
 /// OpenAI Assistants' `…/threads/<thread id>/messages` (stores a message, bills nothing).
@@ -191,6 +211,12 @@ impl ApiKind {
             ApiKind::Embeddings => "embeddings",
             ApiKind::Responses => "responses",
             ApiKind::AnthropicMessages => "anthropic_messages",
+            ApiKind::GeminiGenerate => "gemini_generate",
+            ApiKind::GeminiStream => "gemini_stream",
+            ApiKind::BedrockConverse => "bedrock_converse",
+            ApiKind::BedrockConverseStream => "bedrock_converse_stream",
+            ApiKind::BedrockInvoke => "bedrock_invoke",
+            ApiKind::BedrockInvokeStream => "bedrock_invoke_stream",
         }
     }
 }
@@ -295,6 +321,188 @@ pub fn estimate(
     estimate_by(kind, body, limits, true)
 }
 
+/// [`estimate`] of a request whose path names its model ([`route`]: Gemini, Vertex AI, Bedrock, an
+/// Azure deployment once mapped to its model): `path_model`, when given, is the estimate's `model`
+/// and the one `limits` is asked about, whatever the body's `model` says (the provider serves the
+/// path's). Gemini bodies are read by `gemini.rs`, Bedrock's by `bedrock.rs` (an `invoke` body by its
+/// shape: Anthropic Messages, Nova's Converse-like body, or any other by its size); every other kind
+/// as [`estimate`] reads it.
+pub fn estimate_with_model(
+    kind: ApiKind,
+    body: &[u8],
+    path_model: Option<&str>,
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+) -> Result<Estimate, EstimateError> {
+    estimate_model_by(kind, body, path_model, limits, true)
+}
+
+/// [`estimate_with_model`], with the fast walk tried first if `fast`.
+fn estimate_model_by(
+    kind: ApiKind,
+    body: &[u8],
+    path_model: Option<&str>,
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+    fast: bool,
+) -> Result<Estimate, EstimateError> {
+    let limits = |m: Option<&str>| limits(path_model.or(m));
+    let mut e = match kind {
+        ApiKind::GeminiGenerate | ApiKind::GeminiStream => {
+            gemini_estimate(kind, body, &limits, fast)?
+        }
+        ApiKind::BedrockConverse | ApiKind::BedrockConverseStream => {
+            converse_estimate(kind, body, &limits, fast)?
+        }
+        ApiKind::BedrockInvoke | ApiKind::BedrockInvokeStream => {
+            let text =
+                std::str::from_utf8(body).map_err(|e| EstimateError::NotJson(e.to_string()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| EstimateError::NotJson(e.to_string()))?;
+            if !v.is_object() {
+                return Err(EstimateError::NotObject);
+            }
+            match bedrock::invoke_shape(&v, path_model) {
+                bedrock::InvokeShape::Anthropic => Estimate {
+                    kind,
+                    stream: kind == ApiKind::BedrockInvokeStream,
+                    include_usage: false,
+                    ..estimate_by(ApiKind::AnthropicMessages, body, &limits, fast)?
+                },
+                bedrock::InvokeShape::Converse => converse_estimate(kind, body, &limits, fast)?,
+                bedrock::InvokeShape::Size => {
+                    let (prompt_tokens, requested) = bedrock::by_size(&v);
+                    let requested_output = requested?;
+                    let model = v.get("model").and_then(|m| m.as_str()).map(str::to_string);
+                    let lim = limits(model.as_deref());
+                    Estimate {
+                        kind,
+                        model,
+                        prompt_tokens,
+                        output_tokens: requested_output
+                            .unwrap_or(lim.default_tokens)
+                            .min(lim.cap_tokens),
+                        requested_output,
+                        output_choices: 1,
+                        stream: kind == ApiKind::BedrockInvokeStream,
+                        include_usage: false,
+                        background: false,
+                    }
+                }
+            }
+        }
+        _ => estimate_by(kind, body, &limits, fast)?,
+    };
+    if let Some(m) = path_model {
+        e.model = Some(m.to_string());
+    }
+    Ok(e)
+}
+
+/// Reads `body` into `$fields` with the top-level shape `$top` (`{raw, fields}`): the fast walk first
+/// if `$fast`, else (or when it gives up) the reference walk on fresh fields (`$fresh`). Evaluates to
+/// `Result<bool, EstimateError>` (false: not an object).
+macro_rules! walk_body {
+    ($body:expr, $fast:expr, $fields:ident, $fresh:expr, $top:ident) => {{
+        let walked = if $fast {
+            let mut de = json::Scanner::new($body);
+            let mut go = || -> Result<bool, json::Bail> {
+                let o = Seed($top {
+                    raw: true,
+                    fields: &mut $fields,
+                })
+                .deserialize(&mut de)?;
+                de.end()?;
+                Ok(o)
+            };
+            go().ok()
+        } else {
+            None
+        };
+        match walked {
+            Some(o) => Ok(o),
+            None => {
+                let text = std::str::from_utf8($body)
+                    .map_err(|e| EstimateError::NotJson(e.to_string()))?;
+                $fields = $fresh;
+                let mut de = serde_json::Deserializer::from_str(text);
+                Seed($top {
+                    raw: false,
+                    fields: &mut $fields,
+                })
+                .deserialize(&mut de)
+                .and_then(|o| de.end().map(|()| o))
+                .map_err(|e| EstimateError::NotJson(e.to_string()))
+            }
+        }
+    }};
+}
+
+/// A Gemini `generateContent` body (see `gemini.rs`).
+fn gemini_estimate(
+    kind: ApiKind,
+    body: &[u8],
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+    fast: bool,
+) -> Result<Estimate, EstimateError> {
+    use gemini::{GeminiFields, GeminiTop};
+    let mut f = GeminiFields::new();
+    if !walk_body!(body, fast, f, GeminiFields::new(), GeminiTop)? {
+        return Err(EstimateError::NotObject);
+    }
+    let model = std::mem::replace(&mut f.model, Ok(None))?;
+    let prompt_tokens = f.prompt_tokens()?;
+    let requested_output = f.requested_output()?;
+    let n = f.choices()?;
+    let lim = limits(model.as_deref());
+    let per_choice = requested_output
+        .unwrap_or_else(|| f.default_output(lim.default_tokens))
+        .min(lim.cap_tokens);
+    Ok(Estimate {
+        kind,
+        model,
+        prompt_tokens,
+        output_tokens: per_choice.saturating_mul(n),
+        requested_output,
+        output_choices: n,
+        stream: kind == ApiKind::GeminiStream,
+        include_usage: false,
+        background: false,
+    })
+}
+
+/// A Bedrock Converse body (or Nova's `messages-v1` invoke body; see `bedrock.rs`).
+fn converse_estimate(
+    kind: ApiKind,
+    body: &[u8],
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+    fast: bool,
+) -> Result<Estimate, EstimateError> {
+    use bedrock::{ConverseFields, ConverseTop};
+    let mut f = ConverseFields::new();
+    if !walk_body!(body, fast, f, ConverseFields::new(), ConverseTop)? {
+        return Err(EstimateError::NotObject);
+    }
+    let model = std::mem::replace(&mut f.model, Ok(None))?;
+    let prompt_tokens = f.prompt_tokens()?;
+    let requested_output = f.requested_output()?;
+    let lim = limits(model.as_deref());
+    Ok(Estimate {
+        kind,
+        model,
+        prompt_tokens,
+        output_tokens: requested_output
+            .unwrap_or_else(|| f.default_output(lim.default_tokens))
+            .min(lim.cap_tokens),
+        requested_output,
+        output_choices: 1,
+        stream: matches!(
+            kind,
+            ApiKind::BedrockConverseStream | ApiKind::BedrockInvokeStream
+        ),
+        include_usage: false,
+        background: false,
+    })
+}
+
 /// [`estimate`], with the fast walk tried first if `fast`.
 fn estimate_by(
     kind: ApiKind,
@@ -302,6 +510,16 @@ fn estimate_by(
     limits: &dyn Fn(Option<&str>) -> OutputLimits,
     fast: bool,
 ) -> Result<Estimate, EstimateError> {
+    if !matches!(
+        kind,
+        ApiKind::ChatCompletions
+            | ApiKind::Completions
+            | ApiKind::Embeddings
+            | ApiKind::Responses
+            | ApiKind::AnthropicMessages
+    ) {
+        return estimate_model_by(kind, body, None, limits, fast);
+    }
     let mut fields = Fields::new();
     let walked = if fast {
         walk_fast(body, kind, &mut fields).ok()
