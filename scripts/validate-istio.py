@@ -24,7 +24,7 @@
 3. Cross-references no schema sees: the plugin's cluster names are Istio's (`outbound|<port>||<host>`) of a
    Service or ServiceEntry of these manifests, in their namespace, with the matching :authority; every selector
    selects tokengate's pods (the gateway's, or the label the sidecar variant asks workloads to carry); the
-   identity chain removes the client's tenant header first (and the gateway variant sets it from JWT claims);
+   identity comes from verified JWT claims in dynamic metadata (tenant_claim) or API keys, never a header;
    TLS is originated for every ServiceEntry port routed to; the buffer-limit patches match the listener that
    runs the filter and the provider's cluster; the provider's ServiceEntry and DestinationRule are exported to
    their namespace only; the gateway's hosts include the Service's short forms (<svc>.<ns>.svc, <svc>.<ns>);
@@ -289,26 +289,24 @@ def check_references(docs):
             if not selects(sel, proxy_labels):
                 err(where(d, file), "does not select tokengate's pods")
 
-    # Identity: header_mutation first removes the tenant header; (gateway) RequestAuthentication sets it.
-    removed, first = set(), False
-    for file, ef in by_kind.get("EnvoyFilter", []):
-        for p in ef["spec"]["configPatches"]:
-            v = p["patch"].get("value", {})
-            if p["applyTo"] == "HTTP_FILTER" and v.get("name") == "envoy.filters.http.header_mutation":
-                first = p["patch"]["operation"] == "INSERT_FIRST" and p["match"].get("context") == context
-                for m in v["typed_config"]["mutations"]["request_mutations"]:
-                    removed.add(m.get("remove"))
-    if not first:
-        err("identity", f"no EnvoyFilter inserts header_mutation FIRST in the {context} HTTP filters")
-    for h in (tenant_header, "x-tokengate-group"):
-        if h not in removed:
-            err("identity", f"header_mutation does not remove the client's {h}")
+    # Identity: from what Istio verified, never a header. The tenant comes from a claim of the JWT that
+    # RequestAuthentication verified (dynamic metadata, `tenant_claim`) or from the API key; a tenant or
+    # group header would be identity only with `trusted_headers` (and a strip nothing here ships), and a
+    # claim copied into a header (outputClaimToHeaders) would reach the provider.
+    if tenant_header or any(g.get("header") for g in cfg.get("groups") or []) or cfg.get("group_header"):
+        err("identity", "pluginConfig names an identity header: take the tenant from tenant_claim "
+                        "(RequestAuthentication) or api_keys")
     if not sidecar:
-        outs = {(o["claim"], o["header"]) for _, ra in by_kind.get("RequestAuthentication", [])
-                for r in ra["spec"]["jwtRules"] for o in r.get("outputClaimToHeaders", [])}
-        if ("tenant", tenant_header) not in outs or ("group", "x-tokengate-group") not in outs:
-            err("identity", f"RequestAuthentication must output claims tenant -> {tenant_header} and "
-                            f"group -> x-tokengate-group, has {sorted(outs)}")
+        if not cfg.get("tenant_claim"):
+            err("identity", "pluginConfig has no tenant_claim: the gateway's RequestAuthentication names no tenant")
+        if not by_kind.get("RequestAuthentication"):
+            err("identity", "no RequestAuthentication verifies the tokens tenant_claim reads")
+    for _, ra in by_kind.get("RequestAuthentication", []):
+        for r in ra["spec"]["jwtRules"]:
+            for o in r.get("outputClaimToHeaders", []):
+                err("identity", f"RequestAuthentication copies claim {o.get('claim')!r} into header "
+                                f"{o.get('header')!r}: it would reach the provider; tokengate reads the claims "
+                                "from the dynamic metadata")
 
     # Egress: routed ServiceEntry ports are HTTP with TLS originated by a DR; provider objects stay local.
     drs = {d["spec"]["host"]: d for _, d in by_kind.get("DestinationRule", [])}

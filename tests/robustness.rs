@@ -144,7 +144,7 @@ fn estimator_never_panics_on_mutated_or_random_bodies() {
 #[test]
 fn config_parser_never_panics() {
     let mut rng = Rng(42);
-    let seed = br#"{"tenant_header":"x-tenant-id","rules":[{"name":"a","model":"gpt-4*","tokens_per_second":10,"burst":100,"requests_per_minute":5,"max_wait_ms":10}],"breaker":{"failure_threshold":2,"model_fallbacks":{"a":"b"}},"quota":{"cluster":"webdis","monthly_limit":100,"tenants":{"t":{"monthly_limit":5}}}}"#;
+    let seed = br#"{"tenant_header":"x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"},"rules":[{"name":"a","model":"gpt-4*","tokens_per_second":10,"burst":100,"requests_per_minute":5,"max_wait_ms":10}],"breaker":{"failure_threshold":2,"model_fallbacks":{"a":"b"}},"quota":{"cluster":"webdis","monthly_limit":100,"tenants":{"t":{"monthly_limit":5}}}}"#;
     assert!(tokengate::config::parse(seed).is_ok());
     for _ in 0..20_000 {
         let _ = tokengate::config::parse(&mutate(&mut rng, seed));

@@ -200,7 +200,10 @@ fn exception(family: Family, status: u32) -> &'static str {
     }
 }
 
-const CLASSES: [Class; 14] = [
+const CLASSES: [Class; 17] = [
+    Class::InvalidClaim,
+    Class::IdentityConflict,
+    Class::ModelRequired,
     Class::TokensPerSecond,
     Class::RequestsPerMinute,
     Class::ConcurrencyLimit,

@@ -262,7 +262,10 @@ pub fn split_key(key: &str) -> Option<(&str, &str)> {
 /// overrides, read in a few pipelined round trips.
 pub fn read_month(store: &mut Store, month: &str) -> Result<Vec<Month>, Failure> {
     let month_enc = sanitize(month);
-    let keys = store.scan(&format!("{}{{*}}:{month_enc}*", tokengate::store::keys::QUOTA))?;
+    let keys = store.scan(&format!(
+        "{}{{*}}:{month_enc}*",
+        tokengate::store::keys::QUOTA
+    ))?;
     // encoded account -> encoded models
     let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for k in &keys {

@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn budgets_parse_in_micro_units_and_unpriced_models_take_the_highest_price() {
         let c = parse_str(
-            r#"{"tenant_header": "x-t", "groups": [{"name": "team", "header": "x-team"}],
+            r#"{"tenant_header": "x-t", "groups": [{"name": "team", "header": "x-team"}], "trusted_headers": {"set_by": "ext_authz"},
                 "rules": [{"tokens_per_second": 1, "burst": 1}],
                 "quota": {"cluster": "webdis", "currency": "EUR",
                   "prices": {"a": {"input": 2, "output": 8, "cached_input": 0.5}, "b": {"input": 3, "output": 1}},

@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn limits_parse_with_scopes_and_in_flight_caps() {
         let c = parse_str(
-            r#"{"group_header": "x-tokengate-group", "rules": [{"tokens_per_second": 1, "burst": 1}],
+            r#"{"group_header": "x-tokengate-group", "trusted_headers": {"set_by": "ext_authz"}, "rules": [{"tokens_per_second": 1, "burst": 1}],
                "limits": [
                  {"name": "prov", "model": "gpt-4.1", "scope": "shared", "tokens_per_second": 300000, "burst": 2000000},
                  {"name": "team", "scope": "group", "max_in_flight": 20},

@@ -30,6 +30,7 @@ mod families;
 mod fields;
 mod global;
 mod groups;
+mod identity;
 mod limits;
 mod models;
 mod paths;
@@ -44,7 +45,8 @@ pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use families::{AzureOpenAi, UnknownDeployment, MAX_DEPLOYMENTS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
-pub use models::DEFAULT_OUTPUT;
+pub use identity::{ClaimPath, Claims, DEFAULT_JWT_KEY, DEFAULT_JWT_NAMESPACE, MAX_CLAIM_SEGMENTS};
+pub use models::{DefaultModel, DEFAULT_OUTPUT};
 pub use paths::{glob, Unmetered, BUILT_IN as UNMETERED_BUILT_IN};
 pub use quota::{AbandonedCharge, LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
@@ -96,8 +98,16 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 /// The validated runtime configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// Header carrying the tenant id.
+    /// Where verified JWT claims are read and which names the tenant (`tenant_claim`, `jwt_metadata`).
+    pub claims: Claims,
+    /// Header carrying the tenant id (only with `trusted_headers`).
     pub tenant_header: Option<String>,
+    /// `trusted_headers.set_by`: who sets the identity headers (`None`: headers are no identity).
+    pub trusted_headers: Option<String>,
+    /// Send the identity headers on upstream (`forward_identity_headers`; default false: removed).
+    pub forward_identity_headers: bool,
+    /// What a body without a model is charged as (`default_model`).
+    pub default_model: DefaultModel,
     /// Group levels, outermost first (org, team), each from a trusted header (`group_header` is one
     /// level named `group`).
     pub groups: Vec<GroupLevel>,
@@ -110,7 +120,8 @@ pub struct Config {
     pub api_keys: Option<crate::identity::ApiKeys>,
     /// Tenant used when none is found (`None` → 401).
     pub default_tenant: Option<String>,
-    /// Header giving the model (used in the headers phase and when the body has none).
+    /// Header naming the model in the headers phase: a hint that can only speed up a refusal (the
+    /// body's model decides).
     pub model_header: Option<String>,
     /// Largest request body accepted on LLM paths.
     pub max_body_bytes: usize,
@@ -249,6 +260,11 @@ impl Config {
 )]
 struct RawConfig {
     tenant_header: Option<String>,
+    tenant_claim: Option<identity::RawClaim>,
+    jwt_metadata: Option<identity::RawJwtMetadata>,
+    trusted_headers: Option<identity::RawTrusted>,
+    forward_identity_headers: Option<bool>,
+    default_model: Option<models::RawDefaultModel>,
     group_header: Option<String>,
     groups: Option<Vec<groups::RawGroupLevel>>,
     tenant_groups: Option<UniqueMap<UniqueMap<String>>>,
@@ -289,6 +305,11 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
 /// sections must agree on.
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let RawConfig {
+        tenant_claim,
+        jwt_metadata,
+        trusted_headers,
+        forward_identity_headers,
+        default_model,
         tenant_header,
         group_header,
         groups,
@@ -324,7 +345,24 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let output_above_cap = top::above_cap(output_above_cap)?;
     let write_absent_limit = top::write_absent_limit(output_limit_absent)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
+    let shorthand = group_header.is_some();
     let groups = groups::groups(groups, group_header, tenant_groups)?;
+    let claims = identity::claims(jwt_metadata, tenant_claim)?;
+    let header_field = if sources.tenant_header.is_some() {
+        Some("tenant_header")
+    } else {
+        groups
+            .levels
+            .iter()
+            .any(|l| l.header.is_some())
+            .then_some(if shorthand {
+                "group_header"
+            } else {
+                "groups[].header"
+            })
+    };
+    let trusted_headers = identity::trusted_headers(trusted_headers, header_field)?;
+    let default_model = models::default_model(default_model)?;
     let rules = match (rules, &limits) {
         // Only limits: no first-match rule at all.
         (None, Some(l)) if !l.is_empty() => Vec::new(),
@@ -357,6 +395,10 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         || quota.is_some()
         || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);
     Ok(Config {
+        claims,
+        trusted_headers,
+        forward_identity_headers: forward_identity_headers.unwrap_or(false),
+        default_model,
         azure_openai,
         unmetered,
         refuse_background,
@@ -464,7 +506,10 @@ mod tests {
         let c = parse(sample.as_bytes()).unwrap();
         assert!(c.breaker.is_some() && c.quota.is_some());
         let every = r#"{
-          "tenant_header": "x-tenant-id", "api_key_tenants": true, "default_tenant": "anon",
+          "tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "ext_authz"},
+          "tenant_claim": "tenant", "jwt_metadata": {"namespace": "envoy.filters.http.jwt_authn", "key": "payload"},
+          "forward_identity_headers": false, "default_model": {"local": "llama", "*": "gpt-4.1-mini"},
+          "api_key_tenants": true, "default_tenant": "anon",
           "model_header": "x-model", "max_body_bytes": 1048576,
           "invalid_body": {"action": "charge", "tokens": 100},
           "default_output": {"default_max_tokens": 512, "max_tokens_cap": 4096},

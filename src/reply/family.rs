@@ -92,6 +92,14 @@ pub enum Class {
     /// An Azure OpenAI deployment that `azure_openai.deployments` does not list
     /// (`unknown_deployment: "refuse"`), or a model in the path that cannot be read.
     UnknownDeployment,
+    /// A claim of the verified token that should name the tenant or a group is not an id (a number
+    /// too large, a list, an object, characters outside the id's).
+    InvalidClaim,
+    /// Two verified identities name different tenants (a listed API key of another tenant than the
+    /// verified token's).
+    IdentityConflict,
+    /// The body names no model and no default model is configured for its route.
+    ModelRequired,
 }
 
 /// How a class is answered.
@@ -128,6 +136,9 @@ impl Class {
             Class::ThinkingBudgetDoesNotFit => "thinking_budget_does_not_fit",
             Class::ConcurrencyLimit => "concurrency_limit_exceeded",
             Class::UnknownDeployment => "unknown_deployment",
+            Class::InvalidClaim => "invalid_identity_claim",
+            Class::IdentityConflict => "identity_conflict",
+            Class::ModelRequired => "model_required",
         }
     }
 
@@ -162,9 +173,12 @@ impl Class {
             | Class::OutputLimitTooLarge
             | Class::ThinkingBudgetDoesNotFit
             | Class::BackgroundNotMetered
-            | Class::UnknownDeployment => (400, "INVALID_ARGUMENT"),
-            Class::MissingTenant => (401, "UNAUTHENTICATED"),
-            Class::ForbiddenTenant | Class::PathNotMetered => (403, "PERMISSION_DENIED"),
+            | Class::UnknownDeployment
+            | Class::ModelRequired => (400, "INVALID_ARGUMENT"),
+            Class::MissingTenant | Class::IdentityConflict => (401, "UNAUTHENTICATED"),
+            Class::ForbiddenTenant | Class::PathNotMetered | Class::InvalidClaim => {
+                (403, "PERMISSION_DENIED")
+            }
             Class::CircuitOpen | Class::QuotaUnavailable | Class::LimiterUnavailable => {
                 (503, "UNAVAILABLE")
             }
@@ -187,10 +201,13 @@ impl Class {
             | Class::OutputLimitTooLarge
             | Class::ThinkingBudgetDoesNotFit
             | Class::BackgroundNotMetered
-            | Class::UnknownDeployment => (400, "ValidationException"),
-            Class::MissingTenant | Class::ForbiddenTenant | Class::PathNotMetered => {
-                (403, "AccessDeniedException")
-            }
+            | Class::UnknownDeployment
+            | Class::ModelRequired => (400, "ValidationException"),
+            Class::MissingTenant
+            | Class::ForbiddenTenant
+            | Class::PathNotMetered
+            | Class::InvalidClaim
+            | Class::IdentityConflict => (403, "AccessDeniedException"),
             Class::CircuitOpen | Class::QuotaUnavailable | Class::LimiterUnavailable => {
                 (503, "ServiceUnavailableException")
             }
@@ -241,7 +258,8 @@ impl Class {
                 | Class::BackgroundNotMetered
                 | Class::OutputLimitTooLarge
                 | Class::ThinkingBudgetDoesNotFit
-                | Class::UnknownDeployment => (
+                | Class::UnknownDeployment
+                | Class::ModelRequired => (
                     400,
                     "invalid_request_error",
                     reason,
@@ -249,7 +267,7 @@ impl Class {
                     "invalid_request_error",
                     false,
                 ),
-                Class::MissingTenant => (
+                Class::MissingTenant | Class::IdentityConflict => (
                     401,
                     "invalid_request_error",
                     reason,
@@ -257,7 +275,7 @@ impl Class {
                     "authentication_error",
                     false,
                 ),
-                Class::ForbiddenTenant | Class::PathNotMetered => (
+                Class::ForbiddenTenant | Class::PathNotMetered | Class::InvalidClaim => (
                     403,
                     "invalid_request_error",
                     reason,

@@ -328,7 +328,8 @@ fn the_validator_refuses_broken_renderings() {
         ),
         ("gateway", "serviceAccountName: webdis", "serviceAccount_Name: webdis", "'serviceAccount_Name' was unexpected"),
         ("gateway", "    protocol: HTTP\n    targetPort: 443", "    protocol: HTTPS\n    targetPort: 443", "must be an HTTP port"),
-        ("gateway", "- remove: x-tenant-id", "- remove: x-something", "does not remove the client's x-tenant-id"),
+        ("gateway", "    tenant_claim: tenant\n", "    tenant_header: x-tenant-id\n", "pluginConfig names an identity header"),
+        ("gateway", "    forwardOriginalToken: false\n", "    forwardOriginalToken: false\n    outputClaimToHeaders:\n    - header: x-tenant-id\n      claim: tenant\n", "copies claim 'tenant' into header"),
         ("gateway", "portNumber: 8080", "portNumber: 15001", "no GATEWAY LISTENER patch"),
         ("gateway", "  exportTo:\n  - .\n  host: api.openai.com", "  host: api.openai.com", "exportTo None"),
         ("gateway", "  exportTo:\n  - .\n  hosts:\n  - api.openai.com", "  hosts:\n  - api.openai.com", "exportTo None"),
@@ -360,7 +361,6 @@ fn the_validator_refuses_broken_renderings() {
             "url: oci://registry.example.com/platform/tokengate@sha256:0.2.0",
             "the digest after @sha256: must be 64 lowercase hex",
         ),
-        ("sidecar", "context: SIDECAR_OUTBOUND\n      listener:\n        filterChain", "context: GATEWAY\n      listener:\n        filterChain", "inserts header_mutation FIRST in the SIDECAR_OUTBOUND"),
         ("sidecar", "  - mode: CLIENT\n    ports:\n    - number: 80\n", "  - mode: CLIENT\n", "match mode CLIENT without ports"),
     ];
     let mut failures = Vec::new();

@@ -337,7 +337,7 @@ fn plugin_config_is_the_same_in_envoy_and_docker_configs_and_istio_keeps_its_set
     // (scripts/validate-istio.py checks the cluster names against the manifests).
     let istio = istio_plugin_config();
     for key in [
-        "tenant_header",
+        "tenant_claim",
         "api_key_tenants",
         "model_header",
         "max_body_bytes",
@@ -443,7 +443,8 @@ fn sample_config_has_the_documented_rules() {
             .any(|r| r["tenant"] == "*" && r["model"] == "*"),
         "no default rule"
     );
-    assert_eq!(config["tenant_header"], "x-tenant-id");
+    assert_eq!(config["tenant_claim"], "tenant");
+    assert!(config.get("tenant_header").is_none());
     assert_eq!(config["api_key_tenants"], true);
 }
 
@@ -719,44 +720,38 @@ fn http_filter_names(yaml: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_bootstrap_removes_client_identity_headers_before_any_other_filter() {
+fn every_bootstrap_takes_identity_from_what_jwt_authn_verified_never_from_a_header() {
     let config = envoy_plugin_config("envoy.yaml");
-    let tenant_header = config["tenant_header"].as_str().expect("tenant_header");
+    assert_eq!(config["tenant_claim"], "tenant");
+    for key in ["tenant_header", "group_header", "trusted_headers"] {
+        assert!(config.get(key).is_none(), "envoy.yaml: {key}");
+    }
     for file in ["envoy.yaml", "envoy-docker.yaml"] {
         let yaml = read(&envoy_dir().join(file));
         let filters = http_filter_names(&yaml);
         assert_eq!(
             filters,
             [
-                "envoy.filters.http.header_mutation",
                 "envoy.filters.http.jwt_authn",
                 "envoy.filters.http.wasm",
                 "envoy.filters.http.router"
             ],
             "{file}: http_filters"
         );
-        let first = yaml
-            .find("- name: envoy.filters.http.header_mutation")
-            .expect("header_mutation");
         let jwt = yaml
             .find("- name: envoy.filters.http.jwt_authn")
             .expect("jwt_authn");
-        let mutation = &yaml[first..jwt];
-        for header in [tenant_header, "x-tokengate-group"] {
-            assert!(
-                mutation.contains(&format!("- remove: {header}\n")),
-                "{file}: header_mutation does not remove {header}"
-            );
-        }
         let authn = &yaml[jwt..];
-        for (claim, header) in [("tenant", tenant_header), ("group", "x-tokengate-group")] {
-            assert!(
-                authn.contains(&format!(
-                    "- header_name: {header}\n                    claim_name: {claim}\n"
-                )),
-                "{file}: jwt_authn does not map claim {claim} to {header}"
-            );
-        }
+        // The verified payload goes where the filter reads it (the default jwt_metadata); no claim is
+        // copied into a header, which the provider would see.
+        assert!(
+            authn.contains("payload_in_metadata: payload\n"),
+            "{file}: payload_in_metadata"
+        );
+        assert!(
+            !authn.contains("claim_to_headers"),
+            "{file}: claim_to_headers"
+        );
         // Missing tokens fall through to the API key; a present but bad token is refused (not
         // `allow_missing_or_failed`).
         assert!(
@@ -792,8 +787,19 @@ fn defined_metrics() -> (Vec<String>, Vec<String>) {
         );
     }
     let mut prefixes = Vec::new();
-    for entry in std::fs::read_dir(repo_root().join("src/flow")).expect("src/flow") {
-        let path = entry.expect("entry").path();
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("src/flow")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/flow") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    for path in files {
         if path.extension().is_some_and(|e| e == "rs") {
             prefixes.extend(
                 read(&path)
@@ -881,7 +887,7 @@ fn grafana_dashboard_queries_only_metrics_the_filter_exports() {
     let mock_port = wasm_test::free_port();
     let envoy = wasm_test::Envoy::start(wasm_test::EnvoyOpts::new(
         mock_port,
-        serde_json::json!({"tenant_header": "x-tenant-id", "rules": [
+        serde_json::json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
             {"name": "all", "tenant": "*", "model": "*", "tokens_per_second": 10, "burst": 100}]}),
     ))
     .expect("envoy with the filter");

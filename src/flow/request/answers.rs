@@ -30,6 +30,48 @@ pub fn two_api_keys() -> Refusal {
     )
 }
 
+/// 401: a listed API key of another tenant than the verified identity names.
+pub fn identity_conflict(verified: &str) -> Refusal {
+    Refusal::new(
+        Class::IdentityConflict,
+        format!("The API key belongs to another tenant than the verified identity ('{verified}'): send the key issued to that tenant, or none."),
+    )
+}
+
+/// 403: a claim of the verified token that is not an id.
+pub fn invalid_claim(claim: &str, setting: &str) -> Refusal {
+    let claim = clip(claim, 64);
+    Refusal::new(
+        Class::InvalidClaim,
+        format!("The verified token's claim '{claim}' ({setting}) is not an id: one string of 1-128 characters from [A-Za-z0-9._:@-], or a whole number."),
+    )
+}
+
+/// 400: an Azure OpenAI deployment that `azure_openai.deployments` does not list.
+pub fn unknown_deployment(deployment: &str) -> Refusal {
+    let d = clip(deployment, 128);
+    Refusal::new(
+        Class::UnknownDeployment,
+        format!("The deployment '{d}' is not one this gateway knows: its model, and so its cost, is unknown."),
+    )
+}
+
+/// 400: a model in the request path that cannot be read.
+pub fn unreadable_path_model() -> Refusal {
+    Refusal::new(
+        Class::UnknownDeployment,
+        "The model named in the request path cannot be read (empty, too long, or a bad escape).",
+    )
+}
+
+/// 400: the body names no model and no default model is configured for its route.
+pub fn model_required() -> Refusal {
+    Refusal::new(
+        Class::ModelRequired,
+        "The request names no model, and this gateway has no default model for its route: send the model in the body.",
+    )
+}
+
 /// 403: a tenant the client may not name.
 pub fn forbidden_tenant(header: &str) -> Refusal {
     Refusal::new(

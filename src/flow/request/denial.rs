@@ -20,6 +20,14 @@ pub(in crate::flow) enum Reason {
     UnknownApiKey,
     /// No tenant.
     NoTenant,
+    /// A listed API key of another tenant than the verified identity's.
+    IdentityConflict,
+    /// A claim of the verified token that should be an id is not.
+    InvalidClaim,
+    /// The body names no model and no default is configured.
+    ModelRequired,
+    /// An Azure deployment not listed, or a path model that cannot be read.
+    UnknownDeployment,
     /// A body over `max_body_bytes`.
     TooLarge,
     /// A body that is not a request to its API.
@@ -106,6 +114,30 @@ impl Reason {
                 Some(M::RequestsRejectedNoTenant),
                 "no_tenant",
                 "tokengate_no_tenant",
+                false,
+            ),
+            Reason::IdentityConflict => (
+                Some(M::RequestsRejectedNoTenant),
+                "identity_conflict",
+                "tokengate_identity_conflict",
+                false,
+            ),
+            Reason::InvalidClaim => (
+                Some(M::RequestsRejectedNoTenant),
+                "invalid_claim",
+                "tokengate_invalid_claim",
+                false,
+            ),
+            Reason::ModelRequired => (
+                Some(M::RequestsRejectedInvalidBody),
+                "model_required",
+                "tokengate_model_required",
+                false,
+            ),
+            Reason::UnknownDeployment => (
+                Some(M::RequestsRejectedInvalidBody),
+                "unknown_deployment",
+                "tokengate_unknown_deployment",
                 false,
             ),
             Reason::TooLarge => (

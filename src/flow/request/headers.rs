@@ -6,7 +6,9 @@
 use super::answers;
 use super::denial::{Denial, Reason};
 use super::state::{Meta, Request, Stage};
-use crate::estimate::ApiKind;
+use super::steps;
+use crate::config::Config;
+use crate::estimate::{self, ApiKind, PathModel};
 use crate::flow::cx::Cx;
 use crate::flow::effect::{Effect, Headers, Next};
 use crate::flow::metric::Metric;
@@ -15,12 +17,9 @@ use std::borrow::Cow;
 
 /// The API an LLM call is for, from its method and path; `None` for anything else (passed untouched).
 /// Query, fragment, `;` parameters of any segment, trailing slashes and ASCII case do not hide an LLM
-/// path (an upstream that ignores them must not serve unmetered calls).
+/// path (an upstream that ignores them must not serve unmetered calls). See [`estimate::route`].
 pub fn api_kind(method: Option<&str>, path: Option<&str>) -> Option<ApiKind> {
-    if method != Some("POST") {
-        return None;
-    }
-    ApiKind::from_path(&normalized_path(path))
+    estimate::route(method, path).map(|r| r.kind)
 }
 
 /// A request path as the filter reads it: without query, fragment and `;` parameters of any segment,
@@ -54,9 +53,13 @@ fn upgrade(h: &dyn Headers) -> bool {
     h.get("upgrade").is_some() || h.get(":protocol").is_some()
 }
 
-/// The family to answer an unmetered path in: Anthropic's for its paths (`…/messages…` but OpenAI
-/// Assistants' `…/threads/…`, `…/complete`) or a client that sends `anthropic-version`, else OpenAI's.
+/// The family to answer an unmetered path in: Gemini's or Bedrock's for theirs, Anthropic's for its
+/// paths (`…/messages…` but OpenAI Assistants' `…/threads/…`, `…/complete`) or a client that sends
+/// `anthropic-version`, else OpenAI's.
 fn family_of_path(path: &str, h: &dyn Headers) -> Family {
+    if let Some(f) = Family::of_unmetered_path(path) {
+        return f;
+    }
     if h.get("anthropic-version").is_some()
         || (path.contains("/messages") && !path.contains("/threads/"))
         || path.ends_with("/complete")
@@ -78,11 +81,12 @@ impl Request {
         let cfg = cx.cfg;
         // A request asking for a protocol upgrade (a WebSocket) has no body to meter, whatever its path:
         // it is judged as a write on a path that is not metered.
-        let kind = if upgrade(h) {
+        let route = if upgrade(h) {
             None
         } else {
-            api_kind(h.get(":method"), h.get(":path"))
+            estimate::route(h.get(":method"), h.get(":path"))
         };
+        steps::identity::strip_headers(cx, h);
         if let Some(b) = &cfg.breaker {
             // Only the filter may steer requests to a fallback cluster, on every path and method (a
             // client-sent value would pick the fallback route for requests the filter passes).
@@ -92,7 +96,7 @@ impl Request {
                 )));
             }
         }
-        let Some(kind) = kind else {
+        let Some(route) = route else {
             if may_spend(h) {
                 let path = normalized_path(h.get(":path"));
                 if !cfg.unmetered.allows(&path) {
@@ -108,11 +112,20 @@ impl Request {
             self.stage = Stage::Passthrough;
             return Next::Continue;
         };
+        let kind = route.kind;
         self.family = Family::of(kind);
         self.reply_id = reply_id(h, self.id, cx.now());
         let mut meta = Meta {
             kind: Some(kind),
             ..Meta::default()
+        };
+        match path_model(cfg, route.model) {
+            Ok(m) => meta.path_model = m,
+            Err(d) => return self.deny(cx, &meta, "", None, d),
+        }
+        meta.azure_v1 = meta.path_model.is_none() && {
+            let p = normalized_path(h.get(":path"));
+            p.starts_with("/openai/v1/") || p.starts_with("/openai/responses")
         };
         if cfg.reads_responses && h.get("accept-encoding").is_some() {
             // The filter reads the response (usage for settlements and refunds, the end of SSE streams
@@ -144,6 +157,27 @@ impl Request {
             return self.on_body(cx, &[]);
         }
         Next::Continue
+    }
+}
+
+/// The model a metered path names, resolved: an Azure deployment's model (`azure_openai`), a Gemini,
+/// Vertex AI or Bedrock model id; a deployment `azure_openai` does not list (`unknown_deployment:
+/// "refuse"`) or a model the path spells unreadably is refused (400).
+fn path_model(cfg: &Config, m: PathModel) -> Result<Option<String>, Box<Denial>> {
+    match m {
+        PathModel::None => Ok(None),
+        PathModel::Model(m) => Ok(Some(m)),
+        PathModel::Deployment(d) => match cfg.azure_openai.model_for(&d) {
+            Some(m) => Ok(Some(m)),
+            None => Err(Denial::new(
+                Reason::UnknownDeployment,
+                answers::unknown_deployment(&d),
+            )),
+        },
+        PathModel::Unreadable => Err(Denial::new(
+            Reason::UnknownDeployment,
+            answers::unreadable_path_model(),
+        )),
     }
 }
 

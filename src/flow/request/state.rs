@@ -145,8 +145,14 @@ pub(in crate::flow) enum ClusterSeen {
 pub(in crate::flow) struct Meta {
     pub kind: Option<ApiKind>,
     pub tenant: String,
-    /// The model named in `model_header`.
+    /// The model named in `model_header`: a hint for the headers phase only (the body decides).
     pub model_hint: Option<String>,
+    /// The model the path names (an Azure deployment's model, a Gemini, Vertex AI or Bedrock model
+    /// id): it decides over the body's.
+    pub path_model: Option<String>,
+    /// An Azure OpenAI `v1` path (`/openai/v1/…`, `/openai/responses`): the body's model is a
+    /// deployment name, mapped by `azure_openai.deployments`.
+    pub azure_v1: bool,
     /// Names the quota settlement (`<client x-request-id>-<context>-<ns>`).
     pub request_id: String,
     /// The cluster breaker as the headers phase saw it (`None`: no cluster breaker).

@@ -6,6 +6,7 @@ mod budgets;
 mod contract;
 mod failures;
 mod glease;
+mod identity;
 mod lease;
 mod limits;
 mod settlement;

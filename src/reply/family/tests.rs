@@ -192,7 +192,34 @@ fn a_spent_quota_forbids_retries_and_keeps_its_reset_out_of_retry_after() {
 
 /// The contract table, written out by hand: class, OpenAI status/type/code, Anthropic status/type,
 /// retryable.
-const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 18] = [
+const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 21] = [
+    (
+        Class::InvalidClaim,
+        403,
+        "invalid_request_error",
+        "invalid_identity_claim",
+        403,
+        "permission_error",
+        false,
+    ),
+    (
+        Class::IdentityConflict,
+        401,
+        "invalid_request_error",
+        "identity_conflict",
+        401,
+        "authentication_error",
+        false,
+    ),
+    (
+        Class::ModelRequired,
+        400,
+        "invalid_request_error",
+        "model_required",
+        400,
+        "invalid_request_error",
+        false,
+    ),
     (
         Class::UnknownDeployment,
         400,
@@ -587,7 +614,28 @@ fn the_trio_with_the_least_remaining_is_reported_whole() {
 }
 
 /// Every class: Gemini's (status, `google.rpc.Code`) and Bedrock's (status, exception).
-const FAMILIES: [(Class, u32, &str, u32, &str); 18] = [
+const FAMILIES: [(Class, u32, &str, u32, &str); 21] = [
+    (
+        Class::InvalidClaim,
+        403,
+        "PERMISSION_DENIED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::IdentityConflict,
+        401,
+        "UNAUTHENTICATED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::ModelRequired,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
     (
         Class::TokensPerSecond,
         429,

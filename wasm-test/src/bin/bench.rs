@@ -200,7 +200,7 @@ fn default_envoy(root: &Path) -> PathBuf {
 /// tokengate's configuration for the benchmark: every mechanism on the hot path, nothing rejected.
 fn tokengate_config() -> serde_json::Value {
     serde_json::json!({
-        "tenant_header": "x-tenant-id",
+        "tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"},
         "api_key_tenants": true,
         "rules": [{
             "name": "bench",

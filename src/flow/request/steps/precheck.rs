@@ -1,5 +1,5 @@
-//! Headers step: a rule or limit that certainly applies (the model is known from `model_header`, or does
-//! not matter to it) and cannot admit even one more request is refused (429) before the upstream is
+//! Headers step: a rule or limit that certainly applies (the model is known from the path or
+//! `model_header`, or does not matter to it) and cannot admit even one more request is refused (429) before the upstream is
 //! contacted: its bucket is empty (read, not charged; a global bucket's from its refusal cache) or its
 //! in-flight slots are all held. Shadow limits are left to the body phase (they only count). The bucket
 //! read is kept: the body phase's charge of the same key starts from it (its CAS catches any write in
@@ -23,8 +23,11 @@ pub(in crate::flow) fn check(
     meta: &mut Meta,
 ) -> Result<(), Box<Denial>> {
     let cfg = cx.cfg;
-    let model = meta.model_hint.clone().unwrap_or_default();
-    let mut idxs: Vec<usize> = match meta.model_hint.as_deref() {
+    // The model the path names decides; `model_header` is only a hint (a wrong one can only refuse
+    // early what its sender asked for: the body phase charges the body's model).
+    let named = meta.path_model.as_deref().or(meta.model_hint.as_deref());
+    let model = named.unwrap_or_default().to_string();
+    let mut idxs: Vec<usize> = match named {
         Some(m) => cfg.rule_for(&meta.tenant, m),
         None => cfg.rule_without_model(&meta.tenant),
     }
@@ -32,8 +35,8 @@ pub(in crate::flow) fn check(
     .collect();
     let base = cfg.rules.len();
     for (j, l) in cfg.limits.iter().enumerate() {
-        let known = meta.model_hint.is_some()
-            || (l.model == ModelMatch::Any && !(l.per_model && l.has_bucket));
+        let known =
+            named.is_some() || (l.model == ModelMatch::Any && !(l.per_model && l.has_bucket));
         if known && !l.shadow && l.applies(&meta.tenant, &meta.groups, &model) {
             idxs.push(base + j);
         }
