@@ -26,6 +26,7 @@
 
 mod breaker;
 mod budgets;
+mod fair;
 mod fields;
 mod global;
 mod groups;
@@ -40,6 +41,7 @@ mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
 pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
+pub use fair::{FairShare, ShareBy, MAX_DOWNGRADE_HOPS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use models::DEFAULT_OUTPUT;
@@ -300,6 +302,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let unmetered = paths::unmetered(unmetered_paths)?;
     let refuse_background = top::refuse_background(background_responses)?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
+    fair::downgrades(
+        &rules,
+        &limits,
+        quota.as_ref().map_or(&[], |q| &q.budgets.list),
+    )?;
     if let Some(q) = &quota {
         for (i, b) in q.budgets.list.iter().enumerate() {
             if rules.iter().chain(limits.iter()).any(|r| r.name == b.name) {
