@@ -5,14 +5,14 @@
 //! **One record per bucket**, charged with one CAS like a plain bucket (`tg:fs:<limit>:<subject>[:<model>]`):
 //! the bucket itself, the water levels of the last share computation, and a table of members:
 //! ```text
-//! header (192 bytes): [v=1][levels u8][members u16 K][active u16][reserved u16]
+//! header (200 bytes): [v=1][levels u8][members u16 K][active u16][reserved u16]
 //!                     [tokens f64][requests f64][updated_ns u64]        the bucket (as limits::bucket)
-//!                     [computed_ns u64][r_eff f64][avg_cost f64][reserve f64]
+//!                     [computed_ns u64][r_eff f64][avg_cost f64][reserve f64][protected f64]
 //!                     [lambda f64 × 8][cap f64 × 8]   per level: water level and what the level gets, or
 //!                                                     (λ unbounded) what it leaves over per unit of weight
-//! member (56 bytes) × (K + 1, the last one shared by members without a slot):
+//! member (64 bytes) × (K + 1, the last one shared by members without a slot):
 //!                     [hash u64][last_ns u64][credited_ns u64][demand f64][credit f64][norm f64]
-//!                     [weight f32][level u8][flags u8][0 u16]
+//!                     [weight f32][largest request f32][level u8][flags u8][0 × 6]
 //! ```
 //! Per request, inside the CAS ([`decide`]):
 //! 1. the bucket is refilled; every `window / 100` the shares are recomputed by whichever request finds
@@ -90,10 +90,14 @@ impl Tuning {
         }
     }
 
-    fn reserve(&self, p: &BucketParams, avg_cost: f64) -> f64 {
+    /// The balance shares aim at: a tenth of a window of the rate, at least four average requests, and
+    /// at least the `protected` tokens (the largest recent request of each member under its share) with
+    /// two average requests more; at most three quarters of the burst.
+    fn reserve(&self, p: &BucketParams, avg_cost: f64, protected: f64) -> f64 {
         (p.tokens_per_second * self.reserve_s)
             .max(4.0 * avg_cost)
-            .min(p.burst / 2.0)
+            .max(protected + 2.0 * avg_cost)
+            .min(p.burst * 0.75)
     }
 }
 

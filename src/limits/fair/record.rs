@@ -9,8 +9,8 @@ use crate::store::{read_f64, read_u64, Codec};
 pub const LEVELS: usize = 8;
 
 pub(super) const VERSION: u8 = 1;
-pub(super) const HEADER: usize = 64 + 16 * LEVELS;
-pub(super) const SLOT: usize = 56;
+pub(super) const HEADER: usize = 72 + 16 * LEVELS;
+pub(super) const SLOT: usize = 64;
 /// The hash of the overflow member (a real member's hash is never this, nor 0: 0 marks a free slot).
 pub(super) const OVERFLOW: u64 = u64::MAX;
 /// Water level of a level whose members all get what they ask (their share is then the level's cap).
@@ -27,8 +27,9 @@ pub(super) const H_COMPUTED: usize = 32;
 pub(super) const H_REFF: usize = 40;
 pub(super) const H_AVG_COST: usize = 48;
 pub(super) const H_RESERVE: usize = 56;
-pub(super) const H_LAMBDA: usize = 64;
-pub(super) const H_CAP: usize = 64 + 8 * LEVELS;
+pub(super) const H_PROTECTED: usize = 64;
+pub(super) const H_LAMBDA: usize = 72;
+pub(super) const H_CAP: usize = 72 + 8 * LEVELS;
 // Member offsets.
 pub(super) const M_HASH: usize = 0;
 pub(super) const M_LAST: usize = 8;
@@ -37,7 +38,8 @@ pub(super) const M_DEMAND: usize = 24;
 pub(super) const M_CREDIT: usize = 32;
 pub(super) const M_NORM: usize = 40;
 pub(super) const M_WEIGHT: usize = 48;
-pub(super) const M_LEVEL: usize = 52;
+pub(super) const M_LARGEST: usize = 52;
+pub(super) const M_LEVEL: usize = 56;
 
 /// A fair limit's record in shared data (fixed width for its member count; see the module docs).
 #[derive(Debug, Clone, PartialEq)]
@@ -191,6 +193,27 @@ impl Record {
             1.0
         }
     }
+    fn f32_at(&self, at: usize) -> f64 {
+        let b = [
+            self.byte(at),
+            self.byte(at + 1),
+            self.byte(at + 2),
+            self.byte(at + 3),
+        ];
+        let x = f64::from(f32::from_le_bytes(b));
+        if x.is_finite() {
+            x
+        } else {
+            0.0
+        }
+    }
+
+    /// Slot `i`'s largest recent request, as of `now` (it fades over ten windows), tokens.
+    fn largest(&self, i: usize, t: &Tuning, now: u64) -> f64 {
+        let at = Record::slot(i);
+        self.f32_at(at + M_LARGEST) * decay(self.u64_at(at + M_LAST), now, 20.0 * t.tau_s)
+    }
+
     pub(super) fn set_slot(&mut self, i: usize, hash: u64, weight: f64, level: u8) {
         let at = Record::slot(i);
         self.set_u64(at + M_HASH, hash);
@@ -273,6 +296,8 @@ impl Record {
         let k = decay(last, now, t.tau_s);
         let demand = self.f64_at(at + M_DEMAND) * k + cost / t.tau_s;
         let norm = self.f64_at(at + M_NORM) * k + (1.0 - k);
+        let largest = self.largest(i, t, now).max(cost);
+        self.put(at + M_LARGEST, &(largest as f32).to_le_bytes());
         self.set_u64(at + M_LAST, now.max(last));
         self.set_f64(at + M_DEMAND, demand);
         self.set_f64(at + M_NORM, norm);
@@ -343,24 +368,38 @@ impl Record {
     /// credit is first brought up to `now` at the old shares, so that each share counts exactly while in
     /// force.
     pub(super) fn recompute(&mut self, p: &BucketParams, t: &Tuning, tokens: f64, now: u64) {
-        let reserve = t.reserve(p, self.f64_at(H_AVG_COST));
-        let r_eff = (p.tokens_per_second + (tokens - reserve) / t.steer_s)
-            .clamp(0.0, p.tokens_per_second + p.burst / t.steer_s);
+        // Every active member: (level, demand / weight, demand, weight). The reserve covers the
+        // largest recent request of each member under its share at the last computation (it must find
+        // the bucket holding it), and four average requests (newcomers).
         let levels = usize::from(self.levels().clamp(1, LEVELS as u8));
-        // (level, demand / weight, demand, weight) of every active member.
         let mut active: Vec<(u8, f64, f64, f64)> = Vec::new();
+        let mut protected = 0.0;
         for i in 0..=usize::from(self.members()) {
             let at = Record::slot(i);
             let last = self.u64_at(at + M_LAST);
-            if self.u64_at(at + M_HASH) == 0 || now.saturating_sub(last) > t.idle_ns {
+            if self.u64_at(at + M_HASH) == 0 {
                 continue;
             }
-            self.accrue(i, t, now);
             let d = self.demand(i, now, t.tau_s);
             let w = self.slot_weight(i);
             let level = self.byte(at + M_LEVEL).min(levels as u8 - 1);
+            // Members silent for a while keep their claim until their slot is taken (their largest
+            // request fades over ten windows).
+            if self
+                .lambda(usize::from(level))
+                .is_none_or(|lam| d <= lam * w)
+            {
+                protected += self.largest(i, t, now);
+            }
+            if now.saturating_sub(last) > t.idle_ns {
+                continue;
+            }
+            self.accrue(i, t, now);
             active.push((level, d / w, d, w));
         }
+        let reserve = t.reserve(p, self.f64_at(H_AVG_COST), protected);
+        let r_eff = (p.tokens_per_second + (tokens - reserve) / t.steer_s)
+            .clamp(0.0, p.tokens_per_second + p.burst / t.steer_s);
         active.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
         let mut avail = r_eff;
         let mut rest = active.as_slice();
@@ -402,6 +441,7 @@ impl Record {
         self.set_u64(H_COMPUTED, now);
         self.set_f64(H_REFF, r_eff);
         self.set_f64(H_RESERVE, reserve);
+        self.set_f64(H_PROTECTED, protected);
         self.put(
             H_ACTIVE,
             &u16::try_from(active.len())

@@ -178,7 +178,7 @@ fn members_past_max_members_share_the_overflow_slot_and_idle_ones_free_theirs() 
     assert!(o.view.overflow, "a third member has no slot of its own");
     assert!(ask(&s, &c, "d", 1, 3 * MS).view.overflow);
     let len = store::MemStore::get(&s, KEY).unwrap().unwrap().0.len();
-    assert_eq!(len, 192 + 56 * 3);
+    assert_eq!(len, 200 + 64 * 3);
     // `a` stays active; `b` is silent for more than a window: `c` takes its slot.
     ask(&s, &c, "a", 1, S);
     assert!(!ask(&s, &c, "c", 1, S + 10 * MS).view.overflow);
@@ -278,7 +278,7 @@ fn records_round_trip_and_reject_a_wrong_length_or_version() {
     };
     let r = Record::fresh(4, 2, &b);
     let bytes = r.encode();
-    assert_eq!(bytes.len(), 192 + 56 * 5);
+    assert_eq!(bytes.len(), 200 + 64 * 5);
     assert_eq!(Record::decode(&bytes), Some(r.clone()));
     assert_eq!(Record::decode(&bytes[..bytes.len() - 1]), None);
     let mut v = bytes.clone();
