@@ -217,8 +217,8 @@ pub fn decide(
         return (Step::TooLarge(b.snapshot(p)), view, None);
     }
     r.refresh(p, t, b.tokens, costf, now);
-    let (i, overflow) = r.enter(m, t, costf, now);
-    let (rate, credit) = r.standing(i, t, now);
+    let e = r.enter(m, t, costf, now);
+    let (rate, credit, overflow) = (e.rate, e.credit, e.overflow);
     let (v, snap, next) = bucket::charge(&b, p, cost, now, 0);
     let (step, credit) = match (v, next) {
         (Verdict::Admit, Some(next)) if credit > 0.0 => {
@@ -249,7 +249,7 @@ pub fn decide(
             (step, credit)
         }
     };
-    r.asked(i, t, costf, credit, now);
+    r.asked(&e, t, costf, credit, now);
     let view = ShareView {
         share: rate,
         credit,
@@ -319,13 +319,11 @@ pub struct Outcome {
     pub view: ShareView,
 }
 
-fn fresh_for(rule: &Rule, share: &FairShare, now: u64) -> Record {
-    let levels = u8::try_from(share.levels.len().clamp(1, LEVELS)).unwrap_or(1);
-    Record::fresh(
-        share.max_members,
-        levels,
-        &BucketState::full(&rule.params, now),
-    )
+/// What a missing (or corrupt) record starts as: a full bucket and no table (264 bytes; [`decide`] gives
+/// it the configured table when it first writes it, so the common path never builds a whole record it
+/// does not need).
+fn fresh_for(rule: &Rule, now: u64) -> Record {
+    Record::fresh(0, 1, &BucketState::full(&rule.params, now))
 }
 
 /// Body-phase charge of `cost` tokens and one request by member `m` on `key` (one CAS; starts from the
@@ -360,7 +358,7 @@ pub fn charge(
         );
     };
     let t = Tuning::of(share);
-    let init = fresh_for(rule, share, now);
+    let init = fresh_for(rule, now);
     let result = store::update_from(store, key, cfg.cas_max_retries, &init, seen, |r| {
         let (step, view, next) = decide(r, share, &rule.params, &t, m, cost, now);
         ((step, view), next)
@@ -470,13 +468,13 @@ pub fn credit(
     amount: i64,
     now: u64,
 ) -> Result<(), UpdateError> {
-    let Some(share) = rule.fair.as_deref() else {
+    if rule.fair.is_none() {
         return Err(UpdateError::Host);
-    };
+    }
     if amount == 0 {
         return Ok(());
     }
-    let init = fresh_for(rule, share, now);
+    let init = fresh_for(rule, now);
     store::update(store, key, cfg.cas_max_retries, &init, |r| {
         ((), Some(adjust(r, &rule.params, hash, amount as f64, now)))
     })

@@ -208,10 +208,9 @@ impl Record {
         }
     }
 
-    /// Slot `i`'s largest recent request, as of `now` (it fades over ten windows), tokens.
-    fn largest(&self, i: usize, t: &Tuning, now: u64) -> f64 {
-        let at = Record::slot(i);
-        self.f32_at(at + M_LARGEST) * decay(self.u64_at(at + M_LAST), now, 20.0 * t.tau_s)
+    /// Slot `i`'s largest recent request, tokens (it fades over ten windows: see [`Record::recompute`]).
+    fn largest(&self, i: usize) -> f64 {
+        self.f32_at(Record::slot(i) + M_LARGEST)
     }
 
     pub(super) fn set_slot(&mut self, i: usize, hash: u64, weight: f64, level: u8) {
@@ -249,13 +248,7 @@ impl Record {
     /// The slot of member `m` at `now`, its credit brought up to now: its own (found or claimed), or
     /// the overflow slot (then `true`). A newcomer may send one request of `cost` at once (when it has
     /// any share), not a bank: banks handed to every newcomer would be spent first come, first served.
-    pub(super) fn enter(
-        &mut self,
-        m: &super::Member,
-        t: &Tuning,
-        cost: f64,
-        now: u64,
-    ) -> (usize, bool) {
+    pub(super) fn enter(&mut self, m: &super::Member, t: &Tuning, cost: f64, now: u64) -> Entered {
         let (i, new, overflow) = self.find(m.hash, now, t.idle_ns);
         let (hash, weight, level) = if overflow {
             (OVERFLOW, t.default_weight, t.default_level)
@@ -266,37 +259,40 @@ impl Record {
         if new {
             self.put(at, &[0; SLOT]);
             self.set_slot(i, hash, weight, level);
-            let first = self.share(level, weight, 0.0).min(cost);
-            self.set_f64(at + M_CREDIT, first);
+            let rate = self.share(level, weight, 0.0);
+            self.set_f64(at + M_CREDIT, rate.min(cost));
             self.set_u64(at + M_CREDITED, now);
             self.set_u64(at + M_LAST, now);
-        } else {
-            self.accrue(i, t, now);
-            self.set_slot(i, hash, weight, level);
+            return Entered {
+                slot: i,
+                overflow,
+                rate,
+                credit: rate.min(cost),
+                decay: 1.0,
+            };
         }
-        (i, overflow)
+        self.set_slot(i, hash, weight, level);
+        // One decay factor for the demand, its weight and (below) the ask.
+        let k = decay(self.u64_at(at + M_LAST), now, t.tau_s);
+        let rate = self.share(level, weight, self.demand_with(i, k));
+        let credit = self.accrue_at(i, rate, t, now);
+        Entered {
+            slot: i,
+            overflow,
+            rate,
+            credit,
+            decay: k,
+        }
     }
 
-    /// Slot `i`'s share (tokens/s) and credit (tokens) at `now`.
-    pub(super) fn standing(&self, i: usize, t: &Tuning, now: u64) -> (f64, f64) {
-        let at = Record::slot(i);
-        let rate = self.share(
-            self.byte(at + M_LEVEL),
-            self.slot_weight(i),
-            self.demand(i, now, t.tau_s),
-        );
-        (rate, self.f64_at(at + M_CREDIT))
-    }
-
-    /// Records slot `i`'s ask of `cost` at `now` (admitted or not: demand counts asks) and its credit
-    /// after the decision.
-    pub(super) fn asked(&mut self, i: usize, t: &Tuning, cost: f64, credit: f64, now: u64) {
-        let at = Record::slot(i);
+    /// Records the ask of `cost` at `now` of the slot `e` entered (admitted or not: demand counts
+    /// asks), and its credit after the decision.
+    pub(super) fn asked(&mut self, e: &Entered, t: &Tuning, cost: f64, credit: f64, now: u64) {
+        let at = Record::slot(e.slot);
         let last = self.u64_at(at + M_LAST);
-        let k = decay(last, now, t.tau_s);
-        let demand = self.f64_at(at + M_DEMAND) * k + cost / t.tau_s;
-        let norm = self.f64_at(at + M_NORM) * k + (1.0 - k);
-        let largest = self.largest(i, t, now).max(cost);
+        let demand = self.f64_at(at + M_DEMAND) * e.decay + cost / t.tau_s;
+        let norm = self.f64_at(at + M_NORM) * e.decay + (1.0 - e.decay);
+        let largest = self.largest(e.slot).max(cost);
         self.put(at + M_LARGEST, &(largest as f32).to_le_bytes());
         self.set_u64(at + M_LAST, now.max(last));
         self.set_f64(at + M_DEMAND, demand);
@@ -341,9 +337,13 @@ impl Record {
     /// average's weight since the member was first seen (`norm` = 1 − e^(−age/τ)), so that a newcomer's
     /// demand is not taken for a fraction of it while the average fills (at most ten times the average).
     pub(super) fn demand(&self, i: usize, now: u64, tau_s: f64) -> f64 {
+        let last = self.u64_at(Record::slot(i) + M_LAST);
+        self.demand_with(i, decay(last, now, tau_s))
+    }
+
+    /// [`Record::demand`] with the decay factor since the slot's last ask already known.
+    fn demand_with(&self, i: usize, k: f64) -> f64 {
         let at = Record::slot(i);
-        let last = self.u64_at(at + M_LAST);
-        let k = decay(last, now, tau_s);
         let norm = self.f64_at(at + M_NORM) * k + (1.0 - k);
         self.f64_at(at + M_DEMAND) * k / norm.max(0.1)
     }
@@ -354,14 +354,20 @@ impl Record {
         let level = self.byte(at + M_LEVEL);
         let demand = self.demand(i, now, t.tau_s);
         let rate = self.share(level, self.slot_weight(i), demand);
+        self.accrue_at(i, rate, t, now);
+    }
+
+    /// Brings slot `i`'s credit up to `now` at `rate` (at most `rate × bank_s`, or what it holds);
+    /// returns it.
+    fn accrue_at(&mut self, i: usize, rate: f64, t: &Tuning, now: u64) -> f64 {
+        let at = Record::slot(i);
         let since = self.u64_at(at + M_CREDITED);
         let dt = now.saturating_sub(since) as f64 / 1e9;
         let credit = self.f64_at(at + M_CREDIT);
-        self.set_f64(
-            at + M_CREDIT,
-            (credit + rate * dt).min((rate * t.bank_s).max(credit)),
-        );
+        let credit = (credit + rate * dt).min((rate * t.bank_s).max(credit));
+        self.set_f64(at + M_CREDIT, credit);
         self.set_u64(at + M_CREDITED, now.max(since));
+        credit
     }
 
     /// Recomputes the water levels at `now`, with the bucket holding `tokens`; every active member's
@@ -374,6 +380,7 @@ impl Record {
         let levels = usize::from(self.levels().clamp(1, LEVELS as u8));
         let mut active: Vec<(u8, f64, f64, f64)> = Vec::new();
         let mut protected = 0.0;
+        let fade = decay(self.u64_at(H_COMPUTED), now, 20.0 * t.tau_s);
         for i in 0..=usize::from(self.members()) {
             let at = Record::slot(i);
             let last = self.u64_at(at + M_LAST);
@@ -385,11 +392,13 @@ impl Record {
             let level = self.byte(at + M_LEVEL).min(levels as u8 - 1);
             // Members silent for a while keep their claim until their slot is taken (their largest
             // request fades over ten windows).
+            let largest = self.largest(i) * fade;
+            self.put(at + M_LARGEST, &(largest as f32).to_le_bytes());
             if self
                 .lambda(usize::from(level))
                 .is_none_or(|lam| d <= lam * w)
             {
-                protected += self.largest(i, t, now);
+                protected += largest;
             }
             if now.saturating_sub(last) > t.idle_ns {
                 continue;
@@ -449,6 +458,16 @@ impl Record {
                 .to_le_bytes(),
         );
     }
+}
+
+/// What [`Record::enter`] found: the slot, whether it is the overflow one, the member's share
+/// (tokens/s) and credit (tokens) now, and the decay factor of its demand since its last ask.
+pub(super) struct Entered {
+    pub slot: usize,
+    pub overflow: bool,
+    pub rate: f64,
+    pub credit: f64,
+    pub decay: f64,
 }
 
 /// The decay factor from `since` to `now` with time constant `tau_s` (1 when the clock went back).
