@@ -42,6 +42,7 @@ use crate::store::registry::{claim_slot, KeySet};
 use crate::store::{self, keys, Codec, SharedStore, UpdateError, UpdateStats};
 use std::borrow::Cow;
 
+pub mod global;
 mod record;
 #[cfg(test)]
 mod tests;
