@@ -683,17 +683,19 @@ fn a_burst_of_new_tenants_past_max_members_shares_one_member_and_takes_nothing_f
         secs: 10.0,
     };
     r.print(
-        "40 heavy newcomers from 3 s to 6 s, max_members 8",
+        "40 heavy newcomers from 3 s to 6 s, max_members 8 (rows and total: the first four tenants)",
         3000.0,
         10_000,
         &BTreeMap::new(),
     );
     let newcomers: u64 = tally[4..].iter().map(|y| y.got).sum();
     let with_slot = tally[4..].iter().filter(|y| y.got > 0).count();
+    let all: u64 = tally.iter().map(|y| y.got).sum();
     println!(
-        "the 40 newcomers got {:.0}/s in [3 s, 6 s) ({with_slot} of them admitted at all); {} requests had no slot of their own",
+        "the 40 newcomers got {:.0}/s in [3 s, 6 s) ({with_slot} of them admitted at all); {} requests had no slot of their own; total with them {all} = {:.1} % of the bound",
         newcomers as f64 / 3.0,
-        sim.overflowed
+        sim.overflowed,
+        100.0 * all as f64 / 40_000.0
     );
     assert!(sim.overflowed > 0);
     // 4 free slots and the overflow member: at most 5 members' shares among 40 newcomers.
