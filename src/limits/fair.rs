@@ -21,9 +21,11 @@
 //!    rate** `r_eff = rate + (tokens − reserve) / (window / 2)`: a member asking less than its weighted
 //!    share is counted at its demand, the others share the rest by weight (water level `λ`); a level gets
 //!    only what the levels above it leave. `r_eff` steers the bucket's balance to the reserve: capacity
-//!    nobody uses raises every share, a balance below the reserve lowers them (lowest level first);
-//! 2. the member's **credit** refills at its share (`min(λ × weight, level cap)`), at most half a window
-//!    of it, and its demand takes the request's cost;
+//!    nobody uses raises every share, a balance below the reserve lowers them (lowest level first). The
+//!    reserve holds the largest recent request of every member under its share (see [`Tuning`]);
+//! 2. the member's **credit** refills at its share (`min(λ × weight, level cap)`; where a whole level
+//!    gets what it asks, its demand plus its weight's part of the leftover), at most half a window of it,
+//!    and its demand takes the request's cost;
 //! 3. the request is admitted when the bucket holds its cost and the member's credit is positive (the
 //!    credit may then go into debt by one request); else it is refused — *over share* when the bucket held
 //!    the cost, *limit empty* when it did not. Either way the record is written (the demand counts).
@@ -31,7 +33,7 @@
 //! What it guarantees: the bucket alone decides the total, so the tokens admitted never exceed
 //! `burst + rate × t`, exact across workers (one CAS); a member admitted only with credit gets at most its
 //! share × t + half a window of share + one request. Members beyond `max_members` active at once share the
-//! last member's slot (counted: [`Outcome::overflow`]); a member silent for a window frees its slot.
+//! last member's slot (counted: [`ShareView::overflow`]); a member silent for a window frees its slot.
 
 use crate::config::{Config, FairShare, Rule, ShareBy};
 use crate::limits::bucket::{self, BucketParams, BucketState, Snapshot, Verdict};
@@ -64,8 +66,8 @@ pub struct Tuning {
     pub recompute_ns: u64,
     /// How fast the effective rate steers the balance back to the reserve, s (half the window).
     pub steer_s: f64,
-    /// The balance shares aim at: this much of the rate, s (a tenth of the window) — at least four
-    /// average requests, at most half the burst.
+    /// The balance shares aim at is at least this much of the rate, s (a tenth of the window); see
+    /// [`Tuning::reserve`].
     pub reserve_s: f64,
     /// A member banks at most this much of its share, s (half the window).
     pub bank_s: f64,
@@ -94,7 +96,7 @@ impl Tuning {
     /// The balance shares aim at: a tenth of a window of the rate, at least four average requests, and
     /// at least the `protected` tokens (the largest recent request of each member under its share) with
     /// two average requests more; at most three quarters of the burst.
-    fn reserve(&self, p: &BucketParams, avg_cost: f64, protected: f64) -> f64 {
+    pub fn reserve(&self, p: &BucketParams, avg_cost: f64, protected: f64) -> f64 {
         (p.tokens_per_second * self.reserve_s)
             .max(4.0 * avg_cost)
             .max(protected + 2.0 * avg_cost)

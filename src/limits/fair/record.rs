@@ -13,7 +13,8 @@ pub(super) const HEADER: usize = 72 + 16 * LEVELS;
 pub(super) const SLOT: usize = 64;
 /// The hash of the overflow member (a real member's hash is never this, nor 0: 0 marks a free slot).
 pub(super) const OVERFLOW: u64 = u64::MAX;
-/// Water level of a level whose members all get what they ask (their share is then the level's cap).
+/// Water level of a level whose members all get what they ask (a share there is the member's demand plus
+/// its weight's part of what the level leaves over).
 pub(super) const UNBOUNDED: f64 = f64::MAX;
 
 // Header offsets.

@@ -339,3 +339,49 @@ fn record_keys_are_bounded_by_max_tenants() {
     }
     assert_eq!(overflow, 8);
 }
+
+#[test]
+fn any_bytes_of_a_record_s_shape_decide_without_panicking() {
+    // Shared data is written by this filter only, but a record is still bytes: whatever they hold
+    // (NaN, infinities, huge or negative numbers, levels out of range), a decision is made.
+    let c = cfg(r#", "priority": {"levels": ["a", "b", "c"]}"#);
+    let rule = &c.limits[0];
+    let share = rule.fair.as_deref().unwrap();
+    let t = Tuning::of(share);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let m = member(share, "a", &c.groups, &[]);
+    let mut decided = 0;
+    for _ in 0..2000 {
+        let members = share.max_members;
+        let mut b = Record::fresh(members, 3, &BucketState::full(&rule.params, 0)).encode();
+        for byte in b.iter_mut().skip(1) {
+            if next() % 3 == 0 {
+                *byte = next() as u8;
+            }
+        }
+        b[1] = 1 + (next() % 8) as u8;
+        b[2..4].copy_from_slice(&members.to_le_bytes());
+        if let Some(r) = Record::decode(&b) {
+            let (_, _, next_rec) = decide(
+                &r,
+                share,
+                &rule.params,
+                &t,
+                &m,
+                next() % 2000,
+                next() % (100 * S),
+            );
+            if let Some(n) = next_rec {
+                assert!(Record::decode(&n.encode()).is_some());
+            }
+            decided += 1;
+        }
+    }
+    assert!(decided > 100, "{decided}");
+}
