@@ -43,6 +43,8 @@ pub struct Budget {
     pub tokens: bool,
     /// What a request does when the shim cannot answer.
     pub on_failure: super::QuotaFailure,
+    /// The model a request this budget cannot cover is sent to instead (`when_exhausted`).
+    pub when_exhausted: Option<String>,
 }
 
 impl Budget {
@@ -119,6 +121,7 @@ pub(super) struct RawBudget {
     monthly_limit: Option<f64>,
     on_failure: Option<String>,
     unit: Option<String>,
+    when_exhausted: Option<super::fair::RawWhenExhausted>,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +238,10 @@ pub(super) fn budgets(
                 ))
             }
         };
+        let when_exhausted = b
+            .when_exhausted
+            .map(|w| super::fair::target(&f("when_exhausted"), w))
+            .transpose()?;
         list.push(Budget {
             name,
             scope,
@@ -243,6 +250,7 @@ pub(super) fn budgets(
             limit,
             tokens,
             on_failure,
+            when_exhausted,
         });
     }
     let mut out = Budgets {
@@ -304,6 +312,7 @@ pub(super) fn budgets(
             "is required with budgets: the price per million tokens of each model (a \"*\" entry for the others)",
         ));
     }
+    super::fair::priced_targets(&out.list, &out.prices, star.is_some())?;
     out.default_price = star.unwrap_or_else(|| {
         // The highest price of each kind: a model nobody priced is never charged low.
         out.prices.iter().fold(

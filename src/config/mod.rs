@@ -26,6 +26,7 @@
 
 mod breaker;
 mod budgets;
+mod fair;
 mod families;
 mod fields;
 mod global;
@@ -42,6 +43,7 @@ mod top;
 
 pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
 pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
+pub use fair::{FairShare, ShareBy, MAX_DOWNGRADE_HOPS};
 pub use families::{AzureOpenAi, UnknownDeployment, MAX_DEPLOYMENTS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
@@ -378,6 +380,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let refuse_background = top::refuse_background(background_responses)?;
     let azure_openai = families::azure(azure_openai)?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
+    fair::downgrades(
+        &rules,
+        &limits,
+        quota.as_ref().map_or(&[], |q| &q.budgets.list),
+    )?;
     if let Some(q) = &quota {
         for (i, b) in q.budgets.list.iter().enumerate() {
             if rules.iter().chain(limits.iter()).any(|r| r.name == b.name) {

@@ -392,6 +392,8 @@ mod tests {
             is_limit: false,
             max_in_flight: None,
             shadow: false,
+            fair: None,
+            when_exhausted: None,
         }
     }
 
