@@ -216,6 +216,39 @@ impl Config {
         self.shaping() || self.quota.is_some() || self.global.is_some()
     }
 
+    /// The model a request refused by the limit or budget named `name` goes to instead
+    /// (`when_exhausted`).
+    pub fn downgrade_of(&self, name: &str) -> Option<&str> {
+        self.rules
+            .iter()
+            .chain(self.limits.iter())
+            .find(|r| r.name == name)
+            .and_then(|r| r.when_exhausted.as_deref())
+            .or_else(|| {
+                self.quota
+                    .as_ref()?
+                    .budgets
+                    .list
+                    .iter()
+                    .find(|b| b.name == name)?
+                    .when_exhausted
+                    .as_deref()
+            })
+    }
+
+    /// True when some limit or budget sends what it refuses to another model (`when_exhausted`): the
+    /// body may then be rewritten after a refusal.
+    pub fn downgrades(&self) -> bool {
+        self.rules
+            .iter()
+            .chain(self.limits.iter())
+            .any(|r| r.when_exhausted.is_some())
+            || self
+                .quota
+                .as_ref()
+                .is_some_and(|q| q.budgets.list.iter().any(|b| b.when_exhausted.is_some()))
+    }
+
     /// True when any rule shapes (needs the root tick).
     pub fn shaping(&self) -> bool {
         self.rules.iter().any(|r| r.max_wait_ms > 0)

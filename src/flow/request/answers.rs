@@ -2,7 +2,7 @@
 //! [`crate::reply::render`]), and the audit record. Every reply text lives here or in
 //! [`crate::limits::local`] (bucket refusals).
 
-use super::state::QuotaReq;
+use super::reservation::QuotaReq;
 use crate::reply::{Class, Dec, QuotaView, Refusal};
 
 /// 401: no tenant.
@@ -311,4 +311,22 @@ pub(in crate::flow) fn audit_record(
         }
     }
     rec
+}
+
+/// Appends ` downgraded=<from>-><to>[,…]` to an audit record, model names percent-encoded like the
+/// record's `model` (nothing when the request kept its model).
+pub(in crate::flow) fn add_downgrades(rec: &mut String, hops: &[String]) {
+    if hops.is_empty() {
+        return;
+    }
+    rec.push_str(" downgraded=");
+    for (i, hop) in hops.iter().enumerate() {
+        if i > 0 {
+            rec.push(',');
+        }
+        let (from, to) = hop.split_once(" -> ").unwrap_or((hop.as_str(), ""));
+        rec.push_str(&crate::store::keys::sanitized(from));
+        rec.push_str("->");
+        rec.push_str(&crate::store::keys::sanitized(to));
+    }
 }

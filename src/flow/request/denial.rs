@@ -3,7 +3,7 @@
 //! gives each reason its counter, its audit decision and Envoy's response code details. The pipeline
 //! turns a denial into the answer ([`super::pipeline`]); steps only say why.
 
-use super::state::QuotaReq;
+use super::reservation::QuotaReq;
 use crate::flow::metric::Metric;
 use crate::reply::{Class, Refusal};
 

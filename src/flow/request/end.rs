@@ -6,6 +6,7 @@
 use super::answers;
 use super::settlement::{reconcile, settle_reserved};
 use super::state::{Charge, Forwarded, Hold, Request, Stage};
+use super::steps::fair;
 use super::steps::limits::release_slots;
 use crate::breaker::{self, Outcome};
 use crate::config::AbandonedCharge;
@@ -158,14 +159,16 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
     if !settled_any {
         return;
     }
-    cx.fx.push(Effect::Audit(answers::audit_record(
+    let mut rec = answers::audit_record(
         &f.meta.tenant,
         &f.model,
         Some(f.cost),
         f.decision,
         &f.quotas,
         cx.cfg,
-    )));
+    );
+    answers::add_downgrades(&mut rec, &f.downgraded);
+    cx.fx.push(Effect::Audit(rec));
 }
 
 /// Envoy's details for a reply it made because it stopped waiting for an upstream that had the request:
@@ -232,6 +235,20 @@ fn refund_unused(cx: &mut Cx, f: &mut Forwarded, usage: Option<usage::Usage>) {
     } else {
         usage.map(|u| u.prompt_tokens.saturating_add(u.completion_tokens))
     };
+    // Positive: tokens given back; negative: the provider's usage was above the charge and the
+    // difference is taken too, so the bucket accounts for what was really spent.
+    let amount = |cost: u64| -> i64 {
+        if status == 0 || gave_up {
+            0
+        } else if !(200..300).contains(&status) {
+            i64::try_from(cost).unwrap_or(i64::MAX)
+        } else {
+            used.map_or(0, |used| {
+                let diff = i128::from(cost) - i128::from(used);
+                i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
+            })
+        }
+    };
     let charges: Vec<(Charge, bool)> = f
         .charges
         .local
@@ -240,19 +257,16 @@ fn refund_unused(cx: &mut Cx, f: &mut Forwarded, usage: Option<usage::Usage>) {
         .chain(f.charges.global.iter().map(|c| (c.clone(), true)))
         .collect();
     for (charge, global) in charges {
-        // Positive: tokens given back; negative: the provider's usage was above the charge and the
-        // difference is taken too, so the bucket accounts for what was really spent.
-        let amount: i64 = if status == 0 || gave_up {
-            0
-        } else if !(200..300).contains(&status) {
-            i64::try_from(charge.cost).unwrap_or(i64::MAX)
-        } else {
-            used.map_or(0, |used| {
-                let diff = i128::from(charge.cost) - i128::from(used);
-                i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
-            })
-        };
-        refund_one(cx, &charge, global, amount);
+        refund_one(cx, &charge, global, amount(charge.cost));
+    }
+    for c in f.charges.fair.clone() {
+        if cx.cfg.rule(c.rule).is_some_and(|r| r.refund_unused) {
+            let span = cx
+                .cfg
+                .rule(c.rule)
+                .map_or(0, |r| (r.params.burst * 2.0).ceil() as i64);
+            fair::credit(cx, &c, amount(c.cost).clamp(-span, span));
+        }
     }
 }
 
@@ -277,6 +291,7 @@ fn refund_one(cx: &mut Cx, charge: &Charge, global: bool, amount: i64) {
                 key: charge.key.clone(),
                 rule: charge.rule,
                 amount: amount.clamp(-span, span),
+                member: None,
             },
         );
     } else if amount > 0 {

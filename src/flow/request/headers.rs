@@ -188,6 +188,7 @@ fn path_model(cfg: &Config, m: PathModel) -> Result<Option<String>, Box<Denial>>
 fn drop_length_if_rewritten(cx: &mut Cx, h: &dyn Headers, meta: &mut Meta) {
     let cfg = cx.cfg;
     let drop_length = cfg.quota.is_some()
+        || cfg.downgrades()
         || cfg
             .breaker
             .as_ref()

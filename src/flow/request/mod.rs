@@ -9,6 +9,7 @@ pub mod denial;
 pub mod end;
 pub mod headers;
 pub mod pipeline;
+pub mod reservation;
 pub mod response;
 pub mod settlement;
 pub mod state;

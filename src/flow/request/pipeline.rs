@@ -21,8 +21,8 @@ use super::state::{
 };
 use super::step::{Draft, HeaderStep, Outcome, ReadStep, Step};
 use super::steps::{
-    body_size, breakers, cluster_breaker, edits, estimate, global, identity, limits, model_breaker,
-    precheck, quota, quota_marker,
+    body_size, breakers, cluster_breaker, edits, estimate, fair, global, identity, limits,
+    model_breaker, precheck, quota, quota_marker,
 };
 use crate::flow::cx::Cx;
 use crate::flow::effect::{Callout, CalloutReply, Effect, Headers, Next};
@@ -53,9 +53,11 @@ pub(in crate::flow) const READ: [ReadStep; 3] = [
 ];
 
 /// Admission, in order.
-pub(in crate::flow) const ADMIT: [&dyn Step; 4] = [
+pub(in crate::flow) const ADMIT: [&dyn Step; 5] = [
     // 429/413: in-flight slots, then buckets in this Envoy's shared data (global ones are queued).
     &limits::Limits,
+    // 429/413: fair limits, each charged as its member's share (a callout each for a global one).
+    &fair::Fair,
     // 503: the admissions of the cluster and model breakers.
     &breakers::Breakers,
     // 429/413: global buckets in Redis (a callout each, or this Envoy's lease of the bucket).
@@ -140,8 +142,11 @@ impl Request {
             at: 0,
             inflight: InFlight::Nothing,
             globals: Vec::new(),
+            fairs: Vec::new(),
             quotas: Vec::new(),
             pending_quotas: Vec::new(),
+            downgraded: Vec::new(),
+            first_denial: None,
         });
         self.admit(cx, plan, 0, false)
     }
@@ -155,7 +160,7 @@ impl Request {
             match step.start(cx, &mut plan) {
                 Outcome::Continue => at += 1,
                 Outcome::Await(callout) => return self.wait(cx, plan, callout),
-                Outcome::Deny(d) => return self.refuse_plan(cx, plan, d),
+                Outcome::Deny(d) => return self.refuse_plan(cx, plan, d, resumed),
             }
         }
         self.admitted(cx, plan, resumed)
@@ -186,7 +191,7 @@ impl Request {
                 self.wait(cx, plan, callout);
             }
             Outcome::Deny(d) => {
-                self.refuse_plan(cx, plan, d);
+                self.refuse_plan(cx, plan, d, true);
             }
         }
     }
@@ -198,13 +203,28 @@ impl Request {
         Next::Pause
     }
 
-    /// A refusal during admission: every step that ran gives back what it took (last first), then
-    /// the answer.
-    fn refuse_plan(&mut self, cx: &mut Cx, mut plan: Box<Plan>, d: Box<Denial>) -> Next {
+    /// A refusal during admission: every step that ran gives back what it took (last first); then the
+    /// request goes to a cheaper model when the refusing limit or budget says so (`when_exhausted`),
+    /// or the refusal is answered (the first one, when the cheaper model refuses too).
+    fn refuse_plan(
+        &mut self,
+        cx: &mut Cx,
+        mut plan: Box<Plan>,
+        d: Box<Denial>,
+        resumed: bool,
+    ) -> Next {
         for step in ADMIT.iter().take(plan.at + 1).rev() {
             step.undo(cx, &mut plan);
         }
-        let cost = d.reason.row().reports_cost.then_some(plan.cost);
+        let d = match downgrade(cx, &mut plan, d) {
+            Ok(()) => return self.admit(cx, plan, 0, resumed),
+            Err(d) => d,
+        };
+        let (d, cost) = match plan.first_denial.take() {
+            Some((first, cost)) => (first, cost),
+            None => (d, plan.cost),
+        };
+        let cost = d.reason.row().reports_cost.then_some(cost);
         self.deny(cx, &plan.meta, &plan.model, cost, d)
     }
 
@@ -259,6 +279,9 @@ impl Request {
     fn admitted(&mut self, cx: &mut Cx, mut plan: Box<Plan>, resumed: bool) -> Next {
         let quotas = std::mem::take(&mut plan.quotas);
         cx.inc(Metric::RequestsAdmitted);
+        if !plan.downgraded.is_empty() {
+            cx.inc(Metric::RequestsDowngraded);
+        }
         let now = cx.now();
         let wait_ms = plan.wait_ms;
         if let Some(due) = (wait_ms > 0)
@@ -344,6 +367,7 @@ pub(in crate::flow) fn give_back(cx: &mut Cx, charges: &mut Charges, quotas: &mu
     quota::give_back(cx, quotas);
     global::credit_back(cx, charges);
     breakers::release(cx, charges);
+    fair::give_back(cx, charges);
     limits::release(cx, charges);
 }
 
@@ -360,17 +384,21 @@ fn forwarded(
         .local
         .iter()
         .chain(plan.charges.global.iter())
-        .filter_map(|c| cx.cfg.rule(c.rule))
+        .map(|c| c.rule)
+        .chain(plan.charges.fair.iter().map(|c| c.rule))
+        .filter_map(|i| cx.cfg.rule(i))
         .any(|r| r.refund_unused);
     if quotas.is_empty() {
-        cx.fx.push(Effect::Audit(answers::audit_record(
+        let mut rec = answers::audit_record(
             &plan.meta.tenant,
             &plan.model,
             Some(plan.cost),
             decision,
             &quotas,
             cx.cfg,
-        )));
+        );
+        answers::add_downgrades(&mut rec, &plan.downgraded);
+        cx.fx.push(Effect::Audit(rec));
     }
     // A request with reservations is always settled — at the end of its response, or in `on_log`
     // when the client went (a held one is given back there) — and Envoy writes the access log after
@@ -387,6 +415,69 @@ fn forwarded(
         shaped_ms: plan.wait_ms,
         quotas,
         decision,
+        downgraded: plan.downgraded,
         resp: Default::default(),
     }
+}
+
+/// Sends a request a limit or budget refused to the model its `when_exhausted` names: what it was
+/// charged is given back already; the body's model is rewritten (byte-preserving), the request estimated
+/// again as that model and admitted from the first step, charged and limited as it. `Err`: the refusal
+/// stands (no `when_exhausted`, a model the path names, too many hops, a body that cannot be
+/// rewritten).
+fn downgrade(cx: &mut Cx, plan: &mut Plan, d: Box<Denial>) -> Result<(), Box<Denial>> {
+    use super::denial::Reason;
+    let cfg = cx.cfg;
+    let exhausted = matches!(
+        d.reason,
+        Reason::LimitedTokens
+            | Reason::LimitedRequests
+            | Reason::BudgetExceeded
+            | Reason::BudgetExceededCached
+    );
+    let target = match d.refusal.limit_name.as_deref() {
+        Some(name) if exhausted => cfg.downgrade_of(name),
+        _ => None,
+    };
+    let (Some(target), Some(kind)) = (target, plan.meta.kind) else {
+        return Err(d);
+    };
+    if plan.meta.path_model.is_some()
+        || plan.downgraded.len() >= crate::config::MAX_DOWNGRADE_HOPS
+        || target == plan.model
+    {
+        return Err(d);
+    }
+    let edits = crate::rewrite::Edits {
+        set_model: Some(target.to_string()),
+        ..crate::rewrite::Edits::default()
+    };
+    let Ok(Some(body)) = crate::rewrite::rewrite(&plan.body, &edits) else {
+        return Err(d);
+    };
+    let limits = |m: Option<&str>| cfg.output_limits(m.or(Some(target)));
+    let Ok(est) = crate::estimate::estimate_with_model(kind, &body, Some(target), &limits) else {
+        return Err(d);
+    };
+    cx.fx.push(Effect::ReplaceRequestBody(body.clone()));
+    plan.downgraded.push(format!("{} -> {target}", plan.model));
+    if plan.first_denial.is_none() {
+        plan.first_denial = Some((d, plan.cost));
+    }
+    plan.body = body;
+    plan.model = target.to_string();
+    plan.model_closed = None;
+    plan.prompt = est.prompt_tokens;
+    plan.output = est.output_tokens;
+    plan.cost = est.total();
+    plan.choices = est.output_choices;
+    plan.charges = Charges::default();
+    plan.snapshot = None;
+    plan.wait_ms = 0;
+    plan.inflight = InFlight::Nothing;
+    plan.globals.clear();
+    plan.fairs.clear();
+    plan.quotas.clear();
+    plan.pending_quotas.clear();
+    Ok(())
 }

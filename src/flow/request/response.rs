@@ -120,6 +120,13 @@ impl Request {
                 "content-length",
             )));
         }
+        if !f.downgraded.is_empty() {
+            // Sent to a cheaper model by a spent limit or budget (`when_exhausted`).
+            cx.fx.push(Effect::SetResponseHeader(
+                Cow::Borrowed("x-tokengate-downgraded"),
+                Value::Text(f.downgraded.join(", ")),
+            ));
+        }
         if !f.meta.fallbacks.is_empty() {
             // Every hop in one header, in order: `provider -> provider_fallback, gpt-4.1 -> deepseek`.
             cx.fx.push(Effect::SetResponseHeader(

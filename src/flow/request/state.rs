@@ -8,14 +8,13 @@
 //!                                                   └──> Forwarded ──response, end──> (settled)
 //! ```
 //!
-//! A reservation of a quota or budget has its own lifecycle ([`Hold`]): planned, sent, held by Redis,
-//! by this Envoy's lease or by nobody (the shim was down), or of unknown outcome; then settled.
+//! A reservation of a quota or budget has its own lifecycle ([`Hold`], in `reservation.rs`).
 
+pub(in crate::flow) use super::reservation::{Hold, QuotaReq, Sent};
 use crate::breaker::failover::Held;
 use crate::estimate::ApiKind;
+pub(in crate::flow) use crate::flow::vm::state::FairMember;
 use crate::limits::bucket::Snapshot;
-use crate::quota::accounting::{Reserved, UsageSource};
-use crate::quota::{ReserveArgs, ReserveReply};
 use crate::store::Seen;
 use crate::usage::SseScanner;
 
@@ -179,11 +178,26 @@ pub(in crate::flow) struct Charge {
     pub cost: u64,
 }
 
+/// One fair limit's charge (`share: "fair"`): its bucket record (in this Envoy's shared data, or in
+/// Redis for a `global` one) and the member charged, to give it back if a later step refuses.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::flow) struct FairCharge {
+    pub rule: usize,
+    pub key: String,
+    /// The member, as the record knows it.
+    pub member: FairMember,
+    pub cost: u64,
+    /// The record is in Redis (a `global` fair limit).
+    pub global: bool,
+}
+
 /// What the request was charged so far.
 #[derive(Debug, Clone, Default)]
 pub(in crate::flow) struct Charges {
     /// Buckets in this Envoy's shared data (its rule's, then every matching limit's).
     pub local: Vec<Charge>,
+    /// Fair limits' records.
+    pub fair: Vec<FairCharge>,
     /// Global (Redis) buckets.
     pub global: Vec<Charge>,
     /// In-flight slots held: (semaphore key, owner).
@@ -223,10 +237,18 @@ pub(in crate::flow) struct Plan {
     pub inflight: InFlight,
     /// Global bucket charges still to make after the one in flight (rule index, key), last first.
     pub globals: Vec<(usize, String)>,
+    /// Fair limits still to charge after the one in flight (rule index), last first.
+    pub fairs: Vec<usize>,
     /// Quota reservations made (the tenant's token quota, then its budgets).
     pub quotas: Vec<QuotaReq>,
     /// Quota reservations still to make after the one in flight, last first.
     pub pending_quotas: Vec<QuotaReq>,
+    /// Models this request was sent to instead after a refusal (`when_exhausted`), as
+    /// `from -> to` hops.
+    pub downgraded: Vec<String>,
+    /// The refusal that sent it to another model, and its cost then: the answer if the other model
+    /// refuses too.
+    pub first_denial: Option<(Box<super::denial::Denial>, u64)>,
 }
 
 /// The callout an admission step waits for.
@@ -235,17 +257,10 @@ pub(in crate::flow) enum InFlight {
     Nothing,
     /// A global bucket charge.
     Global(GlobalCharge),
+    /// A global fair limit's charge (the charge, sent as `EVAL` or not).
+    Fair(FairCharge, Sent),
     /// A quota reservation (or the give-back of this Envoy's lease before it is sent again).
     Quota(Box<QuotaReq>),
-}
-
-/// How a callout was sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(in crate::flow) struct Sent {
-    /// As `EVAL` (Redis did not know the script, or it is the first call).
-    pub eval: bool,
-    /// It is the shim breaker's half-open probe.
-    pub probe: bool,
 }
 
 /// One request's global bucket charge.
@@ -260,93 +275,6 @@ pub(in crate::flow) struct GlobalCharge {
     /// Tokens of the charge taken from this Envoy's lease (what it held, short of the cost): Redis is
     /// charged the rest; given back to the lease if the request is not admitted.
     pub from_lease: u64,
-}
-
-/// Where a reservation is in its life.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::flow) enum Hold {
-    /// Not sent (yet, or again).
-    Planned,
-    /// Its reservation callout is in flight.
-    Sent(Sent),
-    /// This Envoy's lease of the account is being given back (its call in flight; `eval`: sent again as
-    /// `EVAL` after a NOSCRIPT) before the reservation is sent again; nothing is reserved meanwhile.
-    GivingBack {
-        /// Sent again as `EVAL`.
-        eval: bool,
-    },
-    /// Redis holds it.
-    Redis,
-    /// This Envoy's lease holds it: the account's shared-data key (settled into it, not through Redis).
-    Lease(String),
-    /// Admitted while the shim could not answer (`on_failure: open`): nothing known reserved; charged
-    /// what it cost at the end. `uncertain`: its callout may have reserved after all (reconciled, also
-    /// when a later step refuses the request).
-    FailOpen {
-        /// The failed callout may have reserved.
-        uncertain: bool,
-    },
-    /// Its callout failed in a way that may still have reserved (timeout, garbage): reconciled — charged
-    /// what it cost, whatever the lost reservation did — at the end.
-    Uncertain,
-    /// Settled (or given back).
-    Settled,
-}
-
-/// One request's quota reservation.
-#[derive(Debug, Clone)]
-pub(in crate::flow) struct QuotaReq {
-    /// What a reservation callout sends (its Redis keys are built from it when needed, never for a
-    /// request served from a lease).
-    pub args: ReserveArgs,
-    pub reserved: Reserved,
-    pub expire_at: i64,
-    pub limit: u64,
-    pub remaining: Option<u64>,
-    /// When the reservation's month ends (unix seconds, on the quota's clock): the reset every
-    /// answer names, with the seconds to it counted from the answer's own clock.
-    pub reset_at: i64,
-    /// Where it is in its life.
-    pub hold: Hold,
-    /// Redis' refusal of this reservation, which is being sent again (once) after this Envoy's lease
-    /// of the account went back: the answer if what follows fails.
-    pub refusal: Option<ReserveReply>,
-    /// What this Envoy's lease of the account held unspent when the reservation was sent (a sync may
-    /// give it back before Redis' answer comes).
-    pub lease_available: u64,
-    pub choices: u64,
-    pub actual: Option<u64>,
-    pub source: Option<UsageSource>,
-    /// The budget (index in `quota.budgets`) this reservation is for; `None`: the token quota.
-    pub budget: Option<usize>,
-}
-
-impl QuotaReq {
-    /// Settled (or given back): nothing left to do for it.
-    pub fn settled(&self) -> bool {
-        self.hold == Hold::Settled
-    }
-
-    /// Reserved — by Redis, a lease, or admitted with nothing reserved (`on_failure: open`).
-    pub fn answered(&self) -> bool {
-        matches!(
-            self.hold,
-            Hold::Redis | Hold::Lease(_) | Hold::FailOpen { .. }
-        )
-    }
-
-    /// Admitted while the shim could not answer.
-    pub fn fail_open(&self) -> bool {
-        matches!(self.hold, Hold::FailOpen { .. })
-    }
-
-    /// Of unknown outcome (a callout that may have reserved): reconciled at the end.
-    pub fn uncertain(&self) -> bool {
-        matches!(
-            self.hold,
-            Hold::Uncertain | Hold::FailOpen { uncertain: true }
-        )
-    }
 }
 
 /// What the response said, for the breaker, the quota settlement and `refund_unused`.
@@ -385,6 +313,8 @@ pub(in crate::flow) struct Forwarded {
     pub quotas: Vec<QuotaReq>,
     /// The decision written to the audit record (kept when settlement facts are added).
     pub decision: &'static str,
+    /// `from -> to` hops of a downgrade (`when_exhausted`).
+    pub downgraded: Vec<String>,
     pub resp: Resp,
 }
 

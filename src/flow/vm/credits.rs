@@ -13,6 +13,7 @@ use crate::flow::effect::{CalloutReply, Effect, Purpose};
 use crate::flow::metric::Metric;
 use crate::flow::shim;
 use crate::global;
+use crate::limits::fair::global as fair_global;
 use crate::shim::webdis::ShimError;
 
 /// Credit callouts in flight at most per VM.
@@ -20,8 +21,11 @@ pub const MAX_INFLIGHT_CREDITS: usize = 64;
 
 /// Queues a global credit, counting a drop (at most [`MAX_QUEUED_CREDITS`](super::state::MAX_QUEUED_CREDITS) wait).
 pub fn enqueue(cx: &mut Cx, mut credit: Credit) {
+    // A fair record is never leased.
     if let Some(pol) = cx.cfg.global.as_ref().and_then(|g| g.lease) {
-        credit.amount = gleases::absorb(cx, &pol, &credit);
+        if credit.member.is_none() {
+            credit.amount = gleases::absorb(cx, &pol, &credit);
+        }
     }
     if cx.worker.credits.push(credit) {
         cx.inc(Metric::GlobalCreditsDropped);
@@ -38,12 +42,25 @@ pub fn tick(cx: &mut Cx, g: &GlobalSettings) {
     let room = MAX_INFLIGHT_CREDITS.saturating_sub(w.credits.inflight.len());
     let n = room.min(w.credits.queue.len());
     let jobs: Vec<Credit> = w.credits.queue.drain(..n).collect();
-    let call = shim::script_call(w.global_script_loaded);
+    let (call, fair_call) = (
+        shim::script_call(w.global_script_loaded),
+        shim::script_call(w.fair_script_loaded),
+    );
     for c in jobs {
         let Some(rule) = cx.cfg.rule(c.rule) else {
             continue;
         };
-        let body = global::credit_request(&c.key, &rule.params, c.amount, call);
+        let body = match (&c.member, rule.fair.as_deref()) {
+            (Some(m), Some(share)) => fair_global::credit_request(
+                &c.key,
+                rule,
+                share,
+                &m.as_member(),
+                c.amount,
+                fair_call,
+            ),
+            _ => global::credit_request(&c.key, &rule.params, c.amount, call),
+        };
         let credits = &mut cx.worker.credits;
         credits.next_id = credits.next_id.wrapping_add(1);
         let id = credits.next_id;
@@ -63,10 +80,19 @@ pub fn on_reply(cx: &mut Cx, g: &GlobalSettings, id: u64, reply: CalloutReply) {
     let Some(c) = cx.worker.credits.inflight.remove(&id) else {
         return;
     };
-    match shim::read(&g.cluster, &reply, global::parse_reply) {
-        Ok(_) => {
+    let read = if c.member.is_some() {
+        shim::read(&g.cluster, &reply, fair_global::parse_reply).map(|_| ())
+    } else {
+        shim::read(&g.cluster, &reply, global::parse_reply).map(|_| ())
+    };
+    match read {
+        Ok(()) => {
             // EVAL caches the script too.
-            cx.worker.global_script_loaded = true;
+            if c.member.is_some() {
+                cx.worker.fair_script_loaded = true;
+            } else {
+                cx.worker.global_script_loaded = true;
+            }
             if c.amount > 0 {
                 cx.add(Metric::GlobalTokensCredited, c.amount.unsigned_abs());
                 // The bucket holds these again: a refusal cached before is stale.
@@ -77,7 +103,11 @@ pub fn on_reply(cx: &mut Cx, g: &GlobalSettings, id: u64, reply: CalloutReply) {
         }
         Err(f) if f.error == ShimError::NoScript => {
             // Sent again with EVAL on the next tick.
-            cx.worker.global_script_loaded = false;
+            if c.member.is_some() {
+                cx.worker.fair_script_loaded = false;
+            } else {
+                cx.worker.global_script_loaded = false;
+            }
             cx.worker.credits.queue.push(c);
         }
         Err(f) => {

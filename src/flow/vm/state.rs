@@ -36,6 +36,8 @@ pub struct Worker {
     pub quota_script_loaded: bool,
     /// Redis has the global bucket script cached.
     pub global_script_loaded: bool,
+    /// Redis has the fair bucket script cached.
+    pub fair_script_loaded: bool,
     /// Log rate limiter.
     pub logs: LogGate,
     /// The start-up checks of the shim clusters.
@@ -74,7 +76,7 @@ pub struct Probes {
 }
 
 /// A global bucket credit (negative: a debit).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Credit {
     /// Redis key of the bucket.
     pub key: String,
@@ -82,6 +84,33 @@ pub struct Credit {
     pub rule: usize,
     /// Tokens.
     pub amount: i64,
+    /// A fair limit's record: the member the credit is for (`None`: a plain global bucket).
+    pub member: Option<FairMember>,
+}
+
+/// A fair limit's member, owned (see [`crate::limits::fair::Member`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FairMember {
+    /// The member's id (tenant, or group path).
+    pub id: String,
+    /// FNV-1a of the id.
+    pub hash: u64,
+    /// Its weight.
+    pub weight: f64,
+    /// Its priority level.
+    pub level: u8,
+}
+
+impl FairMember {
+    /// As the fair module takes it.
+    pub fn as_member(&self) -> crate::limits::fair::Member<'_> {
+        crate::limits::fair::Member {
+            id: std::borrow::Cow::Borrowed(self.id.as_str()),
+            hash: self.hash,
+            weight: self.weight,
+            level: self.level,
+        }
+    }
 }
 
 /// Global bucket credits waiting for the tick, and those sent.

@@ -67,8 +67,9 @@ pub(in crate::flow) fn apply(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denia
         d.edits.clamp_present_only = false;
         d.edits.max_output_field = output_field(kind, body).to_string();
     }
-    // Kept for a max_tokens clamp after the reservation.
-    if cfg.quota.is_some() {
+    // Kept for a max_tokens clamp after the reservation, and for a model downgrade.
+    let keep = cfg.quota.is_some() || cfg.downgrades();
+    if keep {
         d.kept = body.to_vec();
     }
     if d.edits.set_model.is_none()
@@ -100,7 +101,7 @@ pub(in crate::flow) fn apply(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denia
                     }
                     new_body.resize(n, b' ');
                 }
-                if cfg.quota.is_some() {
+                if keep {
                     d.kept.clone_from(&new_body);
                 }
                 cx.fx.push(Effect::ReplaceRequestBody(new_body));

@@ -55,6 +55,7 @@ pub(in crate::flow) fn credit_back(cx: &mut Cx, charges: &mut Charges) {
                 key: c.key,
                 rule: c.rule,
                 amount: i64::try_from(c.cost).unwrap_or(i64::MAX),
+                member: None,
             },
         );
     }
@@ -292,6 +293,7 @@ fn restore(cx: &mut Cx, rule: usize, key: &str, amount: u64) {
             key: key.to_string(),
             rule,
             amount: i64::try_from(amount).unwrap_or(i64::MAX),
+            member: None,
         },
     );
 }

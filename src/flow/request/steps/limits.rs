@@ -37,7 +37,8 @@ impl Step for Limits {
                     return Outcome::Deny(d);
                 }
             }
-            if !rule.has_bucket {
+            // A fair limit's bucket is charged by the fair step, with its member's share.
+            if !rule.has_bucket || rule.fair.is_some() {
                 continue;
             }
             if rule.global && cfg.global.is_some() {

@@ -5,6 +5,7 @@ pub mod breakers;
 pub mod cluster_breaker;
 pub mod edits;
 pub mod estimate;
+pub mod fair;
 pub mod global;
 pub mod identity;
 pub mod limits;

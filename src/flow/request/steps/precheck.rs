@@ -14,7 +14,7 @@ use crate::flow::request::answers;
 use crate::flow::request::denial::Denial;
 use crate::flow::request::state::Meta;
 use crate::global;
-use crate::limits::local;
+use crate::limits::{fair, local};
 
 /// Refuses a request a bucket or in-flight limit cannot pass.
 pub(in crate::flow) fn check(
@@ -59,6 +59,26 @@ pub(in crate::flow) fn check(
         if !rule.has_bucket {
             continue;
         }
+        if rule.fair.is_some() {
+            // A fair record: only an empty bucket refuses here (the share is decided in the body
+            // phase, where the ask counts); a global one is left to the body phase.
+            if rule.global && cfg.global.is_some() {
+                continue;
+            }
+            let key = fair_key(cx, rule, &who, &model);
+            let mut seen = None;
+            match fair::precheck(cx.store(), rule, &key, now, &mut seen) {
+                Ok(Some(refusal)) => return Err(Denial::bucket(refusal).naming(model)),
+                Ok(None) => {
+                    if meta.prechecked.is_none() {
+                        meta.prechecked = seen.map(|seen| (key, seen));
+                    }
+                }
+                Err(true) => cx.inc(Metric::StateCorrupt),
+                Err(false) => cx.inc(Metric::StoreErrors),
+            }
+            continue;
+        }
         if rule.global && cfg.global.is_some() {
             // A global bucket is in Redis: only its refusal cache is read here.
             let key = global::key(rule, &who, &model);
@@ -86,4 +106,18 @@ pub(in crate::flow) fn check(
         }
     }
     Ok(())
+}
+
+/// The key of a fair record, as the fair step will charge it (without claiming a key slot: a precheck
+/// creates nothing).
+fn fair_key(cx: &Cx, rule: &crate::config::Rule, who: &str, model: &str) -> String {
+    let _ = cx;
+    let plain = local::plain_key(rule, who, model);
+    format!(
+        "{}{}",
+        fair::PREFIX,
+        plain
+            .strip_prefix(crate::store::keys::BUCKET)
+            .unwrap_or(&plain)
+    )
 }
