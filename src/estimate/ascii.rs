@@ -22,7 +22,7 @@
 
 use super::text::{bump, punct_before, Counts};
 use super::weights::feature;
-use super::words::{known, rare_pairs};
+use super::words::{known, load, rare_pairs, short_known};
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -171,6 +171,8 @@ pub(super) struct Tally {
     tab_words: u64,
     /// Rare letter pairs of the words of five letters or more the table does not know.
     rare_pairs: u64,
+    /// Lower-case words of three or four letters that are not an o200k token.
+    short_unknown: u64,
 }
 
 impl Tally {
@@ -203,6 +205,7 @@ impl Tally {
         bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
         bump(f, feature::TAB_WORD, self.tab_words);
         bump(f, feature::LATIN_RARE_PAIR, self.rare_pairs);
+        bump(f, feature::LATIN_SHORT_UNKNOWN, self.short_unknown);
         let [known_space, known_bare] = self.known;
         bump(f, feature::LATIN_KNOWN, known_space);
         bump(f, feature::LATIN_KNOWN_BARE, known_bare);
@@ -383,7 +386,8 @@ fn known_words(
             spans |= span;
             n += 1;
             spaced += u64::from(space);
-        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 {
+        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 || upper & span == span {
+            // At most one capital, or all capitals (random ones: about a token for two letters).
             rare += rare_pairs(rest, from, from + len);
         }
     }
@@ -392,6 +396,27 @@ fn known_words(
     *known_bare += n - spaced;
     t.rare_pairs += rare;
     (starts, spans)
+}
+
+/// The lower-case words of three or four letters at the bits of `short` (their ends at those of
+/// `word_end`) that are not an o200k token after a space (see `short_known` in `words.rs`), and
+/// the rare letter pairs of those of all capitals into `rare`. Out of line, as [`known_words`].
+#[inline(never)]
+fn short_words(rest: &[u8], short: u64, word_end: u64, upper: u64, rare: &mut u64) -> u64 {
+    let mut n = 0u64;
+    let mut at = short;
+    while at != 0 {
+        let first = at.trailing_zeros();
+        at &= at - 1;
+        let len = (word_end >> first).trailing_zeros() + 1;
+        let span = (u64::MAX >> (64 - len)) << first;
+        if upper & span == 0 {
+            n += u64::from(!short_known(load(rest, first as usize), len as usize));
+        } else if upper & span == span {
+            *rare += rare_pairs(rest, first as usize, (first + len) as usize);
+        }
+    }
+    n
 }
 
 /// What the piece before a window was, as far as the window's first piece cares.
@@ -480,6 +505,11 @@ fn count(
     // out of the masks of word lengths, capitals and long letters below.
     // Spaces before each byte (bit 0: the byte before the window).
     let blank_prev = (blank << 1) | u64::from(space_before);
+    // Words of three or four letters: asked of the table of o200k's short words.
+    let short = word_start & counted & (go_on >> 1) & (go_on >> 2) & !five;
+    if short != 0 {
+        t.short_unknown += short_words(rest, short, word_end, upper, &mut t.rare_pairs);
+    }
     let (known_starts, known_spans) = if five != 0 {
         known_words(rest, five, word_end, blank_prev, upper, t)
     } else {

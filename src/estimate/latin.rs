@@ -5,7 +5,7 @@
 
 use super::text::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
 use super::weights::feature;
-use super::words::{known, known_low, rare_pairs, MIN_ASCII};
+use super::words::{known, known_low, load, rare_pairs, short_known, MIN_ASCII};
 
 /// The accented Latin letters ([`is_latin_ext`]) of two UTF-8 bytes: one row per lead byte
 /// 0xC3..=0xCA, bit `b1 & 63` set where the second byte `b1` makes one (U+00D7 × and U+00F7 ÷ are
@@ -331,6 +331,12 @@ fn short_word(
                 return Some((end, spaced));
             }
             bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, end));
+        } else if len >= 3 {
+            bump(
+                f,
+                feature::LATIN_SHORT_UNKNOWN,
+                u64::from(!short_known(w, len)),
+            );
         }
         count_word(f, len);
         return Some((end, spaced));
@@ -608,9 +614,19 @@ fn count_read_word(
             bump(f, known_feature(space), 1);
             return i;
         }
-        if !accented && upper <= 1 {
+        // All-capital words too (random capitals are about a token for two letters).
+        if !accented && (upper <= 1 || !mixed) {
             bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
         }
+    } else if upper == 0 && !accented && letters >= 3 {
+        let w = load(bytes, start);
+        bump(
+            f,
+            feature::LATIN_SHORT_UNKNOWN,
+            u64::from(!short_known(w, letters)),
+        );
+    } else if !mixed && letters >= 3 {
+        bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
     }
     if mixed {
         bump(f, feature::LATIN_EXT_A, ext_a);
@@ -660,6 +676,13 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
             return;
         }
         bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, i, i + len));
+    } else if len >= 3 {
+        let w = w.unwrap_or_else(|| load(bytes, i));
+        bump(
+            f,
+            feature::LATIN_SHORT_UNKNOWN,
+            u64::from(!short_known(w, len)),
+        );
     }
     count_word(f, len);
 }

@@ -75,6 +75,8 @@ mod chat;
 mod classes;
 mod completions;
 mod escapes;
+#[cfg(feature = "exact")]
+pub mod exact;
 mod fitted;
 mod json;
 mod latin;
@@ -104,8 +106,8 @@ pub use tools::{
 };
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
 pub use words::{
-    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
-    MIN_ASCII, WORD_TABLE,
+    greek_slot, greek_step, short_slot, word_hash, word_slots, GREEK_BACK, GREEK_BARE,
+    GREEK_SPACED, MAX_WORD, MIN_ASCII, SHORT_BITS_LOG, WORD_TABLE,
 };
 
 /// Cost of one image input (`image_url`, `input_image`, Anthropic `image` block) that is not marked

@@ -187,13 +187,11 @@ pub mod feature {
     /// ≈ 0.125), where the word features, fitted on real words, say one or two tokens a word whatever
     /// its length. Set by hand (0.55): never low on a long run of letters; few real words are longer.
     pub const WORD_EXCESS_LETTERS: usize = 79;
-    /// Rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
-    /// letters (at most the first a capital, not part of a word with accented letters) in a text
-    /// whose words are mostly such short words (see `derive` in `whole.rs`): random short words, which
-    /// o200k splits (about 1.8 tokens a word of three random letters, 2.2 of four) where the length
-    /// features say one. Counted by a second pass over the text, only for such texts (prose has
-    /// longer words and few rare pairs in its short ones). Set by hand.
-    pub const LATIN_RARE_PAIR_SHORT: usize = 80;
+    /// Words of three or four lower-case ASCII letters that are not one o200k token after a space
+    /// (see `short_known` in `words.rs`): random short words, which o200k splits (about 1.8 tokens
+    /// a word of three random letters, 2.2 of four) where the length features say one; real short
+    /// words nearly all are one token. Set by hand.
+    pub const LATIN_SHORT_UNKNOWN: usize = 80;
     /// Greek words of six letters or more that the word table does not know but that are two of
     /// its words, the second without a space (a stem and an ending: `εμφαν` + `ίζεται`): o200k
     /// has them in two tokens, where their letters say four or five. Counted here instead of by
@@ -303,7 +301,7 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "kana_pairs",
     "latin_rare_pair",
     "word_excess_letters",
-    "latin_rare_pair_short",
+    "latin_short_unknown",
     "greek_two_pieces",
     "greek_three_pieces",
     "reserved_83",
