@@ -84,7 +84,7 @@ const FIXED: &[(usize, f64)] = &[
     // Greek words of two or three tokens of the table: two or three tokens.
     (feature::GREEK_TWO_PIECES, 2.0),
     (feature::GREEK_THREE_PIECES, 3.0),
-    (feature::RESERVED_83, 0.0),
+    (feature::SHORT_ASKED, 0.0),
 ];
 
 /// Where the ridge pulls each weight: the weights fitted before the tab, half-width kana and text

@@ -90,5 +90,5 @@ pub(super) const FITTED: [f64; NUM_FEATURES] = [
     1.350, // latin_short_unknown, set by hand
     2.000, // greek_two_pieces, set by hand
     3.000, // greek_three_pieces, set by hand
-    0.000, // reserved_83, set by hand
+    0.000, // short_asked, set by hand
 ];

@@ -254,9 +254,12 @@ pub const SHORT_BITS_LOG: u32 = 17;
 /// 2.2), which the word's length alone would cost one.
 #[inline(always)]
 pub(super) fn short_known(w: u64, len: usize) -> bool {
-    let x = w & SHORT_MASK.get(len).copied().unwrap_or(0);
-    let (word, bit) = short_slot(x);
-    SHORT_WORD_BITS.get(word).is_some_and(|b| b & bit != 0)
+    // The low three or four bytes (a mask by shift, no table).
+    let x = w & (0xFFFF_FFFF >> (8 * (4usize.saturating_sub(len) & 3)));
+    let h = (x.wrapping_mul(K1) >> (64 - SHORT_BITS_LOG)) as usize;
+    SHORT_WORD_BITS
+        .get((h >> 6) & (SHORT_WORD_BITS.len() - 1))
+        .is_some_and(|b| (b >> (h & 63)) & 1 != 0)
 }
 
 /// [`RARE_PAIR`]'s row of every byte (row `b & 31` at `b`): a byte's row without the `& 31`, and
