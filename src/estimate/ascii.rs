@@ -528,7 +528,13 @@ fn count(
         // were not tokens.
         if t.short_asked < SHORT_PROBES || t.short_unknown >= 2 {
             let lower3 = !(upper | (upper >> 1) | (upper >> 2));
-            let (three, four) = (three & !four & lower3, four & lower3 & !(upper >> 3));
+            // Not next to a digit: letters between digits (hex, base64) are costed by their
+            // switches.
+            let lower3 = lower3 & !(digit << 1);
+            let (three, four) = (
+                three & !four & lower3 & !(digit >> 3),
+                four & lower3 & !(upper >> 3) & !(digit >> 4),
+            );
             t.short_asked += u64::from((three | four).count_ones());
             t.short_unknown += short_words::<3>(rest, three) + short_words::<4>(rest, four);
         }

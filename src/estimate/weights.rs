@@ -2,7 +2,7 @@
 
 /// Words of three or four letters of a text that are always asked of the short-word table (see
 /// [`feature::SHORT_ASKED`]): random short words are not tokens 80–90 % of the time, real ones 1 %.
-pub const SHORT_PROBES: u64 = 8;
+pub const SHORT_PROBES: u64 = 4;
 
 /// Number of features [`text_features`](super::text_features) counts.
 pub const NUM_FEATURES: usize = 84;

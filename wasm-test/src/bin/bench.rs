@@ -1335,6 +1335,19 @@ fn run() -> Result<()> {
                 }
             }
             print_estimate_time(&bodies, &per_variant, n);
+            // Memory after the runs: resident set of each Envoy (`--concurrency 2`: a VM on the
+            // main thread and one per worker).
+            for e in &envoys {
+                let rss = std::fs::read_to_string(format!("/proc/{}/status", e.proc.child.id()))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmRSS:"))
+                            .map(|l| l.trim_start_matches("VmRSS:").trim().to_string())
+                    })
+                    .unwrap_or_default();
+                println!("{}: Envoy resident set after the runs {rss}", e.proc.name);
+            }
             return Ok(Vec::new());
         }
         if let (Some(n), Some(classes)) = (s.callgrind, estimate_classes(&root)?) {
