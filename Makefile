@@ -125,7 +125,7 @@ bench: build build-empty
 	@scripts/deps.sh --bench
 	@est=0; \
 	if [ -f benches/estimate.rs ]; then \
-		echo "cargo bench --bench estimate -p tokengate"; cargo bench --bench estimate -p tokengate || est=1; \
+		echo "cargo bench --bench estimate -p tokengate --features exact"; cargo bench --bench estimate -p tokengate --features exact || est=1; \
 	else echo "make bench: benches/estimate.rs not there yet, skipping the estimator micro-benchmark"; fi; \
 	echo "cargo bench --bench rewrite -p tokengate"; cargo bench --bench rewrite -p tokengate; \
 	cargo build -q --release -p wasm-test --bin bench; \

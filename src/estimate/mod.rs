@@ -59,8 +59,11 @@
 //! `json.rs` (the fast scanner) or serde_json; `output.rs` is the output reservation. Text is counted
 //! by `text.rs` (the pass over the characters), `latin.rs` (words of Latin letters, accented or
 //! not), `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs`
-//! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), and weighed by
-//! `weights.rs` with the weights of `fitted.rs`.
+//! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), `words.rs` and
+//! `words_table.rs` (the word tables: known words, letter pairs, short words), `whole.rs` (features
+//! of the whole text, read after the pass), and weighed by `weights.rs` with the weights of
+//! `fitted.rs`. `exact.rs` (cargo feature `exact`) counts o200k_base tokens exactly: measured against
+//! the estimator, not offered (see `docs/estimator.md`).
 //!
 //! Nothing here panics: malformed bodies become an [`EstimateError`], all arithmetic saturates, and the
 //! walk over nested JSON is bounded ([`MAX_DEPTH`]) on top of the JSON readers' recursion limit (128,
@@ -76,6 +79,8 @@ mod chat;
 mod classes;
 mod completions;
 mod escapes;
+#[cfg(feature = "exact")]
+pub mod exact;
 mod fitted;
 mod gemini;
 mod json;
@@ -109,8 +114,8 @@ pub use tools::{
 };
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
 pub use words::{
-    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
-    MIN_ASCII, WORD_TABLE,
+    greek_slot, greek_step, short_slot, word_hash, word_slots, GREEK_BACK, GREEK_BARE,
+    GREEK_SPACED, MAX_WORD, MIN_ASCII, SHORT_BITS_LOG, WORD_TABLE,
 };
 
 /// Cost of one image input (`image_url`, `input_image`, Anthropic `image` block) that is not marked

@@ -78,6 +78,11 @@
 //! one more KB costs tokengate beyond what any filter that buffers the body pays (V8, the wasm code
 //! of the estimate, the copy into the VM is in both).
 //!
+//! `BENCH_ESTIMATE=<classes>` with `BENCH_ESTIMATE_TIME=N` (and no `BENCH_CALLGRIND`): the same bodies
+//! timed instead, Envoy's CPU µs per request (from /proc) of N sequential requests per body, best of
+//! three rounds, and the marginal µs per KB (e.g. `TOKENGATE_WASM` pointing at a build with the
+//! feature `exact-text`, to compare exact counting with the estimator).
+//!
 //! `BENCH_PIN=1`: Envoy runs with `--concurrency 1` pinned to CPU 0 (`taskset`), the load generator and
 //! the mock pinned to CPU 1, so Envoy never competes with the client for a core (needs >= 2 CPUs).
 //!
@@ -1290,6 +1295,61 @@ fn run() -> Result<()> {
             let webdis = if v.needs_webdis { webdis_port } else { None };
             start_envoy(&envoy, &work.path, i, v, mock_port, webdis, how)
         };
+        let estimate_time = std::env::var("BENCH_ESTIMATE_TIME")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| (1..=100_000).contains(n));
+        if let (None, Some(n), Some(classes)) =
+            (s.callgrind, estimate_time, estimate_classes(&root)?)
+        {
+            // The estimator's time inside Envoy (issue 31): Envoy's CPU µs per request instead of
+            // instructions, best of three rounds.
+            let pick = |name: &str| runnable.iter().copied().find(|&i| all[i].name == name);
+            let (Some(buffer), Some(buckets)) = (pick(EMPTY_BUFFER), pick(BUCKETS)) else {
+                return Err(format!(
+                    "BENCH_ESTIMATE needs the {EMPTY_BUFFER:?} and {BUCKETS:?} variants"
+                ));
+            };
+            let kb = env_num("BENCH_ESTIMATE_KB", |k: &usize| (1..=512).contains(k), 16);
+            let bodies: Vec<(String, String)> =
+                std::iter::once(("154-byte chat".to_string(), REQUEST_BODY.to_string()))
+                    .chain(
+                        classes
+                            .iter()
+                            .map(|(name, texts)| (name.clone(), class_body(texts, kb << 10))),
+                    )
+                    .collect();
+            let envoys = [
+                start(buffer, Launch::Plain)?,
+                start(buckets, Launch::Plain)?,
+            ];
+            let mut per_variant = vec![vec![f64::INFINITY; bodies.len()]; 2];
+            for _ in 0..3 {
+                for (k, (_, body)) in bodies.iter().enumerate() {
+                    for (e, row) in envoys.iter().zip(per_variant.iter_mut()) {
+                        let us = cpu_per_request(e, n, body)?;
+                        if let Some(best) = row.get_mut(k) {
+                            *best = best.min(us);
+                        }
+                    }
+                }
+            }
+            print_estimate_time(&bodies, &per_variant, n);
+            // Memory after the runs: resident set of each Envoy (`--concurrency 2`: a VM on the
+            // main thread and one per worker).
+            for e in &envoys {
+                let rss = std::fs::read_to_string(format!("/proc/{}/status", e.proc.child.id()))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmRSS:"))
+                            .map(|l| l.trim_start_matches("VmRSS:").trim().to_string())
+                    })
+                    .unwrap_or_default();
+                println!("{}: Envoy resident set after the runs {rss}", e.proc.name);
+            }
+            return Ok(Vec::new());
+        }
         if let (Some(n), Some(classes)) = (s.callgrind, estimate_classes(&root)?) {
             let pick = |name: &str| runnable.iter().copied().find(|&i| all[i].name == name);
             let (Some(buffer), Some(buckets)) = (pick(EMPTY_BUFFER), pick(BUCKETS)) else {
@@ -1629,6 +1689,55 @@ fn callgrind_body(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize, body: &s
         }
     }
     callgrind_count(e, v, work, n, body, CALLGRIND_WARMUP / 8)
+}
+
+/// Envoy's CPU time (µs, from /proc) per request of `n` sequential requests with `body` on one
+/// connection, after 20 to warm up.
+fn cpu_per_request(e: &RunningEnvoy, n: usize, body: &str) -> Result<f64> {
+    let pid = e.proc.child.id();
+    let mut conn = Conn::open_with(e.port, body)?;
+    for _ in 0..20 {
+        conn.request()?;
+    }
+    let before = cpu_us(pid).ok_or("no /proc stat")?;
+    for _ in 0..n {
+        let r = conn.request()?;
+        if r.status != 200 {
+            return Err(format!("{}: status {}", e.proc.name, r.status));
+        }
+    }
+    let after = cpu_us(pid).ok_or("no /proc stat")?;
+    Ok(after.saturating_sub(before) as f64 / n as f64)
+}
+
+/// The table of `BENCH_ESTIMATE_TIME`: per body, Envoy's CPU µs per request with the buffering
+/// empty filter and with tokengate, and tokengate's marginal µs per KB over the 154-byte body.
+fn print_estimate_time(bodies: &[(String, String)], us: &[Vec<f64>], n: usize) {
+    let (Some(buffer), Some(tg)) = (us.first(), us.get(1)) else {
+        return;
+    };
+    let at = |v: &[f64], k: usize| v.get(k).copied().unwrap_or(f64::NAN);
+    let base = at(tg, 0) - at(buffer, 0);
+    let base_kb = bodies.first().map_or(0.0, |(_, b)| b.len() as f64 / 1024.0);
+    println!();
+    println!("Estimator inside Envoy (Envoy's CPU µs per request, {n} sequential requests per body, best of 3 rounds)");
+    println!();
+    println!("| body | KB | empty wasm (buffer body) | tokengate (buckets) | tokengate − buffer | µs per KB |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (k, (name, body)) in bodies.iter().enumerate() {
+        let kb = body.len() as f64 / 1024.0;
+        let added = at(tg, k) - at(buffer, k);
+        let per_kb = if k == 0 {
+            "—".to_string()
+        } else {
+            format!("{:.2}", (added - base) / (kb - base_kb))
+        };
+        println!(
+            "| {name} | {kb:.1} | {:.1} | {:.1} | {added:.1} | {per_kb} |",
+            at(buffer, k),
+            at(tg, k)
+        );
+    }
 }
 
 /// The table of `BENCH_ESTIMATE`: per body, instructions per request of the buffering empty filter and
