@@ -45,7 +45,7 @@ pub fn rule_with(base: Value, extra: Value) -> Value {
 /// A plugin config: tenant from `x-tenant-id`, model hint from `x-tokengate-model`, no API-key
 /// tenants, no default tenant.
 pub fn config(rules: Value) -> Value {
-    json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "model_header": "x-tokengate-model",
+    json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "forward_identity_headers": true, "model_header": "x-tokengate-model",
            "api_key_tenants": false, "rules": rules})
 }
 

@@ -287,6 +287,24 @@ fn versions() -> Versions {
 }
 
 /// Two Envoys × 2 workers, the previous release and the current build, sharing one Redis.
+/// The plugin configuration the previous release accepts: 0.2.0 added `trusted_headers` (a tenant header
+/// is identity only with it) and `forward_identity_headers`, which 0.1.0 refuses as unknown fields. A
+/// rolling upgrade ships each version its own configuration (docs/upgrading.md).
+fn old_config(cfg: &serde_json::Value) -> serde_json::Value {
+    let mut c = cfg.clone();
+    if let Some(o) = c.as_object_mut() {
+        o.remove("trusted_headers");
+        o.remove("forward_identity_headers");
+    }
+    c
+}
+
+/// The listener text `listener` with the new configuration replaced by the old one's (or back).
+fn listener_for(listener: &str, from: &serde_json::Value, to: &serde_json::Value) -> String {
+    let lit = |c: &serde_json::Value| serde_json::Value::String(c.to_string()).to_string();
+    listener.replace(&lit(from), &lit(to))
+}
+
 fn two_versions(n: usize, clients: usize, secs: u64) {
     let _serial = serial();
     let v = versions();
@@ -295,17 +313,20 @@ fn two_versions(n: usize, clients: usize, secs: u64) {
     let mock = mock_provider!();
     let plan = plan(n);
     let cfg = plan.plugin_config();
-    let handles: Vec<_> = [v.old.clone(), v.new.clone()]
-        .into_iter()
-        .map(|wasm| {
-            let mut o = EnvoyOpts::new(mock.port, cfg.clone())
-                .webdis(webdis.port)
-                .concurrency(2);
-            o.wasm = Some(wasm);
-            o.ready_timeout = Duration::from_secs(90);
-            thread::spawn(move || Envoy::start(o))
-        })
-        .collect();
+    let handles: Vec<_> = [
+        (v.old.clone(), old_config(&cfg)),
+        (v.new.clone(), cfg.clone()),
+    ]
+    .into_iter()
+    .map(|(wasm, cfg)| {
+        let mut o = EnvoyOpts::new(mock.port, cfg)
+            .webdis(webdis.port)
+            .concurrency(2);
+        o.wasm = Some(wasm);
+        o.ready_timeout = Duration::from_secs(90);
+        thread::spawn(move || Envoy::start(o))
+    })
+    .collect();
     let envoys: Vec<Envoy> = handles
         .into_iter()
         .map(|h| match h.join() {
@@ -385,7 +406,9 @@ struct LdsEnvoy {
     admin_port: u16,
     child: Child,
     lds_dir: PathBuf,
+    /// The listener with the current release's configuration, and with the previous one's.
     listener: String,
+    old_listener: String,
     log_path: PathBuf,
     generation: u32,
     // Removed after the process is gone.
@@ -430,6 +453,11 @@ impl LdsEnvoy {
             "the listener names {harness_wasm}"
         );
         let listener = listener.replace(&harness_wasm, "{{WASM}}");
+        let old_listener = listener_for(
+            &listener,
+            &opts.plugin_config,
+            &old_config(&opts.plugin_config),
+        );
         let lds_dir = dir.path().join("lds");
         fs::create_dir_all(&lds_dir).unwrap_or_else(|e| panic!("{e}"));
         let lds_literal = |p: &Path| Value::String(p.display().to_string()).to_string();
@@ -442,7 +470,7 @@ impl LdsEnvoy {
         );
         let boot_path = dir.path().join("envoy-lds.yaml");
         fs::write(&boot_path, bootstrap).unwrap_or_else(|e| panic!("{e}"));
-        write_listener(dir.path(), &lds_dir, &listener, 1, wasm);
+        write_listener(dir.path(), &lds_dir, &old_listener, 1, wasm);
         let log_path = dir.path().join("envoy.log");
         let log = fs::File::create(&log_path).unwrap_or_else(|e| panic!("envoy.log: {e}"));
         let log2 = log.try_clone().unwrap_or_else(|e| panic!("envoy.log: {e}"));
@@ -464,6 +492,7 @@ impl LdsEnvoy {
             child,
             lds_dir,
             listener,
+            old_listener,
             log_path,
             generation: 1,
             dir,
@@ -485,14 +514,20 @@ impl LdsEnvoy {
         }
     }
 
-    /// Replaces the listener by one naming `wasm`; waits (bounded) until Envoy accepted it.
-    fn reload(&mut self, wasm: &Path) {
+    /// Replaces the listener by one naming `wasm` (with the configuration of its release: `old`);
+    /// waits (bounded) until Envoy accepted it.
+    fn reload(&mut self, wasm: &Path, old: bool) {
         let before = self.stat("listener_manager.lds.update_success");
         self.generation += 1;
+        let listener = if old {
+            &self.old_listener
+        } else {
+            &self.listener
+        };
         write_listener(
             self.dir.path(),
             &self.lds_dir,
-            &self.listener,
+            listener,
             self.generation,
             wasm,
         );
@@ -615,11 +650,11 @@ fn reload_under_load(n: usize, clients: usize, secs: u64) {
     let (load, (upgrade, rollback)) = run_load(&spec, |start| {
         thread::sleep(quarter.saturating_sub(start.elapsed()));
         let t0 = start.elapsed();
-        envoy.reload(&v.new);
+        envoy.reload(&v.new, false);
         let up = start.elapsed();
         thread::sleep(Duration::from_secs(4));
         let t1 = start.elapsed();
-        envoy.reload(&v.old);
+        envoy.reload(&v.old, true);
         ((t0, up), (t1, start.elapsed()))
     });
     let (after_upgrade, after_rollback) = (upgrade.1, rollback.1);
