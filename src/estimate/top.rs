@@ -4,7 +4,7 @@
 use super::anthropic::AnthropicMessage;
 use super::chat::{ChatMessage, Messages, Prediction};
 use super::completions::IdsOrText;
-use super::output::Num;
+use super::shape::Num;
 use super::parts::Content;
 use super::responses::{Instructions, ResponsesInput, TextConfig};
 use super::shape::{
