@@ -200,6 +200,7 @@ fn body_rewrites_never_panic() {
         clamp_max_output: Some(5),
         max_output_field: "max_tokens".into(),
         clamp_present_only: false,
+        limit_at: rewrite::LimitAt::Top,
     };
     let present_only = Edits {
         clamp_present_only: true,

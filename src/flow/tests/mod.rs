@@ -5,6 +5,7 @@ mod breaker;
 mod budgets;
 mod contract;
 mod failures;
+mod families;
 mod glease;
 mod identity;
 mod lease;
