@@ -94,10 +94,14 @@ struct Stack {
 
 impl Stack {
     fn start(f: &Family) -> Stack {
+        Stack::start_with(config(f))
+    }
+
+    fn start_with(cfg: Value) -> Stack {
         let redis = RedisServer::start();
         let webdis = Webdis::start(redis.port);
         let mock = mock_provider!();
-        let opts = EnvoyOpts::new(mock.port, config(f)).webdis(webdis.port);
+        let opts = EnvoyOpts::new(mock.port, cfg).webdis(webdis.port);
         let envoy = tg::start_opts(opts);
         Stack {
             envoy,
@@ -180,7 +184,11 @@ fn assert_refused(f: &Family, got: &Value, what: &str, bucket: bool) {
     assert_eq!(got["ok"], false, "{} {what}: admitted: {got}", f.name);
     match f.kind {
         Client::OpenAi => {
-            assert_eq!(got["exception"], "RateLimitError", "{} {what}: {got}", f.name);
+            assert_eq!(
+                got["exception"], "RateLimitError",
+                "{} {what}: {got}",
+                f.name
+            );
             assert_eq!(got["status_code"], 429, "{got}");
             let code = if bucket {
                 "rate_limit_exceeded"
@@ -406,4 +414,252 @@ fn bedrock_converse_through_envoy() {
         model: BEDROCK_MODEL,
         kind: Client::Boto3,
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The other APIs of each family, and the body edits, over plain HTTP
+// ---------------------------------------------------------------------------------------------
+
+const CONVERSE_PATH: &str = "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/converse";
+const INVOKE_PATH: &str = "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/invoke";
+const INVOKE_STREAM_PATH: &str =
+    "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/invoke-with-response-stream";
+const LLAMA_INVOKE_PATH: &str = "/model/meta.llama3-8b-instruct-v1%3A0/invoke";
+const GEMINI_PATH: &str = "/v1beta/models/gemini-2.5-flash:generateContent";
+const GEMINI_ARRAY_PATH: &str = "/v1beta/models/gemini-2.5-flash:streamGenerateContent";
+const VERTEX_CLAUDE_PATH: &str =
+    "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict";
+const VERTEX_CLAUDE_STREAM_PATH: &str =
+    "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict";
+const PROMPT: &str = "Write one short sentence about rivers.";
+
+fn gemini_body(max: u64) -> Value {
+    json!({"contents": [{"role": "user", "parts": [{"text": PROMPT}]}],
+           "generationConfig": {"temperature": 0.5, "maxOutputTokens": max}})
+}
+
+fn converse_body(max: u64) -> Value {
+    json!({"messages": [{"role": "user", "content": [{"text": PROMPT}]}],
+           "inferenceConfig": {"maxTokens": max}})
+}
+
+fn claude_body(max: u64, stream: bool, version: &str) -> Value {
+    let mut v = json!({"anthropic_version": version, "max_tokens": max,
+                       "messages": [{"role": "user", "content": PROMPT}]});
+    if stream {
+        v["stream"] = json!(true);
+    }
+    v
+}
+
+#[test]
+fn every_familys_api_settles_what_the_mock_served_and_clamps_its_own_output_field() {
+    let f = Family {
+        name: "raw",
+        plain: "",
+        streams: &[],
+        args: &[],
+        model: "",
+        kind: Client::OpenAi,
+    };
+    let mut cfg = config(&f);
+    cfg["quota"]["tenants"] = json!({
+        "clamp-gemini": {"monthly_limit": 300, "clamp_output": true},
+        "clamp-converse": {"monthly_limit": 300, "clamp_output": true},
+        "clamp-invoke": {"monthly_limit": 300, "clamp_output": true},
+    });
+    let s = Stack::start_with(cfg);
+    struct Case {
+        tenant: &'static str,
+        path: &'static str,
+        body: Value,
+        stream: bool,
+        /// Where the output limit sits in the body, and whether the quota clamps it.
+        limit: &'static str,
+        clamped: bool,
+    }
+    let cases = [
+        Case {
+            tenant: "gemini-array",
+            path: GEMINI_ARRAY_PATH,
+            body: gemini_body(12),
+            stream: true,
+            limit: "/generationConfig/maxOutputTokens",
+            clamped: false,
+        },
+        Case {
+            tenant: "invoke-claude",
+            path: INVOKE_PATH,
+            body: claude_body(12, false, "bedrock-2023-05-31"),
+            stream: false,
+            limit: "/max_tokens",
+            clamped: false,
+        },
+        Case {
+            tenant: "invoke-stream",
+            path: INVOKE_STREAM_PATH,
+            body: claude_body(12, false, "bedrock-2023-05-31"),
+            stream: true,
+            limit: "/max_tokens",
+            clamped: false,
+        },
+        Case {
+            tenant: "invoke-llama",
+            path: LLAMA_INVOKE_PATH,
+            body: json!({"prompt": PROMPT, "max_gen_len": 12, "temperature": 0.2}),
+            stream: false,
+            limit: "/max_gen_len",
+            clamped: false,
+        },
+        Case {
+            tenant: "vertex-claude",
+            path: VERTEX_CLAUDE_PATH,
+            body: claude_body(12, false, "vertex-2023-10-16"),
+            stream: false,
+            limit: "/max_tokens",
+            clamped: false,
+        },
+        Case {
+            tenant: "vertex-claude-sse",
+            path: VERTEX_CLAUDE_STREAM_PATH,
+            body: claude_body(12, true, "vertex-2023-10-16"),
+            stream: true,
+            limit: "/max_tokens",
+            clamped: false,
+        },
+        Case {
+            tenant: "clamp-gemini",
+            path: GEMINI_PATH,
+            body: gemini_body(1000),
+            stream: false,
+            limit: "/generationConfig/maxOutputTokens",
+            clamped: true,
+        },
+        Case {
+            tenant: "clamp-converse",
+            path: CONVERSE_PATH,
+            body: converse_body(1000),
+            stream: false,
+            limit: "/inferenceConfig/maxTokens",
+            clamped: true,
+        },
+        Case {
+            tenant: "clamp-invoke",
+            path: INVOKE_PATH,
+            body: claude_body(1000, false, "bedrock-2023-05-31"),
+            stream: false,
+            limit: "/max_tokens",
+            clamped: true,
+        },
+    ];
+    for c in &cases {
+        let headers = [
+            ("x-tenant-id", c.tenant),
+            ("x-mock-tenant", c.tenant),
+            ("x-mock-tag", c.tenant),
+            ("content-type", "application/json"),
+        ];
+        let body = c.body.to_string();
+        if c.stream {
+            let r = wasm_test::http::post_stream(
+                s.envoy.port,
+                c.path,
+                &headers,
+                body.as_bytes(),
+                &wasm_test::http::StreamOpts::default(),
+            )
+            .unwrap();
+            assert_eq!(r.status, 200, "{}: {}", c.tenant, r.text());
+            assert!(r.complete, "{}", c.tenant);
+        } else {
+            let r = wasm_test::http::post(s.envoy.port, c.path, &headers, body.as_bytes()).unwrap();
+            assert_eq!(r.status, 200, "{}: {}", c.tenant, r.text());
+        }
+        let sent = s
+            .mock
+            .requests()
+            .into_iter()
+            .find(|r| r.header("x-mock-tag") == Some(c.tenant))
+            .unwrap_or_else(|| panic!("{}: the provider got it", c.tenant))
+            .json();
+        let asked = c.body.pointer(c.limit).and_then(Value::as_u64);
+        let got = sent.pointer(c.limit).and_then(Value::as_u64);
+        if c.clamped {
+            assert!(
+                got.is_some_and(|g| g < 300 && g > 200),
+                "{}: lowered to what the quota has left: {sent}",
+                c.tenant
+            );
+            // Everything else as sent.
+            let mut want = c.body.clone();
+            if let (Some(w), Some(g)) = (want.pointer_mut(c.limit), got) {
+                *w = json!(g);
+            }
+            assert_eq!(sent, want, "{}", c.tenant);
+        } else {
+            assert_eq!(got, asked, "{}: {sent}", c.tenant);
+        }
+    }
+    let l = ledger(&s.mock);
+    let by = l.by_tag();
+    let mut report = Vec::new();
+    for c in &cases {
+        let a = by
+            .get(c.tenant)
+            .unwrap_or_else(|| panic!("{}: in the ledger", c.tenant));
+        assert_eq!(a.outcome, "complete", "{}: {a:?}", c.tenant);
+        let want = a.tokens as i64;
+        let got = s.wait_key(&used_key(c.tenant), want);
+        println!("{:<18} served {want:>4}  redis {got:>4}", c.tenant);
+        if got != want {
+            report.push(format!("{}: served {want}, redis {got}", c.tenant));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("; "));
+    tg::assert_no_panic(&s.envoy);
+}
+
+#[test]
+fn an_open_breaker_of_a_model_the_path_names_refuses_in_the_familys_shape_without_a_fallback() {
+    let mock = mock_provider!();
+    let cfg = tg::merge(
+        tg::config(json!([rule("all", "*", "*", 1_000_000.0, 1_000_000_000)])),
+        json!({"breaker": {"keys": ["model"], "failure_threshold": 3, "recovery_ms": 60000,
+               "model_fallbacks": {BEDROCK_MODEL: "amazon.nova-lite-v1:0"}}}),
+    );
+    let envoy = tg::start(&mock, cfg);
+    let body = converse_body(8).to_string();
+    let post = |extra: &[(&str, &str)]| {
+        let mut h = vec![("x-tenant-id", "b"), ("content-type", "application/json")];
+        h.extend_from_slice(extra);
+        wasm_test::http::post(envoy.port, CONVERSE_PATH, &h, body.as_bytes()).unwrap()
+    };
+    for _ in 0..3 {
+        assert_eq!(post(&[("x-mock-status", "500")]).status, 500);
+    }
+    let before = mock.requests().len();
+    let r = post(&[]);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.header("x-amzn-errortype"),
+        Some("ServiceUnavailableException")
+    );
+    assert_eq!(r.header("x-tokengate-reason"), Some("circuit_open"));
+    assert!(r.header("x-amz-retry-after").is_some(), "{:?}", r.headers);
+    assert!(r.header("x-tokengate-fallback").is_none());
+    assert_eq!(mock.requests().len(), before, "the provider was not asked");
+    // botocore reads it as its own retryable exception.
+    let got = drive(
+        envoy.port,
+        &[call(
+            "bedrock-converse",
+            &["--tenant", "b", "--max-retries", "0"],
+        )],
+    );
+    assert_eq!(
+        got[0]["exception"], "ServiceUnavailableException",
+        "{}",
+        got[0]
+    );
+    tg::assert_no_panic(&envoy);
 }
