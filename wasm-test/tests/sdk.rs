@@ -16,97 +16,20 @@
 //! without Envoy.
 
 use serde_json::{json, Value};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 use wasm_test::faults::{month_label, now_unix};
+use wasm_test::sdk::{call, drive, DRIVER_TIMEOUT};
 use wasm_test::tg::{self, rule};
 use wasm_test::{
     free_port, mock_provider, repo_root, Envoy, EnvoyOpts, MockProvider, RedisServer, RespValue,
     Webdis,
 };
 
-/// Longest one batch of SDK calls may take before the driver is killed.
-const DRIVER_TIMEOUT: Duration = Duration::from_secs(150);
-
 /// What the mock answers for `max_tokens` 8 (`t0 t1 … t7 `).
 const TEXT8: &str = "t0 t1 t2 t3 t4 t5 t6 t7 ";
-
-/// One driver call: scenario and extra arguments.
-fn call(scenario: &str, extra: &[&str]) -> Vec<String> {
-    std::iter::once(scenario)
-        .chain(extra.iter().copied())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Runs `calls` through the driver against Envoy's port (one Python process) and returns one result
-/// per call. The driver is killed (by its PID) after [`DRIVER_TIMEOUT`].
-fn drive(port: u16, calls: &[Vec<String>]) -> Vec<Value> {
-    let base = format!("http://127.0.0.1:{port}");
-    let calls: Vec<Vec<String>> = calls
-        .iter()
-        .map(|c| {
-            let mut c = c.clone();
-            c.push("--base-url".into());
-            c.push(base.clone());
-            c
-        })
-        .collect();
-    let root = repo_root();
-    let python = root.join(".venv/bin/python");
-    let mut child = Command::new(&python)
-        .arg(root.join("wasm-test/sdk/driver.py"))
-        .arg("batch")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e} (run `make deps`)", python.display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(json!(calls).to_string().as_bytes())
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + DRIVER_TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the SDK driver ran over {DRIVER_TIMEOUT:?}; stderr:\n{}",
-                err.join().unwrap_or_default()
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let out = out.join().unwrap();
-    let err = err.join().unwrap();
-    let last = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('['))
-        .unwrap_or_else(|| panic!("no result from the driver; stdout:\n{out}\nstderr:\n{err}"));
-    let results: Vec<Value> = serde_json::from_str(last).unwrap();
-    assert_eq!(results.len(), calls.len(), "stderr:\n{err}");
-    results
-}
 
 /// A driver started ahead of time (`driver.py lines`): Python and the SDK are loaded before a call
 /// whose timing matters. Killed (by its PID) when dropped.
