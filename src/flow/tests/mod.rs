@@ -9,6 +9,7 @@ mod fair;
 mod families;
 mod glease;
 mod identity;
+mod instr;
 mod lease;
 mod limits;
 mod settlement;

@@ -595,7 +595,8 @@ pub(in crate::flow) fn requests(cx: &Cx, plan: &Plan) -> Vec<QuotaReq> {
         }
         let account = b.account(&plan.meta.tenant, &cx.cfg.groups, &plan.meta.groups);
         // A money budget at the model's prices (micro-units per token); a token budget at the quota's
-        // weights.
+        // weights. With the model, so that its per-model counter says what the subject spent on each
+        // model (`tokengate usage --by model`); a budget has no per-model limit.
         let price = if b.tokens {
             q.weights(&plan.model)
         } else {
@@ -606,7 +607,7 @@ pub(in crate::flow) fn requests(cx: &Cx, plan: &Plan) -> Vec<QuotaReq> {
             q,
             plan,
             account,
-            None,
+            model.clone(),
             price,
             (b.limit, 0),
             false,
