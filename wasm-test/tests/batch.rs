@@ -1,12 +1,14 @@
-//! Group commit of quota reservations (README "Many light tenants", docs/internals.md): many tenants'
+//! Group commit of quota reservations (docs/scaling.md, "Group commit of reservations"): many tenants'
 //! reservations that wait at the same moment go to Redis in one script call. The release
 //! tokengate.wasm in a real Envoy (2 workers), a real `redis-server` behind a real Webdis, and the mock
 //! provider, whose ledger counts the tokens it served per tenant.
 //!
 //! Each test states what clients and operators see: every tenant's counter in Redis ends exactly at
-//! what the mock served it (all or nothing per request, settled once), fewer Redis script calls than
-//! requests (`INFO commandstats`), and a Webdis killed while reservations wait gives each of them the
-//! quota's `on_failure` answer — with the counters exact once Redis is reachable again.
+//! what the mock served it (all or nothing per request, settled once), a tenant over its quota refused
+//! alone while the others in its batches are admitted, at most 0.1 reservation script calls per request
+//! with batching and one each with `quota.batch: false` (`INFO commandstats`), and a Webdis killed while
+//! reservations wait gives each of them the quota's `on_failure` answer — with the counters exact once
+//! Redis is reachable again.
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
