@@ -192,6 +192,12 @@ fn light_tenants(quota: Value) -> Run {
     let redis = DurableRedis::start();
     let webdis = RestartableWebdis::start(redis.port);
     let label = quota.to_string();
+    // Roomy: 256 reservations at once, one callout each without batching, on a loaded host; this test
+    // is about calls and exactness, not outages.
+    let quota = tg::merge(
+        json!({"timeout_ms": 5000, "shim_breaker": {"failure_threshold": 1000}}),
+        quota,
+    );
     let envoy = envoy(mock.port, webdis.port, quota);
     faults::reset_ledger(&mock);
     let month = faults::month_label(faults::now_unix());
