@@ -39,7 +39,8 @@
 //! Extra rows for cost attribution: `BENCH_EXTRA="label=/path/a.wasm;other=/path/b.wasm|config"` adds one
 //! `tg:<label>` row per wasm (`;`-separated), run with the buckets configuration or with the plugin
 //! configuration after `|` (e.g. builds of the filter with one step removed, or a probe filter): JSON, or
-//! the configuration of a row by preset name (`@quota`, `@leased`, `@global`, `@breaker`). A row whose
+//! the configuration of a row by preset name (`@quota`, `@quota-unbatched`, `@leased`, `@global`,
+//! `@breaker`). A row whose
 //! configuration uses `quota` or `global_buckets` gets the `webdis` cluster (Redis and Webdis started).
 //!
 //! Two measurements per variant and round:
@@ -317,11 +318,17 @@ fn quota_leased_config() -> String {
     cfg.to_string()
 }
 
-/// The plugin configuration of a `BENCH_EXTRA` row: a preset name (`@quota`, `@leased`, `@global`,
-/// `@breaker`) or the JSON itself.
+/// The plugin configuration of a `BENCH_EXTRA` row: a preset name (`@quota`, `@quota-unbatched`:
+/// `quota.batch: false`, `@leased`, `@global`, `@breaker`) or the JSON itself.
 fn preset_config(c: &str) -> String {
     match c {
         "@quota" => quota_config(),
+        "@quota-unbatched" => {
+            let mut cfg: serde_json::Value =
+                serde_json::from_str(&quota_config()).unwrap_or_default();
+            cfg["quota"]["batch"] = serde_json::json!(false);
+            cfg.to_string()
+        }
         "@leased" => quota_leased_config(),
         "@global" => global_config(),
         "@breaker" => breaker_config(),
