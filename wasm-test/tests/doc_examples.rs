@@ -1,6 +1,13 @@
-//! Every plugin configuration shown in README.md and docs/*.md, loaded into real Envoy 1.40 behind the
-//! shipped identity chain and attacked as a hostile client would (issue 26): a documented example can
-//! never again ship a hole.
+//! Every plugin configuration shown in README.md and docs/*.md, and shipped in envoy/*.yaml and deploy/
+//! (an Istio WasmPlugin's `pluginConfig`), loaded into real Envoy 1.40 behind the shipped identity chain
+//! and attacked as a hostile client would (issue 26): a documented or shipped example can never again
+//! ship a hole.
+//!
+//! **Shipped configurations.** In envoy/*.yaml the plugin configuration sits between
+//! `# tokengate:plugin-config-begin` and `-end` (a `value: |` block) and runs behind that file's own
+//! identity block; a WasmPlugin's `pluginConfig:` runs behind the shipped `envoy/envoy.yaml` one (what
+//! Istio builds from a `RequestAuthentication`: `jwt_authn`, `payload_in_metadata: payload`, the token
+//! not forwarded). A YAML file that runs the filter without a configuration the test finds fails.
 //!
 //! **Which blocks are configurations.** Every fenced block of README.md and docs/*.md is classified; one
 //! that cannot be fails the test, naming its file and line:
@@ -36,6 +43,8 @@
 //! `default_model`, else 400): refused (status and `x-tokengate-reason`, or `jwt_authn`'s 401), or
 //! admitted as the verified identity (tenant, group at each level, model). A request header is never
 //! identity here: nothing in the chain removes a client's copy, so an example that trusts one fails.
+//! So a configuration with `trusted_headers` fails here by design; docs/deploying.md gives that recipe
+//! in prose, and this test does not run its header chain.
 //! Checked for each probe: the status and reason; the audit record's tenant and model; on the `ledger`
 //! listener, the tenant's, model's and groups' ledger keys. Checked at the end: no forged name in any Redis
 //! key or audit record; neither a token nor a verified id reached the provider.
