@@ -10,7 +10,7 @@
 //!
 //! Example (the JSON string in the Envoy wasm filter's `configuration`):
 //! ```json
-//! {"tenant_header": "x-tenant-id",
+//! {"api_key_tenants": true,
 //!  "models": {"gpt-4.1": {"default_max_tokens": 4096, "max_tokens_cap": 32768}},
 //!  "rules": [{"model": "gpt-4.1", "tokens_per_second": 300000, "burst": 2000000, "requests_per_minute": 600},
 //!            {"model": "*", "tokens_per_second": 1000, "burst": 20000}]}
