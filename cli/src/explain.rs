@@ -308,22 +308,32 @@ pub fn explain(cfg: &Config, r: &Request) -> Result<String, Failure> {
                 if b.tokens { " weighted tokens" } else { " per million tokens" }
             );
         }
-        if let Some(l) = q.lease {
-            let threshold = (l.policy.min_tokens as f64 / l.policy.max_share).round();
-            let t = q.tenant(r.tenant).monthly_limit;
-            let never = if t > 0 && (t as f64) < threshold {
-                format!(
-                    " (tenant {:?}: limit {t} is below it: never leased)",
-                    r.tenant
-                )
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                o,
-                "leases    on: an account is served from this Envoy's lease while what is left of it is at least {threshold} \
-                 (min_tokens x 100 / max_share_percent); below it every request is reserved in Redis{never}"
-            );
+        match q.lease {
+            Some(l) => {
+                let t = q.tenant(r.tenant).monthly_limit;
+                let threshold = l.policy.threshold(t);
+                let floor = l.policy.floor(t);
+                let never = if t > 0 && t < threshold {
+                    format!(
+                        " (tenant {:?}: limit {t} is below it: never leased)",
+                        r.tenant
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    o,
+                    "leases    on: an account is served from this Envoy's lease while what is left of it is at least {threshold} \
+                     (the smallest lease, {floor}: min_limit_percent of the limit, at most min_tokens; x 100 / max_share_percent); \
+                     below it every request is reserved in Redis{never}"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    o,
+                    "leases    off (quota.lease: false): every request is reserved in Redis"
+                );
+            }
         }
     }
     Ok(o)
