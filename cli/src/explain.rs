@@ -358,7 +358,7 @@ mod tests {
     #[test]
     fn explain_names_rules_limits_keys_and_costs() {
         let cfg = tokengate::config::parse(
-            br#"{"group_header": "x-team",
+            br#"{"group_header": "x-team", "trusted_headers": {"set_by": "the test"},
                 "rules": [{"name": "r", "model": "gpt-4.1", "tokens_per_second": 10, "burst": 100}],
                 "limits": [{"name": "team", "scope": "group", "tokens_per_second": 5, "burst": 5000}],
                 "quota": {"cluster": "w", "monthly_limit": 1000000, "currency": "USD",
@@ -394,5 +394,45 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("output 200 reserved"), "{out}");
+        // Leases on by default: a large limit is leased until 40,960 is left.
+        assert!(out.contains("leases    on:"), "{out}");
+        assert!(out.contains("at least 40960"), "{out}");
+    }
+
+    #[test]
+    fn explain_prints_the_lease_threshold_of_the_tenant_or_that_leases_are_off() {
+        let run = |lease: &str| {
+            let cfg = tokengate::config::parse(
+                format!(
+                    r#"{{"rules": [{{"tokens_per_second": 10, "burst": 100}}],
+                    "quota": {{"cluster": "w", "monthly_limit": 50000{lease}}}}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            let body =
+                br#"{"model":"m","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
+            explain(
+                &cfg,
+                &Request {
+                    tenant: "small",
+                    groups: &[],
+                    model: None,
+                    path: "/v1/chat/completions",
+                    body,
+                    cluster: None,
+                    month: "2026-12",
+                },
+            )
+            .unwrap()
+        };
+        // 50,000: the smallest lease is 500 (1 %), leased while 5,000 (10 %) is left.
+        let on = run("");
+        assert!(
+            on.contains("at least 5000 (the smallest lease, 500"),
+            "{on}"
+        );
+        let off = run(r#", "lease": false"#);
+        assert!(off.contains("leases    off (quota.lease: false)"), "{off}");
     }
 }
