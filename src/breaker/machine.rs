@@ -7,13 +7,18 @@ use super::window::{Window, BUCKETS};
 use super::NS_PER_MS;
 
 /// Breaker tuning, already validated (see [`BreakerConfig::validate`]).
+///
+/// `Default` is the count mode (5 failures in 60 s), what the shim breakers build on. The request
+/// breakers' `breaker` section defaults to the rate mode instead (50 % of at least 20 in 30 s, see
+/// `crate::config::BreakerMode`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerConfig {
-    /// Failures within the window that open the breaker (default 5).
+    /// Failures within the window that open the breaker (default 5; `u32::MAX`: only the rate opens it).
     pub failure_threshold: u32,
     /// Length of the sliding window in ms (default 60 000; 12 ..= 86 400 000).
     pub window_ms: u64,
-    /// Also open when failures / requests in the window reach this percentage (default off).
+    /// Also open when failures / requests in the window reach this percentage (default off here; 50
+    /// in a `breaker` section that asks for no count).
     pub failure_rate_percent: Option<u32>,
     /// Requests needed in the window before the rate rule applies (default 20).
     pub min_requests: u32,

@@ -38,7 +38,7 @@ mod shape;
 mod shim;
 mod top;
 
-pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
+pub use breaker::{BreakerKeys, BreakerMode, BreakerSettings, ClusterFallback};
 pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
