@@ -32,8 +32,20 @@ pub(super) struct Window {
 }
 
 /// Width of one sub-window in ns (never 0, even for an unvalidated config).
-fn bucket_ns(cfg: &BreakerConfig) -> u64 {
+pub(super) fn bucket_ns(cfg: &BreakerConfig) -> u64 {
     (cfg.window_ms.saturating_mul(NS_PER_MS) / BUCKETS as u64).max(1)
+}
+
+/// The sub-window `now_ns` falls in, for sub-windows `bucket_ns` wide: (its slot, its epoch).
+pub(super) fn slot_at(bucket_ns: u64, now_ns: u64) -> (usize, u64) {
+    let cur = now_ns / bucket_ns.max(1);
+    (usize::try_from(cur % BUCKETS as u64).unwrap_or(0), cur)
+}
+
+/// Whether a sub-window of epoch `epoch` is in the window whose latest sub-window is `cur`: one of the
+/// last [`BUCKETS`] epochs (or one ahead, for a worker whose clock read came a little later).
+pub(super) fn in_window(epoch: u64, cur: u64) -> bool {
+    epoch.saturating_add(BUCKETS as u64) > cur && epoch <= cur.saturating_add(1)
 }
 
 impl Window {
@@ -43,14 +55,10 @@ impl Window {
         if self.bucket_ns != bucket_ns {
             return (0, 0);
         }
-        let cur = now_ns / bucket_ns;
+        let (_, cur) = slot_at(bucket_ns, now_ns);
         self.buckets
             .iter()
-            // In the window: one of the last BUCKETS epochs (or one ahead, for a worker whose clock
-            // read came a little later).
-            .filter(|b| {
-                b.epoch.saturating_add(BUCKETS as u64) > cur && b.epoch <= cur.saturating_add(1)
-            })
+            .filter(|b| in_window(b.epoch, cur))
             .fold((0, 0), |(s, f), b| {
                 (s + u64::from(b.successes), f + u64::from(b.failures))
             })
@@ -77,8 +85,7 @@ impl Window {
             self.buckets = [Bucket::default(); BUCKETS];
             self.bucket_ns = bucket_ns;
         }
-        let cur = now_ns / bucket_ns;
-        let slot = usize::try_from(cur % BUCKETS as u64).unwrap_or(0);
+        let (slot, cur) = slot_at(bucket_ns, now_ns);
         if let Some(b) = self.buckets.get_mut(slot) {
             if b.epoch != cur {
                 *b = Bucket {
