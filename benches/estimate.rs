@@ -12,6 +12,11 @@
 //!    `serde_json::from_slice::<Value>` alone in the same run, in µs per KB of body, best of
 //!    interleaved trials. Then a 154-byte chat body in ns per call, and `text_tokens` alone.
 //!
+//! Then the classes of random letters (`benches/common/junk.rs`): none may be estimated below
+//! [`junk::JUNK_MIN`] of o200k. With the feature `exact` (as `make bench` builds it), the exact
+//! counter's rows (`src/estimate/exact.rs`): its table's size, whether it counts every corpus line as
+//! tiktoken-rs does, and per class µs per KB of text next to `text_tokens` and tiktoken-rs.
+//!
 //! Exits non-zero when a class misses a target on either split: aggregate ratio within
 //! [`corpus::AGG_MIN`]..=[`corpus::AGG_MAX`], p95 |error| at most [`corpus::P95_MAX`] % (for
 //! short messages of at most 30 tokens: beyond 3 tokens; for the junk class
@@ -23,6 +28,11 @@
 mod bodies;
 #[path = "common/corpus.rs"]
 mod corpus;
+#[cfg(feature = "exact")]
+#[path = "common/exact.rs"]
+mod exact_tokens;
+#[path = "common/junk.rs"]
+mod junk;
 
 use bodies::{chat_body, sized_bodies};
 
@@ -123,6 +133,29 @@ fn main() {
         );
     }
 
+    // Junk: classes of random letters (three seeds each), gated at `junk::JUNK_MIN`.
+    let mut failed = failed;
+    if let Ok(bpe) = tiktoken_rs::o200k_base() {
+        println!(
+            "\nRandom letters (estimate / o200k over three seeds, and the lowest seed; gated at {}):\n",
+            junk::JUNK_MIN
+        );
+        println!("| class | o200k | estimate | ratio | lowest |");
+        println!("|---|---:|---:|---:|---:|");
+        let count = |t: &str| bpe.encode_ordinary(t).len() as f64;
+        let est = |t: &str| text_tokens(t) as f64;
+        for (label, real, e, low) in junk::report(&count, &est) {
+            let mark = if low < junk::JUNK_MIN { " ✗" } else { "" };
+            println!(
+                "| {label}{mark} | {real:.0} | {e:.0} | {:.2} | {low:.2} |",
+                e / real
+            );
+            if low < junk::JUNK_MIN {
+                failed.push(format!("random letters: {label}"));
+            }
+        }
+    }
+
     // Speed. Absolute numbers depend on the machine and its load; they are printed, never gated.
     let limits = |_: Option<&str>| OutputLimits {
         default_tokens: 1024,
@@ -212,6 +245,8 @@ fn main() {
         t.first().copied().unwrap_or(f64::NAN)
     );
 
+    exact_rows(&classes);
+
     if !failed.is_empty() {
         eprintln!(
             "\nFAIL: off target (aggregate estimate / o200k within {}..={}, p95 |error| <= {} % but for {:?}, on the fitted and the held-out split): {}",
@@ -230,4 +265,97 @@ fn main() {
         corpus::P95_MAX,
         corpus::P95_UNGATED
     );
+}
+
+/// The exact-counting rows (feature `exact`, which `make bench` builds with): the embedded o200k
+/// counter of `src/estimate/exact.rs` checked against tiktoken-rs on every corpus line, its table's
+/// size, and per class µs per KB of text of `text_tokens`, the exact counter and tiktoken-rs'
+/// `encode_ordinary`, timed in the same rounds.
+#[cfg(feature = "exact")]
+fn exact_rows(classes: &[corpus::Class]) {
+    use tokengate::estimate::exact::{build_table, Counter};
+    let table = match exact_tokens::o200k_tokens()
+        .and_then(|t| build_table(&t, exact_tokens::SLOT_BITS).ok_or("no table".into()))
+    {
+        Ok(t) => t,
+        Err(e) => {
+            println!("\nExact counting: {e}");
+            return;
+        }
+    };
+    let Ok(bpe) = tiktoken_rs::o200k_base() else {
+        return;
+    };
+    let mut counter = Counter::new(&table);
+    let (mut lines, mut differ) = (0usize, 0usize);
+    for c in classes {
+        for s in &c.samples {
+            lines += 1;
+            differ += usize::from(counter.count(&s.text) as f64 != s.real);
+        }
+    }
+    println!(
+        "\nExact counting (o200k_base, `src/estimate/exact.rs`): table {} bytes ({:.2} MB); {} of {lines} corpus lines counted as tiktoken-rs counts them",
+        table.len(),
+        table.len() as f64 / (1 << 20) as f64,
+        lines - differ
+    );
+    println!(
+        "\n| class | `text_tokens` µs/KB | exact µs/KB | tiktoken-rs µs/KB | exact / estimate |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let mut best = vec![[f64::INFINITY; 3]; classes.len()];
+    let sets: Vec<Vec<Vec<u8>>> = classes
+        .iter()
+        .map(|c| {
+            let texts: Vec<String> = c.samples.iter().map(|s| s.text.clone()).collect();
+            let mut out = Vec::new();
+            let mut size = 0;
+            for t in texts.iter().cycle().take(texts.len() * 8) {
+                if size >= 16 << 10 {
+                    break;
+                }
+                size += t.len();
+                out.push(t.clone().into_bytes());
+            }
+            out
+        })
+        .collect();
+    let text = |b: &[u8]| std::str::from_utf8(b).unwrap_or("").to_string();
+    for _ in 0..ROUNDS / 2 {
+        for (set, b) in sets.iter().zip(best.iter_mut()) {
+            let strs: Vec<String> = set.iter().map(|x| text(x)).collect();
+            let mut i = 0usize;
+            let mut est = |_: &[u8]| {
+                black_box(text_tokens(
+                    strs.get(i % strs.len()).map_or("", String::as_str),
+                ));
+                i += 1;
+            };
+            b[0] = b[0].min(time_per_kb(set, &mut est, ROUND_TRIAL));
+            let mut i = 0usize;
+            let mut ex = |_: &[u8]| {
+                black_box(counter.count(strs.get(i % strs.len()).map_or("", String::as_str)));
+                i += 1;
+            };
+            b[1] = b[1].min(time_per_kb(set, &mut ex, ROUND_TRIAL));
+            let mut i = 0usize;
+            let mut tk = |_: &[u8]| {
+                black_box(
+                    bpe.encode_ordinary(strs.get(i % strs.len()).map_or("", String::as_str))
+                        .len(),
+                );
+                i += 1;
+            };
+            b[2] = b[2].min(time_per_kb(set, &mut tk, ROUND_TRIAL));
+        }
+    }
+    for (c, [e, x, t]) in classes.iter().zip(&best) {
+        println!("| {} | {e:.3} | {x:.3} | {t:.3} | {:.1}× |", c.name, x / e);
+    }
+}
+
+#[cfg(not(feature = "exact"))]
+fn exact_rows(_: &[corpus::Class]) {
+    println!("\nExact counting: built without the feature `exact` (`make bench` builds with it)");
 }

@@ -19,7 +19,8 @@ mod word_table;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tokengate::estimate::{
-    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED,
+    greek_slot, greek_step, short_slot, word_hash, word_slots, GREEK_BACK, GREEK_BARE,
+    GREEK_SPACED, SHORT_BITS_LOG,
 };
 
 /// Builds the filter for `hashes` (distinct) with `seed`'s hashes already taken: the fingerprint
@@ -152,6 +153,18 @@ fn main() {
         }
     }
     let greek_rows = hex_rows(&greek, 18);
+    let short = word_table::short_words(&bpe);
+    let mut short_bits = vec![0u64; 1 << (SHORT_BITS_LOG - 6)];
+    for &x in &short {
+        let (word, bit) = short_slot(x);
+        short_bits[word] |= bit;
+    }
+    println!(
+        "{} short words in {} bytes",
+        short.len(),
+        short_bits.len() * 8
+    );
+    let short_rows = hex_rows(&short_bits, 18);
     let rare_rows = hex_rows(&rare, 10);
     let bits = |b: &[u64; 144]| hex_rows(b, 18);
     let src = format!(
@@ -191,7 +204,11 @@ fn main() {
          /// `greek_step` in `words.rs`): read forwards after a space, forwards without one, and\n\
          /// backwards without one.\n\
          #[rustfmt::skip]\n\
-         pub(super) static GREEK_PIECE_BITS: [u64; 1024] = [\n{}];\n",
+         pub(super) static GREEK_PIECE_BITS: [u64; 1024] = [\n{}];\n\n\
+         /// The o200k tokens of a space and three or four lower-case ASCII letters ({} of them; see\n\
+         /// `short_known` in `words.rs`).\n\
+         #[rustfmt::skip]\n\
+         pub(super) static SHORT_WORD_BITS: [u64; {}] = [\n{}];\n",
         entries.len(),
         fp.len(),
         bits(&pair),
@@ -203,6 +220,9 @@ fn main() {
         word_table::RARE_PAIR_TOKENS,
         rare_rows,
         greek_rows,
+        short.len(),
+        short_bits.len(),
+        short_rows,
     );
     let dir = root.join("src/estimate");
     for (name, bytes) in [

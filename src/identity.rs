@@ -1,4 +1,14 @@
-//! Who is asking: the tenant id of a request, from a configured header or from a hashed API key.
+//! Who is asking: the tenant id of a request, from a claim of a JWT that Envoy verified, a trusted header,
+//! an API key (listed, or hashed), or the default — in that order ([`resolve`]), with the checks that
+//! apply whichever names the tenant (an unlisted key, two keys, two identities that disagree).
+//!
+//! A claim is read from Envoy's dynamic metadata as the host hands it over ([`read_claim`]; measured on
+//! Envoy 1.40): a string as its bytes, a number as 8 bytes of a little-endian `f64`, a boolean as 1
+//! byte, a list or an object as proxy-wasm pairs (`[n u32][n × (key len u32, value len u32)][key NUL
+//! value NUL …]`, a list's elements as keys with empty values). The bytes carry no type: a string that
+//! is a valid id is taken as it is; otherwise 8 bytes are read as a number (a whole number up to 2^53
+//! becomes its decimal text), and pairs holding exactly one element as that element; anything else is
+//! a claim of the wrong type.
 //!
 //! Raw API keys are never stored, logged or used as shared-data keys: a key becomes
 //! `key:<first 16 hex digits of SHA-256(key)>` (64 bits: collisions are negligible for any realistic
@@ -12,6 +22,8 @@ use sha2::{Digest, Sha256};
 /// Where the tenant came from (for the audit record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TenantSource {
+    /// A claim of a JWT Envoy verified.
+    Claim,
     /// The configured tenant header.
     Header,
     /// A hashed API key.
@@ -175,6 +187,59 @@ fn one_value<'a>(
     }
 }
 
+/// A claim as read from Envoy's dynamic metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The verified payload has no such claim (or there is no verified token).
+    Missing,
+    /// An id: a valid tenant or group id.
+    Id(String),
+    /// Present, but not an id (wrong type, or characters outside an id's).
+    Invalid,
+}
+
+/// Reads a claim from the bytes the host gave for its property path (`None`: absent).
+pub fn read_claim(bytes: Option<&[u8]>) -> Claim {
+    let Some(b) = bytes else {
+        return Claim::Missing;
+    };
+    if let Ok(s) = std::str::from_utf8(b) {
+        if valid_tenant(s) {
+            return Claim::Id(s.to_string());
+        }
+    }
+    if let Ok(arr) = <[u8; 8]>::try_from(b) {
+        let x = f64::from_le_bytes(arr);
+        // A whole number a JSON payload holds exactly (up to 2^53).
+        if (0.0..=9_007_199_254_740_992.0).contains(&x) && x.fract() == 0.0 {
+            return Claim::Id(format!("{}", x as u64));
+        }
+        return Claim::Invalid;
+    }
+    match single_pair_key(b) {
+        Some(k) if valid_tenant(k) => Claim::Id(k.to_string()),
+        _ => Claim::Invalid,
+    }
+}
+
+/// The key of proxy-wasm pairs holding exactly one pair with an empty value (a list of one element).
+fn single_pair_key(b: &[u8]) -> Option<&str> {
+    let u32_at = |at: usize| -> Option<usize> {
+        let bytes: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(bytes)).ok()
+    };
+    if u32_at(0)? != 1 || u32_at(8)? != 0 {
+        return None;
+    }
+    let len = u32_at(4)?;
+    let key = b.get(12..12 + len)?;
+    // The key, its NUL, the empty value's NUL, and nothing else.
+    if b.len() != 12 + len + 2 {
+        return None;
+    }
+    std::str::from_utf8(key).ok()
+}
+
 /// Who a request is, by the rules of [`resolve`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
@@ -182,6 +247,11 @@ pub enum Resolved {
     Tenant(String, TenantSource),
     /// An API key that `api_keys` does not list.
     UnknownKey,
+    /// Two different API keys where keys matter.
+    TwoKeys,
+    /// A listed API key of another tenant than the verified identity's: (the verified tenant, the
+    /// key's).
+    Conflict(String, String),
     /// Nothing names a tenant (and there is no default).
     Nobody,
 }
@@ -197,31 +267,61 @@ pub struct Sources<'a> {
     pub default_tenant: Option<&'a str>,
 }
 
-/// Whether a trusted header's value names a tenant (then [`resolve`] takes it, whatever the keys).
+/// What a request presents.
+#[derive(Clone, Copy)]
+pub struct Presented<'a> {
+    /// The tenant a verified JWT's claim names (already read, a valid id).
+    pub claim: Option<&'a str>,
+    /// The trusted header's value (only when `trusted_headers` allows it).
+    pub header: Option<&'a str>,
+    /// The API key (`Err`: two different keys).
+    pub key: Result<Option<&'a str>, TwoKeys>,
+}
+
+/// Whether a trusted header's value names a tenant.
 pub fn is_tenant_name(header_value: Option<&str>) -> bool {
     header_value.map(str::trim).is_some_and(valid_tenant)
 }
 
-/// Resolves the tenant: the trusted header (if valid) → the API key (listed in `api_keys` when that is
-/// configured, else hashed) → the default.
-pub fn resolve(
-    header_value: Option<&str>,
-    key: Option<&str>,
-    src: Sources,
-    cache: &mut KeyCache,
-) -> Resolved {
-    if let Some(h) = header_value.map(str::trim).filter(|h| valid_tenant(h)) {
-        return Resolved::Tenant(h.to_string(), TenantSource::Header);
-    }
-    if src.api_key_tenants {
+/// Resolves the tenant. The verified identity — a JWT claim, else the trusted header — names it when
+/// present; else the API key (listed in `api_keys` when that is configured, else hashed); else the
+/// default. With `api_keys`, a key is checked whatever names the tenant: an unlisted key, two different
+/// keys, or a listed key of another tenant than the verified identity's are refused (the key goes to
+/// the provider: it must be one the operator issued, to the tenant who is charged).
+pub fn resolve(p: Presented, src: Sources, cache: &mut KeyCache) -> Resolved {
+    let verified = p
+        .claim
+        .map(|c| (c.to_string(), TenantSource::Claim))
+        .or_else(|| {
+            p.header
+                .map(str::trim)
+                .filter(|h| valid_tenant(h))
+                .map(|h| (h.to_string(), TenantSource::Header))
+        });
+    if let Some(known) = src.api_keys.filter(|_| src.api_key_tenants) {
+        let key = match p.key {
+            Err(TwoKeys) => return Resolved::TwoKeys,
+            Ok(k) => k,
+        };
         if let Some(k) = key {
-            return match src.api_keys {
-                Some(known) => match known.get(&cache.digest(k)) {
-                    Some(t) => Resolved::Tenant(t.clone(), TenantSource::ApiKey),
-                    None => Resolved::UnknownKey,
-                },
-                None => Resolved::Tenant(cache.tenant(k), TenantSource::ApiKey),
+            let Some(t) = known.get(&cache.digest(k)) else {
+                return Resolved::UnknownKey;
             };
+            return match verified {
+                Some((v, _)) if v != *t => Resolved::Conflict(v, t.clone()),
+                Some((v, s)) => Resolved::Tenant(v, s),
+                None => Resolved::Tenant(t.clone(), TenantSource::ApiKey),
+            };
+        }
+    }
+    if let Some((v, s)) = verified {
+        return Resolved::Tenant(v, s);
+    }
+    if src.api_key_tenants && src.api_keys.is_none() {
+        match p.key {
+            Err(TwoKeys) => return Resolved::TwoKeys,
+            Ok(Some(k)) => return Resolved::Tenant(cache.tenant(k), TenantSource::ApiKey),
+            Ok(None) => {}
         }
     }
     match src.default_tenant {
@@ -254,6 +354,14 @@ mod tests {
         }
     }
 
+    fn hk<'a>(header: Option<&'a str>, key: Option<&'a str>) -> Presented<'a> {
+        Presented {
+            claim: None,
+            header,
+            key: Ok(key),
+        }
+    }
+
     fn tenant(r: Resolved) -> Option<(String, TenantSource)> {
         match r {
             Resolved::Tenant(t, s) => Some((t, s)),
@@ -264,8 +372,7 @@ mod tests {
     #[test]
     fn header_tenant_wins_over_api_key() {
         let r = resolve(
-            Some("team-a"),
-            Some("sk-1"),
+            hk(Some("team-a"), Some("sk-1")),
             src(true, None),
             &mut KeyCache::default(),
         );
@@ -278,8 +385,7 @@ mod tests {
     #[test]
     fn api_keys_become_hashed_tenants_without_the_raw_key() {
         let r = resolve(
-            None,
-            Some("sk-secret-123"),
+            hk(None, Some("sk-secret-123")),
             src(true, None),
             &mut KeyCache::default(),
         );
@@ -331,13 +437,17 @@ mod tests {
         let long = "a".repeat(200);
         let mut c = KeyCache::default();
         assert_eq!(
-            tenant(resolve(Some(&long), None, src(true, Some("anon")), &mut c))
-                .unwrap()
-                .1,
+            tenant(resolve(
+                hk(Some(&long), None),
+                src(true, Some("anon")),
+                &mut c
+            ))
+            .unwrap()
+            .1,
             TenantSource::Default
         );
         assert_eq!(
-            resolve(Some("bad tenant"), None, src(true, None), &mut c),
+            resolve(hk(Some("bad tenant"), None), src(true, None), &mut c),
             Resolved::Nobody
         );
     }
@@ -345,7 +455,11 @@ mod tests {
     #[test]
     fn api_key_tenants_can_be_disabled() {
         assert_eq!(
-            resolve(None, Some("sk"), src(false, None), &mut KeyCache::default()),
+            resolve(
+                hk(None, Some("sk")),
+                src(false, None),
+                &mut KeyCache::default()
+            ),
             Resolved::Nobody
         );
     }
@@ -361,14 +475,111 @@ mod tests {
         };
         let mut c = KeyCache::default();
         assert_eq!(
-            resolve(None, Some("sk-alice"), s, &mut c),
+            resolve(hk(None, Some("sk-alice")), s, &mut c),
             Resolved::Tenant("alice".into(), TenantSource::ApiKey)
         );
         // A made-up key is not a new tenant (nor the default).
         assert_eq!(
-            resolve(None, Some("sk-random-1"), s, &mut c),
+            resolve(hk(None, Some("sk-random-1")), s, &mut c),
             Resolved::UnknownKey
         );
+    }
+
+    #[test]
+    fn a_verified_claim_names_the_tenant_and_a_listed_key_must_agree_with_it() {
+        let mut known = ApiKeys::default();
+        known.insert(key_digest("sk-alice"), "alice".to_string());
+        let listed = Sources {
+            api_key_tenants: true,
+            api_keys: Some(&known),
+            default_tenant: None,
+        };
+        let hashed = src(true, None);
+        let mut c = KeyCache::default();
+        let with = |claim, key| Presented {
+            claim,
+            header: None,
+            key,
+        };
+        // The claim wins over a hashed key, and over the trusted header.
+        assert_eq!(
+            resolve(with(Some("acme"), Ok(Some("sk-x"))), hashed, &mut c),
+            Resolved::Tenant("acme".into(), TenantSource::Claim)
+        );
+        let both = Presented {
+            claim: Some("acme"),
+            header: Some("other"),
+            key: Ok(None),
+        };
+        assert_eq!(
+            resolve(both, hashed, &mut c),
+            Resolved::Tenant("acme".into(), TenantSource::Claim)
+        );
+        // With api_keys: an unlisted key is refused even next to a verified token (it is what the
+        // provider is sent), as are two keys and a listed key of another tenant.
+        assert_eq!(
+            resolve(with(Some("acme"), Ok(Some("sk-x"))), listed, &mut c),
+            Resolved::UnknownKey
+        );
+        assert_eq!(
+            resolve(with(Some("acme"), Err(TwoKeys)), listed, &mut c),
+            Resolved::TwoKeys
+        );
+        assert_eq!(
+            resolve(with(Some("acme"), Ok(Some("sk-alice"))), listed, &mut c),
+            Resolved::Conflict("acme".into(), "alice".into())
+        );
+        assert_eq!(
+            resolve(with(Some("alice"), Ok(Some("sk-alice"))), listed, &mut c),
+            Resolved::Tenant("alice".into(), TenantSource::Claim)
+        );
+        assert_eq!(
+            resolve(with(Some("acme"), Ok(None)), listed, &mut c),
+            Resolved::Tenant("acme".into(), TenantSource::Claim)
+        );
+        // Two keys with hashed keys only matter where the key would name the tenant.
+        assert_eq!(
+            resolve(with(Some("acme"), Err(TwoKeys)), hashed, &mut c),
+            Resolved::Tenant("acme".into(), TenantSource::Claim)
+        );
+        assert_eq!(
+            resolve(with(None, Err(TwoKeys)), hashed, &mut c),
+            Resolved::TwoKeys
+        );
+    }
+
+    #[test]
+    fn claims_are_read_as_envoy_hands_them_over() {
+        // Bytes measured on Envoy 1.40 (jwt_authn payload_in_metadata, a wasm filter's get_property).
+        assert_eq!(read_claim(None), Claim::Missing);
+        assert_eq!(read_claim(Some(b"acme")), Claim::Id("acme".into()));
+        // 5 and 1.5 as JSON numbers: 8 bytes of a little-endian f64.
+        assert_eq!(read_claim(Some(&5f64.to_le_bytes())), Claim::Id("5".into()));
+        assert_eq!(
+            read_claim(Some(&12_345_678_901_234f64.to_le_bytes())),
+            Claim::Id("12345678901234".into())
+        );
+        assert_eq!(read_claim(Some(&1.5f64.to_le_bytes())), Claim::Invalid);
+        assert_eq!(read_claim(Some(&(-3f64).to_le_bytes())), Claim::Invalid);
+        assert_eq!(read_claim(Some(&1e300f64.to_le_bytes())), Claim::Invalid);
+        // true: one byte.
+        assert_eq!(read_claim(Some(&[1])), Claim::Invalid);
+        // ["g1", "g2"] and ["g1"] as pairs; {"team": "eng"} as pairs.
+        let two = [
+            2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'g', b'1', 0, 0, b'g',
+            b'2', 0, 0,
+        ];
+        assert_eq!(read_claim(Some(&two)), Claim::Invalid);
+        let one = [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'g', b'1', 0, 0];
+        assert_eq!(read_claim(Some(&one)), Claim::Id("g1".into()));
+        let object = [
+            1, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, b't', b'e', b'a', b'm', 0, b'e', b'n', b'g', 0,
+        ];
+        assert_eq!(read_claim(Some(&object)), Claim::Invalid);
+        // A string that is no id: spaces, too long, empty.
+        assert_eq!(read_claim(Some(b"Acme Corp")), Claim::Invalid);
+        assert_eq!(read_claim(Some(&[b'a'; 129])), Claim::Invalid);
+        assert_eq!(read_claim(Some(b"")), Claim::Invalid);
     }
 
     #[test]

@@ -144,7 +144,7 @@ fn estimator_never_panics_on_mutated_or_random_bodies() {
 #[test]
 fn config_parser_never_panics() {
     let mut rng = Rng(42);
-    let seed = br#"{"tenant_header":"x-tenant-id","rules":[{"name":"a","model":"gpt-4*","tokens_per_second":10,"burst":100,"requests_per_minute":5,"max_wait_ms":10}],"breaker":{"failure_threshold":2,"model_fallbacks":{"a":"b"}},"quota":{"cluster":"webdis","monthly_limit":100,"tenants":{"t":{"monthly_limit":5}}}}"#;
+    let seed = br#"{"tenant_header":"x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"},"rules":[{"name":"a","model":"gpt-4*","tokens_per_second":10,"burst":100,"requests_per_minute":5,"max_wait_ms":10}],"breaker":{"failure_threshold":2,"model_fallbacks":{"a":"b"}},"quota":{"cluster":"webdis","monthly_limit":100,"tenants":{"t":{"monthly_limit":5}}}}"#;
     assert!(tokengate::config::parse(seed).is_ok());
     for _ in 0..20_000 {
         let _ = tokengate::config::parse(&mutate(&mut rng, seed));
@@ -200,6 +200,7 @@ fn body_rewrites_never_panic() {
         clamp_max_output: Some(5),
         max_output_field: "max_tokens".into(),
         clamp_present_only: false,
+        limit_at: rewrite::LimitAt::Top,
     };
     let present_only = Edits {
         clamp_present_only: true,
@@ -208,6 +209,26 @@ fn body_rewrites_never_panic() {
     for i in 0..20_000 {
         let body = mutate(&mut rng, REQUESTS[i % REQUESTS.len()].as_bytes());
         let _ = rewrite::rewrite(&body, if i % 2 == 0 { &edits } else { &present_only });
+    }
+    // Each family's own output-limit field (nested objects, either spelling, invoke shapes).
+    let at = [
+        rewrite::LimitAt::Gemini,
+        rewrite::LimitAt::Converse,
+        rewrite::LimitAt::Invoke { nova: false },
+        rewrite::LimitAt::Invoke { nova: true },
+    ];
+    for i in 0..20_000 {
+        let (_, seed) = FAMILY_REQUESTS[i % FAMILY_REQUESTS.len()];
+        let body = mutate(&mut rng, seed.as_bytes());
+        let e = Edits {
+            limit_at: at[(i / 2) % at.len()],
+            ..if i % 2 == 0 {
+                edits.clone()
+            } else {
+                present_only.clone()
+            }
+        };
+        let _ = rewrite::rewrite(&body, &e);
     }
 }
 
@@ -231,5 +252,111 @@ fn shared_state_decoders_reject_garbage_without_panicking() {
         if let Some(s) = OpenSet::decode(&mutate(&mut rng, &set)) {
             let _ = (s.contains("model", "a"), s.has_scope("cluster"));
         }
+    }
+}
+
+const FAMILY_REQUESTS: &[(ApiKind, &str)] = &[
+    (
+        ApiKind::GeminiGenerate,
+        r#"{"contents":[{"role":"user","parts":[{"text":"hi"},{"inlineData":{"mimeType":"image/png","data":"AAAA"}},{"functionCall":{"name":"f","args":{"a":1}}}]}],"systemInstruction":{"parts":[{"text":"s"}]},"tools":[{"functionDeclarations":[{"name":"f"}]}],"generationConfig":{"maxOutputTokens":9,"candidateCount":2,"thinkingConfig":{"thinkingBudget":5}}}"#,
+    ),
+    (
+        ApiKind::GeminiStream,
+        r#"{"contents":[{"parts":[{"fileData":{"mimeType":"video/mp4","fileUri":"gs://b/v"}},{"functionResponse":{"name":"f","response":{"x":[1,2]}}}]}],"cachedContent":"cachedContents/c"}"#,
+    ),
+    (
+        ApiKind::BedrockConverse,
+        r#"{"messages":[{"role":"user","content":[{"text":"hi"},{"image":{"format":"png","source":{"bytes":"AAAA"}}},{"document":{"format":"pdf","name":"d","source":{"bytes":"AAAA"}}},{"toolResult":{"toolUseId":"t","content":[{"json":{"a":1}},{"text":"r"}]}}]}],"system":[{"text":"s"},{"cachePoint":{"type":"default"}}],"toolConfig":{"tools":[{"toolSpec":{"name":"f","inputSchema":{"json":{}}}}]},"inferenceConfig":{"maxTokens":9}}"#,
+    ),
+    (
+        ApiKind::BedrockInvoke,
+        r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#,
+    ),
+    (
+        ApiKind::BedrockInvokeStream,
+        r#"{"prompt":"<s>[INST] hi [/INST]","max_gen_len":9,"textGenerationConfig":{"maxTokenCount":3}}"#,
+    ),
+    (
+        ApiKind::BedrockInvoke,
+        r#"{"schemaVersion":"messages-v1","messages":[{"role":"user","content":[{"text":"hi"}]}],"inferenceConfig":{"max_new_tokens":9}}"#,
+    ),
+];
+
+#[test]
+fn every_family_never_panics_on_mutated_bodies_paths_and_streams() {
+    use tokengate::usage::eventstream::{encode, Decoder};
+    use tokengate::usage::{BedrockStream, EventStreamScanner, GeminiScanner, StreamScanner};
+    let mut rng = Rng(0x5eed_f00d);
+    let limits = |_: Option<&str>| OutputLimits {
+        default_tokens: 100,
+        cap_tokens: 1000,
+    };
+    for i in 0..20_000 {
+        let (kind, seed) = FAMILY_REQUESTS[i % FAMILY_REQUESTS.len()];
+        let body = mutate(&mut rng, seed.as_bytes());
+        let _ = estimate::estimate_with_model(kind, &body, Some("m"), &limits);
+        let _ = estimate::estimate(kind, &body, &limits);
+    }
+    let paths = [
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Ainference-profile%2Fus.m%3A0/converse-stream",
+        "/openai/deployments/d/chat/completions?api-version=1",
+        "/v1/projects/p/locations/l/publishers/anthropic/models/c@1:streamRawPredict",
+    ];
+    for i in 0..20_000 {
+        let p = mutate(&mut rng, paths[i % paths.len()].as_bytes());
+        let _ = estimate::route(Some("POST"), Some(&String::from_utf8_lossy(&p)));
+    }
+    let gemini = b"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"h\"}]},\"finishReason\":\"STOP\"}],\"usageMetadata\":{\"promptTokenCount\":3,\"candidatesTokenCount\":1}}\r\n\r\n";
+    let array = br#"[{"candidates":[{"content":{"parts":[{"text":"a\"]}"}]}}]},{"usageMetadata":{"promptTokenCount":3,"totalTokenCount":5}}]"#;
+    let mut events = Vec::new();
+    for (ty, p) in [
+        ("contentBlockDelta", r#"{"delta":{"text":"x"}}"#),
+        ("messageStop", r#"{"stopReason":"end_turn"}"#),
+        (
+            "metadata",
+            r#"{"usage":{"inputTokens":1,"outputTokens":2}}"#,
+        ),
+        ("chunk", r#"{"bytes":"eyJnZW5lcmF0aW9uIjoieCJ9"}"#),
+    ] {
+        events.extend(encode(
+            &[(":event-type", ty), (":message-type", "event")],
+            p.as_bytes(),
+        ));
+    }
+    for _ in 0..5_000 {
+        let g = mutate(&mut rng, gemini);
+        let a = mutate(&mut rng, array);
+        let e = mutate(&mut rng, &events);
+        let mut gs = GeminiScanner::new();
+        let mut ga = GeminiScanner::new();
+        let mut conv = EventStreamScanner::new(BedrockStream::Converse);
+        let mut inv = StreamScanner::EventStream(EventStreamScanner::new(BedrockStream::Invoke));
+        let mut dec = Decoder::new(256);
+        for (stream, at_most) in [(&g, 7usize), (&a, 5), (&e, 11)] {
+            let mut at = 0;
+            while at < stream.len() {
+                let end = (at + 1 + rng.below(at_most)).min(stream.len());
+                let piece = &stream[at..end];
+                let _ = gs.feed(piece);
+                let _ = ga.feed(piece);
+                let _ = conv.feed(piece);
+                let _ = inv.feed(piece);
+                dec.feed(piece, &mut |_| {});
+                at = end;
+            }
+        }
+        for s in [&mut gs, &mut ga] {
+            let _ = s.finish();
+            let _ = (s.usage(), s.completed(), s.content_bytes());
+        }
+        let _ = conv.finish();
+        let _ = (conv.usage(), conv.completed(), conv.content_bytes());
+        let _ = inv.finish();
+        let _ = (inv.usage(), inv.completed(), inv.content_bytes());
+        dec.finish();
+        let _ = usage::gemini::from_json(&g);
+        let _ = usage::bedrock::from_converse_json(&a);
+        let _ = usage::bedrock::from_invoke(&a, Some("x"), None);
     }
 }

@@ -267,3 +267,22 @@ pub fn select(bpe: &tiktoken_rs::CoreBPE) -> Vec<Entry> {
     }
     out
 }
+
+/// The o200k tokens of a space and three or four lower-case ASCII letters (` the`, ` json`), as
+/// the estimator reads them: the letters' bytes little-endian in a `u64` (see `short_known` in
+/// `src/estimate/words.rs`).
+pub fn short_words(bpe: &tiktoken_rs::CoreBPE) -> Vec<u64> {
+    let mut out = Vec::new();
+    for rank in 0..200_000u32 {
+        let Ok(bytes) = bpe.decode_bytes(&[rank]) else {
+            continue;
+        };
+        let Some(word) = bytes.strip_prefix(b" ") else {
+            continue;
+        };
+        if (3..=4).contains(&word.len()) && word.iter().all(u8::is_ascii_lowercase) {
+            out.push(word.iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b)));
+        }
+    }
+    out
+}

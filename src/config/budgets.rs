@@ -43,6 +43,8 @@ pub struct Budget {
     pub tokens: bool,
     /// What a request does when the shim cannot answer.
     pub on_failure: super::QuotaFailure,
+    /// The model a request this budget cannot cover is sent to instead (`when_exhausted`).
+    pub when_exhausted: Option<String>,
 }
 
 impl Budget {
@@ -119,6 +121,7 @@ pub(super) struct RawBudget {
     monthly_limit: Option<f64>,
     on_failure: Option<String>,
     unit: Option<String>,
+    when_exhausted: Option<super::fair::RawWhenExhausted>,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +238,10 @@ pub(super) fn budgets(
                 ))
             }
         };
+        let when_exhausted = b
+            .when_exhausted
+            .map(|w| super::fair::target(&f("when_exhausted"), w))
+            .transpose()?;
         list.push(Budget {
             name,
             scope,
@@ -243,6 +250,7 @@ pub(super) fn budgets(
             limit,
             tokens,
             on_failure,
+            when_exhausted,
         });
     }
     let mut out = Budgets {
@@ -304,6 +312,7 @@ pub(super) fn budgets(
             "is required with budgets: the price per million tokens of each model (a \"*\" entry for the others)",
         ));
     }
+    super::fair::priced_targets(&out.list, &out.prices, star.is_some())?;
     out.default_price = star.unwrap_or_else(|| {
         // The highest price of each kind: a model nobody priced is never charged low.
         out.prices.iter().fold(
@@ -331,7 +340,7 @@ mod tests {
     #[test]
     fn budgets_parse_in_micro_units_and_unpriced_models_take_the_highest_price() {
         let c = parse_str(
-            r#"{"tenant_header": "x-t", "groups": [{"name": "team", "header": "x-team"}],
+            r#"{"tenant_header": "x-t", "groups": [{"name": "team", "header": "x-team"}], "trusted_headers": {"set_by": "ext_authz"},
                 "rules": [{"tokens_per_second": 1, "burst": 1}],
                 "quota": {"cluster": "webdis", "currency": "EUR",
                   "prices": {"a": {"input": 2, "output": 8, "cached_input": 0.5}, "b": {"input": 3, "output": 1}},

@@ -5,11 +5,12 @@
 //! "tenant_groups": {"alice": {"org": "acme", "team": "search"}}
 //! ```
 //! A request's group at a level comes from `tenant_groups` when its (verified) tenant is listed there,
-//! else from the level's header — a header a trusted filter sets (a JWT claim through Envoy's
-//! `jwt_authn` `claim_to_headers`), never one a client may send: the shipped configs remove the
-//! client's copy first. `"group_header": "x-h"` is short for `"groups": [{"name": "group", "header": "x-h"}]`.
+//! else from the level's `claim` in the JWT Envoy verified (see `identity.rs`), else from its `header`
+//! — allowed only with `trusted_headers.set_by`, naming the filter that sets it and removes the
+//! client's copy. `"group_header": "x-h"` is short for `"groups": [{"name": "group", "header": "x-h"}]`.
 
 use super::fields::{header_name, TENANT_ID};
+use super::identity::{claim_path, ClaimPath, RawClaim};
 use super::shape::UniqueMap;
 use super::{err, ConfigError};
 use crate::identity::valid_tenant;
@@ -23,8 +24,10 @@ pub const MAX_GROUP_LEVELS: usize = 4;
 pub struct GroupLevel {
     /// The level's name, what a limit's `scope` names.
     pub name: String,
-    /// The trusted header carrying a request's group at this level (lower case); `None`: only
-    /// `tenant_groups` gives it.
+    /// The claim of the verified JWT naming a request's group at this level.
+    pub claim: Option<ClaimPath>,
+    /// The trusted header carrying a request's group at this level (lower case; only with
+    /// `trusted_headers`).
     pub header: Option<String>,
 }
 
@@ -32,6 +35,7 @@ pub struct GroupLevel {
 #[serde(deny_unknown_fields, expecting = "a group level object")]
 pub(super) struct RawGroupLevel {
     name: Option<String>,
+    claim: Option<RawClaim>,
     header: Option<String>,
 }
 
@@ -59,6 +63,7 @@ pub(super) fn groups(
         }
         (None, Some(h)) => levels.push(GroupLevel {
             name: "group".to_string(),
+            claim: None,
             header: Some(h),
         }),
         (Some(raw), None) => {
@@ -88,7 +93,21 @@ pub(super) fn groups(
                     ));
                 }
                 let header = header_name(&format!("groups[{i}].header"), g.header)?;
-                levels.push(GroupLevel { name, header });
+                let claim = g
+                    .claim
+                    .map(|c| claim_path(&format!("groups[{i}].claim"), c))
+                    .transpose()?;
+                if claim.is_some() && header.is_some() {
+                    return Err(err(
+                        format!("groups[{i}]"),
+                        "give claim or header, not both",
+                    ));
+                }
+                levels.push(GroupLevel {
+                    name,
+                    claim,
+                    header,
+                });
             }
         }
         (None, None) => {}
@@ -138,6 +157,7 @@ mod tests {
     fn levels_nest_and_tenants_may_be_given_their_groups() {
         let c = parse_str(
             r#"{"groups": [{"name": "org", "header": "X-Org"}, {"name": "team", "header": "x-team"}],
+                "trusted_headers": {"set_by": "ext_authz"},
                 "tenant_groups": {"alice": {"team": "search", "org": "acme"}},
                 "limits": [{"scope": "team", "max_in_flight": 2}]}"#,
         )

@@ -44,6 +44,10 @@ pub(super) struct RawLimit {
     global: Option<bool>,
     max_in_flight: Option<u32>,
     shadow: Option<bool>,
+    share: Option<serde_json::Value>,
+    weights: Option<super::shape::UniqueMap<f64>>,
+    priority: Option<super::fair::RawPriority>,
+    when_exhausted: Option<super::fair::RawWhenExhausted>,
 }
 
 /// Validates `limits` (0 to [`MAX_LIMITS`]); names must differ from each other and from `rules`.
@@ -132,6 +136,28 @@ pub(super) fn limits(
             &taken,
         )?;
         let global = r.global.unwrap_or(false);
+        let max_wait_ms = in_range(
+            f("max_wait_ms"),
+            r.max_wait_ms.unwrap_or(0),
+            0,
+            MAX_WAIT_MS_LIMIT,
+        )?;
+        let shadow = r.shadow.unwrap_or(false);
+        let fair = super::fair::fair(
+            &f,
+            super::fair::RawShare {
+                share: r.share,
+                weights: r.weights,
+                priority: r.priority,
+            },
+            &super::fair::Host {
+                scope,
+                has_bucket,
+                max_wait_ms,
+                levels,
+            },
+        )?;
+        let when_exhausted = super::fair::when_exhausted(&f, r.when_exhausted, has_bucket, shadow)?;
         if global && !has_bucket {
             return Err(err(
                 f("global"),
@@ -144,20 +170,17 @@ pub(super) fn limits(
             model: model_field(f("model"), r.model)?,
             per_model: r.per_model.unwrap_or(true),
             params,
-            max_wait_ms: in_range(
-                f("max_wait_ms"),
-                r.max_wait_ms.unwrap_or(0),
-                0,
-                MAX_WAIT_MS_LIMIT,
-            )?,
+            max_wait_ms,
             refund_unused: r.refund_unused.unwrap_or(false),
             global,
             scope,
             group,
             has_bucket,
             max_in_flight,
-            shadow: r.shadow.unwrap_or(false),
+            shadow,
             is_limit: true,
+            fair,
+            when_exhausted,
         };
         if limit.max_wait_ms > 0 && !has_bucket {
             return Err(err(f("max_wait_ms"), "needs a token bucket"));
@@ -177,7 +200,7 @@ mod tests {
     #[test]
     fn limits_parse_with_scopes_and_in_flight_caps() {
         let c = parse_str(
-            r#"{"group_header": "x-tokengate-group", "rules": [{"tokens_per_second": 1, "burst": 1}],
+            r#"{"group_header": "x-tokengate-group", "trusted_headers": {"set_by": "ext_authz"}, "rules": [{"tokens_per_second": 1, "burst": 1}],
                "limits": [
                  {"name": "prov", "model": "gpt-4.1", "scope": "shared", "tokens_per_second": 300000, "burst": 2000000},
                  {"name": "team", "scope": "group", "max_in_flight": 20},

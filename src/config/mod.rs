@@ -19,16 +19,19 @@
 //! One file per section, each with its raw serde structs, its validated types and its step of
 //! `validate()`: `top.rs` (tenant, model and body fields, shared-store bounds), `rules.rs`, `models.rs`
 //! (`default_output`, `models`), `breaker.rs`, `quota.rs`, `global.rs` (`global_buckets`), `paths.rs`
-//! (`unmetered_paths`); `shim.rs`
+//! (`unmetered_paths`), `families.rs` (`azure_openai`); `shim.rs`
 //! holds the Webdis shim settings `quota` and `global_buckets` share, `fields.rs` the value checks every
 //! section uses and `shape.rs` the serde-level errors. Every public type is re-exported here
 //! (`crate::config::Rule`, `crate::config::QuotaSettings`, …).
 
 mod breaker;
 mod budgets;
+mod fair;
+mod families;
 mod fields;
 mod global;
 mod groups;
+mod identity;
 mod limits;
 mod models;
 mod paths;
@@ -40,9 +43,12 @@ mod top;
 
 pub use breaker::{BreakerKeys, BreakerMode, BreakerSettings, ClusterFallback};
 pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
+pub use fair::{FairShare, ShareBy, MAX_DOWNGRADE_HOPS};
+pub use families::{AzureOpenAi, UnknownDeployment, MAX_DEPLOYMENTS};
 pub use global::{GlobalFailure, GlobalSettings};
 pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
-pub use models::DEFAULT_OUTPUT;
+pub use identity::{ClaimPath, Claims, DEFAULT_JWT_KEY, DEFAULT_JWT_NAMESPACE, MAX_CLAIM_SEGMENTS};
+pub use models::{DefaultModel, DEFAULT_OUTPUT};
 pub use paths::{glob, Unmetered, BUILT_IN as UNMETERED_BUILT_IN};
 pub use quota::{AbandonedCharge, LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
 pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
@@ -94,8 +100,16 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 /// The validated runtime configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// Header carrying the tenant id.
+    /// Where verified JWT claims are read and which names the tenant (`tenant_claim`, `jwt_metadata`).
+    pub claims: Claims,
+    /// Header carrying the tenant id (only with `trusted_headers`).
     pub tenant_header: Option<String>,
+    /// `trusted_headers.set_by`: who sets the identity headers (`None`: headers are no identity).
+    pub trusted_headers: Option<String>,
+    /// Send the identity headers on upstream (`forward_identity_headers`; default false: removed).
+    pub forward_identity_headers: bool,
+    /// What a body without a model is charged as (`default_model`).
+    pub default_model: DefaultModel,
     /// Group levels, outermost first (org, team), each from a trusted header (`group_header` is one
     /// level named `group`).
     pub groups: Vec<GroupLevel>,
@@ -108,7 +122,8 @@ pub struct Config {
     pub api_keys: Option<crate::identity::ApiKeys>,
     /// Tenant used when none is found (`None` → 401).
     pub default_tenant: Option<String>,
-    /// Header giving the model (used in the headers phase and when the body has none).
+    /// Header naming the model in the headers phase: a hint that can only speed up a refusal (the
+    /// body's model decides).
     pub model_header: Option<String>,
     /// Largest request body accepted on LLM paths.
     pub max_body_bytes: usize,
@@ -147,6 +162,8 @@ pub struct Config {
     /// Refuse OpenAI Responses requests with `background: true` (`background_responses: "refuse"`, the
     /// default): the provider generates after the response, which carries no usage.
     pub refuse_background: bool,
+    /// Azure OpenAI deployments → models (`azure_openai`).
+    pub azure_openai: AzureOpenAi,
 }
 
 impl Config {
@@ -199,9 +216,75 @@ impl Config {
         self.shaping() || self.quota.is_some() || self.global.is_some()
     }
 
+    /// The model a request refused by the limit or budget named `name` goes to instead
+    /// (`when_exhausted`).
+    pub fn downgrade_of(&self, name: &str) -> Option<&str> {
+        self.rules
+            .iter()
+            .chain(self.limits.iter())
+            .find(|r| r.name == name)
+            .and_then(|r| r.when_exhausted.as_deref())
+            .or_else(|| {
+                self.quota
+                    .as_ref()?
+                    .budgets
+                    .list
+                    .iter()
+                    .find(|b| b.name == name)?
+                    .when_exhausted
+                    .as_deref()
+            })
+    }
+
+    /// True when some limit or budget sends what it refuses to another model (`when_exhausted`): the
+    /// body may then be rewritten after a refusal.
+    pub fn downgrades(&self) -> bool {
+        self.rules
+            .iter()
+            .chain(self.limits.iter())
+            .any(|r| r.when_exhausted.is_some())
+            || self
+                .quota
+                .as_ref()
+                .is_some_and(|q| q.budgets.list.iter().any(|b| b.when_exhausted.is_some()))
+    }
+
     /// True when any rule shapes (needs the root tick).
     pub fn shaping(&self) -> bool {
         self.rules.iter().any(|r| r.max_wait_ms > 0)
+    }
+
+    /// What the configuration enables, for the load log line (`configured: …`) and `tokengate check`:
+    /// `2 bucket rules, 5 limits, quota (3 budgets, leases), global buckets, breaker`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} bucket rules, {} limits",
+            self.rules.len(),
+            self.limits.len()
+        );
+        if let Some(q) = &self.quota {
+            let mut parts = Vec::new();
+            if q.default.monthly_limit == 0 {
+                parts.push("no token quota".to_string());
+            }
+            if !q.budgets.list.is_empty() {
+                parts.push(format!("{} budgets", q.budgets.list.len()));
+            }
+            if q.lease.is_some() {
+                parts.push("leases".to_string());
+            }
+            s.push_str(", quota");
+            if !parts.is_empty() {
+                s.push_str(&format!(" ({})", parts.join(", ")));
+            }
+        }
+        if self.global.is_some() {
+            s.push_str(", global buckets");
+        }
+        if self.breaker.is_some() {
+            s.push_str(", breaker");
+        }
+        s
     }
 }
 
@@ -212,6 +295,11 @@ impl Config {
 )]
 struct RawConfig {
     tenant_header: Option<String>,
+    tenant_claim: Option<identity::RawClaim>,
+    jwt_metadata: Option<identity::RawJwtMetadata>,
+    trusted_headers: Option<identity::RawTrusted>,
+    forward_identity_headers: Option<bool>,
+    default_model: Option<models::RawDefaultModel>,
     group_header: Option<String>,
     groups: Option<Vec<groups::RawGroupLevel>>,
     tenant_groups: Option<UniqueMap<UniqueMap<String>>>,
@@ -236,6 +324,7 @@ struct RawConfig {
     global_buckets: Option<global::RawGlobal>,
     unmetered_paths: Option<paths::RawUnmetered>,
     background_responses: Option<String>,
+    azure_openai: Option<families::RawAzure>,
 }
 
 /// Parses and validates the plugin configuration.
@@ -251,6 +340,11 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
 /// sections must agree on.
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let RawConfig {
+        tenant_claim,
+        jwt_metadata,
+        trusted_headers,
+        forward_identity_headers,
+        default_model,
         tenant_header,
         group_header,
         groups,
@@ -275,6 +369,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         global_buckets,
         unmetered_paths,
         background_responses,
+        azure_openai,
     } = raw;
     let sources = top::sources(tenant_header, model_header, api_key_tenants, default_tenant)?;
     let api_keys = api_keys
@@ -285,7 +380,24 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let output_above_cap = top::above_cap(output_above_cap)?;
     let write_absent_limit = top::write_absent_limit(output_limit_absent)?;
     let (default_output, models) = models::models(default_output.as_ref(), &models)?;
+    let shorthand = group_header.is_some();
     let groups = groups::groups(groups, group_header, tenant_groups)?;
+    let claims = identity::claims(jwt_metadata, tenant_claim)?;
+    let header_field = if sources.tenant_header.is_some() {
+        Some("tenant_header")
+    } else {
+        groups
+            .levels
+            .iter()
+            .any(|l| l.header.is_some())
+            .then_some(if shorthand {
+                "group_header"
+            } else {
+                "groups[].header"
+            })
+    };
+    let trusted_headers = identity::trusted_headers(trusted_headers, header_field)?;
+    let default_model = models::default_model(default_model)?;
     let rules = match (rules, &limits) {
         // Only limits: no first-match rule at all.
         (None, Some(l)) if !l.is_empty() => Vec::new(),
@@ -299,7 +411,13 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let global = global_buckets.map(global::global).transpose()?;
     let unmetered = paths::unmetered(unmetered_paths)?;
     let refuse_background = top::refuse_background(background_responses)?;
+    let azure_openai = families::azure(azure_openai)?;
     global::consistent(global.as_ref(), quota.as_ref(), &rules, &limits)?;
+    fair::downgrades(
+        &rules,
+        &limits,
+        quota.as_ref().map_or(&[], |q| &q.budgets.list),
+    )?;
     if let Some(q) = &quota {
         for (i, b) in q.budgets.list.iter().enumerate() {
             if rules.iter().chain(limits.iter()).any(|r| r.name == b.name) {
@@ -317,6 +435,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         || quota.is_some()
         || rules.iter().chain(limits.iter()).any(|r| r.refund_unused);
     Ok(Config {
+        claims,
+        trusted_headers,
+        forward_identity_headers: forward_identity_headers.unwrap_or(false),
+        default_model,
+        azure_openai,
         unmetered,
         refuse_background,
         reads_responses,
@@ -386,6 +509,24 @@ mod tests {
     }
 
     #[test]
+    fn the_load_line_counts_limits_not_only_bucket_rules() {
+        let only_limits = parse_str(
+            r#"{"limits": [{"tokens_per_second": 1, "burst": 1}, {"max_in_flight": 2}],
+                "quota": {"cluster": "w", "currency": "USD", "prices": {"*": {"input": 1, "output": 1}},
+                  "budgets": [{"name": "b", "scope": "shared", "monthly_limit": 1}], "lease": {}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            only_limits.summary(),
+            "0 bucket rules, 2 limits, quota (no token quota, 1 budgets, leases)"
+        );
+        assert_eq!(
+            parse_str(MIN).unwrap().summary(),
+            "1 bucket rules, 0 limits"
+        );
+    }
+
+    #[test]
     fn wrong_types_are_refused() {
         assert!(parse_str(r#"{"rules":[{"tokens_per_second":"fast","burst":1}]}"#).is_err());
         assert!(parse_str(r#"[1,2]"#).is_err());
@@ -405,7 +546,10 @@ mod tests {
         let c = parse(sample.as_bytes()).unwrap();
         assert!(c.breaker.is_some() && c.quota.is_some());
         let every = r#"{
-          "tenant_header": "x-tenant-id", "api_key_tenants": true, "default_tenant": "anon",
+          "tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "ext_authz"},
+          "tenant_claim": "tenant", "jwt_metadata": {"namespace": "envoy.filters.http.jwt_authn", "key": "payload"},
+          "forward_identity_headers": false, "default_model": {"local": "llama", "*": "gpt-4.1-mini"},
+          "api_key_tenants": true, "default_tenant": "anon",
           "model_header": "x-model", "max_body_bytes": 1048576,
           "invalid_body": {"action": "charge", "tokens": 100},
           "default_output": {"default_max_tokens": 512, "max_tokens_cap": 4096},

@@ -97,3 +97,100 @@ mod tests {
         assert_eq!(e.field, "models.m.default_max_tokens");
     }
 }
+
+/// `default_model`: what a request whose body names no model is charged as — one model for every route
+/// (`"gpt-4.1-mini"`), or one per Envoy route name (`{"local-llama": "llama-3.1-8b", "*": "gpt-4.1-mini"}`,
+/// `*` for the others). Without one, such a request is refused (400 `model_required`): it would pass
+/// every model-scoped limit unmetered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DefaultModel {
+    /// Per Envoy route name (`xds.route_name`).
+    pub routes: Vec<(String, String)>,
+    /// For every other route (`*`, or the plain string).
+    pub any: Option<String>,
+}
+
+impl DefaultModel {
+    /// True when some route has a default (the route's name is then read for a body without a model).
+    pub fn is_set(&self) -> bool {
+        self.any.is_some() || !self.routes.is_empty()
+    }
+
+    /// True when the route's name decides it.
+    pub fn by_route(&self) -> bool {
+        !self.routes.is_empty()
+    }
+
+    /// The default for the route named `route` (`None`: the route has no name, or none is known).
+    pub fn for_route(&self, route: Option<&str>) -> Option<&str> {
+        route
+            .and_then(|r| self.routes.iter().find(|(n, _)| n == r))
+            .map(|(_, m)| m.as_str())
+            .or(self.any.as_deref())
+    }
+}
+
+/// A string, or an object of strings.
+pub(super) enum RawDefaultModel {
+    One(String),
+    PerRoute(UniqueMap<String>),
+}
+
+impl<'de> Deserialize<'de> for RawDefaultModel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawDefaultModel;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a model name or an object {\"<route name>\": \"<model>\", \"*\": …}")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(RawDefaultModel::One(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                UniqueMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawDefaultModel::PerRoute)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Validates `default_model`.
+pub(super) fn default_model(raw: Option<RawDefaultModel>) -> Result<DefaultModel, ConfigError> {
+    let check = |field: &str, m: &str| {
+        if m.is_empty() {
+            return Err(err(field, "must name a model"));
+        }
+        super::fields::exact_model(field, m)
+    };
+    match raw {
+        None => Ok(DefaultModel::default()),
+        Some(RawDefaultModel::One(m)) => {
+            check("default_model", &m)?;
+            Ok(DefaultModel {
+                routes: Vec::new(),
+                any: Some(m),
+            })
+        }
+        Some(RawDefaultModel::PerRoute(map)) => {
+            let mut out = DefaultModel::default();
+            for (route, m) in map {
+                let field = format!("default_model.{route}");
+                check(&field, &m)?;
+                if route.is_empty() {
+                    return Err(err(field, "a route name must not be empty"));
+                }
+                if route == "*" {
+                    out.any = Some(m);
+                } else {
+                    out.routes.push((route, m));
+                }
+            }
+            Ok(out)
+        }
+    }
+}

@@ -24,9 +24,10 @@ pub const MAX_PATTERN_LEN: usize = 256;
 
 /// Endpoints that are always let through: they spend no tokens (token counting, moderation, file
 /// uploads, OpenAI Assistants' threads and their messages, stored chat completions' and conversations'
-/// updates, cancelling a background response, a batch or a fine-tuning job). None of them matches a path
-/// that spends (`*/threads` is not `*/threads/runs`).
-pub const BUILT_IN: [&str; 14] = [
+/// updates, cancelling a background response, a batch or a fine-tuning job; Gemini's `:countTokens`,
+/// Vertex AI's `:computeTokens` and Claude-on-Vertex's `count-tokens:rawPredict`, Bedrock's
+/// `count-tokens`). None of them matches a path that spends (`*/threads` is not `*/threads/runs`).
+pub const BUILT_IN: [&str; 18] = [
     "*/messages/count_tokens",
     "*/responses/input_tokens",
     "*/moderations",
@@ -41,6 +42,10 @@ pub const BUILT_IN: [&str; 14] = [
     "*/conversations/*",
     "*/responses/*/cancel",
     "*/batches/*/cancel",
+    "*:counttokens",
+    "*:computetokens",
+    "*/models/count-tokens:rawpredict",
+    "*/model/*/count-tokens",
 ];
 
 /// `unmetered_paths` as given.
@@ -233,6 +238,22 @@ mod tests {
         assert!(c.unmetered.refuse_writes);
         assert!(!c.unmetered.allows("/v1/batches"));
         assert!(c.unmetered.allows("/v1/messages/count_tokens"));
+        // Token counting of the other families (the path as the filter reads it: lower case).
+        for p in [
+            "/v1beta/models/gemini-2.5-flash:counttokens",
+            "/v1/projects/p/locations/l/publishers/google/models/g:computetokens",
+            "/v1/projects/p/locations/l/publishers/anthropic/models/count-tokens:rawpredict",
+            "/model/anthropic.claude-v2%3a1/count-tokens",
+        ] {
+            assert!(c.unmetered.allows(p), "{p}");
+        }
+        for p in [
+            "/v1beta/models/text-embedding-004:embedcontent",
+            "/v1/projects/p/locations/l/publishers/google/models/imagen:predict",
+            "/async-invoke",
+        ] {
+            assert!(!c.unmetered.allows(p), "{p}");
+        }
         let c = parse_str(&with(
             "",
             r#","unmetered_paths": {"allow": ["/V1/Files/", "*/fine_tuning/*"]}"#,

@@ -88,6 +88,14 @@ pub struct LeaseSettings {
 }
 
 impl QuotaSettings {
+    /// Seconds since the epoch on the quota's clock, for month arithmetic: the host clock (`now_ns`)
+    /// plus `clock_skew_s`.
+    pub fn now_s(&self, now_ns: u64) -> i64 {
+        i64::try_from(now_ns / 1_000_000_000)
+            .unwrap_or(0)
+            .saturating_add(self.clock_skew_s)
+    }
+
     /// The settings of a tenant.
     pub fn tenant(&self, tenant: &str) -> &TenantQuota {
         self.tenants

@@ -146,6 +146,11 @@ pub struct Rule {
     pub shadow: bool,
     /// An entry of `limits` (not of `rules`): named "limit" in messages.
     pub is_limit: bool,
+    /// Fair sharing of the bucket among its members (`share: "fair"`, `limits` only).
+    pub fair: Option<Box<super::FairShare>>,
+    /// The model a request this limit refuses for want of tokens or requests is sent to instead
+    /// (`when_exhausted`, `limits` only).
+    pub when_exhausted: Option<String>,
 }
 
 impl Rule {
@@ -404,6 +409,8 @@ fn rule(i: usize, r: RawRule, earlier: &[Rule]) -> Result<Rule, ConfigError> {
         is_limit: false,
         max_in_flight: None,
         shadow: false,
+        fair: None,
+        when_exhausted: None,
     })
 }
 

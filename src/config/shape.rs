@@ -11,6 +11,41 @@ use std::fmt;
 /// silently, so `{"models": {"a": …, "a": …}}` would lose an entry without a word.
 pub(super) struct UniqueMap<V>(BTreeMap<String, V>);
 
+/// A string, or an array of strings (a claim path spelled `"a.b"` or `["a", "b"]`; a default model or one
+/// per route).
+pub(super) enum OneOrMany<T> {
+    /// One string.
+    One(T),
+    /// An array of them.
+    Many(Vec<T>),
+}
+
+impl<'de> Deserialize<'de> for OneOrMany<String> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = OneOrMany<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(OneOrMany::One(v.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(OneOrMany::Many(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 impl<V> IntoIterator for UniqueMap<V> {
     type Item = (String, V);
     type IntoIter = std::collections::btree_map::IntoIter<String, V>;

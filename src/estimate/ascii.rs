@@ -20,9 +20,10 @@
 //! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
 //! about as fast (its words and single spaces take a fast path), goes back to it for a while.
 
-use super::text::{bump, punct_before, Counts};
+use super::bytes::{bump, punct_before, Counts};
 use super::weights::feature;
-use super::words::{known, rare_pairs};
+use super::weights::SHORT_PROBES;
+use super::words::{known, load, rare_pairs, short_known};
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = ONES * 0x80;
@@ -171,6 +172,10 @@ pub(super) struct Tally {
     tab_words: u64,
     /// Rare letter pairs of the words of five letters or more the table does not know.
     rare_pairs: u64,
+    /// Lower-case words of three or four letters that are not an o200k token, and of them those
+    /// asked (as `short_unknown` in `latin.rs`: the first few, all once two were not tokens).
+    short_unknown: u64,
+    short_asked: u64,
 }
 
 impl Tally {
@@ -203,6 +208,8 @@ impl Tally {
         bump(f, feature::PUNCT_NEWLINE, self.punct_newlines);
         bump(f, feature::TAB_WORD, self.tab_words);
         bump(f, feature::LATIN_RARE_PAIR, self.rare_pairs);
+        bump(f, feature::LATIN_SHORT_UNKNOWN, self.short_unknown);
+        bump(f, feature::SHORT_ASKED, self.short_asked);
         let [known_space, known_bare] = self.known;
         bump(f, feature::LATIN_KNOWN, known_space);
         bump(f, feature::LATIN_KNOWN_BARE, known_bare);
@@ -383,7 +390,8 @@ fn known_words(
             spans |= span;
             n += 1;
             spaced += u64::from(space);
-        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 {
+        } else if (upper & span) & (upper & span).wrapping_sub(1) == 0 || upper & span == span {
+            // At most one capital, or all capitals (random ones: about a token for two letters).
             rare += rare_pairs(rest, from, from + len);
         }
     }
@@ -392,6 +400,33 @@ fn known_words(
     *known_bare += n - spaced;
     t.rare_pairs += rare;
     (starts, spans)
+}
+
+/// How many of the lower-case words of `LEN` (three or four) letters at the bits of `at` are not
+/// an o200k token after a space (see `short_known` in `words.rs`). Out of line, as [`known_words`].
+#[inline(never)]
+fn short_words<const LEN: usize>(rest: &[u8], mut at: u64) -> u64 {
+    let mut n = 0u64;
+    while at != 0 {
+        let first = at.trailing_zeros() as usize;
+        at &= at - 1;
+        n += u64::from(!short_known(load(rest, first), LEN));
+    }
+    n
+}
+
+/// The rare letter pairs of the all-capital words of three or four letters at the bits of `at`
+/// (their ends at those of `word_end`; random capitals are about a token for two letters).
+#[inline(never)]
+fn caps_pairs(rest: &[u8], mut at: u64, word_end: u64) -> u64 {
+    let mut n = 0u64;
+    while at != 0 {
+        let first = at.trailing_zeros();
+        at &= at - 1;
+        let len = (word_end >> first).trailing_zeros() + 1;
+        n += rare_pairs(rest, first as usize, (first + len) as usize);
+    }
+    n
 }
 
 /// What the piece before a window was, as far as the window's first piece cares.
@@ -480,6 +515,30 @@ fn count(
     // out of the masks of word lengths, capitals and long letters below.
     // Spaces before each byte (bit 0: the byte before the window).
     let blank_prev = (blank << 1) | u64::from(space_before);
+    // Words of three or four letters: asked of the table of o200k's short words.
+    let three = word_start & counted & (go_on >> 1) & (go_on >> 2) & !five;
+    if three != 0 {
+        let four = three & (go_on >> 3);
+        let caps3 = upper & (upper >> 1) & (upper >> 2);
+        let caps = (three & !four & caps3) | (four & caps3 & (upper >> 3));
+        if caps != 0 {
+            t.rare_pairs += caps_pairs(rest, caps, word_end);
+        }
+        // Lower-case ones, as `short_unknown` in `latin.rs` asks them: the first few, all once two
+        // were not tokens.
+        if t.short_asked < SHORT_PROBES || t.short_unknown >= 2 {
+            let lower3 = !(upper | (upper >> 1) | (upper >> 2));
+            // Not next to a digit: letters between digits (hex, base64) are costed by their
+            // switches.
+            let lower3 = lower3 & !(digit << 1);
+            let (three, four) = (
+                three & !four & lower3 & !(digit >> 3),
+                four & lower3 & !(upper >> 3) & !(digit >> 4),
+            );
+            t.short_asked += u64::from((three | four).count_ones());
+            t.short_unknown += short_words::<3>(rest, three) + short_words::<4>(rest, four);
+        }
+    }
     let (known_starts, known_spans) = if five != 0 {
         known_words(rest, five, word_end, blank_prev, upper, t)
     } else {
@@ -546,7 +605,7 @@ fn count(
         let last = (ends & (u64::MAX << first)).trailing_zeros();
         let len = last - first + 1;
         t.long_letters += u64::from(len);
-        t.over_20 += u64::from(u64::from(len) > super::text::EXCESS_FROM);
+        t.over_20 += u64::from(u64::from(len) > super::bytes::EXCESS_FROM);
     }
     let mut caps = ends & upper & go_on;
     while caps != 0 {

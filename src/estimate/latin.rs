@@ -3,9 +3,9 @@
 //! each looked up in the word table and counted (see `scan_word`); `scan_words` reads the words after
 //! it that single spaces separate without going back to the byte-wise loop of `text.rs`.
 
-use super::text::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
-use super::weights::feature;
-use super::words::{known, known_low, rare_pairs, MIN_ASCII};
+use super::bytes::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
+use super::weights::{feature, SHORT_PROBES};
+use super::words::{known, known_low, load, rare_pairs, short_known, MIN_ASCII};
 
 /// The accented Latin letters ([`is_latin_ext`]) of two UTF-8 bytes: one row per lead byte
 /// 0xC3..=0xCA, bit `b1 & 63` set where the second byte `b1` makes one (U+00D7 × and U+00F7 ÷ are
@@ -331,6 +331,8 @@ fn short_word(
                 return Some((end, spaced));
             }
             bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, end));
+        } else if len >= 3 {
+            short_unknown(f, w, len);
         }
         count_word(f, len);
         return Some((end, spaced));
@@ -608,9 +610,15 @@ fn count_read_word(
             bump(f, known_feature(space), 1);
             return i;
         }
-        if !accented && upper <= 1 {
+        // All-capital words too (random capitals are about a token for two letters).
+        if !accented && (upper <= 1 || !mixed) {
             bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
         }
+    } else if upper == 0 && !accented && letters >= 3 {
+        let w = load(bytes, start);
+        short_unknown(f, w, letters);
+    } else if !mixed && letters >= 3 {
+        bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, start, i));
     }
     if mixed {
         bump(f, feature::LATIN_EXT_A, ext_a);
@@ -626,6 +634,26 @@ fn count_read_word(
         }
     }
     i
+}
+
+/// Counts the lower-case word of `len` (3 or 4) letters whose bytes are the low ones of `w` in
+/// [`feature::LATIN_SHORT_UNKNOWN`] if it is not an o200k token after a space (see `short_known` in
+/// `words.rs`): the first [`SHORT_PROBES`] such words of a text, and all of them once two were not
+/// tokens ([`feature::SHORT_ASKED`]). Prose has some 50 such words a KB and nearly all are tokens:
+/// asking each cost English 6 % more instructions, asking only where random ones were seen costs
+/// two loads and a test.
+#[inline(always)]
+pub(super) fn short_unknown(f: &mut Counts, w: u64, len: usize) {
+    let asked = f.get(feature::SHORT_ASKED).copied().unwrap_or(0);
+    let unknown = f.get(feature::LATIN_SHORT_UNKNOWN).copied().unwrap_or(0);
+    if asked < SHORT_PROBES || unknown >= 2 {
+        bump(f, feature::SHORT_ASKED, 1);
+        bump(
+            f,
+            feature::LATIN_SHORT_UNKNOWN,
+            u64::from(!short_known(w, len)),
+        );
+    }
 }
 
 /// Whether the byte before `i` is a space (a word there is looked up with its leading space).
@@ -660,6 +688,9 @@ pub(super) fn count_lower_word(bytes: &[u8], f: &mut Counts, i: usize, len: usiz
             return;
         }
         bump(f, feature::LATIN_RARE_PAIR, rare_pairs(bytes, i, i + len));
+    } else if len >= 3 {
+        let w = w.unwrap_or_else(|| load(bytes, i));
+        short_unknown(f, w, len);
     }
     count_word(f, len);
 }

@@ -59,8 +59,11 @@
 //! `json.rs` (the fast scanner) or serde_json; `output.rs` is the output reservation. Text is counted
 //! by `text.rs` (the pass over the characters), `latin.rs` (words of Latin letters, accented or
 //! not), `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs`
-//! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), and weighed by
-//! `weights.rs` with the weights of `fitted.rs`.
+//! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), `words.rs` and
+//! `words_table.rs` (the word tables: known words, letter pairs, short words), `whole.rs` (features
+//! of the whole text, read after the pass), and weighed by `weights.rs` with the weights of
+//! `fitted.rs`. `exact.rs` (cargo feature `exact`) counts o200k_base tokens exactly: measured against
+//! the estimator, not offered (see `docs/estimator.md`).
 //!
 //! Nothing here panics: malformed bodies become an [`EstimateError`], all arithmetic saturates, and the
 //! walk over nested JSON is bounded ([`MAX_DEPTH`]) on top of the JSON readers' recursion limit (128,
@@ -71,16 +74,22 @@ use std::fmt;
 
 mod anthropic;
 mod ascii;
+mod bedrock;
+mod bytes;
 mod chat;
 mod classes;
 mod completions;
 mod escapes;
+#[cfg(feature = "exact")]
+pub mod exact;
 mod fitted;
+mod gemini;
 mod json;
 mod latin;
 mod output;
 mod parts;
 mod responses;
+mod route;
 mod scripts;
 mod shape;
 mod tables;
@@ -96,6 +105,8 @@ use output::{choices, requested_output};
 use shape::Seed;
 use top::{Fields, Top};
 
+pub use gemini::VIDEO_TOKENS_PER_KB;
+pub use route::{route, PathModel, Route, MAX_PATH_MODEL_LEN};
 pub use shape::SIZE_BYTES_PER_TOKEN;
 pub use text::{text_features, text_tokens};
 pub use tools::{
@@ -104,8 +115,8 @@ pub use tools::{
 };
 pub use weights::{feature, FEATURE_NAMES, NUM_FEATURES, WEIGHTS};
 pub use words::{
-    greek_slot, greek_step, word_hash, word_slots, GREEK_BACK, GREEK_BARE, GREEK_SPACED, MAX_WORD,
-    MIN_ASCII, WORD_TABLE,
+    greek_slot, greek_step, short_slot, word_hash, word_slots, GREEK_BACK, GREEK_BARE,
+    GREEK_SPACED, MAX_WORD, MIN_ASCII, SHORT_BITS_LOG, WORD_TABLE,
 };
 
 /// Cost of one image input (`image_url`, `input_image`, Anthropic `image` block) that is not marked
@@ -149,8 +160,23 @@ pub enum ApiKind {
     Embeddings,
     /// OpenAI `POST /v1/responses`.
     Responses,
-    /// Anthropic `POST /v1/messages`.
+    /// Anthropic `POST /v1/messages` (also Claude on Vertex AI's `:rawPredict` / `:streamRawPredict`,
+    /// see [`route`]).
     AnthropicMessages,
+    /// Gemini API / Vertex AI `POST …/models/{model}:generateContent`.
+    GeminiGenerate,
+    /// Gemini API / Vertex AI `POST …/models/{model}:streamGenerateContent` (SSE with `alt=sse`,
+    /// else a streamed JSON array).
+    GeminiStream,
+    /// Bedrock `POST /model/{modelId}/converse`.
+    BedrockConverse,
+    /// Bedrock `POST /model/{modelId}/converse-stream` (AWS event stream).
+    BedrockConverseStream,
+    /// Bedrock `POST /model/{modelId}/invoke` (the model's own body).
+    BedrockInvoke,
+    /// Bedrock `POST /model/{modelId}/invoke-with-response-stream` (AWS event stream of the model's own
+    /// events).
+    BedrockInvokeStream,
 }
 
 /// OpenAI Assistants' `…/threads/<thread id>/messages` (stores a message, bills nothing).
@@ -191,6 +217,12 @@ impl ApiKind {
             ApiKind::Embeddings => "embeddings",
             ApiKind::Responses => "responses",
             ApiKind::AnthropicMessages => "anthropic_messages",
+            ApiKind::GeminiGenerate => "gemini_generate",
+            ApiKind::GeminiStream => "gemini_stream",
+            ApiKind::BedrockConverse => "bedrock_converse",
+            ApiKind::BedrockConverseStream => "bedrock_converse_stream",
+            ApiKind::BedrockInvoke => "bedrock_invoke",
+            ApiKind::BedrockInvokeStream => "bedrock_invoke_stream",
         }
     }
 }
@@ -295,6 +327,188 @@ pub fn estimate(
     estimate_by(kind, body, limits, true)
 }
 
+/// [`estimate`] of a request whose path names its model ([`route`]: Gemini, Vertex AI, Bedrock, an
+/// Azure deployment once mapped to its model): `path_model`, when given, is the estimate's `model`
+/// and the one `limits` is asked about, whatever the body's `model` says (the provider serves the
+/// path's). Gemini bodies are read by `gemini.rs`, Bedrock's by `bedrock.rs` (an `invoke` body by its
+/// shape: Anthropic Messages, Nova's Converse-like body, or any other by its size); every other kind
+/// as [`estimate`] reads it.
+pub fn estimate_with_model(
+    kind: ApiKind,
+    body: &[u8],
+    path_model: Option<&str>,
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+) -> Result<Estimate, EstimateError> {
+    estimate_model_by(kind, body, path_model, limits, true)
+}
+
+/// [`estimate_with_model`], with the fast walk tried first if `fast`.
+fn estimate_model_by(
+    kind: ApiKind,
+    body: &[u8],
+    path_model: Option<&str>,
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+    fast: bool,
+) -> Result<Estimate, EstimateError> {
+    let limits = |m: Option<&str>| limits(path_model.or(m));
+    let mut e = match kind {
+        ApiKind::GeminiGenerate | ApiKind::GeminiStream => {
+            gemini_estimate(kind, body, &limits, fast)?
+        }
+        ApiKind::BedrockConverse | ApiKind::BedrockConverseStream => {
+            converse_estimate(kind, body, &limits, fast)?
+        }
+        ApiKind::BedrockInvoke | ApiKind::BedrockInvokeStream => {
+            let text =
+                std::str::from_utf8(body).map_err(|e| EstimateError::NotJson(e.to_string()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| EstimateError::NotJson(e.to_string()))?;
+            if !v.is_object() {
+                return Err(EstimateError::NotObject);
+            }
+            match bedrock::invoke_shape(&v, path_model) {
+                bedrock::InvokeShape::Anthropic => Estimate {
+                    kind,
+                    stream: kind == ApiKind::BedrockInvokeStream,
+                    include_usage: false,
+                    ..estimate_by(ApiKind::AnthropicMessages, body, &limits, fast)?
+                },
+                bedrock::InvokeShape::Converse => converse_estimate(kind, body, &limits, fast)?,
+                bedrock::InvokeShape::Size => {
+                    let (prompt_tokens, requested) = bedrock::by_size(&v);
+                    let requested_output = requested?;
+                    let model = v.get("model").and_then(|m| m.as_str()).map(str::to_string);
+                    let lim = limits(model.as_deref());
+                    Estimate {
+                        kind,
+                        model,
+                        prompt_tokens,
+                        output_tokens: requested_output
+                            .unwrap_or(lim.default_tokens)
+                            .min(lim.cap_tokens),
+                        requested_output,
+                        output_choices: 1,
+                        stream: kind == ApiKind::BedrockInvokeStream,
+                        include_usage: false,
+                        background: false,
+                    }
+                }
+            }
+        }
+        _ => estimate_by(kind, body, &limits, fast)?,
+    };
+    if let Some(m) = path_model {
+        e.model = Some(m.to_string());
+    }
+    Ok(e)
+}
+
+/// Reads `body` into `$fields` with the top-level shape `$top` (`{raw, fields}`): the fast walk first
+/// if `$fast`, else (or when it gives up) the reference walk on fresh fields (`$fresh`). Evaluates to
+/// `Result<bool, EstimateError>` (false: not an object).
+macro_rules! walk_body {
+    ($body:expr, $fast:expr, $fields:ident, $fresh:expr, $top:ident) => {{
+        let walked = if $fast {
+            let mut de = json::Scanner::new($body);
+            let mut go = || -> Result<bool, json::Bail> {
+                let o = Seed($top {
+                    raw: true,
+                    fields: &mut $fields,
+                })
+                .deserialize(&mut de)?;
+                de.end()?;
+                Ok(o)
+            };
+            go().ok()
+        } else {
+            None
+        };
+        match walked {
+            Some(o) => Ok(o),
+            None => {
+                let text = std::str::from_utf8($body)
+                    .map_err(|e| EstimateError::NotJson(e.to_string()))?;
+                $fields = $fresh;
+                let mut de = serde_json::Deserializer::from_str(text);
+                Seed($top {
+                    raw: false,
+                    fields: &mut $fields,
+                })
+                .deserialize(&mut de)
+                .and_then(|o| de.end().map(|()| o))
+                .map_err(|e| EstimateError::NotJson(e.to_string()))
+            }
+        }
+    }};
+}
+
+/// A Gemini `generateContent` body (see `gemini.rs`).
+fn gemini_estimate(
+    kind: ApiKind,
+    body: &[u8],
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+    fast: bool,
+) -> Result<Estimate, EstimateError> {
+    use gemini::{GeminiFields, GeminiTop};
+    let mut f = GeminiFields::new();
+    if !walk_body!(body, fast, f, GeminiFields::new(), GeminiTop)? {
+        return Err(EstimateError::NotObject);
+    }
+    let model = std::mem::replace(&mut f.model, Ok(None))?;
+    let prompt_tokens = f.prompt_tokens()?;
+    let requested_output = f.requested_output()?;
+    let n = f.choices()?;
+    let lim = limits(model.as_deref());
+    let per_choice = requested_output
+        .unwrap_or_else(|| f.default_output(lim.default_tokens))
+        .min(lim.cap_tokens);
+    Ok(Estimate {
+        kind,
+        model,
+        prompt_tokens,
+        output_tokens: per_choice.saturating_mul(n),
+        requested_output,
+        output_choices: n,
+        stream: kind == ApiKind::GeminiStream,
+        include_usage: false,
+        background: false,
+    })
+}
+
+/// A Bedrock Converse body (or Nova's `messages-v1` invoke body; see `bedrock.rs`).
+fn converse_estimate(
+    kind: ApiKind,
+    body: &[u8],
+    limits: &dyn Fn(Option<&str>) -> OutputLimits,
+    fast: bool,
+) -> Result<Estimate, EstimateError> {
+    use bedrock::{ConverseFields, ConverseTop};
+    let mut f = ConverseFields::new();
+    if !walk_body!(body, fast, f, ConverseFields::new(), ConverseTop)? {
+        return Err(EstimateError::NotObject);
+    }
+    let model = std::mem::replace(&mut f.model, Ok(None))?;
+    let prompt_tokens = f.prompt_tokens()?;
+    let requested_output = f.requested_output()?;
+    let lim = limits(model.as_deref());
+    Ok(Estimate {
+        kind,
+        model,
+        prompt_tokens,
+        output_tokens: requested_output
+            .unwrap_or_else(|| f.default_output(lim.default_tokens))
+            .min(lim.cap_tokens),
+        requested_output,
+        output_choices: 1,
+        stream: matches!(
+            kind,
+            ApiKind::BedrockConverseStream | ApiKind::BedrockInvokeStream
+        ),
+        include_usage: false,
+        background: false,
+    })
+}
+
 /// [`estimate`], with the fast walk tried first if `fast`.
 fn estimate_by(
     kind: ApiKind,
@@ -302,6 +516,16 @@ fn estimate_by(
     limits: &dyn Fn(Option<&str>) -> OutputLimits,
     fast: bool,
 ) -> Result<Estimate, EstimateError> {
+    if !matches!(
+        kind,
+        ApiKind::ChatCompletions
+            | ApiKind::Completions
+            | ApiKind::Embeddings
+            | ApiKind::Responses
+            | ApiKind::AnthropicMessages
+    ) {
+        return estimate_model_by(kind, body, None, limits, fast);
+    }
     let mut fields = Fields::new();
     let walked = if fast {
         walk_fast(body, kind, &mut fields).ok()
@@ -336,7 +560,11 @@ fn estimate_by(
     let include_usage = fields.stream_options.clone()?;
     let background = fields.background.clone()?;
     let prompt_tokens = fields.prompt_tokens(kind)?;
-    let requested_output = requested_output(&fields)?;
+    let requested_output = requested_output(
+        fields.max_tokens,
+        fields.max_completion_tokens,
+        fields.max_output_tokens,
+    )?;
     let (output_tokens, output_choices) = if kind == ApiKind::Embeddings {
         (0, 1)
     } else {

@@ -4,9 +4,9 @@
 use super::anthropic::AnthropicMessage;
 use super::chat::{ChatMessage, Messages, Prediction};
 use super::completions::IdsOrText;
-use super::output::Num;
 use super::parts::Content;
 use super::responses::{Instructions, ResponsesInput, TextConfig};
+use super::shape::Num;
 use super::shape::{
     format_tokens, read_text, value, Count, Flag, Ignore, Key, KeySeed, Model, Shape, Str,
     StreamOptions,
@@ -88,12 +88,19 @@ impl Fields {
             ApiKind::Embeddings => [&self.input, &Ok(0), &Ok(0), &Ok(0)],
             ApiKind::Responses => [&self.input, &self.instructions, &self.tools, &self.prompt],
             ApiKind::AnthropicMessages => [&self.system, &self.messages, &self.tools, &Ok(0)],
+            // Read by their own walks (`gemini.rs`, `bedrock.rs`), never by this one.
+            ApiKind::GeminiGenerate
+            | ApiKind::GeminiStream
+            | ApiKind::BedrockConverse
+            | ApiKind::BedrockConverseStream
+            | ApiKind::BedrockInvoke
+            | ApiKind::BedrockInvokeStream => [&Ok(0), &Ok(0), &Ok(0), &Ok(0)],
         };
         let mut t = match kind {
             ApiKind::ChatCompletions => self.response_format,
             ApiKind::Completions => self.suffix,
             ApiKind::Responses => self.text,
-            ApiKind::Embeddings | ApiKind::AnthropicMessages => 0,
+            _ => 0,
         };
         for p in parts {
             t = t.saturating_add(p.clone()?);

@@ -1,5 +1,9 @@
 //! The features the text estimate counts and their weights (fitted against o200k_base).
 
+/// Words of three or four letters of a text that are always asked of the short-word table (see
+/// [`feature::SHORT_ASKED`]): random short words are not tokens 80–90 % of the time, real ones 1 %.
+pub const SHORT_PROBES: u64 = 4;
+
 /// Number of features [`text_features`](super::text_features) counts.
 pub const NUM_FEATURES: usize = 84;
 // `weighed` (text.rs) weighs the features four at a time.
@@ -187,13 +191,11 @@ pub mod feature {
     /// ≈ 0.125), where the word features, fitted on real words, say one or two tokens a word whatever
     /// its length. Set by hand (0.55): never low on a long run of letters; few real words are longer.
     pub const WORD_EXCESS_LETTERS: usize = 79;
-    /// Rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
-    /// letters (at most the first a capital, not part of a word with accented letters) in a text
-    /// whose words are mostly such short words (see `derive` in `whole.rs`): random short words, which
-    /// o200k splits (about 1.8 tokens a word of three random letters, 2.2 of four) where the length
-    /// features say one. Counted by a second pass over the text, only for such texts (prose has
-    /// longer words and few rare pairs in its short ones). Set by hand.
-    pub const LATIN_RARE_PAIR_SHORT: usize = 80;
+    /// Words of three or four lower-case ASCII letters that are not one o200k token after a space
+    /// (see `short_known` in `words.rs`): random short words, which o200k splits (about 1.8 tokens
+    /// a word of three random letters, 2.2 of four) where the length features say one; real short
+    /// words nearly all are one token. Set by hand.
+    pub const LATIN_SHORT_UNKNOWN: usize = 80;
     /// Greek words of six letters or more that the word table does not know but that are two of
     /// its words, the second without a space (a stem and an ending: `εμφαν` + `ίζεται`): o200k
     /// has them in two tokens, where their letters say four or five. Counted here instead of by
@@ -202,8 +204,13 @@ pub mod feature {
     /// Greek words of six letters or more that are not one or two words of the table but three
     /// (the second and third without a space): three o200k tokens. Set by hand (3).
     pub const GREEK_THREE_PIECES: usize = 82;
-    /// Not used yet (the features are weighed four at a time).
-    pub const RESERVED_83: usize = 83;
+    /// Words of three or four lower-case ASCII letters asked of the short-word table so far (see
+    /// [`LATIN_SHORT_UNKNOWN`] and `short_unknown` in `latin.rs`): the first [`SHORT_PROBES`] of a
+    /// text are, the rest only once two of them were not tokens. A count that steers the loops, not
+    /// weighed (0).
+    ///
+    /// [`SHORT_PROBES`]: super::SHORT_PROBES
+    pub const SHORT_ASKED: usize = 83;
 }
 
 /// Weight (tokens) of each feature.
@@ -218,7 +225,24 @@ pub mod feature {
 /// program (mixed punctuation, newline and space runs of 16/128, symbols, zero-width characters,
 /// other scripts, long alphabetic runs, accented-letter pairs, emoji); digit groups follow o200k's
 /// rule (1 each). See `docs/estimator.md` for the method and the accuracy on both splits.
-pub const WEIGHTS: [f64; NUM_FEATURES] = super::fitted::FITTED;
+pub const WEIGHTS: [f64; NUM_FEATURES] = fixed_length(super::fitted::FITTED);
+
+/// The fitted weights as an array of [`NUM_FEATURES`]: evaluated when compiling, so a `fitted.rs` of
+/// another length fails the build (it is written by a program that knows the features only by name).
+#[allow(clippy::indexing_slicing)] // const evaluation: out of bounds is a compile error, never a panic
+const fn fixed_length(fitted: &[f64]) -> [f64; NUM_FEATURES] {
+    assert!(
+        fitted.len() == NUM_FEATURES,
+        "fitted.rs has a weight per feature"
+    );
+    let mut out = [0.0; NUM_FEATURES];
+    let mut i = 0;
+    while i < NUM_FEATURES {
+        out[i] = fitted[i];
+        i += 1;
+    }
+    out
+}
 
 /// Names of the features, in feature order (for the fitting program's output).
 #[doc(hidden)]
@@ -303,8 +327,8 @@ pub const FEATURE_NAMES: [&str; NUM_FEATURES] = [
     "kana_pairs",
     "latin_rare_pair",
     "word_excess_letters",
-    "latin_rare_pair_short",
+    "latin_short_unknown",
     "greek_two_pieces",
     "greek_three_pieces",
-    "reserved_83",
+    "short_asked",
 ];

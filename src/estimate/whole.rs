@@ -1,118 +1,9 @@
 //! The features of a whole text, read after the one pass of [`super::text`] ([`derive`]): the
-//! text itself, the letters of words longer than 20 letters and of random-case humps (a second
-//! pass only when the loops saw such a word), and the rare pairs of short words (a second pass
-//! only in texts with enough of them).
+//! text itself, and the letters of words longer than 20 letters and of random-case humps (a second
+//! pass only when the loops saw such a word or many humps).
 
-use super::latin::latin_ext_at;
-use super::text::{bump, count_while, letter_mask, lower_run, not_lower_mask, Counts};
+use super::bytes::{bump, letter_mask, not_lower_mask, Counts, EXCESS_FROM};
 use super::weights::feature;
-use super::words::rare_pairs;
-
-/// Fewest words of three or four ASCII letters in a text for [`derive`] to read their rare letter
-/// pairs ([`feature::LATIN_RARE_PAIR_SHORT`]).
-pub(super) const SHORT_WORDS_MIN: u64 = 8;
-/// … and at least one such word per this many bytes of the text (a few short words in a long text
-/// of another script are not worth a second pass).
-const SHORT_WORD_BYTES: u64 = 16;
-
-/// The rare letter pairs (see `rare_pairs` in `words.rs`) of the words of three or four ASCII
-/// letters in `bytes`, read as the scanner reads words (capitals then lower-case letters, so
-/// `camelCase` is two): of those with at most one capital, and not next to an accented Latin letter
-/// (a piece of a word of their own).
-#[inline(never)]
-pub(super) fn short_rare_pairs(bytes: &[u8]) -> u64 {
-    let mut n = 0u64;
-    let mut i = 0usize;
-    // `i` ≤ `bytes.len()` throughout, so the sums cannot overflow.
-    loop {
-        // To the next letter: eight bytes at a time (the first letter of a chunk from its mask, so
-        // a run of non-letters of any length is one step), the last few a byte at a time.
-        while let Some(c) = bytes.get(i..i + 8) {
-            let m = letter_mask(<[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
-            if m != 0 {
-                i += (m.trailing_zeros() / 8) as usize;
-                break;
-            }
-            i += 8;
-        }
-        while bytes.get(i).is_some_and(|b| !b.is_ascii_alphabetic()) {
-            i += 1;
-        }
-        if i >= bytes.len() {
-            return n;
-        }
-        let upper = count_while(bytes, i, |b| b.is_ascii_uppercase());
-        let end = i + upper + lower_run(bytes, i + upper);
-        if (3..=4).contains(&(end - i))
-            && upper <= 1
-            && !(latin_lead_at(bytes, end) && latin_ext_at(bytes, end).is_some())
-            && !(latin_lead_before(bytes, i) && latin_ext_before(bytes, i))
-        {
-            n += rare_pairs(bytes, i, end);
-        }
-        // A letter starts at `i`: `end` > `i`.
-        i = end;
-    }
-}
-
-/// Whether the byte at `i` can start an accented Latin letter ([`latin_ext_at`]: its lead bytes),
-/// a test that spares the full one next to most words.
-#[inline(always)]
-fn latin_lead_at(bytes: &[u8], i: usize) -> bool {
-    bytes
-        .get(i)
-        .is_some_and(|&b| matches!(b, 0xC3..=0xCA | 0xE1))
-}
-
-/// Whether an accented Latin letter can end right before `i` ([`latin_ext_before`]): a two-byte
-/// one's lead two bytes before it or a three-byte one's three before.
-#[inline(always)]
-fn latin_lead_before(bytes: &[u8], i: usize) -> bool {
-    i.checked_sub(2)
-        .and_then(|s| bytes.get(s))
-        .is_some_and(|&b| matches!(b, 0xC3..=0xCA))
-        || i.checked_sub(3).and_then(|s| bytes.get(s)) == Some(&0xE1)
-}
-
-/// [`short_rare_pairs`] a byte at a time between words (as it was before round 5): the reference
-/// its differential test compares it with.
-#[cfg(test)]
-pub(super) fn short_rare_pairs_plain(bytes: &[u8]) -> u64 {
-    let mut n = 0u64;
-    let mut i = 0usize;
-    while let Some(&b) = bytes.get(i) {
-        if !b.is_ascii_alphabetic() {
-            i += 1;
-            continue;
-        }
-        let upper = count_while(bytes, i, |b| b.is_ascii_uppercase());
-        let end = i + upper + lower_run(bytes, i + upper);
-        if (3..=4).contains(&(end - i))
-            && upper <= 1
-            && latin_ext_at(bytes, end).is_none()
-            && !latin_ext_before(bytes, i)
-        {
-            n += rare_pairs(bytes, i, end);
-        }
-        i = end;
-    }
-    n
-}
-
-/// Whether an accented Latin letter ([`is_latin_ext`]) ends right before `i`.
-fn latin_ext_before(bytes: &[u8], i: usize) -> bool {
-    let two = i
-        .checked_sub(2)
-        .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(n, _)| n == 2);
-    two || i
-        .checked_sub(3)
-        .and_then(|s| latin_ext_at(bytes, s))
-        .is_some_and(|(n, _)| n == 3)
-}
-
-/// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
-pub(super) const EXCESS_FROM: u64 = 20;
 
 /// Letters beyond the 20th of every run of ASCII letters in `bytes`, a run ending at a non-letter or
 /// where a capital follows a lower-case letter (`camelCase` words are pieces of their own in o200k):
@@ -191,7 +82,7 @@ pub(super) fn long_run_excess(bytes: &[u8]) -> u64 {
 const MIXED_HUMP_BYTES: u64 = 8;
 
 /// Letters of a run of ASCII letters from which [`mixed_case_humps`] reads its case.
-const MIXED_FROM: u32 = 8;
+const MIXED_FROM: u32 = 3;
 
 /// The humps (a capital after a lower-case letter) of the runs of ASCII letters of random case in
 /// `bytes`: runs of at least [`MIXED_FROM`] letters whose lower-case stretches average under two and
@@ -298,36 +189,21 @@ pub(super) fn derive(f: &mut Counts, bytes: &[u8]) {
     // Many humps (a capital after a letter): letters of random case, whose humps are charged too.
     let humps = f.get(feature::HUMP).copied().unwrap_or(0);
     if humps.saturating_mul(MIXED_HUMP_BYTES) >= bytes.len() as u64 {
-        bump(f, feature::WORD_EXCESS_LETTERS, mixed_case_humps(bytes));
+        // A hump costs one and an eighth of `WORD_EXCESS_LETTERS` (0.62): random case in words of
+        // 21–40 letters was 0.998× of o200k at one.
+        let charged = mixed_case_humps(bytes);
+        bump(
+            f,
+            feature::WORD_EXCESS_LETTERS,
+            charged.saturating_add(charged / 8),
+        );
     }
     let count = |f: &Counts, idx: usize| f.get(idx).copied().unwrap_or(0);
     let sum = |f: &Counts, from: usize, to: usize| {
         f.get(from..=to)
             .map_or(0, |w| w.iter().fold(0u64, |a, &b| a.saturating_add(b)))
     };
-    // A text of mostly words of three or four letters (random ones, as a rule): their rare letter
-    // pairs, in a second pass. Prose has longer words (and accented text is read as words of its
-    // own).
     let accented = count(f, feature::LATIN_EXT_A).saturating_add(count(f, feature::LATIN_EXT));
-    let short = sum(f, feature::WORD_1 + 2, feature::WORD_1 + 3);
-    if short >= SHORT_WORDS_MIN {
-        let longer = sum(f, feature::WORD_1 + 4, feature::WORD_LONG).saturating_add(sum(
-            f,
-            feature::LATIN_KNOWN,
-            feature::LATIN_KNOWN_BARE,
-        ));
-        let dense = short.saturating_mul(SHORT_WORD_BYTES) >= bytes.len() as u64;
-        // Random letters of base64 and hex are mostly words of one or two letters (between digits
-        // and capitals), which their other features cost.
-        let shorter = sum(f, feature::WORD_1, feature::WORD_1 + 1);
-        if dense
-            && short > longer.saturating_mul(2)
-            && short >= shorter
-            && accented.saturating_mul(4) < short
-        {
-            bump(f, feature::LATIN_RARE_PAIR_SHORT, short_rare_pairs(bytes));
-        }
-    }
     let uk = count(f, feature::CYRILLIC_UK);
     if uk != 0 {
         let cyrillic = count(f, feature::CYRILLIC).saturating_add(uk);

@@ -28,7 +28,7 @@
 //! built one letter at a time ([`greek_step`]), so that every prefix and suffix of an unknown Greek
 //! word is asked for in one pass each (see `greek_pieces` in `scripts.rs`).
 
-use super::words_table::{BLOCK, FINGERPRINTS, GREEK_PIECE_BITS, RARE_PAIR, SEED};
+use super::words_table::{BLOCK, FINGERPRINTS, GREEK_PIECE_BITS, RARE_PAIR, SEED, SHORT_WORD_BITS};
 
 /// Longest word looked up, in bytes (longer words are never known).
 pub const MAX_WORD: usize = 32;
@@ -232,6 +232,34 @@ fn known_hash(bytes: &[u8], from: usize, word: &[u8], space: bool) -> u64 {
 #[inline(always)]
 pub(super) fn known_low(w: u64, len: usize, space: bool) -> bool {
     has(short_hash_masked(w, len, space))
+}
+
+/// The bit of [`SHORT_WORD_BITS`] of a word of three or four lower-case ASCII letters, `x` its
+/// bytes (little-endian, zeros above them): (word of 64 bits, bit in it).
+#[doc(hidden)]
+#[inline(always)]
+pub fn short_slot(x: u64) -> (usize, u64) {
+    let h = x.wrapping_mul(K1) >> (64 - SHORT_BITS_LOG);
+    ((h >> 6) as usize, 1u64 << (h & 63))
+}
+
+/// log2 of the bits of [`SHORT_WORD_BITS`].
+#[doc(hidden)]
+pub const SHORT_BITS_LOG: u32 = 17;
+
+/// Whether the word of `len` (3 or 4) lower-case ASCII letters at the low bytes of `w` may be one
+/// o200k token after a space (` the`, ` json`): [`SHORT_WORD_BITS`] holds the 11,086 such tokens
+/// in 131,072 bits (8 % of the other words of three or four letters are taken for one). A word it
+/// does not hold is two tokens or more (random words of three letters are 1.8 on average, of four
+/// 2.2), which the word's length alone would cost one.
+#[inline(always)]
+pub(super) fn short_known(w: u64, len: usize) -> bool {
+    // The low three or four bytes (a mask by shift, no table).
+    let x = w & (0xFFFF_FFFF >> (8 * (4usize.saturating_sub(len) & 3)));
+    let h = (x.wrapping_mul(K1) >> (64 - SHORT_BITS_LOG)) as usize;
+    SHORT_WORD_BITS
+        .get((h >> 6) & (SHORT_WORD_BITS.len() - 1))
+        .is_some_and(|b| (b >> (h & 63)) & 1 != 0)
 }
 
 /// [`RARE_PAIR`]'s row of every byte (row `b & 31` at `b`): a byte's row without the `& 31`, and

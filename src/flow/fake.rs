@@ -1,5 +1,5 @@
 //! A fake Envoy for the flow's native tests. It drives [`Request`] and [`Worker`] the way Envoy 1.40 does
-//! (`shared/ENVOY-NOTES.md`) and turns every rule the flow could break into a test failure:
+//! (docs/internals.md, "The request, phase by phase") and turns every rule the flow could break into a test failure:
 //!
 //! * a pause in the request-headers callback means the body never comes: the request hangs
 //!   ([`Violation`]);
@@ -15,8 +15,10 @@
 //! their callouts, plays the provider's response ([`FakeEnvoy::respond`]) or a client abort, and reads
 //! what the client saw, the counters, the logs and the audit record.
 
+use super::apply::{apply, Dispatched, From, Sink};
+use super::vm::tick as worker;
 use super::{
-    worker, Body, Callout, CalloutReply, Cx, Effect, Host, Level, Metric, Next, Purpose, Request,
+    Body, Callout, CalloutReply, Cx, Effect, Host, Level, Metric, Next, Purpose, Request, Value,
     Worker,
 };
 use crate::config::{self, Config};
@@ -242,91 +244,36 @@ impl FakeEnvoy {
         self.apply(call, phase, next, fx)
     }
 
-    fn apply(&self, call: &mut Call, phase: Phase, mut next: Next, fx: Vec<Effect>) -> Next {
-        let mut queue: std::collections::VecDeque<Effect> = fx.into();
-        while let Some(e) = queue.pop_front() {
-            match e {
-                Effect::Reply { reply, .. } => {
-                    if call.reply.is_some() {
-                        call.violations.push("two local replies".into());
-                    }
-                    if !call.response_headers.is_empty() {
-                        call.violations
-                            .push("a local reply after the response started".into());
-                    }
-                    call.reply = Some(reply);
-                    next = Next::Pause;
-                }
-                Effect::SetRequestHeader(k, v) => {
-                    if phase != Phase::RequestHeaders {
-                        call.violations
-                            .push(format!("request header {k} set in {phase:?}"));
-                    }
-                    call.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
-                    call.headers.push((k.to_string(), v));
-                }
-                Effect::RemoveRequestHeader(k) => {
-                    if phase != Phase::RequestHeaders {
-                        call.violations
-                            .push(format!("request header {k} removed in {phase:?}"));
-                    }
-                    call.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
-                }
-                Effect::ReplaceRequestBody(b) => {
-                    if call.forwarded {
-                        call.violations
-                            .push("request body replaced after it was sent".into());
-                    }
-                    call.body = b;
-                }
-                Effect::SetResponseHeader(k, v) => {
-                    if phase != Phase::ResponseHeaders {
-                        call.violations
-                            .push(format!("response header {k} set in {phase:?}"));
-                    }
-                    call.response_headers
-                        .retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
-                    call.response_headers.push((k.to_string(), v.to_text()));
-                }
-                Effect::RemoveResponseHeader(k) => {
-                    call.response_headers
-                        .retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
-                }
-                Effect::ReplaceResponseChunk(_) | Effect::AppendResponseBody(_) => {
-                    // Applied by `respond`, which knows the chunk.
-                    call.violations
-                        .push("a response body effect outside a body callback".into());
-                }
-                Effect::Dispatch(c) => {
-                    if !self.clusters.contains(&c.cluster) {
-                        // Envoy: BadArgument at dispatch; answered at once.
-                        let reply = CalloutReply::refused(2);
-                        let more = self.collect(call, |req, cx| {
-                            req.on_callout_reply(cx, reply);
-                            Next::Pause
-                        });
-                        queue.extend(more);
-                    } else {
-                        if call.pending.is_some() {
-                            call.violations.push("two callouts in flight".into());
-                        }
-                        call.pending = Some(c);
-                    }
-                }
-                Effect::Resume => match phase {
-                    Phase::Callout => {
-                        if call.reply.is_none() {
-                            call.forwarded = true;
-                        }
-                    }
-                    _ => next = Next::Continue,
-                },
-                Effect::ResumeContext(_) => {
-                    call.violations.push("ResumeContext from a request".into())
-                }
-                other => self.common(call, other),
-            }
-        }
+    /// Applies effects as Envoy would in `phase` ([`crate::flow::apply`], with [`CallSink`]); a
+    /// callout Envoy refuses at dispatch is answered at once.
+    fn apply(&self, call: &mut Call, phase: Phase, next: Next, mut fx: Vec<Effect>) -> Next {
+        // As the adapter (src/host/http.rs): a callout's answer and `on_log` resume the stream by
+        // asking Envoy; a stream callback by returning Continue.
+        let from = if matches!(phase, Phase::Callout | Phase::Log) {
+            From::Callout
+        } else {
+            From::Stream
+        };
+        // The request goes to `deliver`, the rest of the call to the sink.
+        let id = call.req.id();
+        let mut req = std::mem::replace(&mut call.req, Request::new(id));
+        let worker = call.worker;
+        let mut sink = CallSink {
+            env: self,
+            call,
+            phase,
+            chunk: None,
+            rest: Vec::new(),
+        };
+        let mut deliver = |_: Purpose, reply: CalloutReply| -> Vec<Effect> {
+            self.collect(worker, &mut req, |req, cx| {
+                req.on_callout_reply(cx, reply);
+                Next::Pause
+            })
+        };
+        let next = apply(&mut sink, from, next, &mut fx, &mut deliver);
+        drop(sink);
+        call.req = req;
         if phase == Phase::RequestHeaders && next == Next::Pause && call.reply.is_none() {
             call.violations.push(
                 "paused in the request-headers phase without a reply: the body never comes".into(),
@@ -338,7 +285,8 @@ impl FakeEnvoy {
     /// Runs `f` and returns its effects without applying them (for callbacks nested in `apply`).
     fn collect(
         &self,
-        call: &mut Call,
+        worker: usize,
+        req: &mut Request,
         f: impl FnOnce(&mut Request, &mut Cx) -> Next,
     ) -> Vec<Effect> {
         let mut fx = Vec::new();
@@ -348,30 +296,15 @@ impl FakeEnvoy {
             props: &self.props,
             body: None,
         };
-        let mut w = self.workers[call.worker].borrow_mut();
+        let mut w = self.workers[worker].borrow_mut();
         let mut cx = Cx {
             cfg: &self.cfg,
             host: &view,
             worker: &mut w,
             fx: &mut fx,
         };
-        f(&mut call.req, &mut cx);
+        f(req, &mut cx);
         fx
-    }
-
-    fn common(&self, call: &mut Call, e: Effect) {
-        match e {
-            Effect::Count(m, n) => *self.metrics.borrow_mut().entry(m).or_insert(0) += n,
-            Effect::Gauge(name, v) => {
-                self.gauges.borrow_mut().insert(name, v);
-            }
-            Effect::Log(level, msg) => self.logs.borrow_mut().push((level, msg)),
-            Effect::Audit(rec) => {
-                call.audit = Some(rec);
-                call.audits += 1;
-            }
-            _ => {}
-        }
     }
 
     /// A POST of `body` to `path` with `headers` on worker 0 (a `:method` among them replaces POST):
@@ -522,21 +455,35 @@ impl FakeEnvoy {
             call.req
                 .on_response_body(&mut cx, data.len(), end_of_stream);
         }
-        let mut out = data;
-        let mut rest = Vec::new();
-        for e in fx {
-            match e {
-                Effect::ReplaceResponseChunk(b) => out = b,
-                Effect::AppendResponseBody(b) => rest.extend(b),
-                Effect::SetResponseHeader(k, _) => call
-                    .violations
-                    .push(format!("response header {k} set in the body phase")),
-                other => {
-                    let n = self.apply(call, Phase::ResponseBody, Next::Continue, vec![other]);
-                    let _ = n;
-                }
-            }
-        }
+        let id = call.req.id();
+        let mut req = std::mem::replace(&mut call.req, Request::new(id));
+        let worker = call.worker;
+        let mut sink = CallSink {
+            env: self,
+            call,
+            phase: Phase::ResponseBody,
+            chunk: None,
+            rest: Vec::new(),
+        };
+        let mut deliver = |_: Purpose, reply: CalloutReply| -> Vec<Effect> {
+            self.collect(worker, &mut req, |req, cx| {
+                req.on_callout_reply(cx, reply);
+                Next::Pause
+            })
+        };
+        apply(
+            &mut sink,
+            From::Stream,
+            Next::Continue,
+            &mut fx,
+            &mut deliver,
+        );
+        let (out, rest) = (
+            sink.chunk.take().unwrap_or(data),
+            std::mem::take(&mut sink.rest),
+        );
+        drop(sink);
+        call.req = req;
         call.client_body.extend(out);
         call.client_body.extend(rest);
     }
@@ -590,34 +537,16 @@ impl FakeEnvoy {
         self.apply_root(w, fx);
     }
 
-    fn apply_root(&self, w: usize, fx: Vec<Effect>) {
-        let mut queue: std::collections::VecDeque<Effect> = fx.into();
-        while let Some(e) = queue.pop_front() {
-            match e {
-                Effect::ResumeContext(id) => self.resumed.borrow_mut().push(id),
-                Effect::Dispatch(c) => {
-                    if c.purpose == Purpose::Probe && self.clusters.contains(&c.cluster) {
-                        // The start-up check of a shim: answered at once, as a healthy Webdis does.
-                        let (status, body) = self.probe_answer.borrow().clone();
-                        queue.extend(self.root_reply_fx(
-                            w,
-                            c.purpose,
-                            CalloutReply::answer(status, body.into_bytes()),
-                        ));
-                    } else if self.clusters.contains(&c.cluster) {
-                        self.root_callouts.borrow_mut().push(c);
-                    } else {
-                        queue.extend(self.root_reply_fx(w, c.purpose, CalloutReply::refused(2)));
-                    }
-                }
-                Effect::Count(m, n) => *self.metrics.borrow_mut().entry(m).or_insert(0) += n,
-                Effect::Log(level, msg) => self.logs.borrow_mut().push((level, msg)),
-                Effect::Gauge(name, v) => {
-                    self.gauges.borrow_mut().insert(name, v);
-                }
-                _ => {}
-            }
-        }
+    fn apply_root(&self, w: usize, mut fx: Vec<Effect>) {
+        let mut sink = RootSink { env: self, w };
+        let mut deliver = |purpose, reply| self.root_reply_fx(w, purpose, reply);
+        apply(
+            &mut sink,
+            From::Callout,
+            Next::Continue,
+            &mut fx,
+            &mut deliver,
+        );
     }
 
     fn root_reply_fx(&self, w: usize, purpose: Purpose, reply: CalloutReply) -> Vec<Effect> {
@@ -663,5 +592,167 @@ impl FakeEnvoy {
             call.forwarded = true;
             call.held = false;
         }
+    }
+}
+
+/// Envoy as one request's callback sees its effects, checking the rules the flow must keep.
+struct CallSink<'a> {
+    env: &'a FakeEnvoy,
+    call: &'a mut Call,
+    phase: Phase,
+    /// The chunk as the client gets it, once replaced.
+    chunk: Option<Vec<u8>>,
+    /// Bytes appended after the chunk.
+    rest: Vec<u8>,
+}
+
+impl Sink for CallSink<'_> {
+    fn reply(&mut self, reply: LocalReply, _details: &'static str) -> bool {
+        let call = &mut *self.call;
+        if call.reply.is_some() {
+            call.violations.push("two local replies".into());
+        }
+        if !call.response_headers.is_empty() {
+            call.violations
+                .push("a local reply after the response started".into());
+        }
+        call.reply = Some(reply);
+        true
+    }
+    fn set_request_header(&mut self, k: &str, v: &str) {
+        let call = &mut *self.call;
+        if self.phase != Phase::RequestHeaders {
+            call.violations
+                .push(format!("request header {k} set in {:?}", self.phase));
+        }
+        call.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(k));
+        call.headers.push((k.to_string(), v.to_string()));
+    }
+    fn remove_request_header(&mut self, k: &str) {
+        let call = &mut *self.call;
+        if self.phase != Phase::RequestHeaders {
+            call.violations
+                .push(format!("request header {k} removed in {:?}", self.phase));
+        }
+        call.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(k));
+    }
+    fn replace_request_body(&mut self, b: Vec<u8>) {
+        let call = &mut *self.call;
+        if call.forwarded {
+            call.violations
+                .push("request body replaced after it was sent".into());
+        }
+        call.body = b;
+    }
+    fn set_response_header(&mut self, k: &str, v: &Value) {
+        let call = &mut *self.call;
+        if self.phase != Phase::ResponseHeaders {
+            call.violations
+                .push(format!("response header {k} set in {:?}", self.phase));
+        }
+        call.response_headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case(k));
+        call.response_headers.push((k.to_string(), v.to_text()));
+    }
+    fn remove_response_header(&mut self, k: &str) {
+        self.call
+            .response_headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case(k));
+    }
+    fn replace_response_chunk(&mut self, bytes: Vec<u8>) {
+        if self.phase != Phase::ResponseBody {
+            self.call
+                .violations
+                .push("a response body effect outside a body callback".into());
+        }
+        self.chunk = Some(bytes);
+    }
+    fn append_response_body(&mut self, bytes: Vec<u8>) {
+        if self.phase != Phase::ResponseBody {
+            self.call
+                .violations
+                .push("a response body effect outside a body callback".into());
+        }
+        self.rest.extend(bytes);
+    }
+    fn dispatch(&mut self, c: Callout) -> Dispatched {
+        if !self.env.clusters.contains(&c.cluster) {
+            // Envoy: BadArgument at dispatch; answered at once.
+            return Dispatched::Answered(CalloutReply::refused(2));
+        }
+        if self.call.pending.is_some() {
+            self.call.violations.push("two callouts in flight".into());
+        }
+        self.call.pending = Some(c);
+        Dispatched::Sent
+    }
+    fn resume(&mut self) {
+        if self.call.reply.is_none() {
+            self.call.forwarded = true;
+        }
+    }
+    fn resume_context(&mut self, _id: u32) {
+        self.call
+            .violations
+            .push("ResumeContext from a request".into());
+    }
+    fn audit(&mut self, rec: String) {
+        self.call.audit = Some(rec);
+        self.call.audits += 1;
+    }
+    fn count(&mut self, m: Metric, n: u64) {
+        *self.env.metrics.borrow_mut().entry(m).or_insert(0) += n;
+    }
+    fn gauge(&mut self, name: String, v: u64) {
+        self.env.gauges.borrow_mut().insert(name, v);
+    }
+    fn log(&mut self, level: Level, msg: String) {
+        self.env.logs.borrow_mut().push((level, msg));
+    }
+}
+
+/// Envoy as a root context's callback sees its effects: a probe of a known shim is answered at once,
+/// as a healthy Webdis does; other callouts wait in `root_callouts`.
+struct RootSink<'a> {
+    env: &'a FakeEnvoy,
+    #[allow(dead_code)]
+    w: usize,
+}
+
+impl Sink for RootSink<'_> {
+    fn reply(&mut self, _: LocalReply, _: &'static str) -> bool {
+        true
+    }
+    fn set_request_header(&mut self, _: &str, _: &str) {}
+    fn remove_request_header(&mut self, _: &str) {}
+    fn replace_request_body(&mut self, _: Vec<u8>) {}
+    fn set_response_header(&mut self, _: &str, _: &Value) {}
+    fn remove_response_header(&mut self, _: &str) {}
+    fn replace_response_chunk(&mut self, _: Vec<u8>) {}
+    fn append_response_body(&mut self, _: Vec<u8>) {}
+    fn dispatch(&mut self, c: Callout) -> Dispatched {
+        if !self.env.clusters.contains(&c.cluster) {
+            return Dispatched::Answered(CalloutReply::refused(2));
+        }
+        if c.purpose == Purpose::Probe {
+            let (status, body) = self.env.probe_answer.borrow().clone();
+            return Dispatched::Answered(CalloutReply::answer(status, body.into_bytes()));
+        }
+        self.env.root_callouts.borrow_mut().push(c);
+        Dispatched::Sent
+    }
+    fn resume(&mut self) {}
+    fn resume_context(&mut self, id: u32) {
+        self.env.resumed.borrow_mut().push(id);
+    }
+    fn audit(&mut self, _: String) {}
+    fn count(&mut self, m: Metric, n: u64) {
+        *self.env.metrics.borrow_mut().entry(m).or_insert(0) += n;
+    }
+    fn gauge(&mut self, name: String, v: u64) {
+        self.env.gauges.borrow_mut().insert(name, v);
+    }
+    fn log(&mut self, level: Level, msg: String) {
+        self.env.logs.borrow_mut().push((level, msg));
     }
 }

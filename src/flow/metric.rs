@@ -85,6 +85,10 @@ metrics! {
     LogsSuppressed => "logs_suppressed",
     ShimClusterUnreachable => "shim_cluster_unreachable",
     ResponsesBeforeDecision => "responses_before_decision",
+    FairRefusedOverShare => "fair_refused_over_share",
+    FairRefusedLimitEmpty => "fair_refused_limit_empty",
+    FairOverflow => "fair_overflow",
+    RequestsDowngraded => "requests_downgraded",
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
 //! The Webdis shims (quota and global buckets) as the flow sees them: one breaker per cluster in shared
 //! data (`tg:cb:shim=<cluster>`), shared by whoever calls that cluster; while it is open no callout is
 //! made and the caller's failure policy applies at once, so a dead Webdis costs one timeout per recovery
-//! window.
+//! window. Also the one way a shim's answer is read ([`read`]): the host's refusal to dispatch, an
+//! outage and a reply that does not parse all come back as a [`Failure`] naming the cluster; what to do
+//! on NOSCRIPT (send again as `EVAL`) is each caller's, since when it may resend differs.
 
-use super::{Callout, Cx, Level, Purpose};
+use super::cx::Cx;
+use super::effect::{Callout, CalloutReply, Level, Purpose};
 use crate::breaker::{self, Admission, BreakerConfig, Outcome};
-use crate::shim::webdis::ScriptCall;
+use crate::shim::webdis::{ScriptCall, ShimError};
 
 /// The shim breaker key of a cluster.
 pub fn key(cluster: &str) -> String {
@@ -127,4 +130,31 @@ pub fn script_call(loaded: bool) -> ScriptCall {
 /// Why a reply counts as a shim failure, for logs: names the cluster.
 pub fn describe_refusal(cluster: &str, status: u32) -> String {
     format!("the host refused a callout to cluster '{cluster}' (status {status}: is the cluster defined in Envoy?)")
+}
+
+/// Why a shim call failed, with a line for the log that names the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The class of failure.
+    pub error: ShimError,
+    /// What to log.
+    pub why: String,
+}
+
+/// Reads a shim's answer to a call to `cluster` with `parse` (the script's reply parser).
+pub fn read<T>(
+    cluster: &str,
+    reply: &CalloutReply,
+    parse: impl FnOnce(u32, &[u8]) -> Result<T, ShimError>,
+) -> Result<T, Failure> {
+    match reply.refused {
+        Some(s) => Err(Failure {
+            error: ShimError::Unavailable,
+            why: describe_refusal(cluster, s),
+        }),
+        None => parse(reply.status, &reply.body).map_err(|e| Failure {
+            why: format!("{e} (cluster '{cluster}')"),
+            error: e,
+        }),
+    }
 }

@@ -113,6 +113,34 @@ pub fn forget_refusal(store: &dyn crate::store::SharedStore, key: &str) {
     }
 }
 
+/// The 429 (or 413) for a global bucket that Redis refused moments ago and that cannot hold `cost`
+/// tokens (or one request) yet, from the refusal cache in shared data; `None`: ask Redis. With
+/// `leases` (`global_buckets.lease`), this Envoy's lease of the bucket may still hold the request:
+/// then `None` too.
+pub fn refused_from_cache(
+    store: &dyn crate::store::SharedStore,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+    now_ns: u64,
+    leases: bool,
+) -> Option<crate::reply::Refusal> {
+    let (bytes, _) = store.get(&seen_slot(key)).ok()??;
+    let state = Seen::for_key(&bytes, key)?;
+    let refusal = crate::limits::local::refusal_for(&state, rule, cost, now_ns)?;
+    if leases
+        && crate::global::lease::covers(
+            store,
+            &crate::global::lease::account_key(key),
+            &rule.params,
+            cost,
+        )
+    {
+        return None;
+    }
+    Some(refusal)
+}
+
 /// What to cache after Redis refused a request on `key` at `now_ns` (this Envoy's clock).
 pub fn seen_after_refusal(key: &str, reply: &Reply, now_ns: u64) -> Seen {
     Seen {
@@ -364,6 +392,8 @@ mod tests {
             is_limit: false,
             max_in_flight: None,
             shadow: false,
+            fair: None,
+            when_exhausted: None,
         }
     }
 

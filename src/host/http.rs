@@ -1,23 +1,15 @@
 //! The HTTP context: one per request. It shows the pure flow ([`crate::flow::Request`]) what Envoy
 //! shows and applies the effects it returns; every decision is the flow's.
 
-use super::abi::{self, Buffer, HeaderBlob, Level, Map};
-use super::effects::{apply_common, call_reply, dispatch};
+use super::abi::{HeaderBlob, Map};
+use super::effects::{call_reply, EnvoySink};
 use super::{EnvoyHost, LazyHeaders, VM};
 use crate::config::Config;
-use crate::flow::{CalloutReply, Cx, Effect, Next, Request};
+use crate::flow::apply::{apply, From};
+use crate::flow::{CalloutReply, Cx, Effect, Next, Purpose, Request};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
-
-/// Which callback the effects come from (what a resume or a reply means there).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum From {
-    /// A stream callback: a resume is the callback returning Continue.
-    Stream,
-    /// A callout answer: a resume is `proxy_continue_stream`.
-    Callout,
-}
 
 /// One request's context.
 pub struct Http {
@@ -60,109 +52,31 @@ impl Http {
         self.apply(&cfg, from, next, fx)
     }
 
-    /// Applies effects in order. A callout the host refuses is answered at once
-    /// ([`CalloutReply::refused`]), which may add effects.
-    fn apply(
-        &mut self,
-        cfg: &Rc<Config>,
-        from: From,
-        mut next: Next,
-        mut fx: Vec<Effect>,
-    ) -> Action {
-        let mut i = 0;
-        while i < fx.len() {
-            let Some(e) = fx.get_mut(i).map(|e| std::mem::replace(e, Effect::Resume)) else {
-                break;
-            };
-            i += 1;
-            let Some(e) = apply_common(e) else {
-                continue;
-            };
-            match e {
-                Effect::Reply { reply, details } => {
-                    let headers: Vec<(&str, &str)> = reply
-                        .headers
-                        .iter()
-                        .map(|(k, v)| (k.as_str(), v.as_str()))
-                        .collect();
-                    if let Err(s) =
-                        abi::send_local_response(reply.status, &headers, &reply.body, details)
-                    {
-                        abi::log(
-                            Level::Warn,
-                            &format!("local reply {} refused by host (status {s})", reply.status),
-                        );
-                        next = Next::Continue;
-                    } else {
-                        next = Next::Pause;
-                    }
-                }
-                Effect::SetRequestHeader(k, v) => {
-                    refused(abi::set_header(Map::RequestHeaders, &k, &v));
-                }
-                Effect::RemoveRequestHeader(k) => {
-                    refused(abi::remove_header(Map::RequestHeaders, &k));
-                }
-                Effect::SetResponseHeader(k, v) => {
-                    refused(v.with_str(|v| abi::set_header(Map::ResponseHeaders, &k, v)));
-                }
-                Effect::RemoveResponseHeader(k) => {
-                    refused(abi::remove_header(Map::ResponseHeaders, &k));
-                }
-                Effect::ReplaceRequestBody(b) => {
-                    if refused(abi::set_buffer(
-                        Buffer::RequestBody,
-                        0,
-                        self.request_body_len,
-                        &b,
-                    )) {
-                        self.request_body_len = b.len();
-                    }
-                }
-                Effect::ReplaceResponseChunk(b) => {
-                    refused(abi::set_buffer(Buffer::ResponseBody, 0, self.chunk_len, &b));
-                }
-                Effect::AppendResponseBody(b) => {
-                    // A start at or past the buffer's end appends.
-                    refused(abi::set_buffer(
-                        Buffer::ResponseBody,
-                        u32::MAX as usize,
-                        0,
-                        &b,
-                    ));
-                }
-                Effect::Dispatch(c) => {
-                    if let Err(s) = dispatch(&c) {
-                        // Answered at once; its effects are applied after these.
-                        let reply = CalloutReply::refused(s);
-                        let more = VM.with(|vm| {
-                            let mut vm = vm.borrow_mut();
-                            let vm = &mut *vm;
-                            let mut cx = Cx {
-                                cfg,
-                                host: &EnvoyHost::new(),
-                                worker: &mut vm.worker,
-                                fx: &mut vm.fx,
-                            };
-                            self.req.on_callout_reply(&mut cx, reply);
-                            std::mem::take(&mut vm.fx)
-                        });
-                        fx.extend(more);
-                    }
-                }
-                Effect::Resume => match from {
-                    From::Stream => next = Next::Continue,
-                    From::Callout => {
-                        if abi::resume_request().is_err() {
-                            abi::log(Level::Warn, "cannot resume the request");
-                        }
-                    }
-                },
-                Effect::ResumeContext(_) => {}
-                Effect::Count(..) | Effect::Gauge(..) | Effect::Log(..) | Effect::Audit(_) => {}
-            }
-        }
-        fx.clear();
+    /// Applies effects in order ([`crate::flow::apply`]). A callout the host refuses is answered at
+    /// once ([`CalloutReply::refused`]), which may add effects.
+    fn apply(&mut self, cfg: &Rc<Config>, from: From, next: Next, mut fx: Vec<Effect>) -> Action {
+        let mut sink = EnvoySink {
+            request_body_len: self.request_body_len,
+            chunk_len: self.chunk_len,
+            root: false,
+        };
+        let req = &mut self.req;
+        let mut deliver = |_: Purpose, reply: CalloutReply| -> Vec<Effect> {
+            VM.with(|vm| {
+                let mut vm = vm.borrow_mut();
+                let vm = &mut *vm;
+                let mut cx = Cx {
+                    cfg,
+                    host: &EnvoyHost::new(),
+                    worker: &mut vm.worker,
+                    fx: &mut vm.fx,
+                };
+                req.on_callout_reply(&mut cx, reply);
+                std::mem::take(&mut vm.fx)
+            })
+        };
+        let next = apply(&mut sink, from, next, &mut fx, &mut deliver);
+        self.request_body_len = sink.request_body_len;
         // Give the buffer back for the next request (keeps its capacity).
         VM.with(|vm| {
             if let Ok(mut vm) = vm.try_borrow_mut() {
@@ -174,21 +88,6 @@ impl Http {
         match next {
             Next::Continue => Action::Continue,
             Next::Pause => Action::Pause,
-        }
-    }
-}
-
-/// True when the host took a write; counts and logs (rate-limited by the flow's gate) a refusal.
-fn refused(r: Result<(), u32>) -> bool {
-    match r {
-        Ok(()) => true,
-        Err(s) => {
-            super::metrics::add(crate::flow::Metric::HostRefused, 1);
-            abi::log(
-                Level::Debug,
-                &format!("host refused a header or body write (status {s})"),
-            );
-            false
         }
     }
 }

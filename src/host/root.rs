@@ -2,21 +2,16 @@
 //! settlements, credits) and its callouts, and creates one [`Http`] context per request.
 
 use super::abi::{self, Buffer, Level};
-use super::effects::{apply_common, call_reply, dispatch};
+use super::effects::{call_reply, EnvoySink};
 use super::http::Http;
 use super::{metrics, EnvoyHost, VM};
 use crate::config::{self, Config};
-use crate::flow::{self, CalloutReply, Cx, Effect, Purpose};
+use crate::flow::apply::{apply, From};
+use crate::flow::vm::tick;
+use crate::flow::{CalloutReply, Cx, Effect, Next, Purpose};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::rc::Rc;
-
-/// Tick period while shaping is configured: the granularity of releasing held requests.
-pub const SHAPING_TICK_MS: u32 = 5;
-/// Tick period for quota settlements and global credits alone.
-pub const SETTLE_TICK_MS: u32 = 20;
-/// Tick period otherwise (log summaries).
-pub const IDLE_TICK_MS: u32 = 1000;
 
 /// The build, logged once when a VM starts.
 pub const VERSION: &str = concat!(
@@ -33,7 +28,7 @@ pub struct Root {
 }
 
 impl Root {
-    /// Runs a worker function and applies its effects.
+    /// Runs a worker function and applies its effects ([`crate::flow::apply`]).
     fn run(&mut self, f: impl FnOnce(&mut Cx)) {
         let Some(cfg) = self.cfg.clone() else {
             return;
@@ -50,35 +45,19 @@ impl Root {
             f(&mut cx);
             std::mem::take(&mut vm.fx)
         });
-        let mut i = 0;
-        while i < fx.len() {
-            let Some(e) = fx.get_mut(i).map(|e| std::mem::replace(e, Effect::Resume)) else {
-                break;
-            };
-            i += 1;
-            let Some(e) = apply_common(e) else {
-                continue;
-            };
-            match e {
-                // A context that went away (client gone) is simply not found.
-                Effect::ResumeContext(id) if abi::set_effective_context(id).is_ok() => {
-                    let _ = abi::resume_request();
-                }
-                Effect::Dispatch(c) => {
-                    let purpose = c.purpose;
-                    match dispatch(&c) {
-                        Ok(token) => VM.with(|vm| {
-                            vm.borrow_mut().root_callouts.insert(token, purpose);
-                        }),
-                        Err(s) => {
-                            let more = worker_reply(&cfg, purpose, CalloutReply::refused(s));
-                            fx.extend(more);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        let mut sink = EnvoySink {
+            request_body_len: 0,
+            chunk_len: 0,
+            root: true,
+        };
+        let mut deliver = |purpose, reply| worker_reply(&cfg, purpose, reply);
+        apply(
+            &mut sink,
+            From::Callout,
+            Next::Continue,
+            &mut fx,
+            &mut deliver,
+        );
     }
 }
 
@@ -93,7 +72,7 @@ fn worker_reply(cfg: &Config, purpose: Purpose, reply: CalloutReply) -> Vec<Effe
             worker: &mut vm.worker,
             fx: &mut vm.fx,
         };
-        flow::worker::on_callout_reply(&mut cx, purpose, reply);
+        tick::on_callout_reply(&mut cx, purpose, reply);
         std::mem::take(&mut vm.fx)
     })
 }
@@ -110,11 +89,11 @@ impl Context for Root {
             return;
         };
         let reply = call_reply(body_size);
-        self.run(|cx| flow::worker::on_callout_reply(cx, purpose, reply));
+        self.run(|cx| tick::on_callout_reply(cx, purpose, reply));
     }
 
     fn on_done(&mut self) -> bool {
-        self.run(flow::worker::on_done);
+        self.run(tick::on_done);
         true
     }
 }
@@ -141,23 +120,13 @@ impl RootContext for Root {
         };
         match config::parse(&bytes) {
             Ok(cfg) => {
-                let tick = if cfg.shaping() {
-                    SHAPING_TICK_MS
-                } else if cfg.quota.is_some() || cfg.global.is_some() {
-                    SETTLE_TICK_MS
-                } else {
-                    IDLE_TICK_MS
-                };
-                if abi::set_tick_period_ms(tick).is_err() {
+                if abi::set_tick_period_ms(tick::period_ms(&cfg)).is_err() {
                     abi::log(
                         Level::Warn,
                         "cannot set the tick period; shaping releases late",
                     );
                 }
-                abi::log(
-                    Level::Info,
-                    &format!("configured: {} bucket rules", cfg.rules.len()),
-                );
+                abi::log(Level::Info, &format!("configured: {}", cfg.summary()));
                 if cfg.quota.is_some() {
                     // Before traffic: a key Envoy creates ignores CAS (see crate::store::journal).
                     let _ = crate::store::journal::init(&super::store::HostStore);
@@ -173,7 +142,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        self.run(flow::worker::on_tick);
+        self.run(tick::on_tick);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

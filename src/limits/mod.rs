@@ -3,5 +3,6 @@
 //! `max_in_flight` ([`inflight`]). Global (Redis) buckets are in [`crate::global`].
 
 pub mod bucket;
+pub mod fair;
 pub mod inflight;
 pub mod local;

@@ -45,6 +45,7 @@ pub mod lease;
 pub mod marker;
 pub mod replies;
 pub mod scripts;
+pub mod settlement;
 pub mod weights;
 
 pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};

@@ -10,10 +10,15 @@ use serde_json::{json, Map, Value};
 /// The API family a client speaks, which decides the shape of every answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
-    /// OpenAI paths: chat completions, completions, embeddings, responses.
+    /// OpenAI paths: chat completions, completions, embeddings, responses; Azure OpenAI's too (the
+    /// `openai` SDK's `AzureOpenAI` reads OpenAI's shape and `retry-after-ms`).
     OpenAi,
-    /// Anthropic `/v1/messages`.
+    /// Anthropic `/v1/messages` (also Claude on Vertex AI).
     Anthropic,
+    /// Gemini API and Vertex AI (`google-genai`): `{"error":{"code","message","status","details"}}`.
+    Gemini,
+    /// Bedrock Runtime (`boto3`): `{"message"}` with the exception name in `x-amzn-errortype`.
+    Bedrock,
 }
 
 impl Family {
@@ -21,7 +26,27 @@ impl Family {
     pub fn of(kind: ApiKind) -> Family {
         match kind {
             ApiKind::AnthropicMessages => Family::Anthropic,
+            ApiKind::GeminiGenerate | ApiKind::GeminiStream => Family::Gemini,
+            ApiKind::BedrockConverse
+            | ApiKind::BedrockConverseStream
+            | ApiKind::BedrockInvoke
+            | ApiKind::BedrockInvokeStream => Family::Bedrock,
             _ => Family::OpenAi,
+        }
+    }
+
+    /// The family of a path that is not metered, when its shape names Gemini / Vertex AI (a last
+    /// segment `{resource}:{verb}`, `:embedContent`, `:predict`, …) or Bedrock (`/model/{id}/…`,
+    /// `/async-invoke`); `path` as the filter reads it (lower case, no query). `None`: decide as
+    /// before (OpenAI or Anthropic).
+    pub fn of_unmetered_path(path: &str) -> Option<Family> {
+        let last = path.rsplit('/').next().unwrap_or("");
+        if path.contains("/model/") || path.ends_with("/async-invoke") {
+            Some(Family::Bedrock)
+        } else if last.contains(':') || last.contains("%3a") {
+            Some(Family::Gemini)
+        } else {
+            None
         }
     }
 }
@@ -64,6 +89,17 @@ pub enum Class {
     ThinkingBudgetDoesNotFit,
     /// Too many requests of this scope are in flight.
     ConcurrencyLimit,
+    /// An Azure OpenAI deployment that `azure_openai.deployments` does not list
+    /// (`unknown_deployment: "refuse"`), or a model in the path that cannot be read.
+    UnknownDeployment,
+    /// A claim of the verified token that should name the tenant or a group is not an id (a number
+    /// too large, a list, an object, characters outside the id's).
+    InvalidClaim,
+    /// Two verified identities name different tenants (a listed API key of another tenant than the
+    /// verified token's).
+    IdentityConflict,
+    /// The body names no model and no default model is configured for its route.
+    ModelRequired,
 }
 
 /// How a class is answered.
@@ -99,6 +135,10 @@ impl Class {
             Class::OutputLimitTooLarge => "output_limit_too_large",
             Class::ThinkingBudgetDoesNotFit => "thinking_budget_does_not_fit",
             Class::ConcurrencyLimit => "concurrency_limit_exceeded",
+            Class::UnknownDeployment => "unknown_deployment",
+            Class::InvalidClaim => "invalid_identity_claim",
+            Class::IdentityConflict => "identity_conflict",
+            Class::ModelRequired => "model_required",
         }
     }
 
@@ -113,6 +153,64 @@ impl Class {
         match family {
             Family::OpenAi => s.status,
             Family::Anthropic => s.anthropic_status,
+            Family::Gemini => self.google().0,
+            Family::Bedrock => self.bedrock().0,
+        }
+    }
+
+    /// Gemini / Vertex AI: the HTTP status and `google.rpc.Code` name (`error.status`), as Google maps
+    /// them (AIP-193).
+    pub fn google(self) -> (u32, &'static str) {
+        match self {
+            Class::TokensPerSecond
+            | Class::RequestsPerMinute
+            | Class::ConcurrencyLimit
+            | Class::QuotaLeased
+            | Class::QuotaExceeded => (429, "RESOURCE_EXHAUSTED"),
+            Class::CostExceedsBurst
+            | Class::BodyTooLarge
+            | Class::InvalidBody
+            | Class::OutputLimitTooLarge
+            | Class::ThinkingBudgetDoesNotFit
+            | Class::BackgroundNotMetered
+            | Class::UnknownDeployment
+            | Class::ModelRequired => (400, "INVALID_ARGUMENT"),
+            Class::MissingTenant | Class::IdentityConflict => (401, "UNAUTHENTICATED"),
+            Class::ForbiddenTenant | Class::PathNotMetered | Class::InvalidClaim => {
+                (403, "PERMISSION_DENIED")
+            }
+            Class::CircuitOpen | Class::QuotaUnavailable | Class::LimiterUnavailable => {
+                (503, "UNAVAILABLE")
+            }
+        }
+    }
+
+    /// Bedrock: the HTTP status and the exception name (`x-amzn-errortype`) Bedrock Runtime answers
+    /// with, so that botocore raises the modeled exception and retries (standard mode) exactly the
+    /// throttling and unavailable ones.
+    pub fn bedrock(self) -> (u32, &'static str) {
+        match self {
+            Class::TokensPerSecond
+            | Class::RequestsPerMinute
+            | Class::ConcurrencyLimit
+            | Class::QuotaLeased => (429, "ThrottlingException"),
+            Class::QuotaExceeded => (400, "ServiceQuotaExceededException"),
+            Class::CostExceedsBurst
+            | Class::BodyTooLarge
+            | Class::InvalidBody
+            | Class::OutputLimitTooLarge
+            | Class::ThinkingBudgetDoesNotFit
+            | Class::BackgroundNotMetered
+            | Class::UnknownDeployment
+            | Class::ModelRequired => (400, "ValidationException"),
+            Class::MissingTenant
+            | Class::ForbiddenTenant
+            | Class::PathNotMetered
+            | Class::InvalidClaim
+            | Class::IdentityConflict => (403, "AccessDeniedException"),
+            Class::CircuitOpen | Class::QuotaUnavailable | Class::LimiterUnavailable => {
+                (503, "ServiceUnavailableException")
+            }
         }
     }
 
@@ -159,7 +257,9 @@ impl Class {
                 Class::InvalidBody
                 | Class::BackgroundNotMetered
                 | Class::OutputLimitTooLarge
-                | Class::ThinkingBudgetDoesNotFit => (
+                | Class::ThinkingBudgetDoesNotFit
+                | Class::UnknownDeployment
+                | Class::ModelRequired => (
                     400,
                     "invalid_request_error",
                     reason,
@@ -167,7 +267,7 @@ impl Class {
                     "invalid_request_error",
                     false,
                 ),
-                Class::MissingTenant => (
+                Class::MissingTenant | Class::IdentityConflict => (
                     401,
                     "invalid_request_error",
                     reason,
@@ -175,7 +275,7 @@ impl Class {
                     "authentication_error",
                     false,
                 ),
-                Class::ForbiddenTenant | Class::PathNotMetered => (
+                Class::ForbiddenTenant | Class::PathNotMetered | Class::InvalidClaim => (
                     403,
                     "invalid_request_error",
                     reason,
@@ -331,13 +431,22 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
     let mut h = |k: &str, v: &str| headers.push((k.to_string(), v.to_string()));
     h("content-type", "application/json");
     match family {
-        Family::OpenAi => h("x-request-id", request_id),
+        Family::OpenAi | Family::Gemini => h("x-request-id", request_id),
         Family::Anthropic => h("request-id", request_id),
+        Family::Bedrock => {
+            h("x-amzn-requestid", request_id);
+            h("x-amzn-errortype", r.class.bedrock().1);
+        }
     }
     h("x-tokengate-reason", reason);
     if shape.retryable {
         h("retry-after", &retry_after(retry_s).to_string());
         h("retry-after-ms", &ceil_ms(retry_s).max(1).to_string());
+        if family == Family::Bedrock {
+            // botocore's standard retry mode waits at least this long (milliseconds), up to its own
+            // backoff + 5 s; it reads no `retry-after`.
+            h("x-amz-retry-after", &ceil_ms(retry_s).max(1).to_string());
+        }
         h("x-should-retry", "true");
     } else {
         h("x-should-retry", "false");
@@ -415,6 +524,47 @@ pub fn render(family: Family, r: &Refusal, request_id: &str, now_unix_ms: u64) -
             "request_id": request_id,
             "tokengate": ours,
         }),
+        Family::Gemini => {
+            let (code, status) = r.class.google();
+            let retry = go_duration(ceil_ms(retry_s));
+            let message = if shape.retryable {
+                format!("{} Please retry in {}.", r.message, retry.as_str())
+            } else {
+                r.message.clone()
+            };
+            let mut metadata = Map::new();
+            metadata.insert("reason".into(), json!(reason));
+            if let Some(name) = &r.limit_name {
+                metadata.insert("limit".into(), json!(name));
+            }
+            let mut details = vec![json!({
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": reason.to_ascii_uppercase(),
+                "domain": "tokengate",
+                "metadata": metadata,
+            })];
+            if matches!(r.class, Class::QuotaExceeded | Class::QuotaLeased) {
+                details.push(json!({
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [{"subject": "tokengate", "description": r.message}],
+                }));
+            }
+            if shape.retryable {
+                // google.protobuf.Duration in JSON: seconds with up to 9 fractional digits and `s`.
+                details.push(json!({
+                    "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                    "retryDelay": format!("{}s", super::Dec::secs(retry_s).as_str()),
+                }));
+            }
+            json!({
+                "error": {"code": code, "message": message, "status": status, "details": details},
+                "tokengate": ours,
+            })
+        }
+        Family::Bedrock => json!({
+            "message": r.message,
+            "tokengate": ours,
+        }),
     };
     LocalReply {
         status: r.class.status(family),
@@ -468,6 +618,19 @@ fn names(family: Family, res: Resource) -> Option<[&'static str; 3]> {
             "x-ratelimit-reset-tokens",
         ],
         (Family::OpenAi, _) => return None,
+        // Gemini and Bedrock have no rate-limit headers of their own: OpenAI's names, which generic
+        // clients and dashboards read.
+        (Family::Gemini | Family::Bedrock, Resource::Requests) => [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ],
+        (Family::Gemini | Family::Bedrock, Resource::Tokens) => [
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ],
+        (Family::Gemini | Family::Bedrock, _) => return None,
         (Family::Anthropic, Resource::Requests) => [
             "anthropic-ratelimit-requests-limit",
             "anthropic-ratelimit-requests-remaining",
@@ -505,7 +668,7 @@ fn trio_headers(
     f(remaining, super::Dec::int(t.remaining).as_str());
     let ms = ceil_ms(t.reset_s);
     match family {
-        Family::OpenAi => f(reset, go_duration(ms).as_str()),
+        Family::OpenAi | Family::Gemini | Family::Bedrock => f(reset, go_duration(ms).as_str()),
         Family::Anthropic => {
             // Rounded up to the second: a client that waits until then finds the resource full.
             let at = now_unix_ms.saturating_add(ms).saturating_add(999) / 1000;

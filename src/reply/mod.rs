@@ -34,6 +34,17 @@
 //! `request-id`. `details.error_code` carries tokengate's reason (the anthropic SDK's
 //! `APIStatusError.error_code`; SDKs without it ignore the field).
 //!
+//! Azure OpenAI answers as OpenAI. Gemini / Vertex AI ([`Family::Gemini`]): Google's
+//! `{"error":{"code","message","status","details"}}` (`RESOURCE_EXHAUSTED` 429, `INVALID_ARGUMENT`
+//! 400, `UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `UNAVAILABLE` 503; `details` with
+//! `google.rpc.ErrorInfo`, `RetryInfo` when a retry can fix it, `QuotaFailure` on a quota). Bedrock
+//! ([`Family::Bedrock`]): `{"message"}` with the exception in `x-amzn-errortype`
+//! (`ThrottlingException` 429, `ServiceQuotaExceededException` 400 for a spent quota,
+//! `ValidationException` 400, `AccessDeniedException` 403, `ServiceUnavailableException` 503), the id
+//! in `x-amzn-requestid`, and `x-amz-retry-after` (ms, what botocore's standard retry mode waits) on
+//! what a retry can fix. Both carry OpenAI's `x-ratelimit-*` names. See `docs/families.md` and
+//! `docs/response-contract.md`.
+//!
 //! # Classes, statuses and retries
 //! | [`Class`] | status | OpenAI `type` / `code` | Anthropic status `type` | retry |
 //! |---|---|---|---|---|

@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn key_parts_are_encoded_as_the_readme_tells_operators() {
-        // What README "Operating" and `scripts/key-part.py` (checked in `tests/key_part.rs`) tell operators.
+        // What `tokengate usage` and the other CLI commands encode (cli/: they call this function).
         for (raw, key) in [
             ("alice@example.com", "alice%40example.com"),
             ("meta-llama/Llama-3.1-8B", "meta-llama%2FLlama-3.1-8B"),

@@ -196,6 +196,12 @@ impl MemStore {
     pub fn reads(&self) -> u64 {
         self.reads.get()
     }
+    /// Every key, sorted (tests check which keys a request created).
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.map.borrow().keys().cloned().collect();
+        k.sort();
+        k
+    }
 }
 
 impl SharedStore for MemStore {

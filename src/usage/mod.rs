@@ -19,6 +19,10 @@
 //!   cache_creation_input_tokens` and cached = `cache_read_input_tokens` (streamed: `message_start`
 //!   carries the input side, `message_delta` the cumulative `output_tokens`).
 //!
+//! * Gemini / Vertex AI: `usageMetadata` (see [`gemini`]); Bedrock: Converse `usage`, `invoke`
+//!   token-count headers and bodies, and the AWS event stream's `metadata` event (see [`bedrock`],
+//!   [`eventstream`]). [`StreamScanner`] holds any family's stream scanner.
+//!
 //! # Example
 //! ```
 //! # use tokengate::usage::*;
@@ -73,8 +77,15 @@ pub fn estimate_tokens_from_bytes(bytes: u64) -> u64 {
     bytes.div_ceil(4)
 }
 
+pub mod bedrock;
+pub mod eventstream;
+pub mod gemini;
 mod json;
 mod sse;
+mod stream;
 
+pub use bedrock::{BedrockStream, EventStreamScanner};
+pub use gemini::GeminiScanner;
 pub use json::{complete_usage, from_json, from_json_with_output, from_usage_object};
 pub use sse::{Forward, ScanOutput, SseScanner, DEFAULT_MAX_EVENT_BYTES};
+pub use stream::{from_answer, StreamScanner};

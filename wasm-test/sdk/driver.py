@@ -16,6 +16,16 @@ Scenarios (refusals, report the SDK's exception):
   openai-batches-error (batches.create), anthropic-batches-error (messages.batches.create),
   openai-responses-background (responses.create with background=True; also admitted when configured)
 Other: anthropic-count-tokens (messages.count_tokens; reports the HTTP status)
+Scenarios of the other families (--model: the Azure deployment, Gemini model or Bedrock model id;
+--max-retries N also turns on google-genai's retries, which are off by default):
+  azure-chat, azure-chat-stream, azure-error (openai.AzureOpenAI, /openai/deployments/{model}/…;
+    --no-stream-usage: a stream without stream_options.include_usage)
+  azure-v1-chat, azure-v1-chat-stream (Azure's v1 API as Microsoft documents it: openai.OpenAI with
+    base_url {endpoint}/openai/v1, the deployment as the body's model)
+  gemini-generate, gemini-stream, gemini-count-tokens, gemini-error (google-genai, Gemini API key mode)
+  vertex-generate, vertex-stream, vertex-error (google-genai, Vertex AI mode, fake OAuth credentials)
+  bedrock-converse, bedrock-converse-stream, bedrock-error (boto3 bedrock-runtime, fake SigV4 credentials,
+    retry mode standard with --max-retries retries)
 
 Output on success: {"ok": true, "text": ..., "usage": {...}, "elapsed": s, ...}
 Output on an SDK exception: {"ok": false, "exception": "RateLimitError", "classes": [...MRO names],
@@ -44,6 +54,7 @@ def parse_args():
     p.add_argument("--sleep-before", type=float, default=0.0, help="seconds to wait before the call")
     p.add_argument("--thinking-budget", type=int, default=None)
     p.add_argument("--tool-properties", default=None, help="comma-separated property names of a tool schema")
+    p.add_argument("--no-stream-usage", action="store_true", help="azure streams: no include_usage")
     return p.parse_args()
 
 
@@ -77,6 +88,93 @@ def anthropic_client(args):
         default_headers=headers_of(args),
         timeout=30,
     )
+
+
+def azure_client(args):
+    import openai
+
+    return openai.AzureOpenAI(
+        azure_endpoint=args.base_url,
+        api_key="azure-test-key",
+        api_version="2024-10-21",
+        max_retries=args.max_retries,
+        default_headers=headers_of(args),
+        timeout=30,
+    )
+
+
+def azure_v1_client(args):
+    import openai
+
+    # Azure OpenAI's v1 API takes the OpenAI client itself (no api-version, the deployment as `model`).
+    return openai.OpenAI(
+        base_url=args.base_url + "/openai/v1",
+        api_key="azure-test-key",
+        max_retries=args.max_retries,
+        default_headers=headers_of(args),
+        timeout=30,
+    )
+
+
+def genai_client(args, vertex):
+    from google import genai
+    from google.genai import types
+
+    retry = None
+    if args.max_retries > 0:
+        # google-genai retries only when asked to (HttpRetryOptions), on 408, 429 and 5xx, with its
+        # own exponential backoff: it reads no retry header.
+        retry = types.HttpRetryOptions(
+            attempts=args.max_retries + 1, initial_delay=0.05, max_delay=0.2, jitter=0.0
+        )
+    http = types.HttpOptions(
+        base_url=args.base_url, headers=headers_of(args), retry_options=retry, timeout=30_000
+    )
+    if vertex:
+        from google.oauth2.credentials import Credentials
+
+        # A token that never expires: the SDK sends it as is and never refreshes it (no network).
+        return genai.Client(
+            vertexai=True,
+            project="tg-project",
+            location="us-central1",
+            credentials=Credentials(token="fake-oauth-token"),
+            http_options=http,
+        )
+    return genai.Client(api_key="fake-gemini-key", http_options=http)
+
+
+def bedrock_client(args):
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "bedrock-runtime",
+        region_name="us-east-1",
+        endpoint_url=args.base_url,
+        aws_access_key_id="AKIDEXAMPLEFAKE",
+        aws_secret_access_key="fake-secret-key",
+        config=Config(
+            # botocore's `max_attempts` here counts retries (`total_max_attempts` would count all).
+            retries={"max_attempts": args.max_retries, "mode": "standard"},
+            read_timeout=30,
+            connect_timeout=5,
+        ),
+    )
+    extra = headers_of(args)
+
+    def add_headers(request, **_):
+        for k, v in extra.items():
+            request.headers[k] = v
+
+    client.meta.events.register("before-sign.bedrock-runtime.*", add_headers)
+    return client
+
+
+def gemini_usage(u):
+    if u is None:
+        return None
+    return u.model_dump(exclude_none=True, mode="json")
 
 
 def usage_dict(u):
@@ -225,6 +323,87 @@ def run(args):
             num_retries=0,
         )
         return {"text": r.choices[0].message.content, "usage": usage_dict(r.usage)}
+    if s in ("azure-chat", "azure-error", "azure-v1-chat"):
+        client = azure_v1_client(args) if s.startswith("azure-v1") else azure_client(args)
+        r = client.chat.completions.with_raw_response.create(
+            model=args.model or "dep-1", messages=msgs, max_tokens=args.max_tokens
+        )
+        c = r.parse()
+        return {
+            "text": c.choices[0].message.content,
+            "usage": usage_dict(c.usage),
+            "path": str(r.http_request.url.path),
+            "headers": dict(r.headers),
+        }
+    if s in ("azure-chat-stream", "azure-v1-chat-stream"):
+        client = azure_v1_client(args) if s.startswith("azure-v1") else azure_client(args)
+        extra = {} if args.no_stream_usage else {"stream_options": {"include_usage": True}}
+        text, usage, chunks = "", None, 0
+        for chunk in client.chat.completions.create(
+            model=args.model or "dep-1",
+            messages=msgs,
+            max_tokens=args.max_tokens,
+            stream=True,
+            **extra,
+        ):
+            chunks += 1
+            if chunk.usage is not None:
+                usage = usage_dict(chunk.usage)
+            for ch in chunk.choices:
+                text += ch.delta.content or ""
+        return {"text": text, "usage": usage, "chunks": chunks}
+    if s.startswith("gemini-") or s.startswith("vertex-"):
+        from google.genai import types
+
+        client = genai_client(args, vertex=s.startswith("vertex-"))
+        model = args.model or "gemini-2.5-flash"
+        config = types.GenerateContentConfig(max_output_tokens=args.max_tokens)
+        if s.endswith("-count-tokens"):
+            r = client.models.count_tokens(model=model, contents=args.prompt)
+            return {"total_tokens": r.total_tokens}
+        if s.endswith("-stream"):
+            text, usage, chunks, finish = "", None, 0, None
+            for chunk in client.models.generate_content_stream(
+                model=model, contents=args.prompt, config=config
+            ):
+                chunks += 1
+                text += chunk.text or ""
+                if chunk.usage_metadata is not None:
+                    usage = gemini_usage(chunk.usage_metadata)
+                if chunk.candidates and chunk.candidates[0].finish_reason:
+                    finish = str(chunk.candidates[0].finish_reason)
+            return {"text": text, "usage": usage, "chunks": chunks, "finish_reason": finish}
+        r = client.models.generate_content(model=model, contents=args.prompt, config=config)
+        return {
+            "text": r.text,
+            "usage": gemini_usage(r.usage_metadata),
+            "finish_reason": str(r.candidates[0].finish_reason) if r.candidates else None,
+        }
+    if s.startswith("bedrock-"):
+        client = bedrock_client(args)
+        model = args.model or "anthropic.claude-3-5-haiku-20241022-v1:0"
+        messages = [{"role": "user", "content": [{"text": args.prompt}]}]
+        inference = {"maxTokens": args.max_tokens}
+        if s == "bedrock-converse-stream":
+            r = client.converse_stream(modelId=model, messages=messages, inferenceConfig=inference)
+            text, usage, stop, events = "", None, None, []
+            for ev in r["stream"]:
+                name = next(iter(ev))
+                events.append(name)
+                if name == "contentBlockDelta":
+                    text += ev[name]["delta"].get("text", "")
+                elif name == "messageStop":
+                    stop = ev[name].get("stopReason")
+                elif name == "metadata":
+                    usage = ev[name].get("usage")
+            return {"text": text, "usage": usage, "stop_reason": stop, "events": events}
+        r = client.converse(modelId=model, messages=messages, inferenceConfig=inference)
+        return {
+            "text": "".join(b.get("text", "") for b in r["output"]["message"]["content"]),
+            "usage": r.get("usage"),
+            "stop_reason": r.get("stopReason"),
+            "retries_taken": r["ResponseMetadata"].get("RetryAttempts"),
+        }
     raise SystemExit(f"unknown scenario {s}")
 
 
@@ -240,6 +419,23 @@ def describe(e, started):
         if hasattr(e, attr):
             v = getattr(e, attr)
             out[attr] = v if isinstance(v, (str, int, float, type(None))) else str(v)
+    # google-genai's APIError: code (the HTTP status), status (google.rpc.Code), message.
+    if type(e).__module__.startswith("google.genai"):
+        out["status_code"] = getattr(e, "code", None)
+        out["status"] = getattr(e, "status", None)
+        out["message"] = getattr(e, "message", None)
+        out["details"] = getattr(e, "details", None)
+    # botocore's ClientError: the parsed error and the response metadata.
+    if type(e).__module__.startswith("botocore"):
+        r = getattr(e, "response", {}) or {}
+        meta = r.get("ResponseMetadata", {})
+        out["status_code"] = meta.get("HTTPStatusCode")
+        out["code"] = r.get("Error", {}).get("Code")
+        out["message"] = r.get("Error", {}).get("Message")
+        out["request_id"] = meta.get("RequestId")
+        out["retries_taken"] = meta.get("RetryAttempts")
+        out["headers"] = meta.get("HTTPHeaders")
+        return out
     resp = getattr(e, "response", None)
     if resp is not None:
         out["headers"] = dict(resp.headers)
@@ -252,8 +448,14 @@ def describe(e, started):
 
 def one(args):
     # Imported before the clock starts: `elapsed` is the call alone (with its retries).
-    if args.scenario.startswith("openai"):
+    if args.scenario.startswith("openai") or args.scenario.startswith("azure"):
         import openai  # noqa: F401
+    elif args.scenario.startswith("gemini") or args.scenario.startswith("vertex"):
+        # The first client pulls in most of the SDK (types, auth): made once before the clock.
+        genai_client(args, vertex=args.scenario.startswith("vertex"))
+    elif args.scenario.startswith("bedrock"):
+        # The first client loads the service model (then cached by the session's loader).
+        bedrock_client(args)
     elif args.scenario.startswith("anthropic"):
         import anthropic  # noqa: F401
     elif args.scenario.startswith("litellm"):
@@ -278,6 +480,13 @@ def main():
             sys.argv = [sys.argv[0], *argv]
             results.append(one(parse_args()))
         print(json.dumps(results, default=str))
+        return
+    if sys.argv[1:] == ["lines"]:
+        # One JSON argument list a line, one result line each, as they come: a test starts the
+        # interpreter (and an SDK, with a first call) before the moment a call must be timed.
+        for line in sys.stdin:
+            sys.argv = [sys.argv[0], *json.loads(line)]
+            print(json.dumps(one(parse_args()), default=str), flush=True)
         return
     print(json.dumps(one(parse_args()), default=str))
 

@@ -533,7 +533,7 @@ impl Plan {
         if let Some(b) = &breaker {
             quota["shim_breaker"] = b.clone();
         }
-        let mut cfg = json!({"tenant_header": "x-tenant-id", "model_header": "x-tokengate-model",
+        let mut cfg = json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "forward_identity_headers": true, "model_header": "x-tokengate-model",
             "api_key_tenants": false, "quota": quota});
         cfg["rules"] = match self.global {
             Some(g) => json!([{"name": "g", "tenant": "*", "model": "*",

@@ -655,6 +655,28 @@ fn a_long_word_is_never_estimated_below_what_it_costs_and_never_lowers_the_estim
     tg::assert_no_panic(&small);
 }
 
+/// Issue 31: random words of four letters between real words were estimated at about 0.65 of o200k
+/// (words of three or four letters were never looked up), so a bucket admitted such junk at ~1.5×
+/// its cost. This text is 1,955 o200k tokens (tiktoken-rs); the estimate must be at least 0.9 of it.
+#[test]
+fn random_short_words_between_real_words_are_not_estimated_far_below_what_they_cost() {
+    let mock = mock_provider!();
+    let envoy = tg::start(
+        &mock,
+        tg::config(json!([rule("all", "*", "*", 1_000_000.0, 100_000_000)])),
+    );
+    let r = random_letters(4 * 600);
+    let text: String = (0..600)
+        .map(|k| format!("{} provider ", &r[4 * k..4 * k + 4]))
+        .collect();
+    let estimate = admitted(&tg::post_chat(&envoy, "shortwords", &chat_with(&text)));
+    assert!(
+        estimate >= 1_955 * 9 / 10,
+        "estimated {estimate} (o200k: 1,955)"
+    );
+    tg::assert_no_panic(&envoy);
+}
+
 #[test]
 fn text_hidden_in_a_tool_schema_is_charged_and_cannot_pass_a_burst() {
     // Black-box run: `openai.pydantic_function_tool()` of a nested model puts its descriptions under

@@ -146,6 +146,8 @@ fn invalid_body_charge_mode_admits_with_fixed_cost() {
     let mock = mock_provider!();
     let mut cfg = default_config();
     cfg["invalid_body"] = json!({"action": "charge", "tokens": 123});
+    // Charged as the route's default model: an unreadable body names none.
+    cfg["default_model"] = json!("gpt-test");
     let envoy = tg::start(&mock, cfg);
     let body = b"this is not json at all";
     let r = post_raw(&envoy, &[("content-type", "text/plain")], body);
@@ -496,14 +498,33 @@ fn colons_in_tenants_and_models_never_share_a_bucket() {
 }
 
 #[test]
-fn the_model_header_picks_the_output_reservation_of_a_body_without_model() {
+fn a_body_without_a_model_is_charged_as_the_default_model_never_the_model_header() {
+    // Before: the model header picked the model (and its limits) of a body without one, and with
+    // neither the request passed every model-scoped limit as no model at all.
     let mock = mock_provider!();
     let cfg = tg::merge(
         tg::config(json!([rule("all", "*", "*", 1.0, 1_000_000)])),
-        json!({"models": {"big-model": {"default_max_tokens": 4096}}}),
+        json!({"models": {"big-model": {"default_max_tokens": 4096}, "small-model": {"default_max_tokens": 200}}}),
     );
-    let envoy = tg::start(&mock, cfg);
+    let envoy = tg::start(&mock, cfg.clone());
     let body = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_raw(
+        &envoy,
+        &[
+            ("content-type", "application/json"),
+            ("x-tokengate-model", "big-model"),
+        ],
+        body,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.header("x-tokengate-reason"), Some("model_required"));
+    assert_eq!(mock.requests().len(), 0);
+    drop(envoy);
+    // With a default model it is charged as that model, whatever the header says.
+    let envoy = tg::start(
+        &mock,
+        tg::merge(cfg, json!({"default_model": "small-model"})),
+    );
     let r = post_raw(
         &envoy,
         &[
@@ -514,13 +535,9 @@ fn the_model_header_picks_the_output_reservation_of_a_body_without_model() {
     );
     let est = admitted(&r);
     assert!(
-        (4096..4200).contains(&est),
-        "4096 reserved for big-model: {est}"
+        (200..300).contains(&est),
+        "200 reserved for small-model: {est}"
     );
-    // Without the header the default reservation (1024) applies.
-    let r = post_raw(&envoy, &[("content-type", "application/json")], body);
-    let est = admitted(&r);
-    assert!((1024..1100).contains(&est), "{est}");
     tg::assert_no_panic(&envoy);
 }
 

@@ -290,7 +290,7 @@ fn plugin_config(all: &[Tenant], s: &Settings, reservation_timeout: bool) -> Val
     if reservation_timeout {
         quota["reservation_timeout_s"] = json!(s.reservation_timeout_s);
     }
-    json!({"tenant_header": "x-tenant-id", "model_header": "x-tokengate-model",
+    json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "forward_identity_headers": true, "model_header": "x-tokengate-model",
            "api_key_tenants": false, "rules": rules, "quota": quota})
 }
 

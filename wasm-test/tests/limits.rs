@@ -39,7 +39,7 @@ fn limit(name: &str, scope: &str, rate: f64, burst: u64) -> Value {
 
 /// Tenants from `x-tenant-id`, one group level from [`TEAM`], these limits and no rules.
 fn config(limits: Value) -> Value {
-    json!({"tenant_header": "x-tenant-id", "api_key_tenants": false, "group_header": TEAM,
+    json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "forward_identity_headers": true, "api_key_tenants": false, "group_header": TEAM,
            "limits": limits})
 }
 
@@ -400,11 +400,11 @@ fn global_limits_hold_across_two_envoys_sharing_one_redis() {
 #[test]
 fn a_team_claim_of_a_verified_jwt_drives_the_team_limit_and_a_forged_team_header_does_not() {
     let mock = mock_provider!();
-    // The shipped chain: client-sent x-tenant-id and x-tokengate-group removed, then jwt_authn sets them
-    // from the token's `tenant` and `group` claims. The group claim is the `team` level here.
+    // The shipped chain: jwt_authn writes a verified token's payload to the dynamic metadata; the
+    // tenant and the `team` level are its `tenant` and `group` claims. No header carries identity.
     let cfg = json!({
-        "tenant_header": "x-tenant-id", "api_key_tenants": true,
-        "groups": [{"name": "team", "header": "x-tokengate-group"}],
+        "tenant_claim": "tenant", "api_key_tenants": true,
+        "groups": [{"name": "team", "claim": "group"}],
         "limits": [{"name": "team", "scope": "team", "tokens_per_second": 0.001, "burst": 1000}]
     });
     let shipped = std::fs::read_to_string(wasm_test::repo_root().join("envoy/envoy.yaml"))
@@ -467,8 +467,8 @@ fn a_team_claim_of_a_verified_jwt_drives_the_team_limit_and_a_forged_team_header
         ),
         "alice forging blue",
     );
-    // Without a token a client-sent team header is removed: no team, so no team limit; and blue is not
-    // charged for it.
+    // Without a token a client-sent team header names nothing: no team, so no team limit; and blue is
+    // not charged for it.
     for _ in 0..3 {
         let r = envoy.chat(
             &[
@@ -497,10 +497,10 @@ fn a_team_claim_of_a_verified_jwt_drives_the_team_limit_and_a_forged_team_header
     assert_eq!(envoy.stat("http.tokengate.jwt_authn.denied"), 0);
     let served = mock.requests();
     assert_eq!(served.len(), 7, "refused requests never reach the provider");
+    // No verified claim reaches the provider (none is copied into a header).
     assert!(served
         .iter()
-        .all(|r| r.header("x-tokengate-group") != Some("blue")
-            || r.header("x-tenant-id") == Some("carol")));
+        .all(|r| r.headers.values().all(|v| v != "red" && v != "carol")));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -689,7 +689,7 @@ fn in_flight_limits_hold_at_the_provider_under_client_aborts_and_free_every_slot
     // each.
     let envoy = start(
         &mock,
-        json!({"tenant_header": "x-tenant-id", "api_key_tenants": false, "limits": [
+        json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "forward_identity_headers": true, "api_key_tenants": false, "limits": [
             {"name": "per-user", "max_in_flight": 2},
             {"name": "conc", "scope": "shared", "max_in_flight": 4}]}),
     );
@@ -864,7 +864,7 @@ fn a_shadow_limit_never_refuses_and_counts_what_it_would_have_refused() {
     let mock = mock_provider!();
     let envoy = start(
         &mock,
-        json!({"tenant_header": "x-tenant-id", "api_key_tenants": false, "limits": [
+        json!({"tenant_header": "x-tenant-id","trusted_headers": {"set_by": "the test client: it is the trusted filter"}, "forward_identity_headers": true, "api_key_tenants": false, "limits": [
             {"name": "trial", "tenant": "acme", "tokens_per_second": 0.001, "burst": 1000, "shadow": true},
             {"name": "conc", "tenant": "slow", "max_in_flight": 1, "shadow": true},
             {"name": "real", "tokens_per_second": 0.001, "burst": 100000}]}),

@@ -2469,7 +2469,7 @@ fn a_team_budget_in_money_settles_to_usage_times_price_exactly() {
         quota_config(json!({"monthly_limit": 1_000_000_000, "currency": "USD",
             "prices": {MODEL: {"input": 2.5, "output": 10.0}},
             "budgets": [{"name": "team-red", "scope": "group", "group": "red", "monthly_limit": 0.01}]})),
-        json!({"group_header": "x-team"}),
+        json!({"group_header": "x-team", "trusted_headers": {"set_by": "the test client"}, "forward_identity_headers": true}),
     );
     let envoy = tg::start_opts(opts(s.mock.port, cfg).webdis(s.webdis_port()));
     let month = month_label(now_unix());

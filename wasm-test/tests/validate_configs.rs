@@ -4,7 +4,7 @@
 //!   also loads the built `tokengate.wasm` and runs its `on_configure` on the shipped plugin configuration,
 //!   so a field the filter does not know (unknown fields are rejected) fails here.
 //! - The plugin configuration is the same JSON in `envoy.yaml` and `envoy-docker.yaml`; the Istio
-//!   `WasmPlugin` (`istio/wasmplugin.yaml`, `pluginConfig` written as JSON-compatible YAML) keeps the same
+//!   `WasmPlugin` (`deploy/base/wasmplugin.yaml`, `pluginConfig` written as JSON-compatible YAML) keeps the same
 //!   identity and body settings with Istio's cluster names and no demo tenants.
 //! - That configuration enables all three mechanisms (buckets, circuit breaker, monthly quota) with the
 //!   values `make run` demonstrates, and both bootstraps define the clusters it names and route the
@@ -13,9 +13,9 @@
 //!   run the `jwt_authn` example (identity.rs drives it for real).
 //! - The Webdis configs allow only the commands the filter uses; docker-compose takes its images from
 //!   variables, mounts files that exist, orders the start on health and runs Redis with AOF.
-//! - The Istio manifests (`envoy/istio/`) pass Istio's CRD schemas and the Kubernetes schemas, strictly, plus
-//!   the cross-checks of scripts/validate-istio.py; their Envoy fragments pass `envoy --mode validate`; and
-//!   the validator refuses broken copies of them.
+//! - The Istio deployment (`deploy/`, kustomize): its gateway rendering's Envoy fragments pass
+//!   `envoy --mode validate` with the built filter. The renderings of every overlay for every supported Istio
+//!   version, and the validator's refusals of broken ones, are tests/deploy.rs.
 //!
 //! Envoy: `$ENVOY_BIN`, else `<repo>/.venv/bin/envoy` (`make deps`). Wasm: `$TOKENGATE_WASM`, else
 //! `<repo>/target/wasm32-wasip1/release/tokengate.wasm` (`make build`).
@@ -156,8 +156,8 @@ fn envoy_plugin_config(file: &str) -> Value {
 
 /// The Istio WasmPlugin's `pluginConfig`, written as a JSON object (valid YAML flow mapping).
 fn istio_plugin_config() -> Value {
-    let file = "istio/wasmplugin.yaml";
-    let yaml = read(&envoy_dir().join(file));
+    let file = "deploy/base/wasmplugin.yaml";
+    let yaml = read(&repo_root().join(file));
     let mut lines = yaml
         .lines()
         .skip_while(|l| l.trim_start() != "pluginConfig:");
@@ -337,7 +337,7 @@ fn plugin_config_is_the_same_in_envoy_and_docker_configs_and_istio_keeps_its_set
     // (scripts/validate-istio.py checks the cluster names against the manifests).
     let istio = istio_plugin_config();
     for key in [
-        "tenant_header",
+        "tenant_claim",
         "api_key_tenants",
         "model_header",
         "max_body_bytes",
@@ -345,7 +345,7 @@ fn plugin_config_is_the_same_in_envoy_and_docker_configs_and_istio_keeps_its_set
         "default_output",
         "max_tenants",
     ] {
-        assert_eq!(istio[key], local[key], "istio/wasmplugin.yaml: {key}");
+        assert_eq!(istio[key], local[key], "deploy/base/wasmplugin.yaml: {key}");
     }
     for rule in istio["rules"].as_array().expect("rules") {
         assert_eq!(rule["tenant"], "*", "istio rule for a demo tenant: {rule}");
@@ -363,15 +363,12 @@ fn venv_python() -> PathBuf {
     p
 }
 
-/// Runs scripts/validate-istio.py on `dir`; (success, output).
-fn validate_istio(dir: &Path, bootstrap: Option<(&Path, &Path)>) -> (bool, String) {
-    let mut cmd = Command::new(venv_python());
-    cmd.arg(repo_root().join("scripts/validate-istio.py"))
-        .arg(dir);
-    if let Some((out, wasm)) = bootstrap {
-        cmd.arg("--bootstrap").arg(out).arg("--wasm").arg(wasm);
-    }
-    let out = cmd
+/// Runs scripts/validate-istio.py with `args`; (success, output).
+fn validate_istio(args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let out = Command::new(venv_python())
+        .arg(repo_root().join("scripts/validate-istio.py"))
+        .args(args)
+        .current_dir(repo_root())
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run scripts/validate-istio.py");
@@ -386,84 +383,33 @@ fn validate_istio(dir: &Path, bootstrap: Option<(&Path, &Path)>) -> (bool, Strin
 }
 
 #[test]
-fn istio_manifests_pass_the_crd_and_kubernetes_schemas_and_their_envoy_fragments_pass_envoy_validate(
-) {
+fn istio_gateway_rendering_passes_the_schemas_and_its_envoy_fragments_pass_envoy_validate() {
     let (wasm, _) = built_wasm();
     let tmp = TempDir::new("istio");
     let boot = tmp.0.join("istio-fragments.yaml");
-    let (ok, out) = validate_istio(&envoy_dir().join("istio"), Some((&boot, &wasm)));
-    assert!(ok, "scripts/validate-istio.py envoy/istio:\n{out}");
+    let (ok, out) = validate_istio(&[
+        "--render".as_ref(),
+        "--overlay".as_ref(),
+        "gateway".as_ref(),
+        "--istio".as_ref(),
+        "1.28".as_ref(),
+        "--bootstrap".as_ref(),
+        boot.as_os_str(),
+        "--wasm".as_ref(),
+        wasm.as_os_str(),
+    ]);
+    assert!(ok, "scripts/validate-istio.py --render gateway:\n{out}");
     assert!(
-        out.contains("resources, 0 errors"),
+        out.contains("1 renderings, ") && out.contains(" 0 errors"),
         "unexpected validator output:\n{out}"
     );
     // The EnvoyFilter patches (header_mutation first, buffer limits), the pluginConfig with Istio's
     // cluster names and the DestinationRule's TLS, in one bootstrap: Envoy and the filter accept them.
-    envoy_validate(&boot, &tmp.0, "the Envoy fragments of envoy/istio/");
-}
-
-#[test]
-fn istio_validator_refuses_broken_manifests() {
-    let src = envoy_dir().join("istio");
-    // (file, from, to, expected message)
-    let cases = [
-        (
-            "wasmplugin.yaml",
-            "failStrategy: FAIL_RELOAD",
-            "failStrategy: FAIL_SOMETIMES",
-            "is not one of",
-        ),
-        (
-            "wasmplugin.yaml",
-            "  phase: AUTHZ\n",
-            "  phase: AUTHZ\n  bogus: 1\n",
-            "'bogus' was unexpected",
-        ),
-        (
-            "wasmplugin.yaml",
-            "\"cluster\": \"outbound|7379||webdis.",
-            "\"cluster\": \"webdis\", \"x\": \"",
-            "is not an Istio cluster name",
-        ),
-        (
-            "redis-webdis.yaml",
-            "serviceAccountName: webdis",
-            "serviceAccount_Name: webdis",
-            "'serviceAccount_Name' was unexpected",
-        ),
-        (
-            "egress.yaml",
-            "protocol: HTTP\n",
-            "protocol: HTTPS\n",
-            "must be an HTTP port",
-        ),
-        (
-            "identity.yaml",
-            "- remove: x-tenant-id",
-            "- remove: x-something",
-            "does not remove the client's x-tenant-id",
-        ),
-        (
-            "buffer-limits.yaml",
-            "portNumber: 8080",
-            "portNumber: 15001",
-            "no LISTENER patch",
-        ),
-    ];
-    for (file, from, to, want) in cases {
-        let tmp = TempDir::new("istio-broken");
-        for entry in std::fs::read_dir(&src).expect("envoy/istio") {
-            let entry = entry.expect("entry");
-            std::fs::copy(entry.path(), tmp.0.join(entry.file_name())).expect("copy");
-        }
-        let path = tmp.0.join(file);
-        let text = read(&path);
-        assert!(text.contains(from), "{file} has no {from:?}");
-        std::fs::write(&path, text.replacen(from, to, 1)).expect("write");
-        let (ok, out) = validate_istio(&tmp.0, None);
-        assert!(!ok, "{file}: {from:?} -> {to:?} was accepted:\n{out}");
-        assert!(out.contains(want), "{file}: expected {want:?} in:\n{out}");
-    }
+    envoy_validate(
+        &boot,
+        &tmp.0,
+        "the Envoy fragments of deploy/overlays/gateway",
+    );
 }
 
 #[test]
@@ -497,7 +443,8 @@ fn sample_config_has_the_documented_rules() {
             .any(|r| r["tenant"] == "*" && r["model"] == "*"),
         "no default rule"
     );
-    assert_eq!(config["tenant_header"], "x-tenant-id");
+    assert_eq!(config["tenant_claim"], "tenant");
+    assert!(config.get("tenant_header").is_none());
     assert_eq!(config["api_key_tenants"], true);
 }
 
@@ -676,8 +623,14 @@ fn docker_compose_mounts_files_that_exist_and_takes_images_from_variables() {
     // Official images by default, each replaceable by a variable.
     for (var, default) in [
         ("ENVOY_IMAGE", "envoyproxy/envoy:v1.40.0"),
-        ("REDIS_IMAGE", "redis:7"),
-        ("WEBDIS_IMAGE", "nicolas/webdis:latest"),
+        (
+            "REDIS_IMAGE",
+            "redis:7.4.11@sha256:c6eabf748fc7a61dbb5a705c78bcf3d6377b1127a97d0ce965c11c44ba46896f",
+        ),
+        (
+            "WEBDIS_IMAGE",
+            "nicolas/webdis:0.1.22@sha256:5a7d342e3a9e5667fe05f045beae4b5042681d1d737f60843b7dfd11f96ab72f",
+        ),
         ("MOCK_IMAGE", "tokengate-mock-provider"),
     ] {
         assert!(
@@ -767,44 +720,38 @@ fn http_filter_names(yaml: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_bootstrap_removes_client_identity_headers_before_any_other_filter() {
+fn every_bootstrap_takes_identity_from_what_jwt_authn_verified_never_from_a_header() {
     let config = envoy_plugin_config("envoy.yaml");
-    let tenant_header = config["tenant_header"].as_str().expect("tenant_header");
+    assert_eq!(config["tenant_claim"], "tenant");
+    for key in ["tenant_header", "group_header", "trusted_headers"] {
+        assert!(config.get(key).is_none(), "envoy.yaml: {key}");
+    }
     for file in ["envoy.yaml", "envoy-docker.yaml"] {
         let yaml = read(&envoy_dir().join(file));
         let filters = http_filter_names(&yaml);
         assert_eq!(
             filters,
             [
-                "envoy.filters.http.header_mutation",
                 "envoy.filters.http.jwt_authn",
                 "envoy.filters.http.wasm",
                 "envoy.filters.http.router"
             ],
             "{file}: http_filters"
         );
-        let first = yaml
-            .find("- name: envoy.filters.http.header_mutation")
-            .expect("header_mutation");
         let jwt = yaml
             .find("- name: envoy.filters.http.jwt_authn")
             .expect("jwt_authn");
-        let mutation = &yaml[first..jwt];
-        for header in [tenant_header, "x-tokengate-group"] {
-            assert!(
-                mutation.contains(&format!("- remove: {header}\n")),
-                "{file}: header_mutation does not remove {header}"
-            );
-        }
         let authn = &yaml[jwt..];
-        for (claim, header) in [("tenant", tenant_header), ("group", "x-tokengate-group")] {
-            assert!(
-                authn.contains(&format!(
-                    "- header_name: {header}\n                    claim_name: {claim}\n"
-                )),
-                "{file}: jwt_authn does not map claim {claim} to {header}"
-            );
-        }
+        // The verified payload goes where the filter reads it (the default jwt_metadata); no claim is
+        // copied into a header, which the provider would see.
+        assert!(
+            authn.contains("payload_in_metadata: payload\n"),
+            "{file}: payload_in_metadata"
+        );
+        assert!(
+            !authn.contains("claim_to_headers"),
+            "{file}: claim_to_headers"
+        );
         // Missing tokens fall through to the API key; a present but bad token is refused (not
         // `allow_missing_or_failed`).
         assert!(
@@ -840,8 +787,19 @@ fn defined_metrics() -> (Vec<String>, Vec<String>) {
         );
     }
     let mut prefixes = Vec::new();
-    for entry in std::fs::read_dir(repo_root().join("src/flow")).expect("src/flow") {
-        let path = entry.expect("entry").path();
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("src/flow")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/flow") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    for path in files {
         if path.extension().is_some_and(|e| e == "rs") {
             prefixes.extend(
                 read(&path)
@@ -929,7 +887,7 @@ fn grafana_dashboard_queries_only_metrics_the_filter_exports() {
     let mock_port = wasm_test::free_port();
     let envoy = wasm_test::Envoy::start(wasm_test::EnvoyOpts::new(
         mock_port,
-        serde_json::json!({"tenant_header": "x-tenant-id", "rules": [
+        serde_json::json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
             {"name": "all", "tenant": "*", "model": "*", "tokens_per_second": 10, "burst": 100}]}),
     ))
     .expect("envoy with the filter");

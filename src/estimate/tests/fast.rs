@@ -1,7 +1,7 @@
 //! The fast walk and ASCII windows against the reference walk and the byte-wise loop; fuzzing.
 
 use super::*;
-use crate::estimate::latin::{latin_ext_at, tail_steps, word_tail};
+use crate::estimate::latin::{is_latin_ext, latin_ext_at, tail_steps, word_tail};
 
 #[test]
 fn arbitrary_bytes_never_panic() {
@@ -203,6 +203,15 @@ fn windows_count_like_bytes(bytes: &[u8]) {
         String::from_utf8_lossy(bytes)
     );
     if ok {
+        // Short words are asked of their table while the text's first ones were and once two were
+        // not tokens (`short_unknown`): the windows keep that state apart from the byte-wise loop's
+        // and ask a window's words at once, so which of a text's short words are asked (and found
+        // not to be tokens) depends on the path. Junk is asked on both (see
+        // `random_short_words_are_never_estimated_far_below_o200k_wherever_they_stand`).
+        for f in [&mut with, &mut without] {
+            f[feature::SHORT_ASKED] = 0;
+            f[feature::LATIN_SHORT_UNKNOWN] = 0;
+        }
         assert_eq!(with, without, "{:?}", String::from_utf8_lossy(bytes));
     }
 }

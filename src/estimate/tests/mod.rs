@@ -39,6 +39,8 @@ pub(super) fn xorshift(x: &mut u64) -> u64 {
     *x
 }
 
+#[cfg(feature = "exact")]
+mod exact;
 mod fast;
 mod parts;
 mod text;

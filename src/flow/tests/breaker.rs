@@ -6,7 +6,7 @@ use crate::flow::Metric;
 use crate::store::SharedStore;
 
 fn cfg(breaker: Value) -> Value {
-    json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)], "breaker": breaker})
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)], "breaker": breaker})
 }
 
 /// Five upstream 500s through `e` open the breakers the requests went through (in the count mode,
@@ -106,7 +106,7 @@ fn half_open_admits_exactly_the_probes_and_a_probe_success_closes_it() {
 #[test]
 fn a_probe_permit_is_given_back_when_a_later_step_refuses_the_request() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
         "breaker": {"keys": ["model"], "failure_threshold": 5, "recovery_ms": 1000,
                     "half_open_max_calls": 1},
         "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
@@ -170,7 +170,9 @@ fn one(e: &FakeEnvoy, w: usize, model: &str, status: u32) {
 
 #[test]
 fn requests_through_closed_breakers_read_only_the_set_of_open_breakers_and_create_no_key() {
-    let buckets = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)]}));
+    let buckets = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)]}),
+    );
     let with = envoy(cfg(
         json!({"keys": ["cluster", "model"], "failure_threshold": 5}),
     ));

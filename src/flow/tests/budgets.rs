@@ -11,7 +11,7 @@ fn cfg(monthly_limit: Option<u64>, budgets: Value) -> Value {
     if let Some(l) = monthly_limit {
         q["monthly_limit"] = json!(l);
     }
-    json!({"tenant_header": "x-tenant-id", "group_header": "x-team",
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "group_header": "x-team",
            "rules": [rule(1000.0, 1e6)], "quota": q})
 }
 

@@ -5,7 +5,9 @@ use crate::flow::Metric;
 
 #[test]
 fn an_admitted_request_is_forwarded_with_rate_limit_and_estimate_headers() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1000.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1000.0)]}),
+    );
     let mut c = e.send(
         "/v1/chat/completions",
         &[TENANT],
@@ -34,7 +36,9 @@ fn an_admitted_request_is_forwarded_with_rate_limit_and_estimate_headers() {
 
 #[test]
 fn an_empty_token_bucket_answers_429_tokens_per_second_exceeded_with_the_estimate() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 100.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1.0, 100.0)]}),
+    );
     let first = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
     assert!(first.forwarded);
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
@@ -58,8 +62,10 @@ fn an_empty_token_bucket_answers_429_tokens_per_second_exceeded_with_the_estimat
 
 #[test]
 fn a_spent_request_bucket_answers_429_requests_per_minute_exceeded() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
-        {"name": "r", "tokens_per_second": 1000, "burst": 100000, "requests_per_minute": 1}]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
+        {"name": "r", "tokens_per_second": 1000, "burst": 100000, "requests_per_minute": 1}]}),
+    );
     assert!(
         e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5))
             .forwarded
@@ -77,8 +83,10 @@ fn a_spent_request_bucket_answers_429_requests_per_minute_exceeded() {
 
 #[test]
 fn a_bucket_known_from_the_headers_refuses_before_the_upstream_is_contacted() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
-        {"name": "r", "tokens_per_second": 1000, "burst": 1e6, "requests_per_minute": 1}]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
+        {"name": "r", "tokens_per_second": 1000, "burst": 1e6, "requests_per_minute": 1}]}),
+    );
     let body = chat("m", "hi", 35);
     assert!(
         e.send(
@@ -107,7 +115,9 @@ fn a_bucket_known_from_the_headers_refuses_before_the_upstream_is_contacted() {
 
 #[test]
 fn a_cost_above_the_burst_answers_413_cost_exceeds_burst() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 100.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 100.0)]}),
+    );
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 500));
     assert_eq!(c.status(), Some(413));
     assert_eq!(c.reply_json()["error"]["code"], "cost_exceeds_burst");
@@ -117,7 +127,7 @@ fn a_cost_above_the_burst_answers_413_cost_exceeds_burst() {
 #[test]
 fn a_body_over_max_body_bytes_answers_413_from_its_content_length_or_while_buffering() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "max_body_bytes": 100, "rules": [rule(10.0, 1e6)]}),
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "max_body_bytes": 100, "rules": [rule(10.0, 1e6)]}),
     );
     let big = chat("m", &"x".repeat(200), 5);
     let c = e.send("/v1/chat/completions", &[TENANT], &big);
@@ -137,25 +147,38 @@ fn a_body_over_max_body_bytes_answers_413_from_its_content_length_or_while_buffe
 
 #[test]
 fn a_body_that_is_not_a_request_answers_400_or_is_charged_the_configured_tokens() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)]}),
+    );
     let c = e.send("/v1/chat/completions", &[TENANT], "not json");
     assert_eq!(c.status(), Some(400));
     assert_eq!(c.reply_json()["error"]["code"], "invalid_body");
+    // Charged a fixed cost, as the default model (the body names none that could be read).
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "invalid_body": {"action": "charge", "tokens": 77},
-        "rules": [rule(10.0, 1e6)]}),
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "invalid_body": {"action": "charge", "tokens": 77},
+        "default_model": "m", "rules": [rule(10.0, 1e6)]}),
     );
     let mut c = e.send("/v1/chat/completions", &[TENANT], "not json");
     assert!(c.forwarded);
     e.respond(&mut c, 400, &[], &["{}"]);
     assert_eq!(estimated(&c), 77);
+    assert_eq!(c.audit_field("model").as_deref(), Some("m"));
     assert_eq!(e.metric(Metric::RequestsInvalidBodyCharged), 1);
+    // Without a default model it would be charged as no model at all (past every model-scoped
+    // limit): refused.
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "invalid_body": {"action": "charge", "tokens": 77},
+        "rules": [rule(10.0, 1e6)]}),
+    );
+    let c = e.send("/v1/chat/completions", &[TENANT], "not json");
+    assert_eq!(c.status(), Some(400));
+    assert_eq!(c.reply_json()["error"]["code"], "model_required");
 }
 
 #[test]
 fn no_tenant_answers_401_unless_a_default_tenant_is_configured() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "api_key_tenants": false, "rules": [rule(10.0, 1e6)]}),
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "api_key_tenants": false, "rules": [rule(10.0, 1e6)]}),
     );
     let c = e.send("/v1/chat/completions", &[], &chat("m", "hi", 5));
     assert_eq!(c.status(), Some(401));
@@ -186,7 +209,7 @@ fn an_api_key_names_a_hashed_tenant() {
 #[test]
 fn other_methods_and_paths_pass_untouched_but_lose_a_client_sent_route_header() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)],
         "breaker": {"cluster_fallbacks": {"provider": {"cluster": "fb", "route": "fallback"}}}}),
     );
     let c = e.send(
@@ -306,7 +329,7 @@ fn writes_on_paths_that_are_not_metered_are_refused_unless_allowed() {
 #[test]
 fn case_parameters_and_trailing_slashes_do_not_hide_an_llm_path() {
     use crate::estimate::ApiKind;
-    use crate::flow::headers::api_kind;
+    use crate::flow::request::headers::api_kind;
     for p in [
         "/v1/chat/completions",
         "/V1/Chat/Completions/",
@@ -346,7 +369,9 @@ fn every_answer_in_the_headers_phase_leaves_no_request_hanging() {
 
 #[test]
 fn anthropic_clients_get_anthropic_shapes_and_headers() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 100.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1.0, 100.0)]}),
+    );
     let body = json!({"model": "claude", "max_tokens": 60, "messages": [{"role": "user", "content": "hi"}]}).to_string();
     assert!(e.send("/v1/messages", &[TENANT], &body).forwarded);
     let c = e.send("/v1/messages", &[TENANT, ("x-request-id", "req-7")], &body);
@@ -367,7 +392,9 @@ fn anthropic_clients_get_anthropic_shapes_and_headers() {
     );
     assert!(c.reply_header("x-ratelimit-limit-tokens").is_none());
     // Admitted answers carry Anthropic's headers too.
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 1000.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1.0, 1000.0)]}),
+    );
     let mut c = e.send("/v1/messages", &[TENANT], &body);
     e.respond(
         &mut c,
@@ -380,7 +407,9 @@ fn anthropic_clients_get_anthropic_shapes_and_headers() {
 
 #[test]
 fn openai_resets_are_durations_and_every_answer_carries_the_request_id() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 100.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1.0, 100.0)]}),
+    );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
     e.respond(&mut c, 200, &[], &["{}"]);
     let reset = c.header("x-ratelimit-reset-tokens").unwrap();
@@ -404,7 +433,9 @@ fn openai_resets_are_durations_and_every_answer_carries_the_request_id() {
 
 #[test]
 fn the_providers_trio_is_kept_whole_when_it_has_less_left_and_replaced_whole_otherwise() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1.0, 1000.0)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1.0, 1000.0)]}),
+    );
     let provider = [
         ("x-ratelimit-limit-tokens", "90000"),
         ("x-ratelimit-remaining-tokens", "3"),
@@ -433,7 +464,9 @@ fn the_providers_trio_is_kept_whole_when_it_has_less_left_and_replaced_whole_oth
 
 #[test]
 fn a_client_cannot_name_a_tenant_in_the_key_namespace() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)]}),
+    );
     let forged = crate::identity::tenant_from_key("sk-bob");
     for t in [forged.as_str(), "KEY:0123456789abcdef", " key:x"] {
         let c = e.send(
@@ -455,7 +488,9 @@ fn a_client_cannot_name_a_tenant_in_the_key_namespace() {
 fn two_different_api_keys_name_no_tenant() {
     // OpenAI checks the bearer token, Anthropic x-api-key: charging either while the provider bills the
     // other would let a client pick its tenant.
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)]}),
+    );
     let two = [
         ("authorization", "Bearer junk-1"),
         ("x-api-key", "sk-ant-real"),
@@ -506,7 +541,7 @@ fn two_different_api_keys_name_no_tenant() {
 #[test]
 fn what_a_retry_cannot_fix_says_so_and_never_carries_retry_after() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "max_body_bytes": 1000, "rules": [rule(10.0, 100.0)]}),
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "max_body_bytes": 1000, "rules": [rule(10.0, 100.0)]}),
     );
     for c in [
         e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 500)),
@@ -561,9 +596,11 @@ fn with_api_keys_listed_only_those_keys_are_tenants_and_made_up_keys_get_401() {
 
 #[test]
 fn an_output_limit_above_the_cap_is_lowered_in_the_body_keeping_its_length() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id",
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "models": {"m": {"default_max_tokens": 100, "max_tokens_cap": 4096}},
-        "rules": [rule(10.0, 1e9)]}));
+        "rules": [rule(10.0, 1e9)]}),
+    );
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":18446744073709551615}"#;
     let c = e.send("/v1/chat/completions", &[TENANT], body);
     clean(&c);
@@ -586,7 +623,7 @@ fn an_output_limit_above_the_cap_is_lowered_in_the_body_keeping_its_length() {
 #[test]
 fn an_output_limit_above_the_cap_is_refused_when_configured() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "output_above_cap": "refuse",
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "output_above_cap": "refuse",
         "models": {"m": {"default_max_tokens": 100, "max_tokens_cap": 4096}},
         "rules": [rule(10.0, 1e9)]}),
     );
@@ -605,9 +642,11 @@ fn an_output_limit_above_the_cap_is_refused_when_configured() {
 
 #[test]
 fn an_anthropic_thinking_budget_is_kept_below_a_lowered_max_tokens() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id",
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "models": {"claude": {"default_max_tokens": 1000, "max_tokens_cap": 8000}},
-        "rules": [rule(10.0, 1e9)]}));
+        "rules": [rule(10.0, 1e9)]}),
+    );
     let body = json!({"model": "claude", "max_tokens": 64000,
         "thinking": {"type": "enabled", "budget_tokens": 32000},
         "messages": [{"role": "user", "content": "hi"}]})
@@ -619,9 +658,11 @@ fn an_anthropic_thinking_budget_is_kept_below_a_lowered_max_tokens() {
     assert_eq!(sent["max_tokens"], 8000);
     assert_eq!(sent["thinking"]["budget_tokens"], 7999);
     // A cap below Anthropic's minimum budget cannot fit any thinking: refused before the provider.
-    let e = envoy(json!({"tenant_header": "x-tenant-id",
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "models": {"claude": {"default_max_tokens": 500, "max_tokens_cap": 1000}},
-        "rules": [rule(10.0, 1e9)]}));
+        "rules": [rule(10.0, 1e9)]}),
+    );
     let c = e.send("/v1/messages", &[TENANT], &body);
     assert_eq!(c.status(), Some(400));
     assert_eq!(c.reply_json()["error"]["type"], "invalid_request_error");
@@ -653,7 +694,9 @@ fn a_background_response_is_refused_unless_configured_to_charge_its_reservation(
             r#"{{"model":"m","input":"hello there","max_output_tokens":50,"background":{background}}}"#
         )
     };
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)]}),
+    );
     let c = e.send("/v1/responses", &[TENANT], &body("true"));
     clean(&c);
     assert!(!c.forwarded);
@@ -694,7 +737,7 @@ fn a_background_response_is_refused_unless_configured_to_charge_its_reservation(
     assert_eq!(e.metric(Metric::RequestsRejectedUnmetered), 1);
     // "reservation": admitted, charged its whole reservation (the answer, queued, has no usage).
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)],
         "background_responses": "reservation"}),
     );
     let mut c = e.send("/v1/responses", &[TENANT], &body("true"));
@@ -711,7 +754,7 @@ fn a_background_response_is_refused_unless_configured_to_charge_its_reservation(
     // Without an output limit the reserved one is written in (the provider cannot generate more than
     // was charged), also where output_above_cap refuses: nothing was asked above the cap.
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e6)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e6)],
         "background_responses": "reservation", "output_above_cap": "refuse",
         "models": {"m": {"default_max_tokens": 700, "max_tokens_cap": 4096}}}),
     );
@@ -748,7 +791,7 @@ fn a_background_response_is_refused_unless_configured_to_charge_its_reservation(
 #[test]
 fn an_absent_output_limit_is_written_in_only_when_configured() {
     let cfg = |absent: &str| {
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(10.0, 1e9)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(10.0, 1e9)],
         "output_limit_absent": absent, "output_above_cap": "refuse",
         "models": {"m": {"default_max_tokens": 700, "max_tokens_cap": 4096}}})
     };

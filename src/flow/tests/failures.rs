@@ -4,12 +4,12 @@ use super::*;
 use crate::flow::Metric;
 
 fn quota_cfg(on_failure: &str) -> Value {
-    json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)],
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
         "quota": {"cluster": "webdis", "monthly_limit": 100000, "on_failure": on_failure}})
 }
 
 fn global_cfg(on_failure: &str) -> Value {
-    json!({"tenant_header": "x-tenant-id",
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "rules": [{"name": "g", "tokens_per_second": 1, "burst": 1000, "global": true}],
         "global_buckets": {"cluster": "webdis", "on_failure": on_failure}})
 }
@@ -245,7 +245,7 @@ fn a_global_charge_admits_refuses_and_retries_with_eval_after_noscript() {
 #[test]
 fn an_upstream_that_answers_before_the_decision_is_accounted_and_never_answered_twice() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
         "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
     );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));

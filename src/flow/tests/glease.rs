@@ -16,7 +16,7 @@ fn cfg(rule_extra: Value, lease: Value, on_failure: &str) -> Value {
             r.insert(k.clone(), v.clone());
         }
     }
-    json!({"tenant_header": "x-tenant-id", "rules": [rule],
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule],
         "global_buckets": {"cluster": "webdis", "on_failure": on_failure, "lease": lease}})
 }
 

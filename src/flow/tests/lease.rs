@@ -5,7 +5,7 @@ use super::*;
 use crate::flow::Metric;
 
 fn cfg(lease: Value) -> Value {
-    json!({"tenant_header": "x-tenant-id", "rules": [rule(1e6, 1e9)],
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1e6, 1e9)],
         "quota": {"cluster": "webdis", "monthly_limit": 1_000_000, "lease": lease}})
 }
 
@@ -620,7 +620,7 @@ fn a_give_back_that_fails_leaves_redis_refusal_as_the_answer_whatever_on_failure
     // Review: a failed give-back then sent the reservation again, and its failure applied the
     // shim's failure policy: with "open", a request Redis had refused was admitted.
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(1e6, 1e9)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1e6, 1e9)],
         "quota": {"cluster": "webdis", "monthly_limit": 1_000_000, "on_failure": "open",
                   "lease": {"min_tokens": 1000}}}),
     );

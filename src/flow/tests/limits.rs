@@ -22,7 +22,7 @@ fn send(e: &FakeEnvoy, tenant: &'static str, team_id: &'static str, max: u64) ->
 fn every_matching_limit_is_charged_and_a_refusal_gives_the_others_back() {
     // Provider-wide 1,000 tokens; each team 600; each tenant 400 (no refill).
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "group_header": GROUPS, "limits": [
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "group_header": GROUPS, "limits": [
         {"name": "provider", "scope": "shared", "model": "gpt-4.1", "tokens_per_second": 0.001, "burst": 1000},
         {"name": "team", "scope": "group", "tokens_per_second": 0.001, "burst": 600},
         {"name": "user", "tokens_per_second": 0.001, "burst": 400}]}),
@@ -64,11 +64,13 @@ fn every_matching_limit_is_charged_and_a_refusal_gives_the_others_back() {
 
 #[test]
 fn nested_groups_charge_the_team_inside_its_org() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id",
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "groups": [{"name": "org", "header": "x-org"}, {"name": "team", "header": GROUPS}],
         "limits": [
             {"name": "org", "scope": "org", "tokens_per_second": 0.001, "burst": 10000},
-            {"name": "team", "scope": "team", "tokens_per_second": 0.001, "burst": 400}]}));
+            {"name": "team", "scope": "team", "tokens_per_second": 0.001, "burst": 400}]}),
+    );
     let go = |tenant: &'static str, org: &'static str| {
         e.send(
             "/v1/chat/completions",
@@ -94,7 +96,7 @@ fn nested_groups_charge_the_team_inside_its_org() {
 #[test]
 fn tenant_groups_in_the_config_win_over_headers() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "group_header": GROUPS,
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "group_header": GROUPS,
         "tenant_groups": {"a": {"group": "red"}},
         "limits": [{"name": "team", "scope": "group", "group": "red", "tokens_per_second": 0.001, "burst": 400}]}),
     );
@@ -119,7 +121,7 @@ fn tenant_groups_in_the_config_win_over_headers() {
 #[test]
 fn in_flight_slots_are_held_until_the_stream_ends_and_a_refusal_gives_them_back() {
     let e = envoy(
-        json!({"tenant_header": "x-tenant-id", "group_header": GROUPS, "limits": [
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "group_header": GROUPS, "limits": [
         {"name": "conc", "scope": "group", "max_in_flight": 2},
         {"name": "user", "tokens_per_second": 0.001, "burst": 400}]}),
     );
@@ -151,8 +153,10 @@ fn in_flight_slots_are_held_until_the_stream_ends_and_a_refusal_gives_them_back(
 
 #[test]
 fn a_slot_of_a_request_that_vanished_expires() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "limits": [
-        {"name": "conc", "max_in_flight": 1}]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "limits": [
+        {"name": "conc", "max_in_flight": 1}]}),
+    );
     let a = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     assert!(a.forwarded);
     std::mem::forget(a); // never ends (its VM went away)
@@ -170,10 +174,12 @@ fn a_slot_of_a_request_that_vanished_expires() {
 
 #[test]
 fn a_shadow_limit_counts_and_logs_but_never_refuses() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "limits": [
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "limits": [
         {"name": "trial", "tokens_per_second": 0.001, "burst": 100, "shadow": true},
         {"name": "conc", "max_in_flight": 1, "shadow": true},
-        {"name": "real", "tokens_per_second": 0.001, "burst": 100000}]}));
+        {"name": "real", "tokens_per_second": 0.001, "burst": 100000}]}),
+    );
     let mut calls = Vec::new();
     for _ in 0..3 {
         let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 60));
@@ -197,7 +203,7 @@ fn a_shadow_limit_counts_and_logs_but_never_refuses() {
 #[test]
 fn two_workers_never_admit_beyond_a_shared_limit() {
     let e = FakeEnvoy::new(
-        &json!({"tenant_header": "x-tenant-id", "limits": [
+        &json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "limits": [
             {"name": "provider", "scope": "shared", "tokens_per_second": 0.001, "burst": 2000},
             {"name": "user", "tokens_per_second": 0.001, "burst": 700}]})
         .to_string(),
@@ -226,11 +232,13 @@ fn two_workers_never_admit_beyond_a_shared_limit() {
 
 #[test]
 fn global_limits_are_charged_one_after_another_and_a_refusal_gives_the_first_back() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "limits": [
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "limits": [
         {"name": "provider", "scope": "shared", "tokens_per_second": 100, "burst": 100000, "global": true},
         {"name": "user", "tokens_per_second": 10, "burst": 1000, "global": true},
         {"name": "local", "tokens_per_second": 10, "burst": 1000}],
-        "global_buckets": {"cluster": "webdis", "on_failure": "closed"}}));
+        "global_buckets": {"cluster": "webdis", "on_failure": "closed"}}),
+    );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     let first = segments(&c.pending.as_ref().unwrap().body);
     assert!(
@@ -287,10 +295,12 @@ fn estimated_pending(e: &FakeEnvoy, c: &mut Call) -> u64 {
 
 #[test]
 fn a_client_that_goes_while_its_admission_waits_gives_everything_back() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "limits": [
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "limits": [
         {"name": "conc", "max_in_flight": 1},
         {"name": "user", "tokens_per_second": 0.001, "burst": 1000}],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000}}));
+        "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
+    );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     assert!(c.pending.is_some(), "waits on its reservation");
     let cost = estimated_from_callout(&c);
@@ -320,9 +330,11 @@ fn a_client_that_goes_while_its_admission_waits_gives_everything_back() {
 
 #[test]
 fn a_client_that_goes_while_shaping_holds_it_is_charged_nothing() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
         {"name": "s", "tokens_per_second": 100, "burst": 100, "max_wait_ms": 1000}],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000}}));
+        "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
+    );
     let mut a = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 80));
     e.reply(&mut a, 200, &reserved(10, 100000));
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 30));

@@ -11,7 +11,7 @@ fn quota_cfg(extra: Value) -> Value {
             q.insert(k.clone(), v.clone());
         }
     }
-    json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)], "quota": q})
+    json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)], "quota": q})
 }
 
 /// Sends a chat request and admits its reservation; returns the call and what was reserved.
@@ -181,7 +181,7 @@ fn a_background_response_short_of_its_completion_is_charged_its_whole_reservatio
     // `background_responses: "reservation"`: the provider generates whatever happens to the answer,
     // so a stream the provider cut is charged like one whose client left, whatever the policy.
     let mut e = envoy(
-        json!({"tenant_header": "x-tenant-id", "rules": [rule(1000.0, 1e6)],
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
         "background_responses": "reservation",
         "quota": {"cluster": "webdis", "monthly_limit": 100000, "abandoned_charge": "received"}}),
     );
@@ -649,7 +649,9 @@ fn a_request_with_a_reservation_writes_its_audit_record_once_when_it_is_settled(
     assert_eq!(d.audit_field("decision").as_deref(), Some("admit"));
     assert!(d.audit_field("actual").is_some(), "{:?}", d.audit);
     // Without a quota the record is written when the request is admitted.
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [rule(1e6, 1e9)]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1e6, 1e9)]}),
+    );
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hello", 100));
     assert!(c.forwarded);
     assert_eq!(c.audits, 1);
@@ -658,13 +660,15 @@ fn a_request_with_a_reservation_writes_its_audit_record_once_when_it_is_settled(
 
 #[test]
 fn a_quota_refusal_with_tokens_left_says_how_many_not_used_up() {
-    let used_up = crate::flow::answers::quota_exceeded(2000, 0, 3600, 0, "for this tenant");
+    let used_up =
+        crate::flow::request::answers::quota_exceeded(2000, 0, 3600, 0, "for this tenant");
     assert!(
         used_up.message.contains("is used up (2000 tokens)"),
         "{}",
         used_up.message
     );
-    let short = crate::flow::answers::quota_exceeded(2000, 165, 3600, 0, "for this tenant");
+    let short =
+        crate::flow::request::answers::quota_exceeded(2000, 165, 3600, 0, "for this tenant");
     assert!(
         short
             .message

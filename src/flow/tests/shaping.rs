@@ -5,8 +5,10 @@ use crate::flow::Metric;
 
 #[test]
 fn a_request_short_of_tokens_within_max_wait_is_held_then_released_by_the_tick() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
-        {"name": "s", "tokens_per_second": 100, "burst": 100, "max_wait_ms": 1000}]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
+        {"name": "s", "tokens_per_second": 100, "burst": 100, "max_wait_ms": 1000}]}),
+    );
     assert!(
         e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 80))
             .forwarded
@@ -30,8 +32,10 @@ fn a_request_short_of_tokens_within_max_wait_is_held_then_released_by_the_tick()
 
 #[test]
 fn refund_unused_gives_back_what_the_usage_shows_was_not_used_and_takes_what_was_over() {
-    let e = envoy(json!({"tenant_header": "x-tenant-id", "rules": [
-        {"name": "r", "tokens_per_second": 0.001, "burst": 1000, "refund_unused": true}]}));
+    let e = envoy(
+        json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
+        {"name": "r", "tokens_per_second": 0.001, "burst": 1000, "refund_unused": true}]}),
+    );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 500));
     let cost = {
         e.respond(
@@ -59,7 +63,7 @@ fn refund_unused_gives_back_what_the_usage_shows_was_not_used_and_takes_what_was
 #[test]
 fn two_workers_share_one_bucket_exactly() {
     let e = FakeEnvoy::new(
-        &json!({"tenant_header": "x-tenant-id", "rules": [rule(0.001, 1000.0)]}).to_string(),
+        &json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(0.001, 1000.0)]}).to_string(),
         2,
     );
     let mut admitted = 0u64;

@@ -192,7 +192,43 @@ fn a_spent_quota_forbids_retries_and_keeps_its_reset_out_of_retry_after() {
 
 /// The contract table, written out by hand: class, OpenAI status/type/code, Anthropic status/type,
 /// retryable.
-const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 17] = [
+const TABLE: [(Class, u32, &str, &str, u32, &str, bool); 21] = [
+    (
+        Class::InvalidClaim,
+        403,
+        "invalid_request_error",
+        "invalid_identity_claim",
+        403,
+        "permission_error",
+        false,
+    ),
+    (
+        Class::IdentityConflict,
+        401,
+        "invalid_request_error",
+        "identity_conflict",
+        401,
+        "authentication_error",
+        false,
+    ),
+    (
+        Class::ModelRequired,
+        400,
+        "invalid_request_error",
+        "model_required",
+        400,
+        "invalid_request_error",
+        false,
+    ),
+    (
+        Class::UnknownDeployment,
+        400,
+        "invalid_request_error",
+        "unknown_deployment",
+        400,
+        "invalid_request_error",
+        false,
+    ),
     (
         Class::TokensPerSecond,
         429,
@@ -577,8 +613,296 @@ fn the_trio_with_the_least_remaining_is_reported_whole() {
     assert_eq!(e.set.len(), 3, "no complete OpenAI trio: ours");
 }
 
+/// Every class: Gemini's (status, `google.rpc.Code`) and Bedrock's (status, exception).
+const FAMILIES: [(Class, u32, &str, u32, &str); 21] = [
+    (
+        Class::InvalidClaim,
+        403,
+        "PERMISSION_DENIED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::IdentityConflict,
+        401,
+        "UNAUTHENTICATED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::ModelRequired,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::TokensPerSecond,
+        429,
+        "RESOURCE_EXHAUSTED",
+        429,
+        "ThrottlingException",
+    ),
+    (
+        Class::RequestsPerMinute,
+        429,
+        "RESOURCE_EXHAUSTED",
+        429,
+        "ThrottlingException",
+    ),
+    (
+        Class::ConcurrencyLimit,
+        429,
+        "RESOURCE_EXHAUSTED",
+        429,
+        "ThrottlingException",
+    ),
+    (
+        Class::QuotaLeased,
+        429,
+        "RESOURCE_EXHAUSTED",
+        429,
+        "ThrottlingException",
+    ),
+    (
+        Class::QuotaExceeded,
+        429,
+        "RESOURCE_EXHAUSTED",
+        400,
+        "ServiceQuotaExceededException",
+    ),
+    (
+        Class::CostExceedsBurst,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::BodyTooLarge,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::InvalidBody,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::OutputLimitTooLarge,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::ThinkingBudgetDoesNotFit,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::BackgroundNotMetered,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::UnknownDeployment,
+        400,
+        "INVALID_ARGUMENT",
+        400,
+        "ValidationException",
+    ),
+    (
+        Class::MissingTenant,
+        401,
+        "UNAUTHENTICATED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::ForbiddenTenant,
+        403,
+        "PERMISSION_DENIED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::PathNotMetered,
+        403,
+        "PERMISSION_DENIED",
+        403,
+        "AccessDeniedException",
+    ),
+    (
+        Class::CircuitOpen,
+        503,
+        "UNAVAILABLE",
+        503,
+        "ServiceUnavailableException",
+    ),
+    (
+        Class::QuotaUnavailable,
+        503,
+        "UNAVAILABLE",
+        503,
+        "ServiceUnavailableException",
+    ),
+    (
+        Class::LimiterUnavailable,
+        503,
+        "UNAVAILABLE",
+        503,
+        "ServiceUnavailableException",
+    ),
+];
+
+#[test]
+fn every_class_renders_in_geminis_and_bedrocks_shapes() {
+    for (class, gstatus, gcode, bstatus, bname) in FAMILIES {
+        let reason = class.reason();
+        let retry = class.retryable();
+        let r = Refusal {
+            retry_after_s: Some(1.2501),
+            limit_name: Some("rule-a".into()),
+            ..Refusal::new(class, "m")
+        };
+        let out = render(Family::Gemini, &r, "id", NOW_MS);
+        assert_eq!(out.status, gstatus, "{class:?}");
+        assert_eq!(class.status(Family::Gemini), gstatus);
+        let v: Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(v["error"]["code"], gstatus, "{class:?}");
+        assert_eq!(v["error"]["status"], gcode, "{class:?}");
+        let message = if retry {
+            "m Please retry in 1.251s."
+        } else {
+            "m"
+        };
+        assert_eq!(v["error"]["message"], message, "{class:?}");
+        let details = v["error"]["details"].as_array().unwrap();
+        assert_eq!(
+            details[0],
+            json!({"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                   "reason": reason.to_ascii_uppercase(), "domain": "tokengate",
+                   "metadata": {"reason": reason, "limit": "rule-a"}}),
+            "{class:?}"
+        );
+        let retry_info = details
+            .iter()
+            .find(|d| d["@type"] == "type.googleapis.com/google.rpc.RetryInfo");
+        assert_eq!(
+            retry_info.map(|d| d["retryDelay"].clone()),
+            retry.then(|| json!("1.251s")),
+            "{class:?}"
+        );
+        let h = headers(&out);
+        assert!(h.contains(&("x-request-id", "id")), "{class:?}");
+        assert_eq!(
+            h.iter().any(|(k, _)| *k == "retry-after"),
+            retry,
+            "{class:?}"
+        );
+
+        let out = render(Family::Bedrock, &r, "id", NOW_MS);
+        assert_eq!(out.status, bstatus, "{class:?}");
+        assert_eq!(class.status(Family::Bedrock), bstatus);
+        assert_eq!(
+            body(&out),
+            if retry {
+                format!(
+                    r#"{{"message":"m","tokengate":{{"limit":"rule-a","reason":"{reason}","retry_after":1.251}}}}"#
+                )
+            } else {
+                format!(r#"{{"message":"m","tokengate":{{"limit":"rule-a","reason":"{reason}"}}}}"#)
+            },
+            "{class:?}"
+        );
+        let h = headers(&out);
+        assert!(h.contains(&("x-amzn-requestid", "id")), "{class:?}");
+        assert!(h.contains(&("x-amzn-errortype", bname)), "{class:?}");
+        assert_eq!(
+            h.contains(&("x-amz-retry-after", "1251")),
+            retry,
+            "{class:?}: botocore's standard mode waits x-amz-retry-after (ms)"
+        );
+    }
+    // A spent quota says so in Google's terms too, without a RetryInfo.
+    let q = render(
+        Family::Gemini,
+        &Refusal::new(Class::QuotaExceeded, "spent"),
+        "id",
+        NOW_MS,
+    );
+    let v: Value = serde_json::from_slice(&q.body).unwrap();
+    assert_eq!(
+        v["error"]["details"][1]["@type"],
+        "type.googleapis.com/google.rpc.QuotaFailure"
+    );
+    assert_eq!(v["error"]["details"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn gemini_and_bedrock_answers_report_limits_in_openais_header_names() {
+    for family in [Family::Gemini, Family::Bedrock] {
+        let r = Refusal {
+            limits: Some(bucket_limits()),
+            ..Refusal::new(Class::TokensPerSecond, "x")
+        };
+        let out = render(family, &r, "id", NOW_MS);
+        let h = headers(&out);
+        assert!(
+            h.contains(&("x-ratelimit-remaining-tokens", "120")),
+            "{family:?}"
+        );
+        assert!(
+            h.contains(&("x-ratelimit-reset-requests", "4.6s")),
+            "{family:?}"
+        );
+    }
+}
+
+#[test]
+fn unmetered_paths_of_the_new_families_are_answered_in_their_shape() {
+    for (path, want) in [
+        (
+            "/v1beta/models/text-embedding-004:embedcontent",
+            Some(Family::Gemini),
+        ),
+        (
+            "/v1/projects/p/locations/l/publishers/google/models/i:predict",
+            Some(Family::Gemini),
+        ),
+        (
+            "/model/amazon.titan-embed-text-v2%3a0/x",
+            Some(Family::Bedrock),
+        ),
+        ("/async-invoke", Some(Family::Bedrock)),
+        ("/v1/batches", None),
+        ("/v1/messages/batches", None),
+    ] {
+        assert_eq!(Family::of_unmetered_path(path), want, "{path}");
+    }
+}
+
 #[test]
 fn the_family_follows_the_api() {
+    assert_eq!(Family::of(ApiKind::GeminiGenerate), Family::Gemini);
+    assert_eq!(Family::of(ApiKind::GeminiStream), Family::Gemini);
+    for k in [
+        ApiKind::BedrockConverse,
+        ApiKind::BedrockConverseStream,
+        ApiKind::BedrockInvoke,
+        ApiKind::BedrockInvokeStream,
+    ] {
+        assert_eq!(Family::of(k), Family::Bedrock);
+    }
     assert_eq!(Family::of(ApiKind::AnthropicMessages), Family::Anthropic);
     for k in [
         ApiKind::ChatCompletions,

@@ -9,14 +9,30 @@
 //! request bodies (Envoy sends chunked when the filter removed `content-length`).
 //!
 //! Endpoints (POST): `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses`,
-//! `/v1/messages` (matched on the path suffix, query ignored, like the filter). `GET /healthz`
-//! answers `{"ok":true}`; any other path answers 200 `{"ok":true,"path":<path>}`.
+//! `/v1/messages` (matched on the path suffix, query ignored, like the filter; Azure's
+//! `/openai/deployments/{d}/chat/completions` is chat). The other families, each in its own shape:
+//! - Gemini API / Vertex AI `…/models/{m}:generateContent` (candidates + `usageMetadata`) and
+//!   `:streamGenerateContent` (`?alt=sse`: SSE events ending with a blank line; without it a streamed JSON
+//!   array), cumulative `usageMetadata` on every chunk, `finishReason` on the last; errors
+//!   `{"error":{"code","message","status"}}`. Claude on Vertex AI (`…/publishers/anthropic/models/
+//!   {m}:rawPredict` / `:streamRawPredict`) answers as `/v1/messages`.
+//! - Bedrock `/model/{id}/converse` (`output`, `stopReason`, `usage`), `/converse-stream` (the AWS
+//!   event stream: `messageStart`, `contentBlockDelta`…, `contentBlockStop`, `messageStop`,
+//!   `metadata` with `usage`; prelude and message CRC32s), `/invoke` (an Anthropic body when the
+//!   request has `anthropic_version`, else Llama's shape; `x-amzn-bedrock-input-token-count` /
+//!   `-output-token-count` headers) and `/invoke-with-response-stream` (`chunk` events whose base64
+//!   `bytes` are the model's events, the last with `amazon-bedrock-invocationMetrics`); request id in
+//!   `x-amzn-requestid`, errors `{"message"}` with `x-amzn-errortype`.
+//!
+//! `GET /healthz` answers `{"ok":true}`; any other path answers 200 `{"ok":true,"path":<path>}`.
 //!
 //! Usage is a pure function of the request so tests can predict it:
 //! - `prompt_tokens` = max(1, bytes of all string leaves under `messages`/`prompt`/`input`/`system`/
-//!   `instructions`, not counting values of `role`/`type` keys, / 4)
-//! - `completion_tokens` = the request limit (`max_tokens`, `max_completion_tokens` or
-//!   `max_output_tokens`, else 16); header `x-mock-completion-tokens: N` replaces it, but never
+//!   `instructions`/`contents`/`systemInstruction`/`inputText`, not counting values of `role`/`type`
+//!   keys, / 4)
+//! - `completion_tokens` = the request limit (`max_tokens`, `max_completion_tokens`,
+//!   `max_output_tokens`, `generationConfig.maxOutputTokens`, `inferenceConfig.maxTokens` or
+//!   `max_new_tokens`, `max_gen_len`, `textGenerationConfig.maxTokenCount`, else 16); header `x-mock-completion-tokens: N` replaces it, but never
 //!   exceeds an explicit request limit (as a real provider). Embeddings have no completion tokens.
 //! - a Messages request with `stream_options`, or a Responses request with
 //!   `stream_options.include_usage`, is refused with 400 (as the real APIs refuse fields they lack)
@@ -352,15 +368,12 @@ fn handle(req: &Request, out: &mut TcpStream, port: u16, shared: &Shared) -> boo
         rec.served += 1;
         format!("mock-req-{}", rec.served)
     };
-    extra.push((
-        if anthropic {
-            "request-id"
-        } else {
-            "x-request-id"
-        }
-        .into(),
-        id,
-    ));
+    let id_header = match Endpoint::of(bare_path).map(Endpoint::family) {
+        Some(Family::Bedrock) => "x-amzn-requestid",
+        _ if anthropic => "request-id",
+        _ => "x-request-id",
+    };
+    extra.push((id_header.into(), id));
     if let Some(id) = req.header("x-mock-id") {
         extra.push(("x-mock-served-by".into(), id.to_string()));
     }
@@ -550,7 +563,28 @@ fn answer(
                 _ => ("server_error", "mock_upstream_error"),
             };
             let message = format!("mock-provider injected status {status}");
-            let body = if anthropic {
+            let family = Endpoint::of(bare_path).map(Endpoint::family);
+            let body = if family == Some(Family::Gemini) {
+                let gstatus = match status {
+                    429 => "RESOURCE_EXHAUSTED",
+                    400 => "INVALID_ARGUMENT",
+                    401 => "UNAUTHENTICATED",
+                    403 => "PERMISSION_DENIED",
+                    404 => "NOT_FOUND",
+                    503 => "UNAVAILABLE",
+                    _ => "INTERNAL",
+                };
+                json!({"error": {"code": status, "message": message, "status": gstatus}})
+            } else if family == Some(Family::Bedrock) {
+                let exc = match status {
+                    429 => "ThrottlingException",
+                    400..=499 => "ValidationException",
+                    503 => "ServiceUnavailableException",
+                    _ => "InternalServerException",
+                };
+                extra.push(("x-amzn-errortype".into(), exc.into()));
+                json!({"message": message})
+            } else if anthropic {
                 let atype = match status {
                     429 => "rate_limit_error",
                     529 => "overloaded_error",
@@ -615,9 +649,30 @@ fn answer(
         served.outcome = "error";
         served.status = 400;
         last();
-        let body = refusal.unwrap_or_default().to_string();
-        return write_response(out, 400, "application/json", extra, body.as_bytes());
+        let body = match kind.family() {
+            Family::Gemini => json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                "message": "mock-provider: request body is not a JSON object"}}),
+            Family::Bedrock => {
+                extra.push(("x-amzn-errortype".into(), "ValidationException".into()));
+                json!({"message": "mock-provider: request body is not a JSON object"})
+            }
+            _ => refusal.unwrap_or_default(),
+        };
+        return write_response(
+            out,
+            400,
+            "application/json",
+            extra,
+            body.to_string().as_bytes(),
+        );
     };
+    if matches!(kind.family(), Family::Gemini | Family::Bedrock) {
+        let usage = Usage::of(&parsed, kind, req);
+        served.prompt = usage.prompt;
+        served.completion = usage.completion;
+        served.status = 200;
+        return answer_family(req, out, extra, served, last, kind, &parsed, &usage);
+    }
     let usage = Usage::of(&parsed, kind, req);
     served.prompt = usage.prompt;
     served.completion = usage.completion;
@@ -646,9 +701,25 @@ fn answer(
         }
         let end = if wants_gzip(req) {
             extra.push(("content-encoding".into(), "gzip".into()));
-            write_stream(out, extra, &gzip_events(&events), delay, cut_after, last)
+            write_stream(
+                out,
+                extra,
+                &gzip_events(&events),
+                "text/event-stream",
+                delay,
+                cut_after,
+                last,
+            )
         } else {
-            write_stream(out, extra, &events, delay, cut_after, last)
+            write_stream(
+                out,
+                extra,
+                &events,
+                "text/event-stream",
+                delay,
+                cut_after,
+                last,
+            )
         };
         // The generated text of the events written whole: what the provider streamed.
         for (piece, i) in pieces(usage.completion).iter().zip(at) {
@@ -865,10 +936,59 @@ enum Endpoint {
     Embeddings,
     Responses,
     Messages,
+    /// Gemini API / Vertex AI `…/models/{m}:generateContent` or `:streamGenerateContent`.
+    Gemini {
+        stream: bool,
+    },
+    /// Bedrock `/model/{id}/converse` or `/converse-stream`.
+    Converse {
+        stream: bool,
+    },
+    /// Bedrock `/model/{id}/invoke` or `/invoke-with-response-stream`.
+    Invoke {
+        stream: bool,
+    },
+}
+
+/// The API family an endpoint answers in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Family {
+    OpenAi,
+    Anthropic,
+    Gemini,
+    Bedrock,
 }
 
 impl Endpoint {
+    fn family(self) -> Family {
+        match self {
+            Endpoint::Messages => Family::Anthropic,
+            Endpoint::Gemini { .. } => Family::Gemini,
+            Endpoint::Converse { .. } | Endpoint::Invoke { .. } => Family::Bedrock,
+            _ => Family::OpenAi,
+        }
+    }
+
     fn of(path: &str) -> Option<Endpoint> {
+        let last = path.rsplit('/').next().unwrap_or("");
+        if let Some((_, verb)) = last.rsplit_once(':') {
+            return match verb.to_ascii_lowercase().as_str() {
+                "generatecontent" => Some(Endpoint::Gemini { stream: false }),
+                "streamgeneratecontent" => Some(Endpoint::Gemini { stream: true }),
+                // Claude on Vertex AI: an Anthropic Messages body.
+                "rawpredict" | "streamrawpredict" => Some(Endpoint::Messages),
+                _ => None,
+            };
+        }
+        if path.contains("/model/") {
+            match last {
+                "converse" => return Some(Endpoint::Converse { stream: false }),
+                "converse-stream" => return Some(Endpoint::Converse { stream: true }),
+                "invoke" => return Some(Endpoint::Invoke { stream: false }),
+                "invoke-with-response-stream" => return Some(Endpoint::Invoke { stream: true }),
+                _ => {}
+            }
+        }
         if path.ends_with("/chat/completions") {
             Some(Endpoint::Chat)
         } else if path.ends_with("/completions") {
@@ -895,7 +1015,17 @@ struct Usage {
 impl Usage {
     fn of(body: &Value, kind: Endpoint, req: &Request) -> Usage {
         let mut bytes = 0usize;
-        for field in ["messages", "prompt", "input", "system", "instructions"] {
+        for field in [
+            "messages",
+            "prompt",
+            "input",
+            "system",
+            "instructions",
+            "contents",
+            "systemInstruction",
+            "system_instruction",
+            "inputText",
+        ] {
             if let Some(v) = body.get(field) {
                 bytes += text_bytes(v);
             }
@@ -910,7 +1040,19 @@ impl Usage {
         }
         let explicit = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
             .iter()
-            .find_map(|k| body.get(*k).and_then(Value::as_u64));
+            .find_map(|k| body.get(*k).and_then(Value::as_u64))
+            .or_else(|| {
+                [
+                    "/generationConfig/maxOutputTokens",
+                    "/generation_config/max_output_tokens",
+                    "/inferenceConfig/maxTokens",
+                    "/inferenceConfig/max_new_tokens",
+                    "/max_gen_len",
+                    "/textGenerationConfig/maxTokenCount",
+                ]
+                .iter()
+                .find_map(|p| body.pointer(p).and_then(Value::as_u64))
+            });
         let over = req.header_num("x-mock-completion-tokens");
         let completion = match (explicit, over) {
             (Some(m), Some(o)) => m.min(o),
@@ -987,7 +1129,10 @@ fn full_body(kind: Endpoint, model: &str, u: &Usage) -> Value {
                       "embedding": [0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]}],
             "usage": {"prompt_tokens": u.prompt, "total_tokens": u.prompt}
         }),
-        Endpoint::Responses => responses_object(model, &text, u, created),
+        Endpoint::Responses
+        | Endpoint::Gemini { .. }
+        | Endpoint::Converse { .. }
+        | Endpoint::Invoke { .. } => responses_object(model, &text, u, created),
         Endpoint::Messages => json!({
             "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}],
@@ -1209,7 +1354,10 @@ fn stream_events(
             ));
             ev.push(named("message_stop", json!({"type": "message_stop"})));
         }
-        Endpoint::Embeddings => {}
+        Endpoint::Embeddings
+        | Endpoint::Gemini { .. }
+        | Endpoint::Converse { .. }
+        | Endpoint::Invoke { .. } => {}
     }
     (ev, at)
 }
@@ -1257,7 +1405,7 @@ fn wants_gzip(req: &Request) -> bool {
 
 /// One gzip stream over `parts`, split so that part i's bytes (a stored deflate block) can be sent
 /// as chunk i: the gzip header goes with the first, the final block and trailer with the last.
-fn gzip_events(parts: &[String]) -> Vec<Vec<u8>> {
+fn gzip_events<E: AsRef<[u8]>>(parts: &[E]) -> Vec<Vec<u8>> {
     let mut crc = 0xFFFF_FFFFu32;
     let mut total = 0u32;
     let mut out = Vec::new();
@@ -1266,7 +1414,7 @@ fn gzip_events(parts: &[String]) -> Vec<Vec<u8>> {
         if i == 0 {
             b.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]);
         }
-        for block in p.as_bytes().chunks(65_535) {
+        for block in p.as_ref().chunks(65_535) {
             let len = block.len() as u16;
             b.push(0);
             b.extend_from_slice(&len.to_le_bytes());
@@ -1305,13 +1453,14 @@ fn write_stream<E: AsRef<[u8]>>(
     out: &mut TcpStream,
     extra: &[(String, String)],
     events: &[E],
+    ctype: &str,
     delay: Duration,
     cut_after: Option<usize>,
     last: &dyn Fn(),
 ) -> StreamEnd {
     let mut extra = extra.to_vec();
     extra.push(("cache-control".into(), "no-cache".into()));
-    let head = response_head(200, "text/event-stream", &extra, None);
+    let head = response_head(200, ctype, &extra, None);
     let mut end = StreamEnd {
         sent: 0,
         complete: false,
@@ -1366,4 +1515,293 @@ fn reason(status: u16) -> &'static str {
         529 => "Overloaded",
         _ => "Status",
     }
+}
+
+/// The model a Gemini or Bedrock path names (percent-decoded), for the answer's `modelVersion`.
+fn path_model(path: &str) -> String {
+    let bare = path.split('?').next().unwrap_or(path);
+    let raw = if let Some(i) = bare.find("/model/") {
+        let rest = &bare[i + "/model/".len()..];
+        rest.rsplit_once('/').map_or(rest, |(m, _)| m)
+    } else {
+        let last = bare.rsplit('/').next().unwrap_or("");
+        last.rsplit_once(':').map_or(last, |(m, _)| m)
+    };
+    let mut out = Vec::new();
+    let b = raw.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Some(Ok(v)) = raw.get(i + 1..i + 3).map(|h| u8::from_str_radix(h, 16)) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Standard base64 with padding.
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// CRC-32/IEEE, bit by bit (the event stream's checksums).
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// One AWS event-stream message with string headers: prelude (lengths + CRC), headers, payload,
+/// message CRC.
+fn frame(headers: &[(&str, &str)], payload: &[u8]) -> Vec<u8> {
+    let mut h = Vec::new();
+    for (k, v) in headers {
+        h.push(k.len() as u8);
+        h.extend_from_slice(k.as_bytes());
+        h.push(7);
+        h.extend_from_slice(&(v.len() as u16).to_be_bytes());
+        h.extend_from_slice(v.as_bytes());
+    }
+    let total = (16 + h.len() + payload.len()) as u32;
+    let mut m = total.to_be_bytes().to_vec();
+    m.extend_from_slice(&(h.len() as u32).to_be_bytes());
+    let c = crc32(&m);
+    m.extend_from_slice(&c.to_be_bytes());
+    m.extend_from_slice(&h);
+    m.extend_from_slice(payload);
+    let c = crc32(&m);
+    m.extend_from_slice(&c.to_be_bytes());
+    m
+}
+
+/// A Bedrock stream event.
+fn event(ty: &str, payload: &Value) -> Vec<u8> {
+    frame(
+        &[
+            (":event-type", ty),
+            (":content-type", "application/json"),
+            (":message-type", "event"),
+        ],
+        payload.to_string().as_bytes(),
+    )
+}
+
+/// Gemini's and Bedrock's answers, JSON and streams: Gemini's SSE (`alt=sse`) or streamed JSON array,
+/// Bedrock's AWS event stream (Converse events, or invoke `chunk`s carrying the model's own events in
+/// base64, the last with `amazon-bedrock-invocationMetrics`). Usage as each family reports it.
+#[allow(clippy::too_many_arguments)]
+fn answer_family(
+    req: &Request,
+    out: &mut TcpStream,
+    extra: &mut Vec<(String, String)>,
+    served: &mut Served,
+    last: &dyn Fn(),
+    kind: Endpoint,
+    parsed: &Value,
+    u: &Usage,
+) -> bool {
+    let model = path_model(&req.path);
+    let parts = pieces(u.completion);
+    let text: String = parts.concat();
+    let cut_after = req.header_num("x-mock-cut-after").map(|n| n as usize);
+    let anthropic_body = parsed.get("anthropic_version").is_some();
+    let gemini_usage = |candidates: u64| {
+        json!({"promptTokenCount": u.prompt, "candidatesTokenCount": candidates,
+               "totalTokenCount": u.prompt + candidates})
+    };
+    let stream = match kind {
+        Endpoint::Gemini { stream }
+        | Endpoint::Converse { stream }
+        | Endpoint::Invoke { stream } => stream,
+        _ => false,
+    };
+    if !stream {
+        served.output_sent = u.completion;
+        let body = match kind {
+            Endpoint::Gemini { .. } => json!({
+                "candidates": [{"content": {"parts": [{"text": text}], "role": "model"},
+                                "finishReason": if u.hit_limit { "MAX_TOKENS" } else { "STOP" },
+                                "index": 0}],
+                "usageMetadata": gemini_usage(u.completion),
+                "modelVersion": model,
+                "responseId": "mock-resp"}),
+            Endpoint::Converse { .. } => json!({
+                "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
+                "stopReason": if u.hit_limit { "max_tokens" } else { "end_turn" },
+                "usage": {"inputTokens": u.prompt, "outputTokens": u.completion,
+                          "totalTokens": u.prompt + u.completion},
+                "metrics": {"latencyMs": 5}}),
+            _ => {
+                extra.push((
+                    "x-amzn-bedrock-input-token-count".into(),
+                    u.prompt.to_string(),
+                ));
+                extra.push((
+                    "x-amzn-bedrock-output-token-count".into(),
+                    u.completion.to_string(),
+                ));
+                if anthropic_body {
+                    full_body(Endpoint::Messages, &model, u)
+                } else {
+                    json!({"generation": text, "prompt_token_count": u.prompt,
+                           "generation_token_count": u.completion,
+                           "stop_reason": if u.hit_limit { "length" } else { "stop" }})
+                }
+            }
+        };
+        let body = body.to_string();
+        last();
+        let ok = write_response(out, 200, "application/json", extra, body.as_bytes());
+        served.finish_json(ok, body.len());
+        return ok;
+    }
+    served.stream = true;
+    let mut ev: Vec<Vec<u8>> = Vec::new();
+    let mut at = Vec::new();
+    let ctype;
+    match kind {
+        Endpoint::Gemini { .. } => {
+            let sse = req.path.contains("alt=sse");
+            ctype = if sse {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            let mut sent = 0u64;
+            for (i, p) in parts.iter().enumerate() {
+                sent += p.split_whitespace().count() as u64;
+                let mut cand = json!({"content": {"parts": [{"text": p}], "role": "model"},
+                                      "index": 0});
+                if i + 1 == parts.len() {
+                    cand["finishReason"] = json!(if u.hit_limit { "MAX_TOKENS" } else { "STOP" });
+                }
+                let chunk = json!({"candidates": [cand], "usageMetadata": gemini_usage(sent),
+                                   "modelVersion": model});
+                let e = if sse {
+                    format!("data: {chunk}\r\n\r\n")
+                } else if i == 0 {
+                    format!("[{chunk}")
+                } else {
+                    format!(",\r\n{chunk}")
+                };
+                ev.push(e.into_bytes());
+                at.push(ev.len() - 1);
+            }
+            if !sse {
+                ev.push(b"]".to_vec());
+            }
+        }
+        Endpoint::Converse { .. } => {
+            ctype = "application/vnd.amazon.eventstream";
+            ev.push(event("messageStart", &json!({"role": "assistant"})));
+            for p in &parts {
+                ev.push(event(
+                    "contentBlockDelta",
+                    &json!({"contentBlockIndex": 0, "delta": {"text": p}}),
+                ));
+                at.push(ev.len() - 1);
+            }
+            ev.push(event("contentBlockStop", &json!({"contentBlockIndex": 0})));
+            ev.push(event(
+                "messageStop",
+                &json!({"stopReason": if u.hit_limit { "max_tokens" } else { "end_turn" }}),
+            ));
+            ev.push(event(
+                "metadata",
+                &json!({"usage": {"inputTokens": u.prompt, "outputTokens": u.completion,
+                                  "totalTokens": u.prompt + u.completion},
+                        "metrics": {"latencyMs": 5}}),
+            ));
+        }
+        _ => {
+            ctype = "application/vnd.amazon.eventstream";
+            let chunk =
+                |v: Value| event("chunk", &json!({"bytes": base64(v.to_string().as_bytes())}));
+            let metrics = json!({"inputTokenCount": u.prompt, "outputTokenCount": u.completion,
+                                 "invocationLatency": 5, "firstByteLatency": 1});
+            if anthropic_body {
+                ev.push(chunk(json!({"type": "message_start", "message": {
+                    "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+                    "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": u.prompt, "output_tokens": 1}}})));
+                ev.push(chunk(json!({"type": "content_block_start", "index": 0,
+                                     "content_block": {"type": "text", "text": ""}})));
+                for p in &parts {
+                    ev.push(chunk(json!({"type": "content_block_delta", "index": 0,
+                                         "delta": {"type": "text_delta", "text": p}})));
+                    at.push(ev.len() - 1);
+                }
+                ev.push(chunk(json!({"type": "content_block_stop", "index": 0})));
+                ev.push(chunk(json!({"type": "message_delta",
+                    "delta": {"stop_reason": if u.hit_limit { "max_tokens" } else { "end_turn" },
+                              "stop_sequence": null},
+                    "usage": {"output_tokens": u.completion}})));
+                ev.push(chunk(json!({"type": "message_stop",
+                                     "amazon-bedrock-invocationMetrics": metrics})));
+            } else {
+                for p in &parts {
+                    ev.push(chunk(json!({"generation": p, "prompt_token_count": null,
+                                         "generation_token_count": null, "stop_reason": null})));
+                    at.push(ev.len() - 1);
+                }
+                ev.push(chunk(json!({"generation": "", "stop_reason":
+                                         if u.hit_limit { "length" } else { "stop" },
+                                     "amazon-bedrock-invocationMetrics": metrics})));
+            }
+        }
+    }
+    let delay = Duration::from_millis(req.header_num("x-mock-chunk-delay-ms").unwrap_or(5));
+    // Google compresses when asked; Bedrock's event streams are never compressed.
+    let end = if ctype != "application/vnd.amazon.eventstream" && wants_gzip(req) {
+        extra.push(("content-encoding".into(), "gzip".into()));
+        write_stream(out, extra, &gzip_events(&ev), ctype, delay, cut_after, last)
+    } else {
+        write_stream(out, extra, &ev, ctype, delay, cut_after, last)
+    };
+    for (piece, i) in parts.iter().zip(at) {
+        if i < end.sent {
+            served.output_sent += piece.split_whitespace().count() as u64;
+            served.content_bytes += piece.len() as u64;
+        }
+    }
+    if end.complete {
+        served.outcome = "complete";
+    } else {
+        served.outcome = "cut";
+        let asked = cut_after.map(|n| n.min(ev.len()));
+        served.cut_by = if asked == Some(end.sent) {
+            "injected"
+        } else {
+            "peer"
+        };
+    }
+    end.complete
 }

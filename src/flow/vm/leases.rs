@@ -1,0 +1,479 @@
+//! Quota leases, the VM's side (the accounts are [`crate::quota::lease::account`], the Redis side
+//! [`crate::quota::lease::redis`]): a request whose account holds enough is reserved from it in shared
+//! data — no callout ([`take`]) — and settles into it ([`settle`]); any other request takes the
+//! per-request path (a reservation callout) and asks for a sync. Syncs are sent by the tick of the VM
+//! that saw the miss, and by the VM holding the leader claim, which walks every account to report
+//! usage, renew, return idle leases and settle last month's ([`tick`]).
+
+use super::state::LeaseCall;
+use crate::config::{LeaseSettings, QuotaSettings};
+use crate::flow::cx::Cx;
+use crate::flow::effect::{Callout, CalloutReply, Effect, Level, Purpose};
+use crate::flow::metric::Metric;
+use crate::flow::shim;
+use crate::quota::calendar;
+use crate::quota::lease::account::{self, Account, Miss, Settled, Synced, Take};
+use crate::quota::{self, LeaseArgs, QuotaKeys};
+use crate::shim::webdis::ShimError;
+
+/// Syncs started per tick for accounts this VM saw miss.
+pub const DIRTY_PER_TICK: usize = 16;
+/// Accounts the leader looks at per tick.
+pub const SCAN_PER_TICK: u64 = 32;
+/// Accounts remembered as needing a sync, per VM.
+pub const MAX_DIRTY: usize = 1024;
+/// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
+pub const MAX_UNSETTLED: usize = 64;
+
+fn month_label(code: u32) -> String {
+    format!("{:04}-{:02}", code / 100, code % 100)
+}
+
+/// What a reservation asks of a lease: the account (`tenant` × `model`), its month label, its cost, and
+/// whether it is a tenant's token quota (not a budget).
+pub struct Ask<'a> {
+    /// The account's tenant (or a budget's account).
+    pub tenant: &'a str,
+    /// The model of a per-model account.
+    pub model: Option<&'a str>,
+    /// The reservation's month (`2026-11`).
+    pub month: &'a str,
+    /// Weighted cost.
+    pub cost: u64,
+    /// A tenant's token quota (budgets are not remembered as served).
+    pub tokens: bool,
+}
+
+/// Reserves `ask` from its account's lease. `Some((account, key))` when it was (`key`: the account's
+/// shared-data key, where the request settles); otherwise the request takes the per-request path and
+/// the account asks for a sync.
+pub fn take(cx: &mut Cx, l: &LeaseSettings, ask: &Ask) -> Option<(Account, String)> {
+    let (tenant, model, cost) = (ask.tenant, ask.model, ask.cost);
+    let key = account::account_key(tenant, model);
+    let month = account::month_code(ask.month);
+    let low = l.policy.min_tokens / 2;
+    let now = cx.now();
+    // This VM's ended requests of the account are written in the same CAS.
+    let unsettled = &cx.worker.leases.unsettled;
+    let at = unsettled.iter().position(|(k, _)| *k == key);
+    let done = at
+        .and_then(|i| unsettled.get(i))
+        .map_or(Settled::default(), |(_, d)| *d);
+    let (took, written) = account::take_after(
+        cx.store(),
+        &key,
+        done,
+        cost,
+        month,
+        now,
+        low,
+        cx.cfg.cas_max_retries,
+    );
+    if let Some(i) = at.filter(|_| written) {
+        cx.worker.leases.unsettled.swap_remove(i);
+    }
+    match took {
+        Take::Hit(a) => {
+            cx.inc(Metric::QuotaLeased);
+            if ask.tokens {
+                cx.worker.leases.served(tenant, now);
+            }
+            if a.wants_sync() {
+                mark(cx, tenant, model, cost);
+            }
+            Some((a, key))
+        }
+        Take::Miss(why) => {
+            if why == Miss::Cold {
+                let entry = format!("{tenant}\n{}", model.unwrap_or(""));
+                if !account::REGISTRY.register(
+                    cx.store(),
+                    &entry,
+                    cx.cfg.max_tenants,
+                    cx.cfg.cas_max_retries,
+                ) {
+                    // Every account slot is taken: this one is never leased (its lease could not be
+                    // renewed or given back by the leader).
+                    account::forbid(cx.store(), &key, cx.cfg.cas_max_retries);
+                    return None;
+                }
+            }
+            if why != Miss::Spent && why != Miss::Store {
+                mark(cx, tenant, model, cost);
+            }
+            None
+        }
+    }
+}
+
+fn mark(cx: &mut Cx, tenant: &str, model: Option<&str>, cost: u64) {
+    let d = &mut cx.worker.leases.dirty;
+    if d.iter()
+        .any(|(t, m, _)| t == tenant && m.as_deref() == model)
+    {
+        return;
+    }
+    if d.len() >= MAX_DIRTY {
+        d.remove(0);
+    }
+    d.push((tenant.to_string(), model.map(str::to_string), cost));
+}
+
+/// A leased request ended: its reservation is to be replaced by its usage in the account at `key`.
+/// Kept by the VM and written with the next request this VM reserves from that account (in the same
+/// CAS, [`account::take_after`]) or at the VM's next tick ([`flush`]), whichever comes first: one
+/// shared-data read and write less per leased request. Until then the account counts the reservation
+/// as in flight (other workers see less available, never more) and a sync reports the usage a tick
+/// later.
+pub fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
+    let unsettled = &mut cx.worker.leases.unsettled;
+    if let Some((_, d)) = unsettled.iter_mut().find(|(k, _)| k == key) {
+        d.add(reserved, actual);
+        return;
+    }
+    if unsettled.len() >= MAX_UNSETTLED {
+        flush(cx);
+    }
+    let mut d = Settled::default();
+    d.add(reserved, actual);
+    cx.worker.leases.unsettled.push((key.to_string(), d));
+}
+
+/// Writes every ended leased request this VM keeps into its account (the tick, and [`settle`] when
+/// [`MAX_UNSETTLED`] accounts wait). One the store refuses is kept for the next tick.
+pub fn flush(cx: &mut Cx) {
+    let retries = cx.cfg.cas_max_retries;
+    for (key, d) in std::mem::take(&mut cx.worker.leases.unsettled) {
+        if account::settle(cx.store(), &key, d.reserved, d.actual, retries) {
+            continue;
+        }
+        cx.inc(Metric::StoreErrors);
+        cx.log_failure(
+            Level::Warn,
+            "lease_store",
+            format!("cannot settle leased requests into {key}: tried again at the next tick"),
+        );
+        if cx.worker.leases.unsettled.len() < MAX_UNSETTLED {
+            cx.worker.leases.unsettled.push((key, d));
+        }
+    }
+}
+
+/// The root's tick: writes this VM's ended leased requests ([`flush`]), then syncs of accounts this VM
+/// saw miss, then (on the leader) a slice of all accounts.
+pub fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
+    // Before any sync reads the accounts: this VM's usage is in what they report.
+    flush(cx);
+    // Half-open: one sync only, the probe; its failure opens the breaker again.
+    let Some(probe) = shim::admit_background(cx, &q.cluster, &q.shim_breaker) else {
+        return;
+    };
+    let now = cx.now();
+    if cx.worker.leases.envoy == 0 {
+        cx.worker.leases.envoy = account::envoy_id(cx.store(), now);
+    }
+    if probe {
+        while !cx.worker.leases.dirty.is_empty() {
+            let (tenant, model, cost) = cx.worker.leases.dirty.remove(0);
+            if start(cx, q, l, &tenant, model.as_deref(), cost, true) {
+                return;
+            }
+        }
+    } else {
+        let n = cx.worker.leases.dirty.len().min(DIRTY_PER_TICK);
+        let dirty: Vec<_> = cx.worker.leases.dirty.drain(..n).collect();
+        for (tenant, model, cost) in dirty {
+            start(cx, q, l, &tenant, model.as_deref(), cost, false);
+        }
+    }
+    if !leader_slice(cx, q, l, probe) && probe {
+        // Nothing to sync now: the permit is given back.
+        shim::release_probe(cx, &q.cluster);
+    }
+}
+
+/// On the leader, syncs of a slice of all accounts; with `probe`, only the first that needs one (true
+/// when it was sent).
+fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) -> bool {
+    let now = cx.now();
+    let retries = cx.cfg.cas_max_retries;
+    if cx.worker.leases.owner == 0 {
+        cx.worker.leases.owner = crate::store::claim::owner_id(cx.store(), retries).unwrap_or(0);
+    }
+    let owner = cx.worker.leases.owner;
+    if owner == 0 || !crate::store::claim::hold(cx.store(), account::LEADER, owner, now, retries) {
+        return false;
+    }
+    let total = account::REGISTRY.registered(cx.store());
+    if total == 0 {
+        return false;
+    }
+    for _ in 0..SCAN_PER_TICK.min(total) {
+        let i = cx.worker.leases.cursor % total;
+        cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
+        let Some(entry) = account::REGISTRY.slot(cx.store(), i) else {
+            continue;
+        };
+        let (tenant, model) = match entry.split_once('\n') {
+            Some((t, "")) => (t.to_string(), None),
+            Some((t, m)) => (t.to_string(), Some(m.to_string())),
+            None => continue,
+        };
+        if start(cx, q, l, &tenant, model.as_deref(), 0, probe) && probe {
+            return true;
+        }
+    }
+    false
+}
+
+/// Starts a sync of one account if it needs one (true: a callout was made; `probe`: it is the shim
+/// breaker's probe).
+fn start(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    typical: u64,
+    probe: bool,
+) -> bool {
+    let key = account::account_key(tenant, model);
+    let sc = sync_ctx(cx, q, l, typical);
+    let Some((plan, _)) = account::begin_sync(cx.store(), &key, &sc) else {
+        return false;
+    };
+    let body = call_body(cx, q, l, tenant, model, &plan);
+    let s = &mut cx.worker.leases;
+    s.next_id = s.next_id.wrapping_add(1);
+    let id = s.next_id;
+    s.pending.insert(
+        id,
+        LeaseCall {
+            tenant: tenant.to_string(),
+            model: model.map(str::to_string),
+            key,
+            typical,
+            probe,
+        },
+    );
+    dispatch(cx, q, Purpose::Lease(id), body);
+    true
+}
+
+/// Sends a lease call.
+fn dispatch(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) {
+    let c = callout(cx, q, purpose, body);
+    cx.fx.push(Effect::Dispatch(c));
+}
+
+/// A lease call (counted as sent).
+fn callout(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) -> Callout {
+    cx.inc(Metric::QuotaLeaseSyncs);
+    shim::callout(purpose, &q.cluster, &q.authority, q.timeout_ms, body)
+}
+
+/// The lease call of `plan` for the account of `tenant` (× `model`).
+fn call_body(
+    cx: &Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    plan: &account::SyncPlan,
+) -> String {
+    let label = month_label(plan.month);
+    let keys = QuotaKeys::new(tenant, model, &label, "-");
+    let tq = q.tenant(tenant);
+    let default_model_limit = model
+        .and_then(|md| tq.model_limits.iter().find(|(x, _)| x == md))
+        .map_or(0, |(_, v)| *v);
+    let expire = calendar::end_of_month(
+        i32::try_from(plan.month / 100).unwrap_or(0),
+        plan.month % 100,
+        q.month_offset_minutes,
+    )
+    .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0));
+    let args = LeaseArgs {
+        keys,
+        lease_id: quota::lease_id(cx.worker.leases.envoy, model, &label),
+        reported_total: plan.reported_total,
+        want: plan.want,
+        target: plan.target,
+        // A budget's account (`~b:…`) has its own limit, in micro-units.
+        default_limit: q.account_limit(tenant),
+        default_model_limit,
+        expire_at_unix: expire,
+        ttl_s: l.ttl_s,
+        max_grant: plan.want,
+        max_share_percent: (l.policy.max_share * 100.0).round().clamp(1.0, 100.0) as u32,
+    };
+    quota::lease_request(&args, shim::script_call(cx.worker.leases.loaded))
+}
+
+/// The sync context of now (the quota's month) for `typical`.
+fn sync_ctx<'a>(
+    cx: &Cx,
+    q: &QuotaSettings,
+    l: &'a LeaseSettings,
+    typical: u64,
+) -> account::SyncCtx<'a> {
+    let now_s = q.now_s(cx.now());
+    let (y, m) = calendar::month_of(now_s, q.month_offset_minutes);
+    account::SyncCtx {
+        month: u32::try_from(y)
+            .unwrap_or(0)
+            .saturating_mul(100)
+            .saturating_add(m),
+        now: cx.now(),
+        policy: &l.policy,
+        typical_cost: typical,
+        retries: cx.cfg.cas_max_retries,
+        give_back: false,
+    }
+}
+
+/// This Envoy's lease field prefix in Redis (`-` before it ever took a lease), for a reservation:
+/// its own leases are not counted as held elsewhere.
+pub fn owner(cx: &Cx) -> String {
+    let leases = cx.cfg.quota.as_ref().is_some_and(|q| q.lease.is_some());
+    let id = match cx.worker.leases.envoy {
+        0 if leases => account::known_envoy_id(cx.store()).unwrap_or(0),
+        id => id,
+    };
+    quota::lease_owner(id)
+}
+
+/// This Envoy's lease of the account of `tenant` (× `model`), if it has one for `month`.
+pub fn account(cx: &Cx, tenant: &str, model: Option<&str>, month: &str) -> Option<Account> {
+    let key = account::account_key(tenant, model);
+    crate::store::peek::<Account>(cx.store(), &key)
+        .ok()
+        .and_then(|(a, _)| a)
+        .filter(|a| a.month == account::month_code(month))
+}
+
+/// Redis refused a reservation of the account of `tenant` (× `model`), and what this Envoy's lease of
+/// it holds unspent would cover the difference: gives that back — the callout to send, by the request
+/// ([`Purpose::LeaseGiveBack`]) — so that the reservation, sent again once it answered
+/// ([`given_back`]), finds it in Redis. `None` when there is nothing to give back or another give-back
+/// of the account is in flight (the refusal stands).
+pub fn give_back(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+) -> Option<Callout> {
+    let key = account::account_key(tenant, model);
+    let sc = sync_ctx(cx, q, l, 0);
+    let (plan, _) = account::begin_give_back(cx.store(), &key, &sc)?;
+    let body = call_body(cx, q, l, tenant, model, &plan);
+    Some(callout(cx, q, Purpose::LeaseGiveBack, body))
+}
+
+/// The give-back of [`give_back`] answered NOSCRIPT (Redis restarted since the script was loaded): the
+/// callout that sends it again as `EVAL`, the account still given back (its flag set, nothing
+/// spendable). `None` when the account is no longer being given back.
+pub fn give_back_again(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+) -> Option<Callout> {
+    cx.worker.leases.loaded = false;
+    let key = account::account_key(tenant, model);
+    let sc = sync_ctx(cx, q, l, 0);
+    let plan = crate::store::peek::<Account>(cx.store(), &key)
+        .ok()
+        .and_then(|(a, _)| a)
+        .and_then(|a| account::give_back_plan(&a, &sc))?;
+    let body = call_body(cx, q, l, tenant, model, &plan);
+    Some(callout(cx, q, Purpose::LeaseGiveBack, body))
+}
+
+/// The give-back of [`give_back`] answered: applied to the account as any sync. True when Redis
+/// took it.
+pub fn given_back(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    reply: CalloutReply,
+) -> bool {
+    let p = LeaseCall {
+        tenant: tenant.to_string(),
+        model: model.map(str::to_string),
+        key: account::account_key(tenant, model),
+        typical: 0,
+        probe: false,
+    };
+    apply(cx, q, l, &p, reply, true)
+}
+
+/// A sync answered (or its dispatch was refused).
+pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, id: u64, reply: CalloutReply) {
+    let Some(p) = cx.worker.leases.pending.remove(&id) else {
+        return;
+    };
+    apply(cx, q, l, &p, reply, false);
+}
+
+/// A lease call's answer applied to its account (and to the shim's breaker); `give_back`: the call of
+/// [`give_back`]. True when Redis answered it.
+fn apply(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    p: &LeaseCall,
+    reply: CalloutReply,
+    give_back: bool,
+) -> bool {
+    let sc = account::SyncCtx {
+        give_back,
+        ..sync_ctx(cx, q, l, p.typical)
+    };
+    let parsed = shim::read(&q.cluster, &reply, quota::parse_lease_reply);
+    if p.probe {
+        // The shim answered unless it was unreachable: that closes or re-opens its breaker.
+        let up = !matches!(&parsed, Err(f) if f.error == ShimError::Unavailable);
+        shim::record(cx, &q.cluster, &q.shim_breaker, up, true);
+    }
+    match parsed {
+        Ok(r) => {
+            cx.worker.leases.loaded = true;
+            let synced = Synced {
+                held: r.held,
+                reported_total: r.reported_total,
+                version: r.version,
+                remaining: r.remaining(),
+                limit: r.binding_limit(),
+            };
+            account::finish_sync(cx.store(), &p.key, Some(synced), &sc);
+            true
+        }
+        Err(shim::Failure { error: e, why }) => {
+            if e == ShimError::NoScript {
+                cx.worker.leases.loaded = false;
+            } else {
+                cx.inc(Metric::QuotaShimErrors);
+                if e == ShimError::Unavailable && !p.probe {
+                    shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
+                }
+                cx.log_failure(
+                    Level::Warn,
+                    "lease_sync",
+                    format!(
+                        "lease sync for tenant {} failed ({why}); sent again later",
+                        p.tenant
+                    ),
+                );
+            }
+            account::finish_sync(cx.store(), &p.key, None, &sc);
+            // Asked again on the next tick.
+            mark(cx, &p.tenant, p.model.as_deref(), p.typical);
+            false
+        }
+    }
+}
