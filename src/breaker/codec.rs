@@ -103,7 +103,7 @@ pub(super) fn add_successes_in_place(
     let Some(state) = bytes.get(OFF_STATE).copied().and_then(State::from_byte) else {
         return InPlace::Whole;
     };
-    let width = window::bucket_ns(cfg);
+    let width = window::bucket_ns(cfg.window_ms);
     if read_u64(bytes, OFF_BUCKET_NS) != Some(width) {
         return InPlace::Whole;
     }
