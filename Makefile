@@ -106,6 +106,7 @@ fleet: deps build
 lint: deps-rust
 	@rc=0; \
 	echo "cargo fmt --all -- --check"; cargo fmt --all -- --check || rc=1; \
+	echo "scripts/check-imports.py"; python3 scripts/check-imports.py || rc=1; \
 	echo "cargo clippy --workspace --all-targets -- -D warnings"; \
 	cargo clippy -q --workspace --all-targets -- -D warnings || rc=1; \
 	echo "cargo clippy -p tokengate --target $(WASM_TARGET) -- -D warnings"; \

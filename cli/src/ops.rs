@@ -467,7 +467,7 @@ mod tests {
     #[test]
     fn accounts_are_named_as_the_filter_names_them() {
         let cfg = tokengate::config::parse(
-            br#"{"groups": [{"name": "org", "header": "x-org"}, {"name": "team", "header": "x-team"}],
+            br#"{"groups": [{"name": "org", "header": "x-org"}, {"name": "team", "header": "x-team"}], "trusted_headers": {"set_by": "the test"},
                 "rules": [{"tokens_per_second": 1, "burst": 1}],
                 "quota": {"cluster": "w", "monthly_limit": 1, "currency": "USD",
                   "prices": {"*": {"input": 1, "output": 1}},

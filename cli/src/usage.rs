@@ -490,7 +490,7 @@ mod tests {
 
     fn cfg() -> Config {
         tokengate::config::parse(
-            br#"{"group_header": "x-team", "tenant_groups": {"bob": {"group": "red"}},
+            br#"{"group_header": "x-team", "trusted_headers": {"set_by": "the test"}, "tenant_groups": {"bob": {"group": "red"}},
                 "rules": [{"tokens_per_second": 1, "burst": 1}],
                 "quota": {"cluster": "w", "monthly_limit": 1000, "currency": "EUR",
                   "tenants": {"alice": {"monthly_limit": 50}},

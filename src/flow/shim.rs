@@ -132,14 +132,7 @@ pub fn describe_refusal(cluster: &str, status: u32) -> String {
     format!("the host refused a callout to cluster '{cluster}' (status {status}: is the cluster defined in Envoy?)")
 }
 
-/// Why a shim call failed, with a line for the log that names the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// The class of failure.
-    pub error: ShimError,
-    /// What to log.
-    pub why: String,
-}
+pub use crate::shim::webdis::Failure;
 
 /// Reads a shim's answer to a call to `cluster` with `parse` (the script's reply parser).
 pub fn read<T>(

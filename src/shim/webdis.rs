@@ -243,6 +243,15 @@ pub fn parse_int_array_of(
 /// SHA-1 in hex, as Redis' `SCRIPT LOAD` names a script: tests check the `*_SHA1` constants against the
 /// script text with it (a real Redis checks them again in `tests/redis_live.rs`). Test-only: the filter
 /// never hashes a script at run time.
+/// Why a shim call failed, with a line for the log that names the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The class of failure.
+    pub error: ShimError,
+    /// What to log.
+    pub why: String,
+}
+
 #[cfg(test)]
 pub(crate) fn sha1_hex(data: &[u8]) -> String {
     let mut h: [u32; 5] = [

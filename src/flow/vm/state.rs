@@ -285,7 +285,7 @@ pub(in crate::flow) struct BatchCall {
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::flow) struct BatchResult {
     /// Redis' decision, or why there is none.
-    pub result: Result<crate::quota::ReserveReply, crate::flow::shim::Failure>,
+    pub result: Result<crate::quota::ReserveReply, crate::shim::webdis::Failure>,
     /// When there is none: Redis may have run the reservation all the same.
     pub may_have_run: bool,
 }
