@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-use tokengate::rewrite::{rewrite, Edits};
+use tokengate::rewrite::{rewrite, Edits, LimitAt};
 
 /// The serde_json implementation `rewrite` replaced (same edits, keys come back sorted).
 fn reference(body: &[u8], e: &Edits) -> Option<Vec<u8>> {
@@ -83,6 +83,7 @@ fn main() {
         clamp_max_output: Some(1000),
         max_output_field: "max_tokens".into(),
         clamp_present_only: false,
+        limit_at: LimitAt::Top,
     };
     let prose = "The quick brown fox jumps over the lazy dog. \"Quoted\" words and\nnew lines. ";
     let cjk = "東京は日本の首都であり、世界最大の都市圏の一つです。人口は約一千四百万人です。";

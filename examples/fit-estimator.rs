@@ -434,11 +434,10 @@ fn main() {
     let mut src = String::from(
         "//! The estimator's weights, written by `cargo run --release --example fit-estimator -- --write`\n\
          //! (see `examples/fit-estimator.rs`): do not edit by hand, refit.\n\n\
-         use super::weights::NUM_FEATURES;\n\n\
          /// Weight (tokens) of each feature, in feature order (see `weights.rs`).\n\
          #[rustfmt::skip]\n\
          #[allow(clippy::approx_constant)] // fitted numbers that may look like 1/π\n\
-         pub(super) const FITTED: [f64; NUM_FEATURES] = [\n",
+         pub(super) const FITTED: &[f64] = &[\n",
     );
     for (j, v) in w.iter().enumerate() {
         let how = if fixed[j].is_some() {

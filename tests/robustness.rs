@@ -200,6 +200,7 @@ fn body_rewrites_never_panic() {
         clamp_max_output: Some(5),
         max_output_field: "max_tokens".into(),
         clamp_present_only: false,
+        limit_at: rewrite::LimitAt::Top,
     };
     let present_only = Edits {
         clamp_present_only: true,
@@ -208,6 +209,26 @@ fn body_rewrites_never_panic() {
     for i in 0..20_000 {
         let body = mutate(&mut rng, REQUESTS[i % REQUESTS.len()].as_bytes());
         let _ = rewrite::rewrite(&body, if i % 2 == 0 { &edits } else { &present_only });
+    }
+    // Each family's own output-limit field (nested objects, either spelling, invoke shapes).
+    let at = [
+        rewrite::LimitAt::Gemini,
+        rewrite::LimitAt::Converse,
+        rewrite::LimitAt::Invoke { nova: false },
+        rewrite::LimitAt::Invoke { nova: true },
+    ];
+    for i in 0..20_000 {
+        let (_, seed) = FAMILY_REQUESTS[i % FAMILY_REQUESTS.len()];
+        let body = mutate(&mut rng, seed.as_bytes());
+        let e = Edits {
+            limit_at: at[(i / 2) % at.len()],
+            ..if i % 2 == 0 {
+                edits.clone()
+            } else {
+                present_only.clone()
+            }
+        };
+        let _ = rewrite::rewrite(&body, &e);
     }
 }
 

@@ -422,7 +422,9 @@ fn azure_gemini_vertex_and_bedrock_clients_raise_their_own_errors_and_retry_as_d
             assert!(elapsed < 10.0, "{what}");
         } else {
             assert_eq!(attempts, 1, "no retry: {what}");
-            assert!(elapsed < 1.0, "returned at once: {elapsed} s: {what}");
+            // One attempt says it all; the bound only catches a client that sleeps before raising
+            // (loose: a loaded host runs one Python call in over a second).
+            assert!(elapsed < 5.0, "returned at once: {elapsed} s: {what}");
         }
         if client.family == Family::OpenAi && retried {
             assert!(elapsed < 1.0, "AzureOpenAI waited retry-after-ms: {what}");
@@ -518,7 +520,9 @@ fn every_class_raises_the_sdks_own_exception_and_retries_only_what_a_retry_can_f
             );
         } else {
             assert_eq!(attempts, 1, "no retry: {what}");
-            assert!(elapsed < 1.0, "returned at once: {elapsed} s: {what}");
+            // One attempt says it all; the bound only catches a client that sleeps before raising
+            // (loose: a loaded host runs one Python call in over a second).
+            assert!(elapsed < 5.0, "returned at once: {elapsed} s: {what}");
         }
     }
     for got in &results[expect.len()..] {

@@ -86,6 +86,11 @@ impl AzureOpenAi {
         self.lookup(model).unwrap_or(model)
     }
 
+    /// `deployments` lists this name (compared without ASCII case).
+    pub fn lists(&self, deployment: &str) -> bool {
+        self.lookup(deployment).is_some()
+    }
+
     fn lookup(&self, deployment: &str) -> Option<&str> {
         let key = deployment.to_ascii_lowercase();
         self.deployments

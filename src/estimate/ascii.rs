@@ -20,7 +20,7 @@
 //! piece (the tests compare the two on every kind of text). Prose, which the byte-wise loop reads
 //! about as fast (its words and single spaces take a fast path), goes back to it for a while.
 
-use super::text::{bump, punct_before, Counts};
+use super::bytes::{bump, punct_before, Counts};
 use super::weights::feature;
 use super::weights::SHORT_PROBES;
 use super::words::{known, load, rare_pairs, short_known};
@@ -605,7 +605,7 @@ fn count(
         let last = (ends & (u64::MAX << first)).trailing_zeros();
         let len = last - first + 1;
         t.long_letters += u64::from(len);
-        t.over_20 += u64::from(u64::from(len) > super::text::EXCESS_FROM);
+        t.over_20 += u64::from(u64::from(len) > super::bytes::EXCESS_FROM);
     }
     let mut caps = ends & upper & go_on;
     while caps != 0 {

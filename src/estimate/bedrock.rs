@@ -36,7 +36,7 @@
 //! (`max_tokens`, `max_gen_len`, `maxTokenCount`, `max_new_tokens`, `maxTokens`,
 //! `max_completion_tokens`, `max_tokens_to_sample`, at the top or one object down).
 
-use super::output::Num;
+use super::shape::Num;
 use super::shape::{json_tokens, read_text, value, Count, Ignore, Model, Seed, Shape, Size, Str};
 use super::text::text_tokens;
 use super::{gemini::VIDEO_TOKENS_PER_KB, parts::per_kb};

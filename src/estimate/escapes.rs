@@ -3,7 +3,30 @@
 //! [`special_bits`]), copying the pieces between escapes and unescaping each escape. The scanner's
 //! string reading (`Scanner::unescape`) drives these; nothing here knows about JSON values.
 
-use super::json::{Bail, Res};
+use serde::de;
+use std::fmt;
+
+/// The scanner gave up: the caller reads the body with serde_json instead (no message: serde_json's is
+/// the one reported).
+#[derive(Debug)]
+pub(super) struct Bail;
+
+impl fmt::Display for Bail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("fast walk gave up")
+    }
+}
+
+impl std::error::Error for Bail {}
+
+impl de::Error for Bail {
+    #[cold]
+    fn custom<T: fmt::Display>(_msg: T) -> Bail {
+        Bail
+    }
+}
+
+pub(super) type Res<T> = Result<T, Bail>;
 
 /// Copies the bytes `rel..k` of the window `w` (`rel` ≤ `k` ≤ 64, `rel` < 64) to `tmp` at `o`
 /// (< [`HELD`]) as a block of 16 bytes or, if longer, of 64; the index after them in `tmp`.

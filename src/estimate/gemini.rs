@@ -27,7 +27,7 @@
 //! the larger of the model's default and `thinkingConfig.thinkingBudget`, clamped to the model's cap,
 //! times `candidateCount` (1..=[`MAX_N`]).
 
-use super::output::Num;
+use super::shape::Num;
 use super::shape::{json_tokens, read_text, value, Ignore, Model, Seed, Shape, Size, Str};
 use super::text::text_tokens;
 use super::{parts::per_kb, MAX_N};

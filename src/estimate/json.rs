@@ -28,30 +28,8 @@ use super::escapes::{
     copy, escapes, find_special, flush, piece, piece_then, special_bits, special_mask,
     unescape_one, ESCAPES, HELD, HI, PIECE, TMP, WINDOW,
 };
+pub(super) use super::escapes::{Bail, Res};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
-use std::fmt;
-
-/// The scanner gave up: the caller reads the body with serde_json instead (no message: serde_json's is
-/// the one reported).
-#[derive(Debug)]
-pub(super) struct Bail;
-
-impl fmt::Display for Bail {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("fast walk gave up")
-    }
-}
-
-impl std::error::Error for Bail {}
-
-impl de::Error for Bail {
-    #[cold]
-    fn custom<T: fmt::Display>(_msg: T) -> Bail {
-        Bail
-    }
-}
-
-pub(super) type Res<T> = Result<T, Bail>;
 
 /// Deepest nesting of arrays and objects accepted. serde_json counts down from 128 on entering each
 /// array or object and fails on reaching 0, i.e. at the 128th level; so does this scanner.

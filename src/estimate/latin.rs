@@ -3,7 +3,7 @@
 //! each looked up in the word table and counted (see `scan_word`); `scan_words` reads the words after
 //! it that single spaces separate without going back to the byte-wise loop of `text.rs`.
 
-use super::text::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
+use super::bytes::{bump, count_while, count_word, lower_run, not_lower_mask, Counts};
 use super::weights::{feature, SHORT_PROBES};
 use super::words::{known, known_low, load, rare_pairs, short_known, MIN_ASCII};
 

@@ -75,6 +75,7 @@ use std::fmt;
 mod anthropic;
 mod ascii;
 mod bedrock;
+mod bytes;
 mod chat;
 mod classes;
 mod completions;
@@ -559,7 +560,11 @@ fn estimate_by(
     let include_usage = fields.stream_options.clone()?;
     let background = fields.background.clone()?;
     let prompt_tokens = fields.prompt_tokens(kind)?;
-    let requested_output = requested_output(&fields)?;
+    let requested_output = requested_output(
+        fields.max_tokens,
+        fields.max_completion_tokens,
+        fields.max_output_tokens,
+    )?;
     let (output_tokens, output_choices) = if kind == ApiKind::Embeddings {
         (0, 1)
     } else {

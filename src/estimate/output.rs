@@ -1,25 +1,21 @@
 //! The output reservation: what a request may generate, from the body's output limits and choices.
 
-use super::top::Fields;
+use super::shape::Num;
 use super::{EstimateError, Res, MAX_N};
-
-/// A field that must be a non-negative integer (`max_tokens`, `n`, …) when present and not null.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Num {
-    Absent,
-    Val(u64),
-    Bad,
-}
 
 /// The largest present (non-null) of `max_tokens`, `max_completion_tokens`, `max_output_tokens`
 /// (a body that sends two asks for the larger: the reservation errs towards charging); the first
 /// bad one, in that order, is an error.
-pub(super) fn requested_output(f: &Fields) -> Res<Option<u64>> {
+pub(super) fn requested_output(
+    max_tokens: Num,
+    max_completion_tokens: Num,
+    max_output_tokens: Num,
+) -> Res<Option<u64>> {
     let mut max = None;
     for (num, field) in [
-        (f.max_tokens, "max_tokens"),
-        (f.max_completion_tokens, "max_completion_tokens"),
-        (f.max_output_tokens, "max_output_tokens"),
+        (max_tokens, "max_tokens"),
+        (max_completion_tokens, "max_completion_tokens"),
+        (max_output_tokens, "max_output_tokens"),
     ] {
         match num {
             Num::Absent => continue,

@@ -1,9 +1,9 @@
 //! Content parts and blocks, shared by every API family: text, images, audio, files, tool use and
 //! results, documents.
 
-use super::anthropic::{Source, SourceParts};
 use super::shape::{
-    json_tokens, read_text, sum, value, Ignore, Key, KeySeed, Seed, Shape, Size, Str, Tag, TypeTag,
+    json_tokens, read_text, sum, value, Ignore, KeepStr, Key, KeySeed, Seed, Shape, Size, Str, Tag,
+    TypeTag,
 };
 use super::text::text_tokens;
 use super::{
@@ -13,6 +13,7 @@ use super::{
 use serde::de::DeserializeSeed;
 use serde::de::{MapAccess, SeqAccess};
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// A message `content`: null, a string, or an array of parts/blocks (OpenAI and Anthropic shapes).
 #[derive(Clone, Copy)]
@@ -382,5 +383,73 @@ impl<'de> Shape<'de> for ToolResultContent {
             raw: self.raw,
         }
         .map(a)
+    }
+}
+
+/// A document `source`: whether its `type` is "text", and its `data` string (kept, not yet counted).
+#[derive(Clone, Copy)]
+pub(super) struct Source {
+    pub(super) depth: usize,
+    /// The fast walk (see [`Top::raw`](super::top::Top::raw)).
+    pub(super) raw: bool,
+}
+
+/// What a document `source` holds, costed once its `type` is known (it may come last).
+pub(super) struct SourceParts<'de> {
+    /// `type`, when a string.
+    pub(super) ty: Option<Cow<'de, str>>,
+    /// `data` (text, or base64), kept until the type is known.
+    pub(super) data: Option<Cow<'de, str>>,
+    /// Tokens of `content` (a `content` source: a string or text blocks).
+    pub(super) content: u64,
+}
+
+impl<'de> SourceParts<'de> {
+    /// Tokens of the document: its text; base64 (PDF) by size like a file; a `url` or `file` source
+    /// (not seen by the filter) like a file id; blocks of a `content` source by their text.
+    pub(super) fn tokens(&self) -> u64 {
+        let data_len = self.data.as_deref().map(|d| d.len() as u64);
+        match self.ty.as_deref() {
+            Some("text") => self.data.as_deref().map_or(0, text_tokens),
+            Some("base64") => file_tokens(data_len, false),
+            Some("url" | "file") => FILE_ID_TOKENS,
+            Some("content") => self.content,
+            _ => self
+                .content
+                .max(data_len.map_or(0, |l| per_kb(l, FILE_TOKENS_PER_KB))),
+        }
+    }
+}
+
+impl<'de> Shape<'de> for Source {
+    type Out = Option<SourceParts<'de>>;
+    fn other(self) -> Self::Out {
+        None
+    }
+    fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Out, A::Error> {
+        let mut parts = SourceParts {
+            ty: None,
+            data: None,
+            content: 0,
+        };
+        let Source { depth, raw } = self;
+        while let Some(k) = a.next_key_seed(KeySeed)? {
+            match k {
+                Key::Type => parts.ty = value(&mut a, KeepStr)?,
+                Key::Data => parts.data = value(&mut a, KeepStr)?,
+                Key::Content => {
+                    parts.content = read_text(
+                        &mut a,
+                        raw,
+                        ToolResultContent {
+                            depth: depth.saturating_add(1),
+                            raw,
+                        },
+                    )?
+                }
+                _ => value(&mut a, Ignore)?,
+            }
+        }
+        Ok(Some(parts))
     }
 }

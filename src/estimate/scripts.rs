@@ -1,12 +1,13 @@
 //! Runs of non-ASCII text: one piece from a non-ASCII character, with tight loops for runs of
 //! ideographs and kana, Hangul, Thai and the alphabetic scripts.
 
+use super::bytes::{bump, Counts};
 use super::classes::{
     alpha_run_feature, char_feature, classify, cp3, decode, han_feature, hangul_feature, plain_cp3,
     run_of, thai_feature, Cls, Run, THAI_FEATURE,
 };
+use super::latin::{is_latin_ext, scan_word, scan_words, space_before};
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
-use super::text::{bump, is_latin_ext, scan_word, scan_words, space_before, Counts};
 use super::weights::feature;
 use super::words::{
     greek_bit, greek_maybe, greek_step, known, known_run, load, GREEK_BACK, GREEK_BARE,

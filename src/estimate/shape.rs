@@ -2,13 +2,20 @@
 //! body into counts as the JSON reader reads it, the object keys and `type` tags the walk knows, and
 //! the small shapes every API family uses (flags, counts, strings, JSON-costed lists).
 
-use super::output::Num;
 use super::text::{text_tokens, utf8_tokens};
 use super::{EstimateError, Res};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
+
+/// A field that must be a non-negative integer (`max_tokens`, `n`, …) when present and not null.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Num {
+    Absent,
+    Val(u64),
+    Bad,
+}
 
 /// Estimate a JSON value as the text of its compact serialization.
 pub(super) fn json_tokens(v: &Value) -> u64 {

@@ -4,9 +4,9 @@
 use super::anthropic::AnthropicMessage;
 use super::chat::{ChatMessage, Messages, Prediction};
 use super::completions::IdsOrText;
-use super::output::Num;
 use super::parts::Content;
 use super::responses::{Instructions, ResponsesInput, TextConfig};
+use super::shape::Num;
 use super::shape::{
     format_tokens, read_text, value, Count, Flag, Ignore, Key, KeySeed, Model, Shape, Str,
     StreamOptions,

@@ -225,7 +225,24 @@ pub mod feature {
 /// program (mixed punctuation, newline and space runs of 16/128, symbols, zero-width characters,
 /// other scripts, long alphabetic runs, accented-letter pairs, emoji); digit groups follow o200k's
 /// rule (1 each). See `docs/estimator.md` for the method and the accuracy on both splits.
-pub const WEIGHTS: [f64; NUM_FEATURES] = super::fitted::FITTED;
+pub const WEIGHTS: [f64; NUM_FEATURES] = fixed_length(super::fitted::FITTED);
+
+/// The fitted weights as an array of [`NUM_FEATURES`]: evaluated when compiling, so a `fitted.rs` of
+/// another length fails the build (it is written by a program that knows the features only by name).
+#[allow(clippy::indexing_slicing)] // const evaluation: out of bounds is a compile error, never a panic
+const fn fixed_length(fitted: &[f64]) -> [f64; NUM_FEATURES] {
+    assert!(
+        fitted.len() == NUM_FEATURES,
+        "fitted.rs has a weight per feature"
+    );
+    let mut out = [0.0; NUM_FEATURES];
+    let mut i = 0;
+    while i < NUM_FEATURES {
+        out[i] = fitted[i];
+        i += 1;
+    }
+    out
+}
 
 /// Names of the features, in feature order (for the fitting program's output).
 #[doc(hidden)]

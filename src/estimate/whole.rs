@@ -2,11 +2,8 @@
 //! text itself, and the letters of words longer than 20 letters and of random-case humps (a second
 //! pass only when the loops saw such a word or many humps).
 
-use super::text::{bump, letter_mask, not_lower_mask, Counts};
+use super::bytes::{bump, letter_mask, not_lower_mask, Counts, EXCESS_FROM};
 use super::weights::feature;
-
-/// Letters of an ASCII word from which each costs [`feature::WORD_EXCESS_LETTERS`].
-pub(super) const EXCESS_FROM: u64 = 20;
 
 /// Letters beyond the 20th of every run of ASCII letters in `bytes`, a run ending at a non-letter or
 /// where a capital follows a lower-case letter (`camelCase` words are pieces of their own in o200k):

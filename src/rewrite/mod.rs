@@ -8,6 +8,9 @@
 //!   to settle quotas exactly, and [`crate::usage::SseScanner`] strips the extra chunk again.
 //! * A reservation admitted with less output than asked ([`crate::quota::Reason::Clamped`], or a
 //!   `max_tokens` above the model's cap) must lower the request's output limit to what was reserved.
+//!   Each API family keeps it in its own place ([`LimitAt`]): OpenAI's and Anthropic's at the top,
+//!   Gemini's in `generationConfig`, Bedrock Converse's in `inferenceConfig`, Bedrock `invoke`'s where
+//!   the model's own body has it.
 //! * Anthropic refuses extended thinking unless `thinking.budget_tokens < max_tokens` (and the budget is
 //!   at least [`MIN_THINKING_BUDGET`]): a clamp lowers the budget with it, or says that none fits
 //!   ([`Thinking::DoesNotFit`]) so the flow can refuse the request itself.
@@ -67,6 +70,77 @@ pub const MAX_OUTPUT_FIELDS: [&str; 3] =
 /// Anthropic's smallest `thinking.budget_tokens`.
 pub const MIN_THINKING_BUDGET: u64 = 1024;
 
+/// The output limits of the `invoke` bodies of Bedrock models whose shape the filter does not know
+/// (Llama `max_gen_len`, Titan `maxTokenCount`, Mistral and Cohere `max_tokens`, AI21 `maxTokens`, …):
+/// the fields the estimate reads the output from (`estimate::bedrock`), lowered where present.
+pub const INVOKE_OUTPUT_FIELDS: [&str; 7] = [
+    "max_tokens",
+    "max_completion_tokens",
+    "max_tokens_to_sample",
+    "max_gen_len",
+    "max_new_tokens",
+    "maxTokenCount",
+    "maxTokens",
+];
+
+/// Where a body keeps its output limit, by API family.
+///
+/// | family | lowered where present | written when absent | thinking budget kept below it |
+/// |---|---|---|---|
+/// | [`Top`](LimitAt::Top): OpenAI, Anthropic, Azure | top-level [`MAX_OUTPUT_FIELDS`] | `max_output_field` | `thinking.budget_tokens` |
+/// | [`Gemini`](LimitAt::Gemini) | `generationConfig.maxOutputTokens` (either spelling of both) | `maxOutputTokens` in the last `generationConfig`, or a new `"generationConfig":{"maxOutputTokens":N}` | — (Gemini counts thinking inside the limit) |
+/// | [`Converse`](LimitAt::Converse) | `inferenceConfig.maxTokens` | likewise in `inferenceConfig` | `additionalModelRequestFields.thinking.budget_tokens` |
+/// | [`Invoke`](LimitAt::Invoke), Anthropic body (`anthropic_version`) | as `Top` | `max_tokens` | `thinking.budget_tokens` |
+/// | `Invoke`, Nova body (`schemaVersion`, or `messages` for a Nova model) | `inferenceConfig.max_new_tokens` | likewise | — |
+/// | `Invoke`, any other body | [`INVOKE_OUTPUT_FIELDS`] at the top and in every object one level down | nothing (the model's field is not known) | — |
+///
+/// A limit in an object is lowered in every occurrence of that object (either spelling of its key), so
+/// that every JSON reader sees it; an object that is `null` is replaced by one holding the limit; one
+/// that is not an object at all is left as sent (the provider refuses that body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitAt {
+    /// At the top level (OpenAI, Anthropic, Azure OpenAI).
+    #[default]
+    Top,
+    /// Gemini API / Vertex AI.
+    Gemini,
+    /// Bedrock Converse.
+    Converse,
+    /// Bedrock `invoke`: the model's own body, told apart by its fields.
+    Invoke {
+        /// The path's model id names Amazon Nova (a `messages` body is then Nova's).
+        nova: bool,
+    },
+}
+
+/// An output limit held in an object of the body.
+struct Nested {
+    /// Spellings of the object's key; the first is the one written.
+    parent: &'static [&'static str],
+    /// Spellings of the limit inside it; every one present is lowered.
+    names: &'static [&'static str],
+    /// The name written when the object holds none (`None`: never written).
+    write: Option<&'static str>,
+}
+
+const GEMINI: Nested = Nested {
+    parent: &["generationConfig", "generation_config"],
+    names: &["maxOutputTokens", "max_output_tokens"],
+    write: Some("maxOutputTokens"),
+};
+
+const CONVERSE: Nested = Nested {
+    parent: &["inferenceConfig"],
+    names: &["maxTokens", "max_new_tokens"],
+    write: Some("maxTokens"),
+};
+
+const NOVA: Nested = Nested {
+    parent: &["inferenceConfig"],
+    names: &["max_new_tokens", "maxTokens"],
+    write: Some("max_new_tokens"),
+};
+
 /// The changes to apply. [`Edits::default`] changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edits {
@@ -75,17 +149,20 @@ pub struct Edits {
     /// Set `stream_options.include_usage = true` when `stream` is `true` and it is not already true
     /// (other `stream_options` fields are kept). Only OpenAI chat/completions understand it.
     pub inject_include_usage: bool,
-    /// Lower every present output-limit field ([`MAX_OUTPUT_FIELDS`]) above this value to it; when none
-    /// is present (or all are `null`), set `max_output_field` to it. When this changes the body and an
+    /// Lower every present output-limit field (where [`limit_at`](Edits::limit_at) says; at the top:
+    /// [`MAX_OUTPUT_FIELDS`]) above this value to it; when none is present (or all are `null`), write
+    /// one (at the top: `max_output_field`). When this changes the body and an
     /// enabled `thinking` budget is not below the new limit, the budget is lowered too (see
     /// [`Thinking`]).
     pub clamp_max_output: Option<u64>,
-    /// Field to add when the body has no output limit: `max_tokens` (chat, completions, Anthropic) or
-    /// `max_output_tokens` (responses).
+    /// Field to add at the top level ([`LimitAt::Top`]) when the body has no output limit: `max_tokens`
+    /// (chat, completions, Anthropic) or `max_output_tokens` (responses).
     pub max_output_field: String,
     /// With `clamp_max_output`: only lower the limits present, never add one (the cap of a model is
     /// enforced on what the client asked; a body without a limit is left to the provider's default).
     pub clamp_present_only: bool,
+    /// Where the body keeps its output limit (its API family); `max_output_field` is used at the top.
+    pub limit_at: LimitAt,
 }
 
 impl Default for Edits {
@@ -96,6 +173,7 @@ impl Default for Edits {
             clamp_max_output: None,
             max_output_field: "max_tokens".to_string(),
             clamp_present_only: false,
+            limit_at: LimitAt::Top,
         }
     }
 }
@@ -180,13 +258,51 @@ fn plan<'a>(body: &'a [u8], edits: &Edits) -> Result<(Rewritten, Plan<'a>), Stri
         report.injected_include_usage = plan.inject_include_usage(&obj);
     }
     if let Some(max) = edits.clamp_max_output {
-        let add = (!edits.clamp_present_only).then_some(edits.max_output_field.as_str());
-        if let Some(limit) = plan.clamp(&obj, max, add) {
+        let add = !edits.clamp_present_only;
+        let has = |k: &str| obj.members.iter().any(|m| scan::key_is(body, m, k));
+        // The limit, and whether an Anthropic thinking budget must stay below it: at the top
+        // (`thinking`), in Converse's `additionalModelRequestFields.thinking`, or nowhere.
+        let (limit, thinking) = match edits.limit_at {
+            LimitAt::Top => (
+                plan.clamp(&obj, max, add.then_some(edits.max_output_field.as_str())),
+                Holder::Top,
+            ),
+            LimitAt::Gemini => (plan.clamp_nested(&obj, &GEMINI, max, add), Holder::None),
+            LimitAt::Converse => (
+                plan.clamp_nested(&obj, &CONVERSE, max, add),
+                plan.last(&obj, "additionalModelRequestFields")
+                    .and_then(|m| scan::object_at(body, &m.value))
+                    .map_or(Holder::None, Holder::In),
+            ),
+            LimitAt::Invoke { .. } if has("anthropic_version") => (
+                plan.clamp(&obj, max, add.then_some("max_tokens")),
+                Holder::Top,
+            ),
+            LimitAt::Invoke { nova } if has("schemaVersion") || (nova && has("messages")) => {
+                (plan.clamp_nested(&obj, &NOVA, max, add), Holder::None)
+            }
+            LimitAt::Invoke { .. } => (plan.clamp_any_known(&obj, max), Holder::None),
+        };
+        if let Some(limit) = limit {
             report.output_clamped = true;
-            report.thinking = plan.fit_thinking(&obj, limit);
+            report.thinking = match &thinking {
+                Holder::Top => plan.fit_thinking(&obj, limit),
+                Holder::In(o) => plan.fit_thinking(o, limit),
+                Holder::None => Thinking::Untouched,
+            };
         }
     }
     Ok((report, plan))
+}
+
+/// The object whose `thinking` member must keep its budget below a clamped limit.
+enum Holder {
+    /// The body's top level.
+    Top,
+    /// This object (Converse's `additionalModelRequestFields`).
+    In(Object),
+    /// None: the family has no such rule.
+    None,
 }
 
 /// A JSON string literal.
@@ -299,14 +415,75 @@ impl<'a> Plan<'a> {
         true
     }
 
-    /// Lowers the output limits above `max` (or adds `field_if_absent`); the resulting limit (the
-    /// smallest present) when the body changes, else `None`.
+    /// Lowers the top-level output limits ([`MAX_OUTPUT_FIELDS`]) above `max` (or adds
+    /// `field_if_absent`); the resulting limit (the smallest present) when the body changes, else `None`.
     fn clamp(&mut self, obj: &Object, max: u64, field_if_absent: Option<&str>) -> Option<u64> {
+        self.clamp_fields(obj, &MAX_OUTPUT_FIELDS, max, field_if_absent)
+    }
+
+    /// Lowers the limits `n.names` above `max` in every occurrence of the object `n.parent` (and adds
+    /// `n.write` to each that holds none, with `add`); with no such object, adds one holding the
+    /// limit (in place of a `null` one). The resulting limit (the smallest) when the body changes.
+    fn clamp_nested(&mut self, obj: &Object, n: &Nested, max: u64, add: bool) -> Option<u64> {
+        let write = n.write.filter(|_| add);
+        let digits = max.to_string().into_bytes();
+        let mut changed = false;
+        let mut limit = u64::MAX;
+        let mut objects = 0;
+        let mut null_key = None;
+        let mut unreadable = false;
+        for m in obj
+            .members
+            .iter()
+            .filter(|m| n.parent.iter().any(|p| scan::key_is(self.body, m, p)))
+        {
+            let Some(inner) = scan::object_at(self.body, &m.value) else {
+                if self.bytes(m) == b"null" {
+                    null_key = n.parent.iter().find(|p| scan::key_is(self.body, m, p));
+                } else {
+                    unreadable = true;
+                }
+                continue;
+            };
+            objects += 1;
+            if let Some(l) = self.clamp_fields(&inner, n.names, max, write) {
+                changed = true;
+                limit = limit.min(l);
+            } else if let Some(l) = self.present_limit(&inner, n.names) {
+                limit = limit.min(l);
+            }
+        }
+        if objects == 0 {
+            // Not an object (nor `null`): the provider refuses the body; it is left as sent.
+            let field = write.filter(|_| !unreadable)?;
+            let mut value = Vec::with_capacity(field.len() + digits.len() + 5);
+            value.push(b'{');
+            value.extend_from_slice(&json_string(field));
+            value.push(b':');
+            value.extend_from_slice(&digits);
+            value.push(b'}');
+            // A `null` object is replaced (in that spelling); else the first spelling is added.
+            let key = null_key.or(n.parent.first())?;
+            self.set(obj, key, value);
+            return Some(max);
+        }
+        changed.then_some(limit)
+    }
+
+    /// Lowers every field of `names` present in `obj` above `max`; adds `add` when none is present.
+    /// The resulting limit (the smallest present) when the body changes.
+    fn clamp_fields(
+        &mut self,
+        obj: &Object,
+        names: &[&str],
+        max: u64,
+        add: Option<&str>,
+    ) -> Option<u64> {
         let mut present = false;
         let mut changed = false;
         let mut limit = u64::MAX;
         let digits = max.to_string().into_bytes();
-        for f in MAX_OUTPUT_FIELDS {
+        for f in names {
             let Some(m) = self.last(obj, f) else { continue };
             let v = self.bytes(m);
             if v == b"null" {
@@ -323,10 +500,38 @@ impl<'a> Plan<'a> {
                 }
             }
         }
-        if let (false, Some(field)) = (present, field_if_absent) {
+        if let (false, Some(field)) = (present, add) {
             self.set(obj, field, digits);
             changed = true;
             limit = max;
+        }
+        changed.then_some(limit)
+    }
+
+    /// The smallest plain-integer limit of `names` in `obj`, if any.
+    fn present_limit(&self, obj: &Object, names: &[&str]) -> Option<u64> {
+        names
+            .iter()
+            .filter_map(|f| self.last(obj, f))
+            .filter_map(|m| plain_u64(self.bytes(m)))
+            .min()
+    }
+
+    /// An `invoke` body of a shape the filter does not know: every [`INVOKE_OUTPUT_FIELDS`] present
+    /// at the top and in each object one level down is lowered to `max`; nothing is added.
+    fn clamp_any_known(&mut self, obj: &Object, max: u64) -> Option<u64> {
+        let mut changed = false;
+        let mut limit = u64::MAX;
+        let nested: Vec<Object> = obj
+            .members
+            .iter()
+            .filter_map(|m| scan::object_at(self.body, &m.value))
+            .collect();
+        for o in std::iter::once(obj).chain(nested.iter()) {
+            if let Some(l) = self.clamp_fields(o, &INVOKE_OUTPUT_FIELDS, max, None) {
+                changed = true;
+                limit = limit.min(l);
+            }
         }
         changed.then_some(limit)
     }

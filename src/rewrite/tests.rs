@@ -199,6 +199,7 @@ fn all_edits_combine_into_one_pass() {
         clamp_max_output: Some(10),
         max_output_field: "max_tokens".into(),
         clamp_present_only: false,
+        limit_at: LimitAt::Top,
     };
     let r = rewrite_with_report(br#"{"model":"a","stream":true}"#, &e).unwrap();
     assert!(r.model_changed && r.injected_include_usage && r.output_clamped);
@@ -492,6 +493,7 @@ fn edits(r: &mut Rng) -> Edits {
         }),
         max_output_field: r.pick(&["max_tokens", "max_output_tokens"]).to_string(),
         clamp_present_only: r.chance(30),
+        limit_at: LimitAt::Top,
     }
 }
 
@@ -760,5 +762,204 @@ fn the_scanner_refuses_the_edge_cases_serde_json_refuses() {
         );
         assert_eq!(serde_json::from_slice::<Value>(b.as_bytes()).is_ok(), ok);
         assert_eq!(scan::document(b.as_bytes()).is_ok(), ok, "{depth}");
+    }
+}
+
+fn at(limit_at: LimitAt, max: u64, present_only: bool) -> Edits {
+    Edits {
+        clamp_max_output: Some(max),
+        clamp_present_only: present_only,
+        limit_at,
+        ..Edits::default()
+    }
+}
+
+fn edited(body: &str, e: &Edits) -> Option<String> {
+    rewrite(body.as_bytes(), e)
+        .unwrap()
+        .map(|b| String::from_utf8(b).unwrap())
+}
+
+#[test]
+fn gemini_limits_are_lowered_in_generation_config_in_either_spelling() {
+    let e = at(LimitAt::Gemini, 100, false);
+    assert_eq!(
+        edited(
+            r#"{"contents":[],"generationConfig":{"maxOutputTokens": 5000 ,"topK":3}}"#,
+            &e
+        )
+        .as_deref(),
+        Some(r#"{"contents":[],"generationConfig":{"maxOutputTokens": 100 ,"topK":3}}"#)
+    );
+    assert_eq!(
+        edited(
+            r#"{"generation_config":{"max_output_tokens":700,"maxOutputTokens":90}}"#,
+            &e
+        )
+        .as_deref(),
+        Some(r#"{"generation_config":{"max_output_tokens":100,"maxOutputTokens":90}}"#)
+    );
+    // At or below the grant: nothing to change. A top-level `max_tokens` is not Gemini's limit.
+    assert_eq!(
+        edited(r#"{"generationConfig":{"maxOutputTokens":100}}"#, &e),
+        None
+    );
+    assert_eq!(
+        edited(
+            r#"{"max_tokens":9000,"generationConfig":{"maxOutputTokens":1}}"#,
+            &e
+        ),
+        None
+    );
+    // Every occurrence of the object (duplicates, both spellings): every reader sees the limit.
+    assert_eq!(
+        edited(
+            r#"{"generationConfig":{"maxOutputTokens":900},"generation_config":{},"generationConfig":{"maxOutputTokens":800}}"#,
+            &e
+        )
+        .as_deref(),
+        Some(
+            r#"{"generationConfig":{"maxOutputTokens":100},"generation_config":{"maxOutputTokens":100},"generationConfig":{"maxOutputTokens":100}}"#
+        )
+    );
+}
+
+#[test]
+fn gemini_without_a_limit_gets_one_in_generation_config() {
+    let e = at(LimitAt::Gemini, 64, false);
+    assert_eq!(
+        edited(r#"{"contents":[]}"#, &e).as_deref(),
+        Some(r#"{"contents":[],"generationConfig":{"maxOutputTokens":64}}"#)
+    );
+    assert_eq!(
+        edited(r#"{"generationConfig":{}}"#, &e).as_deref(),
+        Some(r#"{"generationConfig":{"maxOutputTokens":64}}"#)
+    );
+    assert_eq!(
+        edited(r#"{"generationConfig":{"maxOutputTokens":null}}"#, &e).as_deref(),
+        Some(r#"{"generationConfig":{"maxOutputTokens":64}}"#),
+        "a null limit is set in place"
+    );
+    assert_eq!(
+        edited(r#"{"generation_config":null,"x":1}"#, &e).as_deref(),
+        Some(r#"{"generation_config":{"maxOutputTokens":64},"x":1}"#)
+    );
+    // Not an object: the provider refuses the body; it is left as sent.
+    assert_eq!(edited(r#"{"generationConfig":"fast"}"#, &e), None);
+    // Present only: nothing is added.
+    assert_eq!(
+        edited(r#"{"contents":[]}"#, &at(LimitAt::Gemini, 64, true)),
+        None
+    );
+    let r = rewrite_with_report(br#"{"contents":[]}"#, &e).unwrap();
+    assert!(r.output_clamped);
+    assert_eq!(r.thinking, Thinking::Untouched);
+}
+
+#[test]
+fn converse_limits_live_in_inference_config_and_claudes_thinking_stays_below_them() {
+    let e = at(LimitAt::Converse, 2000, false);
+    assert_eq!(
+        edited(
+            r#"{"messages":[],"inferenceConfig":{"maxTokens":8000}}"#,
+            &e
+        )
+        .as_deref(),
+        Some(r#"{"messages":[],"inferenceConfig":{"maxTokens":2000}}"#)
+    );
+    assert_eq!(
+        edited(r#"{"messages":[]}"#, &e).as_deref(),
+        Some(r#"{"messages":[],"inferenceConfig":{"maxTokens":2000}}"#)
+    );
+    let body = r#"{"inferenceConfig":{"maxTokens":8000},"additionalModelRequestFields":{"thinking":{"type":"enabled","budget_tokens":4000}}}"#;
+    let r = rewrite_with_report(body.as_bytes(), &e).unwrap();
+    assert_eq!(r.thinking, Thinking::Lowered { budget: 1999 });
+    assert_eq!(
+        s(&r.body.unwrap()),
+        r#"{"inferenceConfig":{"maxTokens":2000},"additionalModelRequestFields":{"thinking":{"type":"enabled","budget_tokens":1999}}}"#
+    );
+    let r = rewrite_with_report(body.as_bytes(), &at(LimitAt::Converse, 1000, false)).unwrap();
+    assert_eq!(r.thinking, Thinking::DoesNotFit { max_tokens: 1000 });
+}
+
+#[test]
+fn invoke_bodies_are_clamped_in_the_models_own_field() {
+    let nova = LimitAt::Invoke { nova: true };
+    let other = LimitAt::Invoke { nova: false };
+    // Claude's Messages body: `max_tokens` at the top, thinking kept below it.
+    let claude = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":5000,"thinking":{"type":"enabled","budget_tokens":3000}}"#;
+    let r = rewrite_with_report(claude.as_bytes(), &at(other, 2000, false)).unwrap();
+    assert_eq!(r.thinking, Thinking::Lowered { budget: 1999 });
+    assert_eq!(
+        edited(
+            r#"{"anthropic_version":"x","messages":[]}"#,
+            &at(other, 50, false)
+        )
+        .as_deref(),
+        Some(r#"{"anthropic_version":"x","messages":[],"max_tokens":50}"#)
+    );
+    // Nova's messages-v1: `inferenceConfig.max_new_tokens`.
+    assert_eq!(
+        edited(r#"{"messages":[]}"#, &at(nova, 50, false)).as_deref(),
+        Some(r#"{"messages":[],"inferenceConfig":{"max_new_tokens":50}}"#)
+    );
+    assert_eq!(
+        edited(
+            r#"{"schemaVersion":"messages-v1","inferenceConfig":{"max_new_tokens":900}}"#,
+            &at(other, 50, false)
+        )
+        .as_deref(),
+        Some(r#"{"schemaVersion":"messages-v1","inferenceConfig":{"max_new_tokens":50}}"#)
+    );
+    // Shapes the filter does not know: every known limit at the top or one object down; none added.
+    assert_eq!(
+        edited(
+            r#"{"prompt":"hi","max_gen_len":512}"#,
+            &at(other, 50, false)
+        )
+        .as_deref(),
+        Some(r#"{"prompt":"hi","max_gen_len":50}"#)
+    );
+    assert_eq!(
+        edited(
+            r#"{"inputText":"hi","textGenerationConfig":{"maxTokenCount":4096,"temperature":0}}"#,
+            &at(other, 50, false)
+        )
+        .as_deref(),
+        Some(r#"{"inputText":"hi","textGenerationConfig":{"maxTokenCount":50,"temperature":0}}"#)
+    );
+    assert_eq!(edited(r#"{"prompt":"hi"}"#, &at(other, 50, false)), None);
+    // A Llama body is not Nova's even when the model id says Nova: no `messages`.
+    assert_eq!(edited(r#"{"prompt":"hi"}"#, &at(nova, 50, false)), None);
+}
+
+#[test]
+fn family_clamps_keep_every_other_byte_and_parse_as_the_original_but_the_limit() {
+    let bodies = [
+        (
+            LimitAt::Gemini,
+            "/generationConfig/maxOutputTokens",
+            "{ \"contents\" : [ {\"parts\":[{\"text\":\"h\\u00e9 \\/\"}]} ] ,\n \"generationConfig\" : { \"temperature\" : 1.50 , \"maxOutputTokens\" : 1e3 } }",
+            "1e3",
+        ),
+        (
+            LimitAt::Converse,
+            "/inferenceConfig/maxTokens",
+            "{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"x\"}]}],\"inferenceConfig\":{\"stopSequences\":[],\"maxTokens\":4096}}",
+            "4096",
+        ),
+    ];
+    for (limit_at, ptr, body, limit) in bodies {
+        let out = rewrite(body.as_bytes(), &at(limit_at, 7, false))
+            .unwrap()
+            .unwrap();
+        let mut want = json(body.as_bytes());
+        *want.pointer_mut(ptr).unwrap() = Value::from(7);
+        assert_eq!(json(&out), want, "{body}");
+        assert_eq!(
+            s(&out),
+            body.replacen(limit, "7", 1),
+            "only the limit's bytes"
+        );
     }
 }

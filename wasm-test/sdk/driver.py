@@ -18,7 +18,10 @@ Scenarios (refusals, report the SDK's exception):
 Other: anthropic-count-tokens (messages.count_tokens; reports the HTTP status)
 Scenarios of the other families (--model: the Azure deployment, Gemini model or Bedrock model id;
 --max-retries N also turns on google-genai's retries, which are off by default):
-  azure-chat, azure-chat-stream, azure-error (openai.AzureOpenAI, /openai/deployments/{model}/…)
+  azure-chat, azure-chat-stream, azure-error (openai.AzureOpenAI, /openai/deployments/{model}/…;
+    --no-stream-usage: a stream without stream_options.include_usage)
+  azure-v1-chat, azure-v1-chat-stream (Azure's v1 API as Microsoft documents it: openai.OpenAI with
+    base_url {endpoint}/openai/v1, the deployment as the body's model)
   gemini-generate, gemini-stream, gemini-count-tokens, gemini-error (google-genai, Gemini API key mode)
   vertex-generate, vertex-stream, vertex-error (google-genai, Vertex AI mode, fake OAuth credentials)
   bedrock-converse, bedrock-converse-stream, bedrock-error (boto3 bedrock-runtime, fake SigV4 credentials,
@@ -51,6 +54,7 @@ def parse_args():
     p.add_argument("--sleep-before", type=float, default=0.0, help="seconds to wait before the call")
     p.add_argument("--thinking-budget", type=int, default=None)
     p.add_argument("--tool-properties", default=None, help="comma-separated property names of a tool schema")
+    p.add_argument("--no-stream-usage", action="store_true", help="azure streams: no include_usage")
     return p.parse_args()
 
 
@@ -93,6 +97,19 @@ def azure_client(args):
         azure_endpoint=args.base_url,
         api_key="azure-test-key",
         api_version="2024-10-21",
+        max_retries=args.max_retries,
+        default_headers=headers_of(args),
+        timeout=30,
+    )
+
+
+def azure_v1_client(args):
+    import openai
+
+    # Azure OpenAI's v1 API takes the OpenAI client itself (no api-version, the deployment as `model`).
+    return openai.OpenAI(
+        base_url=args.base_url + "/openai/v1",
+        api_key="azure-test-key",
         max_retries=args.max_retries,
         default_headers=headers_of(args),
         timeout=30,
@@ -306,8 +323,9 @@ def run(args):
             num_retries=0,
         )
         return {"text": r.choices[0].message.content, "usage": usage_dict(r.usage)}
-    if s in ("azure-chat", "azure-error"):
-        r = azure_client(args).chat.completions.with_raw_response.create(
+    if s in ("azure-chat", "azure-error", "azure-v1-chat"):
+        client = azure_v1_client(args) if s.startswith("azure-v1") else azure_client(args)
+        r = client.chat.completions.with_raw_response.create(
             model=args.model or "dep-1", messages=msgs, max_tokens=args.max_tokens
         )
         c = r.parse()
@@ -317,20 +335,23 @@ def run(args):
             "path": str(r.http_request.url.path),
             "headers": dict(r.headers),
         }
-    if s == "azure-chat-stream":
-        text, usage = "", None
-        for chunk in azure_client(args).chat.completions.create(
+    if s in ("azure-chat-stream", "azure-v1-chat-stream"):
+        client = azure_v1_client(args) if s.startswith("azure-v1") else azure_client(args)
+        extra = {} if args.no_stream_usage else {"stream_options": {"include_usage": True}}
+        text, usage, chunks = "", None, 0
+        for chunk in client.chat.completions.create(
             model=args.model or "dep-1",
             messages=msgs,
             max_tokens=args.max_tokens,
             stream=True,
-            stream_options={"include_usage": True},
+            **extra,
         ):
+            chunks += 1
             if chunk.usage is not None:
                 usage = usage_dict(chunk.usage)
             for ch in chunk.choices:
                 text += ch.delta.content or ""
-        return {"text": text, "usage": usage}
+        return {"text": text, "usage": usage, "chunks": chunks}
     if s.startswith("gemini-") or s.startswith("vertex-"):
         from google.genai import types
 
@@ -459,6 +480,13 @@ def main():
             sys.argv = [sys.argv[0], *argv]
             results.append(one(parse_args()))
         print(json.dumps(results, default=str))
+        return
+    if sys.argv[1:] == ["lines"]:
+        # One JSON argument list a line, one result line each, as they come: a test starts the
+        # interpreter (and an SDK, with a first call) before the moment a call must be timed.
+        for line in sys.stdin:
+            sys.argv = [sys.argv[0], *json.loads(line)]
+            print(json.dumps(one(parse_args()), default=str), flush=True)
         return
     print(json.dumps(one(parse_args()), default=str))
 

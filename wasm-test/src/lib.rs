@@ -24,6 +24,7 @@
 //!   served-usage ledger (the fault-matrix tests).
 //! - [`cluster`]: a Redis Cluster (3 masters + 3 replicas), Envoy's `redis_proxy` in front of it, and
 //!   Webdis in front of that (the fleet tests).
+//! - [`sdk`]: the official Python SDKs as clients (`wasm-test/sdk/driver.py`).
 //! - [`fleet`]: client load over several Envoys with per-tenant tallies of what was served, and the
 //!   Redis side of a tenant's quota (plain Redis or Cluster).
 //!
@@ -38,6 +39,7 @@ pub mod http;
 pub mod mock;
 pub mod paths;
 pub mod redis;
+pub mod sdk;
 pub mod tg;
 
 pub use envoy::*;

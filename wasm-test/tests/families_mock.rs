@@ -6,75 +6,16 @@
 //! Envoy suites then only add the filter.
 
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
 use wasm_test::faults::ledger;
-use wasm_test::{mock_provider, repo_root};
+use wasm_test::{mock_provider, sdk};
 
 /// What the mock answers for an output limit of 8 (`t0 t1 … t7 `).
 const TEXT8: &str = "t0 t1 t2 t3 t4 t5 t6 t7 ";
 
-/// Runs `calls` (argument lists) through the driver against `port`; one result per call. The driver
-/// is killed (by its PID) after 150 s.
+/// Runs `calls` (argument lists) through the driver against `port`; one result per call.
 fn drive(port: u16, calls: &[Vec<&str>]) -> Vec<Value> {
-    let base = format!("http://127.0.0.1:{port}");
-    let calls: Vec<Vec<String>> = calls
-        .iter()
-        .map(|c| {
-            let mut c: Vec<String> = c.iter().map(|s| s.to_string()).collect();
-            c.extend(["--base-url".to_string(), base.clone()]);
-            c
-        })
-        .collect();
-    let root = repo_root();
-    let python = root.join(".venv/bin/python");
-    let mut child = Command::new(&python)
-        .arg(root.join("wasm-test/sdk/driver.py"))
-        .arg("batch")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e} (run `make deps`)", python.display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(json!(calls).to_string().as_bytes())
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(150);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the SDK driver ran over 150 s");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
-    let last = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('['))
-        .unwrap_or_else(|| panic!("no result from the driver; stdout:\n{out}\nstderr:\n{err}"));
-    let results: Vec<Value> = serde_json::from_str(last).unwrap();
-    assert_eq!(results.len(), calls.len(), "stderr:\n{err}");
-    results
+    let calls: Vec<Vec<String>> = calls.iter().map(|c| sdk::call(c[0], &c[1..])).collect();
+    sdk::drive(port, &calls)
 }
 
 #[test]

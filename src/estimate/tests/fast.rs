@@ -1,7 +1,7 @@
 //! The fast walk and ASCII windows against the reference walk and the byte-wise loop; fuzzing.
 
 use super::*;
-use crate::estimate::latin::{latin_ext_at, tail_steps, word_tail};
+use crate::estimate::latin::{is_latin_ext, latin_ext_at, tail_steps, word_tail};
 
 #[test]
 fn arbitrary_bytes_never_panic() {

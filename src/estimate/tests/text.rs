@@ -1,6 +1,7 @@
 //! Text counting: scripts, junk, escapes, the pinned counts of the calibrated model.
 
 use super::*;
+use crate::estimate::bytes::EXCESS_FROM;
 
 #[test]
 fn empty_text_is_zero_tokens_and_any_text_at_least_one() {

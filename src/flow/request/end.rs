@@ -17,7 +17,7 @@ use crate::flow::vm::state::Credit;
 use crate::flow::vm::{breakers, credits, leases};
 use crate::limits::local;
 use crate::quota::accounting::{self, Ending};
-use crate::usage::{self, SseScanner};
+use crate::usage::{self, StreamScanner};
 
 impl Request {
     /// Envoy's `on_log`: the request is over (completed, failed or aborted by the client).
@@ -69,15 +69,20 @@ impl Request {
     }
 }
 
-/// The usage the response reported: the SSE scanner's, or the kept JSON body's.
+/// The usage the response reported: the stream scanner's, or the whole answer's in its family's shape
+/// ([`usage::from_answer`]: Bedrock `invoke` from its token-count headers first). Embeddings report no
+/// output; every other API's usage without an output count is none.
 fn response_usage(f: &Forwarded) -> Option<usage::Usage> {
-    match &f.resp.stream {
-        Some(sc) => sc.usage(),
-        // Embeddings report no output; every other API's usage without an output count is none.
-        None if f.meta.kind == Some(crate::estimate::ApiKind::Embeddings) => {
-            usage::from_json(&f.resp.json)
+    match (&f.resp.stream, f.meta.kind) {
+        (Some(sc), _) => sc.usage(),
+        (None, Some(kind)) => {
+            let (input, output) = match f.resp.token_headers.as_deref() {
+                Some((i, o)) => (Some(i.as_str()), Some(o.as_str())),
+                None => (None, None),
+            };
+            usage::from_answer(kind, &f.resp.json, input, output)
         }
-        None => usage::from_json_with_output(&f.resp.json),
+        (None, None) => usage::from_json_with_output(&f.resp.json),
     }
 }
 
@@ -343,7 +348,7 @@ fn record(cx: &mut Cx, f: &mut Forwarded) {
             .and_then(|v| String::from_utf8(v).ok())
     };
     let completed = if b.count_incomplete_streams {
-        f.resp.stream.as_ref().map(SseScanner::completed)
+        f.resp.stream.as_ref().map(StreamScanner::completed)
     } else {
         None
     };

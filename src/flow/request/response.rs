@@ -1,15 +1,18 @@
-//! Phase 4, the response: rate-limit, quota and fallback headers; SSE chunks scanned for the final event
-//! and `usage` (the injected usage chunk stripped), or a JSON body kept for its `usage`. An upstream that
+//! Phase 4, the response: rate-limit, quota and fallback headers; a streamed answer scanned chunk by chunk
+//! in its family's framing ([`scanner_for`]: SSE, Gemini's SSE or JSON array, Bedrock's AWS event
+//! stream) for its end and usage (an injected OpenAI usage chunk stripped), or a whole answer kept to
+//! read its usage at the end (Bedrock `invoke`: its token-count headers). An upstream that
 //! answers while the admission is still pending is accounted as admitted ([`Request::on_response_headers`]).
 
 use super::answers;
 use super::end;
 use super::state::{Hold, QuotaReq, Request, Stage};
 use super::steps::quota;
+use crate::estimate::ApiKind;
 use crate::flow::cx::Cx;
 use crate::flow::effect::{Body, Effect, Headers, Level, Next, Value};
 use crate::flow::metric::Metric;
-use crate::usage::{Forward, SseScanner};
+use crate::usage::{Forward, StreamScanner};
 use std::borrow::Cow;
 
 /// Largest JSON response kept to read its `usage`.
@@ -54,13 +57,23 @@ impl Request {
             // A body the provider compressed anyway (it ignored the removed accept-encoding) cannot be
             // read: its usage is unknown (the estimate stands) and an SSE stream's end is not judged.
             if inspect && !is_encoded(h.get("content-encoding")) {
-                let sse = h
-                    .get("content-type")
-                    .is_some_and(|c| c.contains("text/event-stream"));
-                if sse {
-                    f.resp.stream = Some(SseScanner::new(f.injected_usage));
-                } else {
-                    f.resp.collect = (settling || refunding) && (200..300).contains(&f.resp.status);
+                let ok = (200..300).contains(&f.resp.status);
+                let ct = h.get("content-type").unwrap_or_default();
+                f.resp.stream = f
+                    .meta
+                    .kind
+                    .and_then(|k| scanner_for(k, ct, ok, f.injected_usage));
+                if f.resp.stream.is_none() && (settling || refunding) && ok {
+                    if f.meta.kind == Some(ApiKind::BedrockInvoke) {
+                        f.resp.token_headers = h
+                            .get("x-amzn-bedrock-input-token-count")
+                            .zip(h.get("x-amzn-bedrock-output-token-count"))
+                            .map(|(i, o)| Box::new((i.to_string(), o.to_string())));
+                    }
+                    // Bedrock's token-count headers settle an `invoke` answer whatever its body.
+                    f.resp.collect = !f.resp.token_headers.as_ref().is_some_and(|t| {
+                        t.0.trim().parse::<u64>().is_ok() && t.1.trim().parse::<u64>().is_ok()
+                    });
                 }
             }
         }
@@ -114,7 +127,7 @@ impl Request {
                 ));
             }
         }
-        if f.resp.stream.is_some() && f.injected_usage {
+        if f.injected_usage && matches!(f.resp.stream, Some(StreamScanner::Sse(_))) {
             // The body is rewritten chunk by chunk (the usage chunk removed).
             cx.fx.push(Effect::RemoveResponseHeader(Cow::Borrowed(
                 "content-length",
@@ -194,6 +207,46 @@ impl Request {
         }
         Next::Continue
     }
+}
+
+/// The scanner of a streamed answer of `kind` with `content_type`, by the framing it is sent in:
+/// `text/event-stream` (OpenAI, Anthropic, Gemini's `alt=sse`: Gemini's scanner for its APIs), Bedrock's
+/// `application/vnd.amazon.eventstream` (for Bedrock's APIs only), or the JSON array a `2xx`
+/// `streamGenerateContent` without `alt=sse` streams. `None`: a whole answer (read at its end).
+/// `strip_usage_chunk`: `include_usage` was injected (only an OpenAI SSE stream carries that chunk).
+pub fn scanner_for(
+    kind: ApiKind,
+    content_type: &str,
+    ok: bool,
+    strip_usage_chunk: bool,
+) -> Option<StreamScanner> {
+    let bedrock = matches!(
+        kind,
+        ApiKind::BedrockConverse
+            | ApiKind::BedrockConverseStream
+            | ApiKind::BedrockInvoke
+            | ApiKind::BedrockInvokeStream
+    );
+    if has_ascii_ci(content_type, "text/event-stream") {
+        return Some(if bedrock {
+            // Bedrock streams are never SSE; read as plain SSE (no usage a Bedrock scanner trusts).
+            StreamScanner::Sse(crate::usage::SseScanner::new(false))
+        } else {
+            StreamScanner::for_kind(kind, strip_usage_chunk)
+        });
+    }
+    if bedrock && has_ascii_ci(content_type, "application/vnd.amazon.eventstream") {
+        return Some(StreamScanner::for_kind(kind, false));
+    }
+    (kind == ApiKind::GeminiStream && ok).then(|| StreamScanner::for_kind(kind, false))
+}
+
+/// `haystack` contains `needle` (ASCII, case-insensitive), without allocating.
+fn has_ascii_ci(haystack: &str, needle: &str) -> bool {
+    haystack
+        .as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// A `content-encoding` other than identity.

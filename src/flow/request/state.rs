@@ -16,7 +16,7 @@ use crate::estimate::ApiKind;
 pub(in crate::flow) use crate::flow::vm::state::FairMember;
 use crate::limits::bucket::Snapshot;
 use crate::store::Seen;
-use crate::usage::SseScanner;
+use crate::usage::StreamScanner;
 
 /// One request's context.
 pub struct Request {
@@ -286,10 +286,14 @@ pub(in crate::flow) struct Resp {
     pub retry_after: Option<String>,
     /// Reset hints of a failure (`x-ratelimit-reset-*`, `retry-after-ms` as `<n>ms`).
     pub reset_headers: Vec<String>,
-    /// An SSE response: its final event, usage and content size.
-    pub stream: Option<SseScanner>,
+    /// A streamed answer, scanned as it passes (its family's framing: SSE, Gemini's SSE or JSON
+    /// array, Bedrock's AWS event stream): its end, usage and content size.
+    pub stream: Option<StreamScanner>,
     /// Keep a JSON response body to read its `usage`.
     pub collect: bool,
+    /// Bedrock `invoke`'s token counts from its response headers (`x-amzn-bedrock-input-token-count`,
+    /// `x-amzn-bedrock-output-token-count`), as sent.
+    pub token_headers: Option<Box<(String, String)>>,
     /// The kept JSON body (bounded by `MAX_JSON_RESPONSE`).
     pub json: Vec<u8>,
     /// Unused bucket tokens were already given back.

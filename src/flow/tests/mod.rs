@@ -6,6 +6,7 @@ mod budgets;
 mod contract;
 mod failures;
 mod fair;
+mod families;
 mod glease;
 mod identity;
 mod lease;

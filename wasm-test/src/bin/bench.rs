@@ -86,6 +86,14 @@
 //! three rounds, and the marginal µs per KB (e.g. `TOKENGATE_WASM` pointing at a build with the
 //! feature `exact-text`, to compare exact counting with the estimator).
 //!
+//! `BENCH_FAMILY=<family>`: every row sends that API family's request instead of OpenAI chat — the same
+//! system and user text, output limit 16, on its own path — and the mock answers it in the family's
+//! shape with its usage (Bedrock `invoke` also in its token-count headers): `azure` (a deployment path,
+//! no `model` in the body), `gemini` (`/v1beta/models/…:generateContent`), `vertex` (Vertex AI's path,
+//! same body), `converse` and `invoke` (Bedrock, a Claude model id; `invoke` with Claude's Messages
+//! body). With `BENCH_CALLGRIND` it gives each family's instructions per request, to put next to the
+//! OpenAI row of a run without it (counts are deterministic, so separate runs compare).
+//!
 //! `BENCH_PIN=1`: Envoy runs with `--concurrency 1` pinned to CPU 0 (`taskset`), the load generator and
 //! the mock pinned to CPU 1, so Envoy never competes with the client for a core (needs >= 2 CPUs).
 //!
@@ -121,6 +129,55 @@ const CALLGRIND_START_TIMEOUT: Duration = Duration::from_secs(300);
 const CALLGRIND_WARMUP: usize = 400;
 
 const REQUEST_BODY: &str = r#"{"model":"gpt-4.1","max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#;
+
+/// The request each row sends: `(path, body)` of `BENCH_FAMILY` (OpenAI chat by default).
+fn family_request() -> (&'static str, &'static str) {
+    match std::env::var("BENCH_FAMILY").as_deref() {
+        Ok("azure") => (
+            "/openai/deployments/gpt-4.1/chat/completions?api-version=2024-10-21",
+            r#"{"max_tokens":16,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in one short sentence."}]}"#,
+        ),
+        Ok(f @ ("gemini" | "vertex")) => (
+            if f == "gemini" {
+                "/v1beta/models/gemini-2.5-flash:generateContent"
+            } else {
+                "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-flash:generateContent"
+            },
+            r#"{"systemInstruction":{"parts":[{"text":"You are terse."}]},"contents":[{"role":"user","parts":[{"text":"Say hello in one short sentence."}]}],"generationConfig":{"maxOutputTokens":16}}"#,
+        ),
+        Ok("converse") => (
+            "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/converse",
+            r#"{"system":[{"text":"You are terse."}],"messages":[{"role":"user","content":[{"text":"Say hello in one short sentence."}]}],"inferenceConfig":{"maxTokens":16}}"#,
+        ),
+        Ok("invoke") => (
+            "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/invoke",
+            r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":16,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in one short sentence."}]}"#,
+        ),
+        _ => ("/v1/chat/completions", REQUEST_BODY),
+    }
+}
+
+/// The mock's answer to a request line: the family's JSON (and extra headers) by its path.
+fn mock_answer(request_line: &str) -> (&'static str, &'static str) {
+    if request_line.contains(":generateContent") {
+        (
+            "",
+            r#"{"candidates":[{"content":{"parts":[{"text":"Hello there!"}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":24,"candidatesTokenCount":4,"totalTokenCount":28},"modelVersion":"gemini-2.5-flash"}"#,
+        )
+    } else if request_line.contains("/converse ") {
+        (
+            "",
+            r#"{"output":{"message":{"role":"assistant","content":[{"text":"Hello there!"}]}},"stopReason":"end_turn","usage":{"inputTokens":24,"outputTokens":4,"totalTokens":28},"metrics":{"latencyMs":5}}"#,
+        )
+    } else if request_line.contains("/invoke ") {
+        (
+            "x-amzn-bedrock-input-token-count: 24\r\nx-amzn-bedrock-output-token-count: 4\r\n",
+            r#"{"id":"msg_bench","type":"message","role":"assistant","model":"claude","content":[{"type":"text","text":"Hello there!"}],"stop_reason":"end_turn","usage":{"input_tokens":24,"output_tokens":4}}"#,
+        )
+    } else {
+        ("", MOCK_RESPONSE)
+    }
+}
 
 const MOCK_RESPONSE: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4.1","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":24,"completion_tokens":4,"total_tokens":28}}"#;
 
@@ -255,7 +312,9 @@ fn quota_config() -> String {
     cfg["quota"] = serde_json::json!({
         "cluster": "webdis",
         "monthly_limit": 1_000_000_000_000_000u64,
-        "timeout_ms": 1000
+        // Roomy: under callgrind on a loaded machine a reservation can take over a second (a timeout
+        // would fail the request and stop the count); the time-out is no part of the measured cost.
+        "timeout_ms": 5000
     });
     cfg.to_string()
 }
@@ -946,7 +1005,7 @@ struct Conn {
 
 impl Conn {
     fn open(port: u16) -> Result<Conn> {
-        Conn::open_with(port, REQUEST_BODY)
+        Conn::open_with(port, family_request().1)
     }
 
     /// A connection that sends `body`.
@@ -957,8 +1016,9 @@ impl Conn {
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
         let reader = BufReader::new(stream.try_clone().map_err(|e| format!("clone: {e}"))?);
         let request = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
+            "POST {} HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
              x-tenant-id: bench\r\n{TEAM_HEADER}: eng\r\ncontent-length: {}\r\n\r\n{body}",
+            family_request().0,
             body.len()
         )
         .into_bytes();
@@ -1026,10 +1086,6 @@ fn serve_mock_conn(stream: TcpStream, stop: &AtomicBool) {
     };
     let mut reader = BufReader::new(read_half);
     let mut writer = stream;
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{MOCK_RESPONSE}",
-        MOCK_RESPONSE.len()
-    );
     while !stop.load(Ordering::Relaxed) {
         // Wait for the next request without consuming bytes, so a timeout never splits a message.
         match reader.fill_buf() {
@@ -1044,11 +1100,16 @@ fn serve_mock_conn(stream: TcpStream, stop: &AtomicBool) {
             Err(_) => break,
         }
         let _ = writer.set_read_timeout(Some(Duration::from_secs(10)));
-        let ok = match read_head(&mut reader) {
-            Ok(Some((_, headers))) => read_body(&mut reader, &headers).is_ok(),
-            _ => false,
+        let (ok, line) = match read_head(&mut reader) {
+            Ok(Some((line, headers))) => (read_body(&mut reader, &headers).is_ok(), line),
+            _ => (false, String::new()),
         };
         let _ = writer.set_read_timeout(Some(Duration::from_millis(200)));
+        let (extra, body) = mock_answer(&line);
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
         if !ok || writer.write_all(response.as_bytes()).is_err() {
             break;
         }
@@ -1533,7 +1594,7 @@ fn run() -> Result<()> {
 /// request. Instruction counts do not depend on what else the machine runs, so two builds or
 /// configurations can be compared to the percent on a shared machine where req/s moves by +-30 %.
 fn callgrind_window(e: &RunningEnvoy, v: &Variant, work: &Path, n: usize) -> Result<f64> {
-    callgrind_count(e, v, work, n, REQUEST_BODY, CALLGRIND_WARMUP)
+    callgrind_count(e, v, work, n, family_request().1, CALLGRIND_WARMUP)
 }
 
 /// [`callgrind_window`] with `body` and `warmup` requests before counting.
@@ -1861,10 +1922,15 @@ fn print_tables(all: &[Variant], rows: &[(usize, Best)], s: &Settings) {
     );
     println!();
     println!(
-        "Envoy 1.40 --concurrency {} -> in-process mock provider; POST /v1/chat/completions ({} B body, one write, \
+        "Envoy 1.40 --concurrency {} -> in-process mock provider; POST {} ({} B body, one write, \
          content-length, keep-alive); best of {} rounds.",
-        if s.pin { "1 (pinned to CPU 0; load on CPU 1)" } else { "2" },
-        REQUEST_BODY.len(),
+        if s.pin {
+            "1 (pinned to CPU 0; load on CPU 1)"
+        } else {
+            "2"
+        },
+        family_request().0,
+        family_request().1.len(),
         s.rounds,
     );
     println!();

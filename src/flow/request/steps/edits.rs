@@ -2,8 +2,9 @@
 //! ([`crate::rewrite`]): a breaker's fallback model; `stream_options.include_usage` added to a chat or
 //! completions stream when a quota must settle it; an output limit above the model's cap lowered to it
 //! (or refused, `output_above_cap: "refuse"`), and one written into a body without any where the
-//! reservation must bound what the provider generates. A body whose `content-length` was kept is padded
-//! to it, or refused when the edit would make it longer.
+//! reservation must bound what the provider generates — each in the family's own field ([`limit_at`]:
+//! Gemini's `generationConfig.maxOutputTokens`, Converse's `inferenceConfig.maxTokens`, …). A body
+//! whose `content-length` was kept is padded to it, or refused when the edit would make it longer.
 
 use crate::config::{AboveCap, Config};
 use crate::estimate::ApiKind;
@@ -14,7 +15,7 @@ use crate::flow::request::answers;
 use crate::flow::request::denial::{Denial, Reason};
 use crate::flow::request::step::Draft;
 use crate::reply::Refusal;
-use crate::rewrite;
+use crate::rewrite::{self, Edits, LimitAt};
 
 /// The body field that carries the output limit for this API, where one is added to a body without
 /// any: chat's `max_completion_tokens` (OpenAI's reasoning models refuse `max_tokens`), unless the body
@@ -27,6 +28,31 @@ pub(in crate::flow) fn output_field(kind: ApiKind, body: &[u8]) -> &'static str 
         }
         _ => "max_tokens",
     }
+}
+
+/// Where the body of `kind` keeps its output limit ([`LimitAt`]): Gemini's `generationConfig`,
+/// Converse's `inferenceConfig`, Bedrock `invoke`'s model body (`path_model`: the model id the path
+/// names, which tells Nova's bodies apart), else the top level ([`output_field`]).
+pub(in crate::flow) fn limit_at(kind: ApiKind, path_model: Option<&str>) -> LimitAt {
+    match kind {
+        ApiKind::GeminiGenerate | ApiKind::GeminiStream => LimitAt::Gemini,
+        ApiKind::BedrockConverse | ApiKind::BedrockConverseStream => LimitAt::Converse,
+        ApiKind::BedrockInvoke | ApiKind::BedrockInvokeStream => LimitAt::Invoke {
+            nova: path_model.is_some_and(|m| m.to_ascii_lowercase().contains("nova")),
+        },
+        _ => LimitAt::Top,
+    }
+}
+
+/// The edits' description of where the output limit goes, for `kind` and `body`.
+pub(in crate::flow) fn limit_edits(
+    kind: ApiKind,
+    body: &[u8],
+    path_model: Option<&str>,
+    edits: &mut Edits,
+) {
+    edits.max_output_field = output_field(kind, body).to_string();
+    edits.limit_at = limit_at(kind, path_model);
 }
 
 /// Edits the body of `d` (the effect replaces Envoy's buffer).
@@ -42,7 +68,7 @@ pub(in crate::flow) fn apply(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denia
             && e.stream
             && !e.include_usage
             && matches!(e.kind, ApiKind::ChatCompletions | ApiKind::Completions);
-        d.edits.max_output_field = output_field(kind, body).to_string();
+        limit_edits(kind, body, d.meta.path_model.as_deref(), &mut d.edits);
     }
     if let Some(e) = d.est.as_ref().filter(|e| e.kind != ApiKind::Embeddings) {
         // The reservation covers at most the model's cap per choice: a body asking for more is lowered
@@ -51,7 +77,7 @@ pub(in crate::flow) fn apply(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denia
         if e.output_tokens >= cap.saturating_mul(e.output_choices.max(1)) {
             d.edits.clamp_max_output = Some(cap);
             d.edits.clamp_present_only = true;
-            d.edits.max_output_field = output_field(kind, body).to_string();
+            limit_edits(kind, body, d.meta.path_model.as_deref(), &mut d.edits);
         }
     }
     // A body without an output limit gets the reserved one written in where the reservation must bound
@@ -65,7 +91,7 @@ pub(in crate::flow) fn apply(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denia
     if let Some(e) = d.est.as_ref().filter(|_| adds_limit) {
         d.edits.clamp_max_output = Some(e.output_tokens / e.output_choices.max(1));
         d.edits.clamp_present_only = false;
-        d.edits.max_output_field = output_field(kind, body).to_string();
+        limit_edits(kind, body, d.meta.path_model.as_deref(), &mut d.edits);
     }
     // Kept for a max_tokens clamp after the reservation, and for a model downgrade.
     let keep = cfg.quota.is_some() || cfg.downgrades();

@@ -5,7 +5,7 @@
 //! missing), or — when this Envoy's own lease holds what is missing — be sent again once the lease went
 //! back. When the shim cannot answer, the quota's (or budget's) `on_failure` applies.
 
-use super::edits::output_field;
+use super::edits::limit_edits;
 use super::quota_marker;
 use crate::config::{LeaseSettings, QuotaFailure, QuotaSettings};
 use crate::flow::cx::Cx;
@@ -505,11 +505,16 @@ fn clamp_body(cx: &mut Cx, plan: &mut Plan, tokens: u64) -> Result<(), u64> {
     let Some(kind) = plan.meta.kind else {
         return Ok(());
     };
-    let edits = Edits {
+    let mut edits = Edits {
         clamp_max_output: Some(tokens),
-        max_output_field: output_field(kind, &plan.body).to_string(),
         ..Edits::default()
     };
+    limit_edits(
+        kind,
+        &plan.body,
+        plan.meta.path_model.as_deref(),
+        &mut edits,
+    );
     if let Ok(r) = rewrite::rewrite_with_report(&plan.body, &edits) {
         if let Thinking::DoesNotFit { max_tokens } = r.thinking {
             return Err(max_tokens);
