@@ -6,9 +6,11 @@
 //! Envoy 1.40): a string as its bytes, a number as 8 bytes of a little-endian `f64`, a boolean as 1
 //! byte, a list or an object as proxy-wasm pairs (`[n u32][n × (key len u32, value len u32)][key NUL
 //! value NUL …]`, a list's elements as keys with empty values). The bytes carry no type: a string that
-//! is a valid id is taken as it is; otherwise 8 bytes are read as a number (a whole number up to 2^53
-//! becomes its decimal text), and pairs holding exactly one element as that element; anything else is
-//! a claim of the wrong type.
+//! is a valid id is taken as it is, and other printable text is a string of the wrong characters;
+//! otherwise 8 bytes are read as a number (a whole number up to 2^53 becomes its decimal text), and
+//! pairs holding exactly one element as that element; anything else is a claim of the wrong type. The
+//! ambiguity left: a whole number from 2^51 whose 8 bytes happen to be printable text (about 1 in 400)
+//! is read as that text, and an object of one member whose value is `""` as a list of its key.
 //!
 //! Raw API keys are never stored, logged or used as shared-data keys: a key becomes
 //! `key:<first 16 hex digits of SHA-256(key)>` (64 bits: collisions are negligible for any realistic
@@ -206,6 +208,12 @@ pub fn read_claim(bytes: Option<&[u8]>) -> Claim {
     if let Ok(s) = std::str::from_utf8(b) {
         if valid_tenant(s) {
             return Claim::Id(s.to_string());
+        }
+        // Printable text that is no id is a string of the wrong characters, whatever its length: 8 such
+        // bytes are not read as a number. A whole number's 8 bytes hold a NUL or a control character, or
+        // are no UTF-8, below 2^51; from there on about 1 in 400 are printable, and are read as text.
+        if !s.is_empty() && !s.chars().any(char::is_control) {
+            return Claim::Invalid;
         }
     }
     if let Ok(arr) = <[u8; 8]>::try_from(b) {
@@ -580,6 +588,23 @@ mod tests {
         assert_eq!(read_claim(Some(b"Acme Corp")), Claim::Invalid);
         assert_eq!(read_claim(Some(&[b'a'; 129])), Claim::Invalid);
         assert_eq!(read_claim(Some(b"")), Claim::Invalid);
+        // Text that is no id is refused whatever its length: read as a double, these 8 bytes are the
+        // whole number 5946584628076641 (they were charged as that tenant).
+        assert_eq!(read_claim(Some(b"a b c 5C")), Claim::Invalid);
+        // The other way round: a whole number whose 8 bytes are printable text is that text (from
+        // 2^51 up, about 1 in 400 numbers): an id when the text is one, else refused.
+        assert_eq!(
+            read_claim(Some(&5_460_610_219_467_361f64.to_le_bytes())),
+            Claim::Id("abcdef3C".into())
+        );
+        assert_eq!(
+            read_claim(Some(&5_947_783_412_001_656f64.to_le_bytes())),
+            Claim::Invalid
+        );
+        assert_eq!(
+            read_claim(Some(&2_251_799_813_685_248f64.to_le_bytes())),
+            Claim::Id("2251799813685248".into())
+        );
     }
 
     #[test]

@@ -413,6 +413,99 @@ mod quota {
     }
 
     #[test]
+    fn a_batch_reserves_each_entry_as_if_sent_alone_for_many_tenants_in_one_call() {
+        use tokengate::quota::batch::*;
+        let Some(st) = Stack::start() else { return };
+        assert_eq!(
+            st.cli(&["SCRIPT", "LOAD", RESERVE_BATCH_SCRIPT]),
+            RESERVE_BATCH_SHA1
+        );
+        // 50 tenants: each one's reservation fits; then tenant 0 again over its limit, a duplicate
+        // request id, and tenant 1 once more (fits).
+        let mut entries: Vec<ReserveArgs> = (0..50)
+            .map(|i| ReserveArgs {
+                tenant: format!("t{i}"),
+                request_id: format!("r{i}"),
+                ..base()
+            })
+            .collect();
+        entries.push(ReserveArgs {
+            tenant: "t0".into(),
+            request_id: "big".into(),
+            prompt_cost: 900,
+            ..base()
+        });
+        entries.push(ReserveArgs {
+            tenant: "t2".into(),
+            request_id: "r2".into(),
+            ..base()
+        });
+        entries.push(ReserveArgs {
+            tenant: "t1".into(),
+            request_id: "again".into(),
+            ..base()
+        });
+        let refs: Vec<&ReserveArgs> = entries.iter().collect();
+        let (code, body) = st.post(&reserve_batch_request(&refs, ScriptCall::EvalSha));
+        let r = parse_reserve_batch_reply(code, &body, refs.len()).unwrap();
+        assert_eq!(r.len(), 53);
+        for (i, e) in r.iter().take(50).enumerate() {
+            let e = e.as_ref().unwrap();
+            assert!(e.allowed, "entry {i}");
+            assert_eq!(e.used_after, 150);
+            if i != 1 {
+                assert_eq!(used(&st, &entries[i]), ("150".into(), "150".into()));
+            }
+        }
+        // All or nothing per entry: refused and charged nothing.
+        let big = r[50].as_ref().unwrap();
+        assert!(!big.allowed && big.reason == Reason::TenantLimit);
+        assert_eq!(used(&st, &entries[0]).0, "150");
+        // The same request id again: refused as the reservation script refuses it.
+        assert_eq!(
+            r[51].as_ref().unwrap_err(),
+            &ShimError::RedisError(tokengate::shim::webdis::ALREADY_RESERVED.into())
+        );
+        assert_eq!(used(&st, &entries[2]).0, "150");
+        assert_eq!(r[52].as_ref().unwrap().used_after, 300);
+        assert_eq!(used(&st, &entries[1]).0, "300");
+        // Settled one at a time by the settlement script, exactly.
+        let s = entry(&entries[1], SettleMode::Settle, 10);
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![1]);
+        assert_eq!(used(&st, &entries[1]).0, "160");
+        // One command for the whole batch.
+        let calls = st.cli(&["INFO", "commandstats"]);
+        assert!(calls.contains("cmdstat_evalsha:calls=1,"), "{calls}");
+    }
+
+    #[test]
+    fn a_batch_entry_that_fails_in_redis_does_not_stop_the_others() {
+        use tokengate::quota::batch::*;
+        let Some(st) = Stack::start() else { return };
+        let a = ReserveArgs {
+            tenant: "bad".into(),
+            ..base()
+        };
+        let b = ReserveArgs {
+            tenant: "good".into(),
+            ..base()
+        };
+        // Not a number where the script reads a count; a key of the wrong type where it writes.
+        st.cli(&["SET", &a.keys().used_total, "x"]);
+        let c = ReserveArgs {
+            tenant: "wrongtype".into(),
+            ..base()
+        };
+        st.cli(&["HSET", &c.keys().used_total, "f", "1"]);
+        let (code, body) = st.post(&reserve_batch_request(&[&a, &b, &c], ScriptCall::Eval));
+        let r = parse_reserve_batch_reply(code, &body, 3).unwrap();
+        assert!(!r[0].as_ref().unwrap_err().may_have_run());
+        assert!(r[1].as_ref().unwrap().allowed);
+        assert!(r[2].as_ref().unwrap_err().may_have_run());
+        assert_eq!(used(&st, &b).0, "150");
+    }
+
+    #[test]
     fn reservation_through_webdis_charges_both_counters_and_expires_them_at_a_fixed_instant() {
         let Some(st) = Stack::start() else { return };
         let a = base();

@@ -92,7 +92,8 @@ pub struct Row {
     /// The tenant, `budget:subject`, a budget's name (`--by budget`) or `all tenants`.
     pub account: String,
     /// The model (`--by model`): a name, `-` for usage without a model counter, `*` when the account
-    /// keeps no per-model counters.
+    /// has no per-model counters (a month counted by 0.1.0, which reserved budgets without
+    /// the model).
     pub model: Option<String>,
     /// The unit.
     pub unit: Unit,

@@ -325,6 +325,26 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
             assert_eq!(row.3, w, "{t} {m}");
         }
     }
+    // What team X spent on model Y, in money: each budget subject's model counters equal the ledger
+    // priced per model (the filter reserves budgets with the model, as it does a tenant's quota).
+    for team in ["red", "blue"] {
+        for m in ["gpt-test", "other-model"] {
+            let micros: i64 = ledger
+                .iter()
+                .filter(|s| s.team == team && s.model == m)
+                .map(|s| {
+                    if m == "gpt-test" {
+                        (s.prompt * 25 + s.completion * 100 + 9) / 10
+                    } else {
+                        s.prompt + 2 * s.completion
+                    }
+                })
+                .sum();
+            let acct = format!("team-spend:group={team}");
+            let row = by_model.iter().find(|r| r.0 == acct && r.1 == m);
+            assert_eq!(row.map(|r| r.3), Some(micros), "{acct} {m}");
+        }
+    }
     let table = ok(&["--config", &cfg_path, "--redis", &url, "usage"]);
     println!("ledger (mock-served usage, {} requests):", ledger.len());
     for (k, v) in &want {

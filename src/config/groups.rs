@@ -1,7 +1,7 @@
 //! Groups: the teams and orgs a tenant belongs to, for `limits` at group scope. Levels nest, outermost
 //! first (org ⊃ team ⊃ tenant):
 //! ```json
-//! "groups": [{"name": "org", "header": "x-tokengate-org"}, {"name": "team", "header": "x-tokengate-team"}],
+//! "groups": [{"name": "org", "claim": "org"}, {"name": "team", "claim": "team"}],
 //! "tenant_groups": {"alice": {"org": "acme", "team": "search"}}
 //! ```
 //! A request's group at a level comes from `tenant_groups` when its (verified) tenant is listed there,

@@ -10,7 +10,7 @@
 //!
 //! Example (the JSON string in the Envoy wasm filter's `configuration`):
 //! ```json
-//! {"tenant_header": "x-tenant-id",
+//! {"api_key_tenants": true,
 //!  "models": {"gpt-4.1": {"default_max_tokens": 4096, "max_tokens_cap": 32768}},
 //!  "rules": [{"model": "gpt-4.1", "tokens_per_second": 300000, "burst": 2000000, "requests_per_minute": 600},
 //!            {"model": "*", "tokens_per_second": 1000, "burst": 20000}]}
@@ -50,7 +50,9 @@ pub use groups::{GroupLevel, MAX_GROUP_LEVELS};
 pub use identity::{ClaimPath, Claims, DEFAULT_JWT_KEY, DEFAULT_JWT_NAMESPACE, MAX_CLAIM_SEGMENTS};
 pub use models::{DefaultModel, DEFAULT_OUTPUT};
 pub use paths::{glob, Unmetered, BUILT_IN as UNMETERED_BUILT_IN};
-pub use quota::{AbandonedCharge, LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota};
+pub use quota::{
+    AbandonedCharge, BatchSettings, LeaseSettings, QuotaFailure, QuotaSettings, TenantQuota,
+};
 pub use rules::{ModelMatch, Rule, Scope, MAX_RULES, MAX_RULE_NAME_LEN, MAX_WAIT_MS_LIMIT};
 pub use top::{
     AboveCap, InvalidBody, StoreFailure, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_HEADER,

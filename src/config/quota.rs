@@ -75,6 +75,28 @@ pub struct QuotaSettings {
     pub lease: Option<LeaseSettings>,
     /// Budgets in money (`quota.budgets`, `quota.prices`).
     pub budgets: super::Budgets,
+    /// Group commit of reservations (`quota.batch`): off when `None`.
+    pub batch: Option<BatchSettings>,
+}
+
+/// `quota.batch`: reservations that wait at the same moment go to Redis in one script call
+/// (`flow::vm::batch`). On by default; `"batch": false` turns it off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// Most reservations in one call (`max_reservations`, default 64, 1–256).
+    pub max_reservations: usize,
+    /// A reservation waits at most this long for the call in flight to return before it is sent in a
+    /// call of its own batch (`max_wait_ms`, default 5, 1–1000).
+    pub max_wait_ms: u64,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        BatchSettings {
+            max_reservations: 64,
+            max_wait_ms: 5,
+        }
+    }
 }
 
 /// `quota.lease`: each Envoy holds a block of a tenant's quota and spends it without a callout per
@@ -162,6 +184,7 @@ pub(super) struct RawQuota {
     settle_max_attempts: Option<u32>,
     clock_skew_s: Option<i64>,
     lease: Option<RawLease>,
+    batch: Option<serde_json::Value>,
     budgets: Option<Vec<super::budgets::RawBudget>>,
     prices: Option<UniqueMap<super::budgets::RawPrice>>,
     currency: Option<String>,
@@ -461,6 +484,44 @@ pub(super) fn quota(
         settle_max_attempts,
         clock_skew_s,
         lease: raw.lease.map(|l| lease(l, timeout_ms)).transpose()?,
+        batch: batch(raw.batch)?,
         budgets,
     })
+}
+
+/// `quota.batch`: `false` (off), `true` or absent (on, the defaults), or an object of the fields.
+fn batch(raw: Option<serde_json::Value>) -> Result<Option<BatchSettings>, ConfigError> {
+    let obj = match raw {
+        None | Some(serde_json::Value::Bool(true)) => return Ok(Some(BatchSettings::default())),
+        Some(serde_json::Value::Bool(false)) => return Ok(None),
+        Some(serde_json::Value::Object(o)) => o,
+        Some(other) => {
+            return Err(err(
+                "quota.batch",
+                format!("must be true, false or an object, got {other}"),
+            ))
+        }
+    };
+    let d = BatchSettings::default();
+    let mut out = d;
+    for (k, v) in obj {
+        let field = format!("quota.batch.{k}");
+        let n = v
+            .as_u64()
+            .ok_or_else(|| err(field.clone(), format!("must be a whole number, got {v}")))?;
+        match k.as_str() {
+            "max_reservations" => {
+                out.max_reservations = usize::try_from(in_range(field.clone(), n, 1, 256)?)
+                    .unwrap_or(d.max_reservations)
+            }
+            "max_wait_ms" => out.max_wait_ms = in_range(field.clone(), n, 1, 1000)?,
+            _ => {
+                return Err(err(
+                    field,
+                    "unknown field (expected max_reservations, max_wait_ms)",
+                ))
+            }
+        }
+    }
+    Ok(Some(out))
 }

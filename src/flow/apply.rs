@@ -54,6 +54,8 @@ pub trait Sink {
     fn resume(&mut self);
     /// Asks the host to continue another context's paused stream (a hold released by the tick).
     fn resume_context(&mut self, id: u32);
+    /// Asks the host to run the root context soon ([`Effect::WakeRoot`]).
+    fn wake_root(&mut self);
     /// Writes the audit record.
     fn audit(&mut self, record: String);
     /// Adds to a counter.
@@ -108,6 +110,7 @@ pub fn apply(
                 From::Callout => sink.resume(),
             },
             Effect::ResumeContext(id) => sink.resume_context(id),
+            Effect::WakeRoot => sink.wake_root(),
             Effect::Audit(rec) => sink.audit(rec),
             Effect::Count(m, n) => sink.count(m, n),
             Effect::Gauge(name, v) => sink.gauge(name, v),

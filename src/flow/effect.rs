@@ -106,6 +106,8 @@ pub enum Purpose {
     /// A request's give-back of this Envoy's quota lease before its reservation is sent again
     /// (`flow::lease::give_back`).
     LeaseGiveBack,
+    /// Reservations of several requests in one call (`flow::vm::batch`), by batch id of the VM.
+    Batch(u64),
 }
 
 /// One HTTP callout to a Webdis shim (`POST /` with a form-encoded command body).
@@ -212,6 +214,10 @@ pub enum Effect {
     Resume,
     /// Resume the paused request of another context (a hold released by the root's tick).
     ResumeContext(u32),
+    /// Have the root context run soon (its `on_queue_ready`): reservations wait to be sent as one call
+    /// (`flow::vm::batch`). A request cannot send that call itself: its answer would come back to the
+    /// request, and be lost with it if its client goes.
+    WakeRoot,
     /// Write the audit record (`tokengate_audit` filter state).
     Audit(String),
     /// Add to a counter.

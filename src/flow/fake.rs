@@ -160,6 +160,8 @@ pub struct FakeEnvoy {
     pub resumed: RefCell<Vec<u32>>,
     /// How a shim answers the start-up `PING` (default: 200 `{"PING":[true,"PONG"]}`).
     pub probe_answer: RefCell<(u32, String)>,
+    /// Root wakes asked ([`Effect::WakeRoot`]) and not run yet ([`FakeEnvoy::wake`] runs them).
+    pub wakes: Cell<u32>,
     next_id: Cell<u32>,
 }
 
@@ -197,6 +199,7 @@ impl FakeEnvoy {
             root_callouts: RefCell::new(Vec::new()),
             resumed: RefCell::new(Vec::new()),
             probe_answer: RefCell::new((200, r#"{"PING":[true,"PONG"]}"#.to_string())),
+            wakes: Cell::new(0),
             next_id: Cell::new(1),
         }
     }
@@ -586,6 +589,34 @@ impl FakeEnvoy {
         Some(c)
     }
 
+    /// The root of worker `w` runs its wake (`on_queue_ready`): batched reservations are sent.
+    pub fn wake(&self, w: usize) {
+        self.wakes.set(0);
+        self.root_call(w, worker::on_wake);
+    }
+
+    /// The root of worker `w` continues the requests whose batched reservations answered, each in its
+    /// own context (as `src/host/parked.rs`), among `calls`; returns how many it continued. A request
+    /// not among them is gone: what was kept for it is dropped.
+    pub fn continue_ready(&self, w: usize, calls: &mut [&mut Call]) -> usize {
+        let ready = std::mem::take(&mut self.workers[w].borrow_mut().batch.ready);
+        let mut n = 0;
+        for id in ready {
+            match calls.iter_mut().find(|c| c.req.id() == id && !c.ended) {
+                Some(call) => {
+                    n += 1;
+                    self.run(call, Phase::Callout, None, |req, cx| {
+                        req.on_callout_reply(cx, CalloutReply::answer(0, Vec::new()));
+                        Next::Pause
+                    });
+                    call.held = call.req.is_held();
+                }
+                None => self.workers[w].borrow_mut().batch.discard(id),
+            }
+        }
+        n
+    }
+
     /// Releases a held request after the tick resumed it (what Envoy does on `continue_stream`).
     pub fn release(&self, call: &mut Call) {
         if self.resumed.borrow().contains(&call.req.id()) {
@@ -696,6 +727,9 @@ impl Sink for CallSink<'_> {
             .violations
             .push("ResumeContext from a request".into());
     }
+    fn wake_root(&mut self) {
+        self.env.wakes.set(self.env.wakes.get() + 1);
+    }
     fn audit(&mut self, rec: String) {
         self.call.audit = Some(rec);
         self.call.audits += 1;
@@ -747,6 +781,9 @@ impl Sink for RootSink<'_> {
     fn resume(&mut self) {}
     fn resume_context(&mut self, id: u32) {
         self.env.resumed.borrow_mut().push(id);
+    }
+    fn wake_root(&mut self) {
+        self.env.wakes.set(self.env.wakes.get() + 1);
     }
     fn audit(&mut self, _: String) {}
     fn count(&mut self, m: Metric, n: u64) {

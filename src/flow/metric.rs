@@ -64,6 +64,8 @@ metrics! {
     QuotaRefundedTokens => "quota_refunded_tokens",
     QuotaExtraChargedTokens => "quota_extra_charged_tokens",
     QuotaShimErrors => "quota_shim_errors",
+    QuotaBatched => "quota_batched",
+    QuotaBatchCalls => "quota_batch_calls",
     QuotaFailOpen => "quota_fail_open",
     QuotaFailClosed => "quota_fail_closed",
     QuotaReconciled => "quota_reconciled",

@@ -115,6 +115,9 @@ extern "C" {
     ) -> u32;
     fn proxy_continue_stream(stream: u32) -> u32;
     fn proxy_set_effective_context(id: u32) -> u32;
+    fn proxy_register_shared_queue(name: *const u8, name_len: usize, ret_token: *mut u32) -> u32;
+    fn proxy_enqueue_shared_queue(token: u32, data: *const u8, data_len: usize) -> u32;
+    fn proxy_dequeue_shared_queue(token: u32, ret_data: *mut *mut u8, ret_size: *mut usize) -> u32;
     fn proxy_define_metric(t: u32, name: *const u8, name_len: usize, ret_id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_record_metric(id: u32, value: u64) -> u32;
@@ -233,6 +236,15 @@ mod native {
         1
     }
     pub unsafe fn proxy_set_effective_context(_: u32) -> u32 {
+        1
+    }
+    pub unsafe fn proxy_register_shared_queue(_: *const u8, _: usize, _: *mut u32) -> u32 {
+        1
+    }
+    pub unsafe fn proxy_enqueue_shared_queue(_: u32, _: *const u8, _: usize) -> u32 {
+        1
+    }
+    pub unsafe fn proxy_dequeue_shared_queue(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
         1
     }
     pub unsafe fn proxy_define_metric(_: u32, _: *const u8, _: usize, _: *mut u32) -> u32 {
@@ -508,6 +520,37 @@ pub fn set_shared(key: &str, val: &[u8], cas: u32) -> Result<(), Status> {
     // SAFETY: (pointer, length) of `key` and of `val`, live for the whole call; the host copies
     // them.
     status(unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), val.as_ptr(), val.len(), cas) })
+}
+
+/// Registers (or finds) this VM's shared queue `name`: its `on_queue_ready` comes to this VM's root
+/// context. Returns its token.
+pub fn register_shared_queue(name: &str) -> Result<u32, Status> {
+    let mut token = 0u32;
+    // SAFETY: (pointer, length) of `name`, live for the whole call; the host writes the token into a
+    // live local.
+    status(unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut token) })?;
+    Ok(token)
+}
+
+/// Enqueues `data` on shared queue `token` (the queue's VM gets `on_queue_ready`).
+pub fn enqueue_shared_queue(token: u32, data: &[u8]) -> Result<(), Status> {
+    // SAFETY: (pointer, length) of `data`, live for the whole call; the host copies it.
+    status(unsafe { proxy_enqueue_shared_queue(token, data.as_ptr(), data.len()) })
+}
+
+/// Dequeues one item of shared queue `token` (`None` when it is empty).
+pub fn dequeue_shared_queue(token: u32) -> Result<Option<Vec<u8>>, Status> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: the host writes a pointer and a length into two live locals.
+    match unsafe { proxy_dequeue_shared_queue(token, &mut data, &mut size) } {
+        // SAFETY: on OK the host handed over `size` bytes it allocated through the SDK's
+        // `proxy_on_memory_allocate`; `owned` takes them over, once.
+        OK => Ok(Some(unsafe { owned(data, size) })),
+        // Empty (the ABI's `Empty` status).
+        7 => Ok(None),
+        s => Err(s),
+    }
 }
 
 /// Serializes a header list in the ABI's map format.

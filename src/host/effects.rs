@@ -15,6 +15,9 @@ pub struct EnvoySink {
     pub chunk_len: usize,
     /// The root context: its callouts are remembered by token (their answers come to the root).
     pub root: bool,
+    /// The root runs request `owner`'s effects ([`super::parked`]): a callout it dispatches is filed
+    /// under the root by the SDK, so its token is remembered for that request.
+    pub owner: Option<u32>,
 }
 
 impl Sink for EnvoySink {
@@ -77,7 +80,11 @@ impl Sink for EnvoySink {
     fn dispatch(&mut self, callout: Callout) -> Dispatched {
         match dispatch(&callout) {
             Ok(token) => {
-                if self.root {
+                if let Some(id) = self.owner {
+                    VM.with(|vm| {
+                        vm.borrow_mut().request_callouts.insert(token, id);
+                    });
+                } else if self.root {
                     VM.with(|vm| {
                         vm.borrow_mut().root_callouts.insert(token, callout.purpose);
                     });
@@ -96,6 +103,15 @@ impl Sink for EnvoySink {
         // A context that went away (client gone) is simply not found.
         if abi::set_effective_context(id).is_ok() {
             let _ = abi::resume_request();
+        }
+    }
+    fn wake_root(&mut self) {
+        let queue = VM.with(|vm| vm.try_borrow().ok().and_then(|vm| vm.wake_queue));
+        // Without a queue (or when the host refuses) the root's tick sends what waits.
+        if let Some(token) = queue {
+            if abi::enqueue_shared_queue(token, b"w").is_err() {
+                metrics::add(Metric::HostRefused, 1);
+            }
         }
     }
     fn audit(&mut self, record: String) {

@@ -9,14 +9,22 @@ use crate::flow::apply::{apply, From};
 use crate::flow::{CalloutReply, Cx, Effect, Next, Purpose, Request};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
+use std::cell::RefCell;
 use std::rc::Rc;
+
+/// What a request's callbacks share with the root, which continues a request whose answer it brings
+/// ([`super::parked`]).
+pub struct Stream {
+    /// The flow's request.
+    pub req: Request,
+    /// Bytes of the request body as Envoy buffers it now (a replacement replaces all of it).
+    pub request_body_len: usize,
+}
 
 /// One request's context.
 pub struct Http {
     cfg: Option<Rc<Config>>,
-    req: Request,
-    /// Bytes of the request body as Envoy buffers it now (a replacement replaces all of it).
-    request_body_len: usize,
+    stream: Rc<RefCell<Stream>>,
     /// Bytes of the response chunk of the current callback.
     chunk_len: usize,
 }
@@ -26,8 +34,10 @@ impl Http {
     pub fn new(id: u32, cfg: Option<Rc<Config>>) -> Self {
         Http {
             cfg,
-            req: Request::new(id),
-            request_body_len: 0,
+            stream: Rc::new(RefCell::new(Stream {
+                req: Request::new(id),
+                request_body_len: 0,
+            })),
             chunk_len: 0,
         }
     }
@@ -35,6 +45,10 @@ impl Http {
     /// Runs one flow function with this VM's state, then applies its effects.
     fn run(&mut self, from: From, f: impl FnOnce(&mut Request, &mut Cx) -> Next) -> Action {
         let Some(cfg) = self.cfg.clone() else {
+            return Action::Continue;
+        };
+        let stream = Rc::clone(&self.stream);
+        let Ok(mut st) = stream.try_borrow_mut() else {
             return Action::Continue;
         };
         let (next, fx) = VM.with(|vm| {
@@ -46,21 +60,42 @@ impl Http {
                 worker: &mut vm.worker,
                 fx: &mut vm.fx,
             };
-            let next = f(&mut self.req, &mut cx);
+            let next = f(&mut st.req, &mut cx);
             (next, std::mem::take(&mut vm.fx))
         });
-        self.apply(&cfg, from, next, fx)
+        let action = apply_fx(&cfg, &mut st, self.chunk_len, None, from, next, fx);
+        if st.req.waits_on_root() {
+            let id = st.req.id();
+            VM.with(|vm| {
+                if let Ok(mut vm) = vm.try_borrow_mut() {
+                    vm.parked.insert(id, Rc::clone(&self.stream));
+                }
+            });
+        }
+        action
     }
+}
 
-    /// Applies effects in order ([`crate::flow::apply`]). A callout the host refuses is answered at
-    /// once ([`CalloutReply::refused`]), which may add effects.
-    fn apply(&mut self, cfg: &Rc<Config>, from: From, next: Next, mut fx: Vec<Effect>) -> Action {
+/// Applies a request's effects in order ([`crate::flow::apply`]). A callout the host refuses is
+/// answered at once ([`CalloutReply::refused`]), which may add effects. `owner`: the request's context
+/// id when the root runs it ([`super::parked`]).
+pub(super) fn apply_fx(
+    cfg: &Rc<Config>,
+    st: &mut Stream,
+    chunk_len: usize,
+    owner: Option<u32>,
+    from: From,
+    next: Next,
+    mut fx: Vec<Effect>,
+) -> Action {
+    {
         let mut sink = EnvoySink {
-            request_body_len: self.request_body_len,
-            chunk_len: self.chunk_len,
+            request_body_len: st.request_body_len,
+            chunk_len,
             root: false,
+            owner,
         };
-        let req = &mut self.req;
+        let req = &mut st.req;
         let mut deliver = |_: Purpose, reply: CalloutReply| -> Vec<Effect> {
             VM.with(|vm| {
                 let mut vm = vm.borrow_mut();
@@ -76,7 +111,7 @@ impl Http {
             })
         };
         let next = apply(&mut sink, from, next, &mut fx, &mut deliver);
-        self.request_body_len = sink.request_body_len;
+        st.request_body_len = sink.request_body_len;
         // Give the buffer back for the next request (keeps its capacity).
         VM.with(|vm| {
             if let Ok(mut vm) = vm.try_borrow_mut() {
@@ -94,13 +129,22 @@ impl Http {
 
 impl Drop for Http {
     fn drop(&mut self) {
-        if self.req.is_held() {
-            VM.with(|vm| {
-                if let Ok(mut vm) = vm.try_borrow_mut() {
-                    vm.worker.forget(self.req.id());
+        let Ok(st) = self.stream.try_borrow() else {
+            return;
+        };
+        let id = st.req.id();
+        let held = st.req.is_held();
+        VM.with(|vm| {
+            if let Ok(mut vm) = vm.try_borrow_mut() {
+                if held {
+                    vm.worker.forget(id);
                 }
-            });
-        }
+                // The root no longer continues it (its answer, if one comes, is dropped).
+                if vm.parked.remove(&id).is_some() {
+                    vm.worker.batch.discard(id);
+                }
+            }
+        });
     }
 }
 
@@ -130,14 +174,16 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.request_body_len = body_size;
+        if let Ok(mut st) = self.stream.try_borrow_mut() {
+            st.request_body_len = body_size;
+        }
         self.run(From::Stream, |req, cx| {
             req.on_request_body(cx, body_size, end_of_stream)
         })
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if !self.req.sees_response() {
+        if !self.stream.borrow().req.sees_response() {
             return Action::Continue;
         }
         // Every response header this request looks at, in one host call, if it looks at any.
@@ -148,7 +194,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.req.wants_response_body(end_of_stream) {
+        if !self.stream.borrow().req.wants_response_body(end_of_stream) {
             return Action::Continue;
         }
         self.chunk_len = body_size;
@@ -158,7 +204,7 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
-        if !self.req.has_end_work() {
+        if !self.stream.borrow().req.has_end_work() {
             return;
         }
         self.run(From::Callout, |req, cx| {

@@ -10,6 +10,7 @@ pub mod effects;
 pub mod gauges;
 pub mod http;
 pub mod metrics;
+pub mod parked;
 pub mod root;
 pub mod store;
 
@@ -27,6 +28,13 @@ pub struct Vm {
     pub fx: Vec<Effect>,
     /// Root callouts in flight: host token → purpose.
     pub root_callouts: HashMap<u32, Purpose, crate::store::hash::FnvBuild>,
+    /// Requests the root continues ([`parked`]): context id → the request's state.
+    pub parked: HashMap<u32, std::rc::Rc<RefCell<http::Stream>>, crate::store::hash::FnvBuild>,
+    /// Callouts a request dispatched while the root continued it (the SDK files them under the root):
+    /// host token → the request's context id.
+    pub request_callouts: HashMap<u32, u32, crate::store::hash::FnvBuild>,
+    /// This VM's own shared queue, which wakes its root ([`crate::flow::Effect::WakeRoot`]).
+    pub wake_queue: Option<u32>,
 }
 
 thread_local! {

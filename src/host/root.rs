@@ -4,7 +4,7 @@
 use super::abi::{self, Buffer, Level};
 use super::effects::{call_reply, EnvoySink};
 use super::http::Http;
-use super::{metrics, EnvoyHost, VM};
+use super::{metrics, parked, EnvoyHost, VM};
 use crate::config::{self, Config};
 use crate::flow::apply::{apply, From};
 use crate::flow::vm::tick;
@@ -49,6 +49,7 @@ impl Root {
             request_body_len: 0,
             chunk_len: 0,
             root: true,
+            owner: None,
         };
         let mut deliver = |purpose, reply| worker_reply(&cfg, purpose, reply);
         apply(
@@ -86,15 +87,50 @@ impl Context for Root {
         _trailers: usize,
     ) {
         let Some(purpose) = VM.with(|vm| vm.borrow_mut().root_callouts.remove(&token)) else {
+            // A callout of a request the root continues (its answer goes on with the request).
+            if let Some(cfg) = self.cfg.clone() {
+                parked::callout_answered(&cfg, token, call_reply(body_size));
+                parked::continue_ready(&cfg);
+            }
             return;
         };
         let reply = call_reply(body_size);
         self.run(|cx| tick::on_callout_reply(cx, purpose, reply));
+        self.continue_parked();
     }
 
     fn on_done(&mut self) -> bool {
         self.run(tick::on_done);
         true
+    }
+}
+
+impl Root {
+    /// Continues the requests whose batched reservations answered ([`parked`]).
+    fn continue_parked(&self) {
+        if let Some(cfg) = self.cfg.as_ref() {
+            if VM.with(|vm| !vm.borrow().worker.batch.ready.is_empty()) {
+                parked::continue_ready(cfg);
+            }
+        }
+    }
+
+    /// This VM's own shared queue, whose `on_queue_ready` wakes this root (batched reservations wait to
+    /// be sent): one name per VM (the queue of a name belongs to the last VM that registers it).
+    fn register_wake_queue(&self) {
+        if VM.with(|vm| vm.borrow().wake_queue.is_some()) {
+            return;
+        }
+        let Some(owner) = crate::store::claim::owner_id(&super::store::HostStore, 8) else {
+            return;
+        };
+        match abi::register_shared_queue(&format!("tokengate.wake.{owner}")) {
+            Ok(token) => VM.with(|vm| vm.borrow_mut().wake_queue = Some(token)),
+            Err(s) => abi::log(
+                Level::Warn,
+                &format!("cannot register the wake queue (status {s}): batched reservations are sent at the tick"),
+            ),
+        }
     }
 }
 
@@ -131,7 +167,11 @@ impl RootContext for Root {
                     // Before traffic: a key Envoy creates ignores CAS (see crate::store::journal).
                     let _ = crate::store::journal::init(&super::store::HostStore);
                 }
+                let batching = cfg.quota.as_ref().is_some_and(|q| q.batch.is_some());
                 self.cfg = Some(Rc::new(cfg));
+                if batching {
+                    self.register_wake_queue();
+                }
                 true
             }
             Err(e) => {
@@ -143,6 +183,14 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.run(tick::on_tick);
+        self.continue_parked();
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        // Drained: one wake stands for every item.
+        while let Ok(Some(_)) = abi::dequeue_shared_queue(queue_id) {}
+        self.run(tick::on_wake);
+        self.continue_parked();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

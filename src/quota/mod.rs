@@ -39,6 +39,7 @@
 //! ```
 
 pub mod accounting;
+pub mod batch;
 pub mod calendar;
 pub mod keys;
 pub mod lease;

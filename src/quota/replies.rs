@@ -85,6 +85,11 @@ fn flag(n: i64, what: &str) -> Result<bool, ShimError> {
 pub fn parse_reserve_reply(http_status: u32, body: &[u8]) -> Result<ReserveReply, ShimError> {
     // The 9th element (other Envoys hold leases of the tenant) is new: a reply without it says no.
     let a = parse_int_array_of(http_status, body, 8..=9)?;
+    reserve_values(&a)
+}
+
+/// Reads one reservation's reply values (8 or 9 integers; also each entry of a batch's reply).
+pub(crate) fn reserve_values(a: &[i64]) -> Result<ReserveReply, ShimError> {
     let [allowed, used, limit, mused, mlimit, elsewhere, granted, reason] =
         a.get(..8).unwrap_or_default()
     else {

@@ -121,18 +121,14 @@ fn flag(b: bool) -> String {
 
 /// The Webdis body (`POST /`) that runs the reservation script.
 pub fn reserve_request(args: &ReserveArgs, call: ScriptCall) -> String {
+    let (k, argv) = reserve_parts(args);
+    command_body(call, RESERVE_SCRIPT, RESERVE_SHA1, &reserve_keys(&k), &argv)
+}
+
+/// The reservation script's keys ([`reserve_keys`]) and arguments for `args`, in its order
+/// (also one entry of a batch, [`crate::quota::batch`]).
+pub(crate) fn reserve_parts(args: &ReserveArgs) -> (QuotaKeys, [String; 13]) {
     let k = args.keys();
-    let keys = [
-        k.used_total.as_str(),
-        k.used_model.as_str(),
-        k.limit_override.as_str(),
-        k.limit_model_override.as_str(),
-        k.open.as_str(),
-        k.due.as_str(),
-        k.done.as_str(),
-        k.gone.as_str(),
-        k.leases.as_str(),
-    ];
     let argv = [
         lua_int(args.prompt_cost),
         lua_int(args.output_cost),
@@ -148,7 +144,22 @@ pub fn reserve_request(args: &ReserveArgs, call: ScriptCall) -> String {
         QUOTA_PROTOCOL_TAG.to_string(),
         args.lease_owner.clone(),
     ];
-    command_body(call, RESERVE_SCRIPT, RESERVE_SHA1, &keys, &argv)
+    (k, argv)
+}
+
+/// The reservation script's KEYS, in its order.
+pub(crate) fn reserve_keys(k: &QuotaKeys) -> [&str; 9] {
+    [
+        k.used_total.as_str(),
+        k.used_model.as_str(),
+        k.limit_override.as_str(),
+        k.limit_model_override.as_str(),
+        k.open.as_str(),
+        k.due.as_str(),
+        k.done.as_str(),
+        k.gone.as_str(),
+        k.leases.as_str(),
+    ]
 }
 
 /// What a settlement entry does.
@@ -211,7 +222,7 @@ pub fn settle_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::shim::webdis::{sha1_hex, webdis_encode};
 
@@ -243,7 +254,7 @@ mod tests {
         assert!(!bad_arg.may_have_run());
     }
 
-    pub(super) fn args() -> ReserveArgs {
+    pub(crate) fn args() -> ReserveArgs {
         ReserveArgs {
             tenant: "acme".into(),
             model: Some("gpt-4.1".into()),

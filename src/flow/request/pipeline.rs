@@ -160,6 +160,7 @@ impl Request {
             match step.start(cx, &mut plan) {
                 Outcome::Continue => at += 1,
                 Outcome::Await(callout) => return self.wait(cx, plan, callout),
+                Outcome::Park => return self.park(plan),
                 Outcome::Deny(d) => return self.refuse_plan(cx, plan, d, resumed),
             }
         }
@@ -190,6 +191,9 @@ impl Request {
             Outcome::Await(callout) => {
                 self.wait(cx, plan, callout);
             }
+            Outcome::Park => {
+                self.park(plan);
+            }
             Outcome::Deny(d) => {
                 self.refuse_plan(cx, plan, d, true);
             }
@@ -199,6 +203,13 @@ impl Request {
     /// A step waits for `callout`: it is sent, and the request pauses until its answer.
     fn wait(&mut self, cx: &mut Cx, plan: Box<Plan>, callout: Callout) -> Next {
         cx.fx.push(Effect::Dispatch(callout));
+        self.stage = Stage::Admitting(plan);
+        Next::Pause
+    }
+
+    /// A step waits for an answer the root brings (its reservation is in this VM's batch): the request
+    /// pauses.
+    fn park(&mut self, plan: Box<Plan>) -> Next {
         self.stage = Stage::Admitting(plan);
         Next::Pause
     }
@@ -328,7 +339,7 @@ impl Request {
         cx.inc(Metric::RequestsAbandoned);
         match std::mem::replace(&mut self.stage, Stage::Done) {
             Stage::Admitting(mut plan) => {
-                quota::in_flight_to_settle(&mut plan);
+                quota::in_flight_to_settle(cx, &mut plan);
                 let record = answers::audit_record(
                     &plan.meta.tenant,
                     &plan.model,

@@ -12,6 +12,9 @@ pub(in crate::flow) struct Sent {
     pub eval: bool,
     /// It is the shim breaker's half-open probe.
     pub probe: bool,
+    /// Waiting in this VM's batch of reservations (`flow::vm::batch`): its answer comes from the
+    /// batch's call, read by the root.
+    pub batched: bool,
 }
 
 /// Where a reservation is in its life.

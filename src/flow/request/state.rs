@@ -92,6 +92,19 @@ impl Request {
         }
     }
 
+    /// True while the request waits for an answer the root context brings and continues it with
+    /// (its reservation in this VM's batch, `flow::vm::batch`): the host adapter keeps the request
+    /// where the root can reach it.
+    pub fn waits_on_root(&self) -> bool {
+        match &self.stage {
+            Stage::Admitting(plan) => matches!(
+                &plan.inflight,
+                InFlight::Quota(q) if matches!(q.hold, Hold::Sent(Sent { batched: true, .. }))
+            ),
+            _ => false,
+        }
+    }
+
     /// The stage, for tests and logs.
     pub fn phase(&self) -> &'static str {
         match &self.stage {

@@ -59,6 +59,9 @@ pub(in crate::flow) enum Outcome {
     Await(Callout),
     /// Refused.
     Deny(Box<Denial>),
+    /// Waiting for an answer that the root context brings (a reservation in this VM's batch,
+    /// `flow::vm::batch`): the request pauses; its step's [`Step::on_reply`] runs when it comes.
+    Park,
 }
 
 /// An admission step.

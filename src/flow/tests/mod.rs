@@ -1,6 +1,7 @@
 //! Native tests of the whole request flow through [`FakeEnvoy`](super::fake::FakeEnvoy): one per row of
 //! the README's response contract and quota settlement table, and per failure mode.
 
+mod batch;
 mod breaker;
 mod budgets;
 mod contract;
@@ -9,6 +10,7 @@ mod fair;
 mod families;
 mod glease;
 mod identity;
+mod instr;
 mod lease;
 mod limits;
 mod settlement;

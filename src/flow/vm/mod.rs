@@ -6,6 +6,7 @@
 //! Requests use these services (hold, queue a settlement or a credit, reserve from a lease); nothing
 //! here knows a request's state.
 
+pub mod batch;
 pub mod breakers;
 pub mod credits;
 pub mod gleases;

@@ -55,6 +55,8 @@ pub struct Worker {
     pub breakers: VmBreakers,
     /// Global bucket credits queued and in flight.
     pub credits: Credits,
+    /// Reservations of several requests sent as one call (`super::batch`).
+    pub batch: Batcher,
 }
 
 impl Worker {
@@ -259,4 +261,66 @@ pub struct GLeases {
     pub(in crate::flow) returns: Vec<(usize, String, u64, u64)>,
     pub(in crate::flow) pending: HashMap<u64, GLeaseCall, FnvBuild>,
     pub(in crate::flow) next_id: u64,
+}
+
+/// One reservation waiting in this VM's batcher, or sent in one of its calls.
+pub(in crate::flow) struct Waiting {
+    /// The request's context id.
+    pub context: u32,
+    /// The reservation.
+    pub args: crate::quota::ReserveArgs,
+    /// When it started to wait (ns).
+    pub since: u64,
+    /// Its request went (client gone) after it was sent: its answer is dropped.
+    pub gone: bool,
+}
+
+/// A batch call in flight.
+pub(in crate::flow) struct BatchCall {
+    pub entries: Vec<Waiting>,
+    /// Sent as `EVAL`.
+    pub eval: bool,
+    /// It is the shim breaker's half-open probe.
+    pub probe: bool,
+}
+
+/// What a batched reservation's request reads when the root continues it.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::flow) struct BatchResult {
+    /// Redis' decision, or why there is none.
+    pub result: Result<crate::quota::ReserveReply, crate::flow::shim::Failure>,
+    /// When there is none: Redis may have run the reservation all the same.
+    pub may_have_run: bool,
+}
+
+/// The VM's group commit of reservations (see `super::batch`).
+#[derive(Default)]
+pub struct Batcher {
+    pub(in crate::flow) queue: Vec<Waiting>,
+    pub(in crate::flow) inflight: HashMap<u64, BatchCall, FnvBuild>,
+    /// Requests whose own reservation callout is in flight (sent alone), and since when (ns).
+    pub(in crate::flow) singles: Vec<(u32, u64)>,
+    pub(in crate::flow) results: HashMap<u32, BatchResult, FnvBuild>,
+    /// Requests whose answer came, in order: the host continues each in its own context.
+    pub ready: Vec<u32>,
+    /// A wake of the root was asked and not seen yet.
+    pub(in crate::flow) wake_asked: bool,
+    /// Redis refused a batch of several tenants (`CROSSSLOT`: a Redis Cluster): from then on a call
+    /// carries one tenant's reservations.
+    pub(in crate::flow) per_tenant: bool,
+    /// Redis has the batch script cached.
+    pub(in crate::flow) loaded: bool,
+    pub(in crate::flow) next_id: u64,
+}
+
+impl Batcher {
+    /// Reservations waiting to be sent.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Drops what was kept for a request that is gone (its answer came after it went).
+    pub fn discard(&mut self, context: u32) {
+        self.results.remove(&context);
+    }
 }

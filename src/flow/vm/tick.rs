@@ -3,7 +3,7 @@
 //! failure-rate breakers, and log the summaries of suppressed lines. Also the answers to the callouts
 //! this work made ([`on_callout_reply`]) and the VM's last words ([`on_done`]).
 
-use super::{breakers, credits, gleases, leases, probes, settle};
+use super::{batch, breakers, credits, gleases, leases, probes, settle};
 use crate::flow::cx::Cx;
 use crate::flow::effect::{CalloutReply, Effect, Level, Purpose};
 
@@ -42,6 +42,7 @@ pub fn on_tick(cx: &mut Cx) {
     }
     if let Some(q) = cx.cfg.quota.as_ref() {
         settle::tick(cx, q);
+        batch::tick(cx, q);
         if let Some(l) = q.lease.as_ref() {
             leases::tick(cx, q, l);
         }
@@ -58,6 +59,13 @@ pub fn on_tick(cx: &mut Cx) {
             Level::Warn,
             format!("{n} more '{cause}' failures in the last 10 s (log lines suppressed)"),
         ));
+    }
+}
+
+/// The root was woken ([`Effect::WakeRoot`]): reservations waiting in this VM's batch are sent.
+pub fn on_wake(cx: &mut Cx) {
+    if let Some(q) = cx.cfg.quota.as_ref() {
+        batch::flush(cx, q);
     }
 }
 
@@ -96,6 +104,11 @@ pub fn on_callout_reply(cx: &mut Cx, purpose: Purpose, reply: CalloutReply) {
         Purpose::GlobalLease(id) => {
             if let Some((g, pol)) = cx.cfg.global.as_ref().and_then(|g| g.lease.map(|l| (g, l))) {
                 gleases::on_reply(cx, g, &pol, id, reply);
+            }
+        }
+        Purpose::Batch(id) => {
+            if let Some(q) = cx.cfg.quota.as_ref() {
+                batch::on_reply(cx, q, id, reply);
             }
         }
         Purpose::GlobalCharge | Purpose::Reserve | Purpose::LeaseGiveBack => {}

@@ -42,7 +42,8 @@
 //! Extra rows for cost attribution: `BENCH_EXTRA="label=/path/a.wasm;other=/path/b.wasm|config"` adds one
 //! `tg:<label>` row per wasm (`;`-separated), run with the buckets configuration or with the plugin
 //! configuration after `|` (e.g. builds of the filter with one step removed, or a probe filter): JSON, or
-//! the configuration of a row by preset name (`@quota`, `@leased`, `@global`, `@breaker`). A row whose
+//! the configuration of a row by preset name (`@quota`, `@quota-unbatched`, `@leased`, `@global`,
+//! `@breaker`). A row whose
 //! configuration uses `quota` or `global_buckets` gets the `webdis` cluster (Redis and Webdis started).
 //!
 //! Two measurements per variant and round:
@@ -114,6 +115,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use wasm_test::{free_port, repo_root, RedisServer, TempDir, Webdis};
 
 /// Concurrent keep-alive client connections of the throughput phase (`BENCH_CLIENTS` overrides).
 const CLIENTS: usize = 8;
@@ -234,11 +236,6 @@ struct Settings {
     callgrind: Option<usize>,
 }
 
-fn repo_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
-}
-
 fn env_path(var: &str, default: PathBuf) -> PathBuf {
     std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
 }
@@ -327,11 +324,17 @@ fn quota_leased_config() -> String {
     cfg.to_string()
 }
 
-/// The plugin configuration of a `BENCH_EXTRA` row: a preset name (`@quota`, `@leased`, `@global`,
-/// `@breaker`) or the JSON itself.
+/// The plugin configuration of a `BENCH_EXTRA` row: a preset name (`@quota`, `@quota-unbatched`:
+/// `quota.batch: false`, `@leased`, `@global`, `@breaker`) or the JSON itself.
 fn preset_config(c: &str) -> String {
     match c {
         "@quota" => quota_config(),
+        "@quota-unbatched" => {
+            let mut cfg: serde_json::Value =
+                serde_json::from_str(&quota_config()).unwrap_or_default();
+            cfg["quota"]["batch"] = serde_json::json!(false);
+            cfg.to_string()
+        }
         "@leased" => quota_leased_config(),
         "@global" => global_config(),
         "@breaker" => breaker_config(),
@@ -522,29 +525,28 @@ impl Drop for Proc {
     }
 }
 
-/// A scratch directory for bootstraps and logs; removed on drop unless `keep` was set.
+/// A scratch directory for bootstraps and logs (the test harness's [`TempDir`]); kept when `keep` was
+/// set (`BENCH_KEEP`, or a failed run).
 struct WorkDir {
-    path: PathBuf,
+    dir: Option<TempDir>,
     keep: bool,
+}
+
+impl WorkDir {
+    fn path(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new("."), TempDir::path)
+    }
 }
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
         if self.keep {
-            eprintln!("bench: logs kept in {}", self.path.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.path);
+            if let Some(dir) = self.dir.take() {
+                eprintln!("bench: logs kept in {}", dir.path().display());
+                std::mem::forget(dir);
+            }
         }
     }
-}
-
-fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind 127.0.0.1:0: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -668,8 +670,8 @@ fn start_envoy(
     webdis: Option<u16>,
     how: Launch,
 ) -> Result<RunningEnvoy> {
-    let port = free_port()?;
-    let admin = free_port()?;
+    let port = free_port();
+    let admin = free_port();
     let config = work.join(format!("envoy-{index}.yaml"));
     std::fs::write(
         &config,
@@ -790,75 +792,17 @@ fn clock_ticks() -> u64 {
     })
 }
 
-/// Waits until `port` accepts connections or `proc` exits.
-fn wait_port(proc: &mut Proc, port: u16) -> Result<()> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(status) = proc.exited() {
-            return Err(format!(
-                "{} exited at start ({status}):\n{}",
-                proc.name,
-                tail(&proc.log, 20)
-            ));
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} did not listen on {port}", proc.name));
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-fn spawn_logged(name: &str, cmd: &mut Command, log: PathBuf) -> Result<Proc> {
-    let out = std::fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
-    let err = out.try_clone().map_err(|e| format!("dup log: {e}"))?;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("start {name}: {e}"))?;
-    Ok(Proc {
-        name: name.to_string(),
-        child,
-        log,
-    })
-}
-
-/// Redis and Webdis on free loopback ports, Webdis with the ACL of envoy/webdis.json.
-/// Returns Webdis's port, Redis's port and both processes (killed on drop).
-fn start_webdis(work: &Path) -> Result<(u16, u16, Vec<Proc>)> {
-    let redis_port = free_port()?;
-    let mut redis = spawn_logged(
-        "redis-server",
-        Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--port")
-            .arg(redis_port.to_string())
-            .current_dir(work),
-        work.join("redis.log"),
-    )?;
-    wait_port(&mut redis, redis_port)?;
+/// Redis and Webdis (the test harness's) on free loopback ports, Webdis with the ACL of
+/// envoy/webdis.json; both stopped by PID on drop.
+fn start_webdis() -> Result<(RedisServer, Webdis)> {
     let shipped = repo_root().join("envoy/webdis.json");
     let text = std::fs::read_to_string(&shipped)
         .map_err(|e| format!("read {}: {e}", shipped.display()))?;
-    let mut config: serde_json::Value =
+    let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", shipped.display()))?;
-    let webdis_port = free_port()?;
-    config["redis_port"] = redis_port.into();
-    config["http_port"] = webdis_port.into();
-    config["daemonize"] = false.into();
-    config["logfile"] = work.join("webdis.log").display().to_string().into();
-    let config_path = work.join("webdis.json");
-    std::fs::write(&config_path, config.to_string())
-        .map_err(|e| format!("write webdis.json: {e}"))?;
-    let mut webdis = spawn_logged(
-        "webdis",
-        Command::new("webdis").arg(&config_path).current_dir(work),
-        work.join("webdis.stdout.log"),
-    )?;
-    wait_port(&mut webdis, webdis_port)?;
-    Ok((webdis_port, redis_port, vec![webdis, redis]))
+    let redis = RedisServer::start();
+    let webdis = Webdis::start_with(redis.port, &serde_json::json!({ "acl": config["acl"], "pool_size": config["pool_size"] }));
+    Ok((redis, webdis))
 }
 
 /// Script calls Redis has served so far (`calls` of `cmdstat_eval` + `cmdstat_evalsha` in
@@ -1337,10 +1281,9 @@ fn run() -> Result<()> {
         .collect();
 
     let mut work = WorkDir {
-        path: std::env::temp_dir().join(format!("tokengate-bench-{}", std::process::id())),
+        dir: Some(TempDir::new("bench")),
         keep: std::env::var_os("BENCH_KEEP").is_some(),
     };
-    std::fs::create_dir_all(&work.path).map_err(|e| format!("mkdir: {e}"))?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let (mock_port, mock) = start_mock(stop.clone())?;
@@ -1350,10 +1293,10 @@ fn run() -> Result<()> {
             .iter()
             .any(|&i| all[i].needs_webdis && all[i].skip.is_none());
         let (webdis_port, redis_port, _aux) = if needs_webdis {
-            let (port, redis, procs) = start_webdis(&work.path)?;
-            (Some(port), Some(redis), procs)
+            let (redis, webdis) = start_webdis()?;
+            (Some(webdis.port), Some(redis.port), Some((redis, webdis)))
         } else {
-            (None, None, Vec::new())
+            (None, None, None)
         };
         // The variants that can run (a note for each one that cannot), and how to start one.
         let runnable: Vec<usize> = selected
@@ -1370,7 +1313,7 @@ fn run() -> Result<()> {
         let start = |i: usize, how: Launch| {
             let v = &all[i];
             let webdis = if v.needs_webdis { webdis_port } else { None };
-            start_envoy(&envoy, &work.path, i, v, mock_port, webdis, how)
+            start_envoy(&envoy, work.path(), i, v, mock_port, webdis, how)
         };
         let estimate_time = std::env::var("BENCH_ESTIMATE_TIME")
             .ok()
@@ -1448,7 +1391,7 @@ fn run() -> Result<()> {
                 let e = start(i, Launch::Callgrind)?;
                 let mut counts = Vec::new();
                 for (name, body) in &bodies {
-                    let c = callgrind_body(&e, &all[i], &work.path, n, body)?;
+                    let c = callgrind_body(&e, &all[i], work.path(), n, body)?;
                     eprintln!(
                         "bench: callgrind {:<26} {name:<14} {:>10.0} instructions/request",
                         all[i].name, c
@@ -1465,7 +1408,7 @@ fn run() -> Result<()> {
             for &i in &runnable {
                 let v = &all[i];
                 let e = start(i, Launch::Callgrind)?;
-                let per_request = callgrind_window(&e, v, &work.path, n)?;
+                let per_request = callgrind_window(&e, v, work.path(), n)?;
                 eprintln!(
                     "bench: callgrind {:<26} {:>10.0} instructions/request",
                     v.name, per_request

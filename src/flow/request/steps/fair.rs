@@ -140,7 +140,15 @@ fn start(cx: &mut Cx, plan: &mut Plan, idx: usize) -> Outcome {
                 global: true,
             };
             return match shim::admit(cx, &g.cluster, &g.shim_breaker) {
-                Ok(probe) => dispatch(cx, plan, fc, Sent { eval: false, probe }),
+                Ok(probe) => dispatch(
+                    cx,
+                    plan,
+                    fc,
+                    Sent {
+                        probe,
+                        ..Sent::default()
+                    },
+                ),
                 Err(_) => {
                     let why = format!("the circuit of the shim at cluster '{}' is open", g.cluster);
                     unavailable(cx, plan, fc, &why)

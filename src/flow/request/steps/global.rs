@@ -221,10 +221,7 @@ fn answered(cx: &mut Cx, plan: &mut Plan, gc: GlobalCharge, reply: CalloutReply)
         Decision::StoreFailed(_) => {
             let gc = GlobalCharge {
                 block: None,
-                sent: Sent {
-                    probe: gc.sent.probe,
-                    eval: gc.sent.eval,
-                },
+                sent: gc.sent,
                 ..gc
             };
             unavailable(cx, plan, gc, "unexpected verdict")

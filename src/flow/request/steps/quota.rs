@@ -17,7 +17,9 @@ use crate::flow::request::settlement::{reconcile, refund_reservation};
 use crate::flow::request::state::{Hold, InFlight, Plan, QuotaReq, Sent};
 use crate::flow::request::step::{Outcome, Step};
 use crate::flow::shim;
+use crate::flow::vm::batch;
 use crate::flow::vm::leases::{self, Ask};
+use crate::flow::vm::state::BatchResult;
 use crate::flow::vm::state::KNOWN_KEYS_CACHE;
 use crate::flow::vm::tick::SETTLE_TICK_MS;
 use crate::quota::accounting::{Ending, Reserved};
@@ -44,6 +46,7 @@ impl Step for Quota {
         let qr = *qr;
         let outcome = match qr.hold {
             Hold::GivingBack { eval } => given_back(cx, plan, qr, eval, reply),
+            Hold::Sent(Sent { batched: true, .. }) => batched(cx, plan, qr),
             _ => reserved(cx, plan, qr, reply),
         };
         match outcome {
@@ -75,10 +78,18 @@ pub(in crate::flow) fn give_back(cx: &mut Cx, quotas: &mut Vec<QuotaReq>) {
 }
 
 /// The client went while a reservation callout was in flight: it may still reserve, so it joins the
-/// reservations to give back (reconciled at 0).
-pub(in crate::flow) fn in_flight_to_settle(plan: &mut Plan) {
+/// reservations to give back (reconciled at 0). One still waiting in this VM's batch was never sent:
+/// it is taken out, nothing to give back.
+pub(in crate::flow) fn in_flight_to_settle(cx: &mut Cx, plan: &mut Plan) {
     if let InFlight::Quota(mut qr) = std::mem::replace(&mut plan.inflight, InFlight::Nothing) {
-        if matches!(qr.hold, Hold::Sent(_)) {
+        if let Hold::Sent(s) = qr.hold {
+            if s.batched {
+                if batch::forget(cx, plan.context) {
+                    return;
+                }
+            } else {
+                batch::single_done(cx, plan.context);
+            }
             qr.hold = Hold::Uncertain;
             plan.quotas.push(*qr);
         }
@@ -87,9 +98,17 @@ pub(in crate::flow) fn in_flight_to_settle(plan: &mut Plan) {
 
 /// The reservations not made when the upstream answered before the admission was decided: the one in
 /// flight and those still to make, or every one when this step had not started.
-pub(in crate::flow) fn unmade(cx: &Cx, plan: &mut Plan) -> Vec<QuotaReq> {
+pub(in crate::flow) fn unmade(cx: &mut Cx, plan: &mut Plan) -> Vec<QuotaReq> {
     match std::mem::replace(&mut plan.inflight, InFlight::Nothing) {
         InFlight::Quota(qr) => {
+            // Its answer, when it comes, is not read: it is reconciled at the end.
+            match qr.hold {
+                Hold::Sent(Sent { batched: true, .. }) => {
+                    batch::forget(cx, plan.context);
+                }
+                Hold::Sent(_) => batch::single_done(cx, plan.context),
+                _ => {}
+            }
             let mut v = vec![*qr];
             v.extend(std::mem::take(&mut plan.pending_quotas));
             v
@@ -132,11 +151,33 @@ fn next(cx: &mut Cx, plan: &mut Plan) -> Outcome {
     Outcome::Continue
 }
 
-/// Sends the reservation, unless the shim's breaker is open (then its `on_failure` applies).
+/// Sends the reservation, unless the shim's breaker is open (then its `on_failure` applies); while
+/// another reservation call of this VM is in flight it waits in the VM's batch instead
+/// ([`batch`](crate::flow::vm::batch)).
 fn send(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq) -> Outcome {
     let Some(q) = cx.cfg.quota.as_ref() else {
         return Outcome::Continue;
     };
+    if let Some(b) = q.batch.as_ref() {
+        if batch::busy(cx, q) && !shim::is_open(cx, &q.cluster, &q.shim_breaker) {
+            if q.lease.is_some() && qr.refusal.is_none() {
+                qr.lease_available = leases::account(
+                    cx,
+                    &qr.args.tenant,
+                    qr.args.model.as_deref(),
+                    &qr.args.month,
+                )
+                .map_or(0, |a| a.available());
+            }
+            batch::queue(cx, b, plan.context, &qr.args);
+            qr.hold = Hold::Sent(Sent {
+                batched: true,
+                ..Sent::default()
+            });
+            plan.inflight = InFlight::Quota(Box::new(qr));
+            return Outcome::Park;
+        }
+    }
     match shim::admit(cx, &q.cluster, &q.shim_breaker) {
         Err(_) => {
             let why = format!(
@@ -173,7 +214,11 @@ fn dispatch(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq, eval: bool, probe: b
     qr.hold = Hold::Sent(Sent {
         eval: call == ScriptCall::Eval,
         probe,
+        batched: false,
     });
+    if q.batch.is_some() {
+        batch::single_started(cx, plan.context);
+    }
     let body = quota::reserve_request(&qr.args, call);
     plan.inflight = InFlight::Quota(Box::new(qr));
     Outcome::Await(shim::callout(
@@ -194,6 +239,7 @@ fn reserved(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq, reply: CalloutReply)
         Hold::Sent(s) => s,
         _ => Sent::default(),
     };
+    batch::single_done(cx, plan.context);
     let r = match shim::read(&q.cluster, &reply, quota::parse_reserve_reply) {
         Err(f) if f.error == ShimError::NoScript && !sent.eval => {
             cx.worker.quota_script_loaded = false;
@@ -216,6 +262,38 @@ fn reserved(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq, reply: CalloutReply)
     if sent.eval {
         cx.worker.quota_script_loaded = true;
     }
+    answered(cx, plan, qr, r)
+}
+
+/// The batch that carried the reservation `qr` answered (the root continues the request with it): its
+/// own entry's decision, or the failure of the call (the breaker counted the call once, at the root).
+fn batched(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq) -> Outcome {
+    match batch::take(cx, plan.context) {
+        Some(BatchResult { result: Ok(r), .. }) => answered(cx, plan, qr, r),
+        Some(BatchResult {
+            result: Err(f),
+            may_have_run,
+        }) => {
+            qr.hold = if may_have_run {
+                Hold::Uncertain
+            } else {
+                Hold::Planned
+            };
+            unavailable(cx, plan, qr, &f.why)
+        }
+        None => {
+            // No answer was kept (it cannot happen: the root continues a request only with one).
+            qr.hold = Hold::Uncertain;
+            unavailable(cx, plan, qr, "the batch of reservations gave no answer")
+        }
+    }
+}
+
+/// Redis decided the reservation `qr` (`r`).
+fn answered(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq, r: quota::ReserveReply) -> Outcome {
+    let Some(q) = cx.cfg.quota.as_ref() else {
+        return Outcome::Continue;
+    };
     // This Envoy's lease of the account, if it holds one: Redis' counter includes all of it, and its
     // unspent part is left to this Envoy's requests.
     let lease = q.lease.as_ref().and_then(|_| {
@@ -595,7 +673,8 @@ pub(in crate::flow) fn requests(cx: &Cx, plan: &Plan) -> Vec<QuotaReq> {
         }
         let account = b.account(&plan.meta.tenant, &cx.cfg.groups, &plan.meta.groups);
         // A money budget at the model's prices (micro-units per token); a token budget at the quota's
-        // weights.
+        // weights. With the model, so that its per-model counter says what the subject spent on each
+        // model (`tokengate usage --by model`); a budget has no per-model limit.
         let price = if b.tokens {
             q.weights(&plan.model)
         } else {
@@ -606,7 +685,7 @@ pub(in crate::flow) fn requests(cx: &Cx, plan: &Plan) -> Vec<QuotaReq> {
             q,
             plan,
             account,
-            None,
+            model.clone(),
             price,
             (b.limit, 0),
             false,
