@@ -308,22 +308,32 @@ pub fn explain(cfg: &Config, r: &Request) -> Result<String, Failure> {
                 if b.tokens { " weighted tokens" } else { " per million tokens" }
             );
         }
-        if let Some(l) = q.lease {
-            let threshold = (l.policy.min_tokens as f64 / l.policy.max_share).round();
-            let t = q.tenant(r.tenant).monthly_limit;
-            let never = if t > 0 && (t as f64) < threshold {
-                format!(
-                    " (tenant {:?}: limit {t} is below it: never leased)",
-                    r.tenant
-                )
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                o,
-                "leases    on: an account is served from this Envoy's lease while what is left of it is at least {threshold} \
-                 (min_tokens x 100 / max_share_percent); below it every request is reserved in Redis{never}"
-            );
+        match q.lease {
+            Some(l) => {
+                let t = q.tenant(r.tenant).monthly_limit;
+                let threshold = l.policy.threshold(t);
+                let floor = l.policy.floor(t);
+                let never = if t > 0 && t < threshold {
+                    format!(
+                        " (tenant {:?}: limit {t} is below it: never leased)",
+                        r.tenant
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    o,
+                    "leases    on: an account is served from this Envoy's lease while what is left of it is at least {threshold} \
+                     (the smallest lease, {floor}: min_limit_percent of the limit, at most min_tokens; x 100 / max_share_percent); \
+                     below it every request is reserved in Redis{never}"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    o,
+                    "leases    off (quota.lease: false): every request is reserved in Redis"
+                );
+            }
         }
     }
     Ok(o)
@@ -348,7 +358,7 @@ mod tests {
     #[test]
     fn explain_names_rules_limits_keys_and_costs() {
         let cfg = tokengate::config::parse(
-            br#"{"group_header": "x-team",
+            br#"{"group_header": "x-team", "trusted_headers": {"set_by": "the test"},
                 "rules": [{"name": "r", "model": "gpt-4.1", "tokens_per_second": 10, "burst": 100}],
                 "limits": [{"name": "team", "scope": "group", "tokens_per_second": 5, "burst": 5000}],
                 "quota": {"cluster": "w", "monthly_limit": 1000000, "currency": "USD",
@@ -384,5 +394,45 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("output 200 reserved"), "{out}");
+        // Leases on by default: a large limit is leased until 40,960 is left.
+        assert!(out.contains("leases    on:"), "{out}");
+        assert!(out.contains("at least 40960"), "{out}");
+    }
+
+    #[test]
+    fn explain_prints_the_lease_threshold_of_the_tenant_or_that_leases_are_off() {
+        let run = |lease: &str| {
+            let cfg = tokengate::config::parse(
+                format!(
+                    r#"{{"rules": [{{"tokens_per_second": 10, "burst": 100}}],
+                    "quota": {{"cluster": "w", "monthly_limit": 50000{lease}}}}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            let body =
+                br#"{"model":"m","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
+            explain(
+                &cfg,
+                &Request {
+                    tenant: "small",
+                    groups: &[],
+                    model: None,
+                    path: "/v1/chat/completions",
+                    body,
+                    cluster: None,
+                    month: "2026-12",
+                },
+            )
+            .unwrap()
+        };
+        // 50,000: the smallest lease is 500 (1 %), leased while 5,000 (10 %) is left.
+        let on = run("");
+        assert!(
+            on.contains("at least 5000 (the smallest lease, 500"),
+            "{on}"
+        );
+        let off = run(r#", "lease": false"#);
+        assert!(off.contains("leases    off (quota.lease: false)"), "{off}");
     }
 }

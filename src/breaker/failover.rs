@@ -38,6 +38,10 @@
 //! [`SUCCESS_BATCH_DIVISOR`] (128) outcomes, one this VM has not written to, or one it last wrote longer
 //! ago than [`SUCCESS_FLUSH_MS`] (or one sub-window of a shorter window) gets every success at once: a
 //! CAS on the request path, about 128 + 64 writes per window and at most ten a second per VM after that.
+//! Counting a success is a look-up of the breaker's scope and name among this VM's entries (no key
+//! built) and an add; whether any are due is one comparison with the oldest; a write of gathered
+//! successes adds them to their sub-window's 16 bytes of the record
+//! ([`crate::breaker::add_successes_shared`]).
 //!
 //! **Bound:** a failure recorded by one worker sees a failure rate that lacks, per other worker, the
 //! successes that worker gathered since its last write: fewer than 1/[`SUCCESS_BATCH_DIVISOR`] of the
@@ -237,14 +241,23 @@ pub fn release(store: &dyn SharedStore, held: &Held, retries: u32) {
 }
 
 /// Plain successes one VM gathered per breaker, not written yet, and how many it may gather for each
-/// before it writes them (see the module docs).
+/// before it writes them (see the module docs). Counting one is a look-up by the breaker's scope and
+/// name as the request has them (no key built) and an add; whether any are due is one comparison.
 #[derive(Debug, Default)]
 pub struct Pending {
     entries: Vec<PendingEntry>,
+    /// Entries with successes waiting.
+    waiting: usize,
+    /// No success has waited since before this (a lower bound: `flush` makes it exact again); `None`:
+    /// nothing waits.
+    oldest_ns: Option<u64>,
 }
 
 #[derive(Debug)]
 struct PendingEntry {
+    /// Scope and name as the requests give them (several names may share a key: see [`breaker::key`]).
+    scope: String,
+    name: String,
     key: String,
     /// Successes not written yet (0: nothing waits; the entry keeps `batch`).
     successes: u32,
@@ -293,12 +306,10 @@ impl Pending {
     /// Counts one success of breaker `key(scope, name)`; returns its index when the successes waiting
     /// for it reached its batch (to be written now).
     fn add(&mut self, scope: &str, name: &str, now_ns: u64, fresh_ns: u64) -> Option<usize> {
-        let tail = crate::store::keys::BREAKER.len();
-        let found = self.entries.iter().position(|e| {
-            e.key
-                .get(tail..)
-                .is_some_and(|t| breaker::open_set::key_tail_matches(t, scope, name))
-        });
+        let found = self
+            .entries
+            .iter()
+            .position(|e| e.name == name && e.scope == scope);
         let i = match found {
             Some(i) => i,
             None => {
@@ -316,6 +327,8 @@ impl Pending {
                     }
                 }
                 self.entries.push(PendingEntry {
+                    scope: scope.to_string(),
+                    name: name.to_string(),
                     key: breaker::key(scope, name),
                     successes: 0,
                     since_ns: now_ns,
@@ -328,17 +341,45 @@ impl Pending {
         let e = self.entries.get_mut(i)?;
         if !e.waits() {
             e.since_ns = now_ns;
+            self.waiting += 1;
+            self.oldest_ns = Some(self.oldest_ns.map_or(now_ns, |o| o.min(now_ns)));
         }
         e.successes = e.successes.saturating_add(1);
         e.full(now_ns, fresh_ns).then_some(i)
     }
 
+    /// Takes the successes waiting in entry `i`, with its key.
+    fn take_at(&mut self, i: usize) -> Option<(String, u32)> {
+        let e = self.entries.get_mut(i)?;
+        let n = std::mem::take(&mut e.successes);
+        let key = e.key.clone();
+        if n > 0 {
+            self.taken_one();
+        }
+        Some((key, n))
+    }
+
     /// Takes the successes waiting for `key`.
     fn take(&mut self, key: &str) -> u32 {
-        self.entries
-            .iter_mut()
-            .find(|e| e.key == key)
-            .map_or(0, |e| std::mem::take(&mut e.successes))
+        let mut n = 0u32;
+        for e in self.entries.iter_mut().filter(|e| e.key == key) {
+            if e.successes > 0 {
+                n = n.saturating_add(std::mem::take(&mut e.successes));
+                self.waiting = self.waiting.saturating_sub(1);
+            }
+        }
+        if self.waiting == 0 {
+            self.oldest_ns = None;
+        }
+        n
+    }
+
+    /// One entry stopped waiting.
+    fn taken_one(&mut self) {
+        self.waiting = self.waiting.saturating_sub(1);
+        if self.waiting == 0 {
+            self.oldest_ns = None;
+        }
     }
 
     /// Remembers the size of `key`'s window after a write to it at `now_ns`.
@@ -347,21 +388,28 @@ impl Pending {
     }
 
     fn set_batch(&mut self, key: &str, batch: u32, now_ns: u64) {
-        if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
+        for e in self.entries.iter_mut().filter(|e| e.key == key) {
             e.batch = batch;
             e.seen_ns = now_ns;
         }
     }
 
-    /// Forgets the entries that wait for nothing and hold no fresh batch (they act as missing ones).
+    /// Forgets the entries that wait for nothing and hold no fresh batch (they act as missing ones),
+    /// and makes `oldest_ns` exact.
     fn prune(&mut self, now_ns: u64, fresh_ns: u64) {
         self.entries
             .retain(|e| e.waits() || e.fresh(now_ns, fresh_ns));
+        self.oldest_ns = self
+            .entries
+            .iter()
+            .filter(|e| e.waits())
+            .map(|e| e.since_ns)
+            .min();
     }
 
     /// True when successes wait in this VM.
     pub fn any(&self) -> bool {
-        self.entries.iter().any(PendingEntry::waits)
+        self.waiting > 0
     }
 
     /// Successes waiting in this VM, over every breaker.
@@ -369,16 +417,13 @@ impl Pending {
         self.entries.iter().map(|e| u64::from(e.successes)).sum()
     }
 
-    /// True when something waits for `now_ns` (or must be written anyway: too many breakers waiting).
+    /// True when something may wait for `now_ns` (or must be written anyway: too many breakers
+    /// waiting). May say so when nothing is due any more ([`flush`] then finds nothing to write).
     fn due(&self, now_ns: u64) -> bool {
-        let mut waiting = 0;
-        for e in self.entries.iter().filter(|e| e.waits()) {
-            waiting += 1;
-            if now_ns.saturating_sub(e.since_ns) >= SUCCESS_FLUSH_MS * NS_PER_MS {
-                return true;
-            }
-        }
-        waiting >= MAX_PENDING_KEYS
+        self.waiting >= MAX_PENDING_KEYS
+            || self
+                .oldest_ns
+                .is_some_and(|t| now_ns.saturating_sub(t) >= SUCCESS_FLUSH_MS * NS_PER_MS)
     }
 }
 
@@ -436,10 +481,9 @@ pub fn record(
             return Recorded::default();
         };
         // Its batch is full: written now.
-        let Some(e) = cx.vm.pending.entries.get_mut(i) else {
+        let Some((key, successes)) = cx.vm.pending.take_at(i) else {
             return Recorded::default();
         };
-        let (key, successes) = (e.key.clone(), std::mem::take(&mut e.successes));
         let error = write_successes(cx, &key, successes, now_ns).err();
         return Recorded {
             key: Some(key),
@@ -512,12 +556,11 @@ fn write_successes(
         cx.vm.pending.set_batch(key, u32::MAX, now_ns);
         return Ok(());
     }
-    let (w, _) = breaker::record_batch_shared(
+    let (w, _) = breaker::add_successes_shared(
         cx.store,
         key,
         &cx.settings.cfg,
         successes,
-        None,
         now_ns,
         cx.retries,
     )?;
@@ -532,17 +575,18 @@ pub fn flush(cx: &mut Ctx<'_>, now_ns: u64, all: bool) -> Vec<(String, UpdateErr
     if !all && !cx.vm.pending.due(now_ns) {
         return failed;
     }
-    let waiting = cx.vm.pending.entries.iter().filter(|e| e.waits()).count();
-    let everything = all || waiting >= MAX_PENDING_KEYS;
+    let everything = all || cx.vm.pending.waiting >= MAX_PENDING_KEYS;
     let due_ns = SUCCESS_FLUSH_MS * NS_PER_MS;
     for i in 0..cx.vm.pending.entries.len() {
-        let Some(e) = cx.vm.pending.entries.get_mut(i) else {
+        let Some(e) = cx.vm.pending.entries.get(i) else {
             break;
         };
         if !e.waits() || (!everything && now_ns.saturating_sub(e.since_ns) < due_ns) {
             continue;
         }
-        let (key, successes) = (e.key.clone(), std::mem::take(&mut e.successes));
+        let Some((key, successes)) = cx.vm.pending.take_at(i) else {
+            break;
+        };
         if let Err(err) = write_successes(cx, &key, successes, now_ns) {
             failed.push((key, err));
         }
@@ -892,6 +936,59 @@ mod tests {
         // One more failure: 3 of 6 = 50 % opens it.
         let r = record(&mut vm.cx(&s, &st), "model", "a", fail(), false, MS);
         assert_eq!(r.transition.map(|t| t.reason), Some("failure_rate"));
+    }
+
+    #[test]
+    fn names_that_share_a_key_gather_apart_and_a_failure_carries_them_all() {
+        let s = MemStore::new();
+        let st = rate_settings();
+        let mut vm = Vm::new();
+        // "a b" and "a_b" are both `tg:cb:model=a_b`, whose window is old (640 outcomes).
+        let key = breaker::key("model", "a_b");
+        breaker::record_batch_shared(&s, &key, &st.cfg, 640, None, 0, 8).unwrap();
+        // The first success of each is written at once (the VM learns the batch: 10); then gathered.
+        vm.success(&s, &st, "model", "a b", 0);
+        vm.success(&s, &st, "model", "a_b", 0);
+        assert_eq!(vm.vm.pending.entries.len(), 2);
+        for _ in 0..2 {
+            vm.success(&s, &st, "model", "a b", MS);
+            vm.success(&s, &st, "model", "a_b", MS);
+        }
+        assert_eq!(vm.vm.pending.total(), 4);
+        let r = record(&mut vm.cx(&s, &st), "model", "a_b", fail(), false, 2 * MS);
+        assert_eq!(r.key.as_deref(), Some(key.as_str()));
+        assert_eq!(vm.vm.pending.total(), 0);
+        assert!(!vm.vm.pending.any());
+        let (b, _) = store::peek::<breaker::BreakerState>(&s, &key).unwrap();
+        assert_eq!(b.unwrap().window_counts(&st.cfg, 2 * MS), (646, 1));
+    }
+
+    #[test]
+    fn the_check_for_due_successes_is_one_comparison_and_never_misses_one() {
+        let s = MemStore::new();
+        let st = rate_settings();
+        let mut vm = Vm::new();
+        // An old window, so that successes are gathered (batch 10).
+        let key = breaker::key("model", "a");
+        breaker::record_batch_shared(&s, &key, &st.cfg, 640, None, 0, 8).unwrap();
+        vm.success(&s, &st, "model", "a", 0);
+        vm.success(&s, &st, "model", "a", MS);
+        assert!(vm.vm.pending.any());
+        assert!(!vm.vm.pending.due(MS));
+        assert!(!vm.vm.pending.due((SUCCESS_FLUSH_MS + 1) * MS - 1));
+        assert!(vm.vm.pending.due((SUCCESS_FLUSH_MS + 1) * MS));
+        // Taken by a failure: `due` may still say so; the flush finds nothing and makes it exact.
+        record(&mut vm.cx(&s, &st), "model", "a", fail(), false, 2 * MS);
+        assert!(!vm.vm.pending.any());
+        let reads = s.reads();
+        assert!(flush(&mut vm.cx(&s, &st), (SUCCESS_FLUSH_MS + 1) * MS, false).is_empty());
+        assert_eq!(s.reads(), reads, "nothing was written");
+        assert!(!vm.vm.pending.due(u64::MAX));
+        // A success gathered after that is due SUCCESS_FLUSH_MS after it, not after the first one.
+        vm.success(&s, &st, "model", "a", 50 * MS);
+        assert!(vm.vm.pending.any());
+        assert!(!vm.vm.pending.due(149 * MS));
+        assert!(vm.vm.pending.due(150 * MS));
     }
 
     #[test]

@@ -3,17 +3,22 @@
 //! [`release_probe`] gives back a permit of a request that was not sent; [`peek_state`] reads without
 //! writing. Each returns the new state to write (`None` = unchanged) and the transition, if any.
 
-use super::window::{Window, BUCKETS};
+use super::window::{Rule, Window, BUCKETS};
 use super::NS_PER_MS;
 
 /// Breaker tuning, already validated (see [`BreakerConfig::validate`]).
+///
+/// `Default` is the count mode (5 failures in 60 s), what the shim breakers build on. The request
+/// breakers' `breaker` section defaults to the rate mode instead (50 % of at least 20 in 30 s, see
+/// `crate::config::BreakerMode`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerConfig {
-    /// Failures within the window that open the breaker (default 5).
+    /// Failures within the window that open the breaker (default 5; `u32::MAX`: only the rate opens it).
     pub failure_threshold: u32,
     /// Length of the sliding window in ms (default 60 000; 12 ..= 86 400 000).
     pub window_ms: u64,
-    /// Also open when failures / requests in the window reach this percentage (default off).
+    /// Also open when failures / requests in the window reach this percentage (default off here; 50
+    /// in a `breaker` section that asks for no count).
     pub failure_rate_percent: Option<u32>,
     /// Requests needed in the window before the rate rule applies (default 20).
     pub min_requests: u32,
@@ -49,6 +54,16 @@ impl Default for BreakerConfig {
 }
 
 impl BreakerConfig {
+    /// The part of this config the failure window reads.
+    pub(super) fn rule(&self) -> Rule {
+        Rule {
+            window_ms: self.window_ms,
+            failure_threshold: self.failure_threshold,
+            failure_rate_percent: self.failure_rate_percent,
+            min_requests: self.min_requests,
+        }
+    }
+
     /// Checks meaning; the error names the offending field.
     pub fn validate(&self) -> Result<(), String> {
         if self.failure_threshold < 1 {
@@ -186,7 +201,7 @@ impl BreakerState {
 
     /// (successes, failures) in the window ending at `now_ns`, as counted under `cfg`.
     pub fn window_counts(&self, cfg: &BreakerConfig, now_ns: u64) -> (u64, u64) {
-        self.window.counts(cfg, now_ns)
+        self.window.counts(&cfg.rule(), now_ns)
     }
 
     /// Enters OPEN for the next consecutive open, honouring any pending Retry-After deadline.
@@ -357,15 +372,15 @@ pub fn record(
             if cfg.failure_rate_percent.is_none() {
                 return (None, None);
             }
-            next.window.count(cfg, now_ns, true);
+            next.window.count(&cfg.rule(), now_ns, true);
             (Some(next), None)
         }
         (State::Closed, Outcome::Failure { .. }) => {
-            next.window.count(cfg, now_ns, false);
+            next.window.count(&cfg.rule(), now_ns, false);
             if let Some(d) = retry_deadline {
                 next.retry_until_ns = next.retry_until_ns.max(d);
             }
-            let Some(reason) = next.window.trip_reason(cfg, now_ns) else {
+            let Some(reason) = next.window.trip_reason(&cfg.rule(), now_ns) else {
                 return (Some(next), None);
             };
             next.open(cfg, now_ns);
@@ -424,7 +439,7 @@ pub fn record_successes(
         return None;
     }
     let mut next = *state;
-    next.window.add_successes(cfg, now_ns, n);
+    next.window.add_successes(&cfg.rule(), now_ns, n);
     Some(next)
 }
 

@@ -79,8 +79,9 @@
 //!
 //! # Parts
 //! `machine.rs` (config, states, [`admit`], [`record`], [`record_successes`], [`peek_state`]),
-//! `window.rs` (the sliding window), `codec.rs` (the encoding above), `shared.rs` (the CAS wrappers and
-//! [`key`]), [`open_set`] (one shared value naming the breakers that are not CLOSED, so that a request
+//! `window.rs` (the sliding window), `codec.rs` (the encoding above, and the in-place update of one
+//! sub-window that [`add_successes_shared`] writes a worker's gathered successes with: 16 bytes of the
+//! record touched, the rest neither decoded nor encoded), `shared.rs` (the CAS wrappers and [`key`]), [`open_set`] (one shared value naming the breakers that are not CLOSED, so that a request
 //! through closed breakers reads nothing else) and `outcome.rs` ([`classify`], [`retry_after_ms`]);
 //! everything is re-exported here.
 //!
@@ -103,8 +104,8 @@ pub use machine::{
 pub use open_set::{OpenSet, View, OPEN_SET_KEY};
 pub use outcome::{classify, cut_after_response_started, retry_after_ms, FailurePolicy};
 pub use shared::{
-    admit_shared, key, record_batch_shared, record_is_noop, record_shared, release_probe_shared,
-    Written, MAX_NAME_BYTES, MAX_SCOPE_BYTES,
+    add_successes_shared, admit_shared, key, record_batch_shared, record_is_noop, record_shared,
+    release_probe_shared, Written, MAX_NAME_BYTES, MAX_SCOPE_BYTES,
 };
 pub use window::BUCKETS;
 

@@ -2,11 +2,12 @@
 //! [`release_probe`](super::release_probe) as one bounded CAS read-modify-write of a key each, a corrupt
 //! value repaired once, and the key names (`tg:cb:<scope>=<name>`).
 
+use super::codec::{add_successes_in_place, InPlace};
 use super::machine::{
     admit, record, record_successes, release_probe, Admission, BreakerConfig, BreakerState,
     Outcome, State, Transition,
 };
-use crate::store::{self, SharedStore, UpdateError, UpdateStats};
+use crate::store::{self, SharedStore, StoreError, UpdateError, UpdateStats};
 
 /// Longest breaker name kept in a key, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;
@@ -135,6 +136,60 @@ pub fn record_batch_shared(
     Ok((written, stats))
 }
 
+/// `successes` plain successes gathered by one worker, as one bounded CAS read-modify-write of `key`
+/// that touches their sub-window only ([`add_successes_in_place`]): the same outcome as
+/// [`record_batch_shared`] with no request outcome, without decoding and encoding the whole record. A
+/// missing key, a corrupt value or a window counted with another width goes the whole way
+/// ([`record_batch_shared`]: created, repaired or reset).
+pub fn add_successes_shared(
+    store: &dyn SharedStore,
+    key: &str,
+    cfg: &BreakerConfig,
+    successes: u32,
+    now_ns: u64,
+    max_retries: u32,
+) -> Result<(Written, UpdateStats), UpdateError> {
+    let mut stats = UpdateStats::default();
+    // A missing key is created the whole way (below).
+    while let Some((mut bytes, cas)) = store.get(key).map_err(|_| UpdateError::Host)? {
+        let window_total = match add_successes_in_place(&mut bytes, cfg, successes, now_ns) {
+            InPlace::Added { window_total } => window_total,
+            InPlace::Unchanged(state) => {
+                let written = Written {
+                    transition: None,
+                    state,
+                    window_total: 0,
+                };
+                return Ok((written, stats));
+            }
+            InPlace::Whole => break,
+        };
+        match store.set(key, &bytes, cas) {
+            Ok(()) => {
+                let written = Written {
+                    transition: None,
+                    state: State::Closed,
+                    window_total,
+                };
+                return Ok((written, stats));
+            }
+            Err(StoreError::CasMismatch) => {
+                stats.retries += 1;
+                if stats.retries > max_retries {
+                    return Err(UpdateError::CasExhausted);
+                }
+            }
+            Err(StoreError::Host) => return Err(UpdateError::Host),
+        }
+    }
+    let (written, whole) =
+        record_batch_shared(store, key, cfg, successes, None, now_ns, max_retries)?;
+    stats.retries += whole.retries;
+    stats.corrupt |= whole.corrupt;
+    stats.created |= whole.created;
+    Ok((written, stats))
+}
+
 /// Shared-data key of a breaker: `tg:cb:<scope>=<name>`. Bytes other than ASCII letters, digits and
 /// `-._:/@+` become `_`; the scope is cut to [`MAX_SCOPE_BYTES`] and the name to [`MAX_NAME_BYTES`]
 /// (two names equal in their first 128 characters share a breaker).
@@ -179,7 +234,7 @@ pub fn key_tail_matches(tail: &str, scope: &str, name: &str) -> bool {
 mod tests {
     use super::super::testing::*;
     use super::*;
-    use crate::store::MemStore;
+    use crate::store::{Codec, MemStore};
     use std::cell::{Cell, RefCell};
 
     /// Puts a breaker into HALF_OPEN with no permit taken yet: OPEN whose recovery ended at `T0 + 30 s`.
@@ -350,6 +405,46 @@ mod tests {
         assert_eq!(t.map(|t| t.reason), Some("failure_threshold"));
         let (s, _) = store::peek::<BreakerState>(&store, &k).unwrap();
         assert_eq!(s.map(|s| s.state()), Some(State::Open));
+    }
+
+    #[test]
+    fn successes_written_in_place_race_like_any_update_and_a_bad_record_goes_the_whole_way() {
+        let rate = BreakerConfig {
+            failure_threshold: u32::MAX,
+            failure_rate_percent: Some(50),
+            ..cfg()
+        };
+        let store = MemStore::new();
+        let k = key("model", "m");
+        // Missing: created the whole way.
+        let (w, st) = add_successes_shared(&store, &k, &rate, 3, T0, 8).unwrap();
+        assert!(st.created);
+        assert_eq!((w.state, w.window_total), (State::Closed, 3));
+        // Another worker writes between our read and our write: retried, both counted.
+        let racing = Racing {
+            inner: &store,
+            other: RefCell::new(Box::new(|s: &MemStore| {
+                add_successes_shared(s, &k, &rate, 5, T0, 8).unwrap();
+            })),
+            armed: Cell::new(1),
+        };
+        let (w, st) = add_successes_shared(&racing, &k, &rate, 2, T0, 8).unwrap();
+        assert_eq!((st.retries, w.window_total), (1, 10));
+        let (s, _) = store::peek::<BreakerState>(&store, &k).unwrap();
+        assert_eq!(s.unwrap().window_counts(&rate, T0), (10, 0));
+        // Corrupt: repaired the whole way, and counted from a fresh window.
+        store.set(&k, b"junk", 0).unwrap();
+        let (w, st) = add_successes_shared(&store, &k, &rate, 4, T0, 8).unwrap();
+        assert!(st.corrupt);
+        assert_eq!(w.window_total, 4);
+        assert!(!store::peek::<BreakerState>(&store, &k).unwrap().1);
+        // Open: nothing counted, nothing written.
+        let open = opened(&cfg());
+        store.set(&k, &open.encode(), 0).unwrap();
+        let cas = store.get(&k).unwrap().unwrap().1;
+        let (w, _) = add_successes_shared(&store, &k, &rate, 4, T0, 8).unwrap();
+        assert_eq!((w.state, w.window_total), (State::Open, 0));
+        assert_eq!(store.get(&k).unwrap().unwrap().1, cas);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! sub-window remembers its epoch index (`now / width`), so a stale one is recognised and reset instead of
 //! being summed: the window covers between 11/12 and 12/12 of `window_ms`. A window counted with another
 //! width (the config changed) is discarded.
+//!
+//! A leaf of the breaker: it reads the part of a breaker's config it needs as a [`Rule`]
+//! (`BreakerConfig::rule`), so the state machine imports the window and never the other way round.
 
-use super::machine::BreakerConfig;
 use super::NS_PER_MS;
 
 /// Number of sub-windows in the sliding failure window.
@@ -13,6 +15,19 @@ pub const BUCKETS: usize = 12;
 pub(super) const REASON_THRESHOLD: &str = "failure_threshold";
 /// Why the window says "open": the failure rate reached `failure_rate_percent`.
 pub(super) const REASON_RATE: &str = "failure_rate";
+
+/// What a window is counted with, and when it says "open": the fields of a `BreakerConfig` it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rule {
+    /// Length of the window in ms (its sub-windows are `window_ms / BUCKETS` wide).
+    pub(super) window_ms: u64,
+    /// Failures in the window that say "open" (`u32::MAX`: only the rate does).
+    pub(super) failure_threshold: u32,
+    /// Failure share in percent that says "open" over at least `min_requests` outcomes (`None`: off).
+    pub(super) failure_rate_percent: Option<u32>,
+    /// Outcomes the window must hold before the rate applies.
+    pub(super) min_requests: u32,
+}
 
 /// One sub-window of the sliding window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,54 +46,61 @@ pub(super) struct Window {
     pub(super) buckets: [Bucket; BUCKETS],
 }
 
-/// Width of one sub-window in ns (never 0, even for an unvalidated config).
-fn bucket_ns(cfg: &BreakerConfig) -> u64 {
-    (cfg.window_ms.saturating_mul(NS_PER_MS) / BUCKETS as u64).max(1)
+/// Width of one sub-window in ns of a window `window_ms` long (never 0, even for an unvalidated config).
+pub(super) fn bucket_ns(window_ms: u64) -> u64 {
+    (window_ms.saturating_mul(NS_PER_MS) / BUCKETS as u64).max(1)
+}
+
+/// The sub-window `now_ns` falls in, for sub-windows `bucket_ns` wide: (its slot, its epoch).
+pub(super) fn slot_at(bucket_ns: u64, now_ns: u64) -> (usize, u64) {
+    let cur = now_ns / bucket_ns.max(1);
+    (usize::try_from(cur % BUCKETS as u64).unwrap_or(0), cur)
+}
+
+/// Whether a sub-window of epoch `epoch` is in the window whose latest sub-window is `cur`: one of the
+/// last [`BUCKETS`] epochs (or one ahead, for a worker whose clock read came a little later).
+pub(super) fn in_window(epoch: u64, cur: u64) -> bool {
+    epoch.saturating_add(BUCKETS as u64) > cur && epoch <= cur.saturating_add(1)
 }
 
 impl Window {
-    /// (successes, failures) in the window ending at `now_ns`, as counted under `cfg`.
-    pub(super) fn counts(&self, cfg: &BreakerConfig, now_ns: u64) -> (u64, u64) {
-        let bucket_ns = bucket_ns(cfg);
+    /// (successes, failures) in the window ending at `now_ns`, as counted under `rule`.
+    pub(super) fn counts(&self, rule: &Rule, now_ns: u64) -> (u64, u64) {
+        let bucket_ns = bucket_ns(rule.window_ms);
         if self.bucket_ns != bucket_ns {
             return (0, 0);
         }
-        let cur = now_ns / bucket_ns;
+        let (_, cur) = slot_at(bucket_ns, now_ns);
         self.buckets
             .iter()
-            // In the window: one of the last BUCKETS epochs (or one ahead, for a worker whose clock
-            // read came a little later).
-            .filter(|b| {
-                b.epoch.saturating_add(BUCKETS as u64) > cur && b.epoch <= cur.saturating_add(1)
-            })
+            .filter(|b| in_window(b.epoch, cur))
             .fold((0, 0), |(s, f), b| {
                 (s + u64::from(b.successes), f + u64::from(b.failures))
             })
     }
 
     /// Adds one outcome to the sub-window of `now_ns`, resetting it first if it held an older epoch.
-    pub(super) fn count(&mut self, cfg: &BreakerConfig, now_ns: u64, success: bool) {
+    pub(super) fn count(&mut self, rule: &Rule, now_ns: u64, success: bool) {
         if success {
-            self.add_successes(cfg, now_ns, 1);
+            self.add_successes(rule, now_ns, 1);
         } else {
-            self.add(cfg, now_ns, 0, 1);
+            self.add(rule, now_ns, 0, 1);
         }
     }
 
     /// Adds `n` successes to the sub-window of `now_ns`.
-    pub(super) fn add_successes(&mut self, cfg: &BreakerConfig, now_ns: u64, n: u32) {
-        self.add(cfg, now_ns, n, 0);
+    pub(super) fn add_successes(&mut self, rule: &Rule, now_ns: u64, n: u32) {
+        self.add(rule, now_ns, n, 0);
     }
 
-    fn add(&mut self, cfg: &BreakerConfig, now_ns: u64, successes: u32, failures: u32) {
-        let bucket_ns = bucket_ns(cfg);
+    fn add(&mut self, rule: &Rule, now_ns: u64, successes: u32, failures: u32) {
+        let bucket_ns = bucket_ns(rule.window_ms);
         if self.bucket_ns != bucket_ns {
             // The window was counted with another width (config changed): its epochs mean nothing now.
             self.buckets = [Bucket::default(); BUCKETS];
             self.bucket_ns = bucket_ns;
         }
-        let cur = now_ns / bucket_ns;
-        let slot = usize::try_from(cur % BUCKETS as u64).unwrap_or(0);
+        let (slot, cur) = slot_at(bucket_ns, now_ns);
         if let Some(b) = self.buckets.get_mut(slot) {
             if b.epoch != cur {
                 *b = Bucket {
@@ -92,14 +114,14 @@ impl Window {
     }
 
     /// Why the window says "open", if it does.
-    pub(super) fn trip_reason(&self, cfg: &BreakerConfig, now_ns: u64) -> Option<&'static str> {
-        let (successes, failures) = self.counts(cfg, now_ns);
-        if failures >= u64::from(cfg.failure_threshold.max(1)) {
+    pub(super) fn trip_reason(&self, rule: &Rule, now_ns: u64) -> Option<&'static str> {
+        let (successes, failures) = self.counts(rule, now_ns);
+        if failures >= u64::from(rule.failure_threshold.max(1)) {
             return Some(REASON_THRESHOLD);
         }
-        let pct = u64::from(cfg.failure_rate_percent?);
+        let pct = u64::from(rule.failure_rate_percent?);
         let total = successes + failures;
-        (total >= u64::from(cfg.min_requests.max(1)) && failures * 100 >= pct * total)
+        (total >= u64::from(rule.min_requests.max(1)) && failures * 100 >= pct * total)
             .then_some(REASON_RATE)
     }
 
@@ -116,7 +138,6 @@ impl Window {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
-    use super::*;
 
     #[test]
     fn old_failures_slide_out_of_the_window() {

@@ -1,8 +1,22 @@
 //! `breaker`: the circuit breakers on upstream clusters and models, what counts as a failure, and the
 //! fallbacks taken while one is open:
-//! `"breaker": {"keys": ["cluster", "model"], "failure_threshold": 5, "recovery_ms": 30000,
+//! `"breaker": {"keys": ["cluster", "model"], "recovery_ms": 30000,
 //! "cluster_fallbacks": {"openai": {"cluster": "azure", "route": "azure"}},
 //! "model_fallbacks": {"gpt-4.1": "gpt-4.1-mini"}}`.
+//!
+//! A breaker opens on a failure *rate* unless the section asks for a count ([`BreakerMode`]):
+//!
+//! | fields given | opens when |
+//! |---|---|
+//! | none of the two (`{}`) | 50 % of at least 20 outcomes in 30 s fail |
+//! | `failure_rate_percent` (± `min_requests`, `window_ms`) | that rate (window 30 s unless given) |
+//! | `failure_rate_percent` and `failure_threshold` | that rate, or that many failures |
+//! | `failure_threshold` alone | that many failures in `window_ms` (60 s unless given): the count mode |
+//!
+//! (Before, a section without `failure_rate_percent` fell back to 5 failures in 60 s: at 30 % upstream
+//! failures that refused nearly every request, healthy ones too. A `failure_threshold` given without a
+//! rate keeps that meaning, so every section that loaded before loads, and means what it meant, except
+//! one that gave neither — now the rate mode — or a rate without `window_ms` — now over 30 s, was 60 s.)
 
 use super::fields::{exact_model, header_name, in_range, prefixed_err};
 use super::shape::UniqueMap;
@@ -33,6 +47,8 @@ pub struct ClusterFallback {
 /// Validated circuit-breaker settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerSettings {
+    /// Which rule opens the breakers.
+    pub mode: BreakerMode,
     /// State-machine tuning.
     pub cfg: BreakerConfig,
     /// What counts as a failure.
@@ -103,19 +119,57 @@ struct RawClusterFallback {
     route: String,
 }
 
+/// `failure_rate_percent` of a `breaker` section in the rate mode that names none (the shipped threshold).
+pub const DEFAULT_FAILURE_RATE_PERCENT: u32 = 50;
+/// `window_ms` of a `breaker` section in the rate mode that names none.
+pub const DEFAULT_RATE_WINDOW_MS: u64 = 30_000;
+
+/// Which rule opens a breaker, from the fields a `breaker` section gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerMode {
+    /// `failure_rate_percent` (default 50) of at least `min_requests` (20) in `window_ms` (30 000), and
+    /// `failure_threshold` failures too when one is given: the default.
+    Rate,
+    /// `failure_threshold` failures in `window_ms` (60 000) only: asked for by a `failure_threshold`
+    /// without a `failure_rate_percent`. Successes are never counted (no shared-data write for them).
+    Count,
+}
+
+impl BreakerMode {
+    /// The mode of a section with these fields: the count mode only when asked for.
+    pub fn of(failure_threshold: Option<u32>, failure_rate_percent: Option<u32>) -> Self {
+        match (failure_threshold, failure_rate_percent) {
+            (Some(_), None) => BreakerMode::Count,
+            _ => BreakerMode::Rate,
+        }
+    }
+}
+
 /// Validates the `breaker` section.
 pub(super) fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
     let d = BreakerConfig::default();
+    let mode = BreakerMode::of(raw.failure_threshold, raw.failure_rate_percent);
+    let (failure_threshold, failure_rate_percent, window_ms) = match mode {
+        // Only the rate opens the breaker (a busy upstream with a few failures in many requests stays
+        // closed) unless a count is given too.
+        BreakerMode::Rate => (
+            raw.failure_threshold.unwrap_or(u32::MAX),
+            Some(
+                raw.failure_rate_percent
+                    .unwrap_or(DEFAULT_FAILURE_RATE_PERCENT),
+            ),
+            raw.window_ms.unwrap_or(DEFAULT_RATE_WINDOW_MS),
+        ),
+        BreakerMode::Count => (
+            raw.failure_threshold.unwrap_or(d.failure_threshold),
+            None,
+            raw.window_ms.unwrap_or(d.window_ms),
+        ),
+    };
     let cfg = BreakerConfig {
-        // With a failure rate and no count given, only the rate opens the breaker (a busy upstream
-        // with a few failures in many requests stays closed); a count given opens it too.
-        failure_threshold: match (raw.failure_threshold, raw.failure_rate_percent) {
-            (Some(n), _) => n,
-            (None, Some(_)) => u32::MAX,
-            (None, None) => d.failure_threshold,
-        },
-        window_ms: raw.window_ms.unwrap_or(d.window_ms),
-        failure_rate_percent: raw.failure_rate_percent,
+        failure_threshold,
+        window_ms,
+        failure_rate_percent,
         min_requests: raw.min_requests.unwrap_or(d.min_requests),
         recovery_ms: raw.recovery_ms.unwrap_or(d.recovery_ms),
         max_recovery_ms: raw
@@ -212,6 +266,7 @@ pub(super) fn breaker(raw: RawBreaker) -> Result<BreakerSettings, ConfigError> {
     )?;
     let max_keys = in_range("breaker.max_keys", raw.max_keys.unwrap_or(1000), 1, 100_000)?;
     Ok(BreakerSettings {
+        mode,
         cfg,
         policy,
         count_incomplete_streams: raw.count_incomplete_streams.unwrap_or(true),
@@ -252,5 +307,53 @@ mod tests {
         assert_eq!(e.field, "breaker.model_fallbacks.a");
         let e = parse_str(&base(r#"{"recovery_msec":1}"#)).unwrap_err();
         assert_eq!(e.field, "breaker.recovery_msec");
+    }
+
+    fn section(b: &str) -> super::BreakerSettings {
+        parse_str(&format!(
+            r#"{{"breaker":{b},"rules":[{{"tokens_per_second":1,"burst":1}}]}}"#
+        ))
+        .unwrap()
+        .breaker
+        .unwrap()
+    }
+
+    #[test]
+    fn a_section_without_thresholds_opens_on_half_of_at_least_twenty_in_thirty_seconds() {
+        for b in [r#"{}"#, r#"{"keys":["model"],"recovery_ms":1000}"#] {
+            let s = section(b);
+            assert_eq!(s.mode, super::BreakerMode::Rate, "{b}");
+            assert_eq!(s.cfg.failure_rate_percent, Some(50));
+            assert_eq!(s.cfg.min_requests, 20);
+            assert_eq!(s.cfg.window_ms, 30_000);
+            assert_eq!(s.cfg.failure_threshold, u32::MAX, "no count opens it");
+        }
+        // The shipped block says the same in full.
+        let shipped = section(r#"{"failure_rate_percent":50,"min_requests":20,"window_ms":30000}"#);
+        assert_eq!(shipped.cfg, section("{}").cfg);
+    }
+
+    #[test]
+    fn the_count_mode_is_a_failure_threshold_without_a_rate_and_keeps_its_old_meaning() {
+        let s = section(r#"{"failure_threshold":5}"#);
+        assert_eq!(s.mode, super::BreakerMode::Count);
+        assert_eq!(s.cfg.failure_rate_percent, None);
+        assert_eq!((s.cfg.failure_threshold, s.cfg.window_ms), (5, 60_000));
+        let s = section(r#"{"failure_threshold":3,"window_ms":10000,"min_requests":4}"#);
+        assert_eq!(s.mode, super::BreakerMode::Count);
+        assert_eq!((s.cfg.failure_threshold, s.cfg.window_ms), (3, 10_000));
+        // Both: the rate, and the count too.
+        let s = section(r#"{"failure_threshold":7,"failure_rate_percent":30}"#);
+        assert_eq!(s.mode, super::BreakerMode::Rate);
+        assert_eq!(
+            (s.cfg.failure_threshold, s.cfg.failure_rate_percent),
+            (7, Some(30))
+        );
+        // A rate alone: only the rate, over 30 s unless told.
+        let s = section(r#"{"failure_rate_percent":40,"min_requests":5}"#);
+        assert_eq!(
+            (s.cfg.failure_threshold, s.cfg.window_ms, s.cfg.min_requests),
+            (u32::MAX, 30_000, 5)
+        );
     }
 }

@@ -41,7 +41,7 @@ mod shape;
 mod shim;
 mod top;
 
-pub use breaker::{BreakerKeys, BreakerSettings, ClusterFallback};
+pub use breaker::{BreakerKeys, BreakerMode, BreakerSettings, ClusterFallback};
 pub use budgets::{Budget, Budgets, MAX_BUDGETS, MICRO, TOKENS};
 pub use fair::{FairShare, ShareBy, MAX_DOWNGRADE_HOPS};
 pub use families::{AzureOpenAi, UnknownDeployment, MAX_DEPLOYMENTS};

@@ -71,7 +71,7 @@ pub struct QuotaSettings {
     pub settle_max_attempts: u32,
     /// Seconds added to the host clock for month arithmetic only (tests of month rollover; keep 0).
     pub clock_skew_s: i64,
-    /// Leases (`quota.lease`): off when `None`.
+    /// Leases (`quota.lease`): on unless `"lease": false` (`None`).
     pub lease: Option<LeaseSettings>,
     /// Budgets in money (`quota.budgets`, `quota.prices`).
     pub budgets: super::Budgets,
@@ -183,25 +183,64 @@ pub(super) struct RawQuota {
     settle_retry_ms: Option<u64>,
     settle_max_attempts: Option<u32>,
     clock_skew_s: Option<i64>,
-    lease: Option<RawLease>,
+    lease: Option<RawLeaseSwitch>,
     batch: Option<serde_json::Value>,
     budgets: Option<Vec<super::budgets::RawBudget>>,
     prices: Option<UniqueMap<super::budgets::RawPrice>>,
     currency: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, expecting = "a JSON object")]
 struct RawLease {
     horizon_ms: Option<u64>,
     min_tokens: Option<u64>,
+    min_limit_percent: Option<u32>,
     max_share_percent: Option<u32>,
     idle_s: Option<u64>,
     refresh_ms: Option<u64>,
     ttl_s: Option<u64>,
 }
 
-/// `quota.lease`: every field optional (`{}` turns leases on with the defaults).
+/// `quota.lease`: `false` (off), `true` or an object (on; `{}`: the defaults).
+enum RawLeaseSwitch {
+    Off,
+    On(RawLease),
+}
+
+impl<'de> Deserialize<'de> for RawLeaseSwitch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawLeaseSwitch;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("false, true or a JSON object")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(if v {
+                    RawLeaseSwitch::On(RawLease::default())
+                } else {
+                    RawLeaseSwitch::Off
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                RawLease::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawLeaseSwitch::On)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Default of `quota.lease.min_tokens`: the smallest lease of an account with a large limit.
+pub const LEASE_MIN_TOKENS: u64 = 4096;
+/// Default of `quota.lease.min_limit_percent`: the smallest lease of an account with a small limit.
+pub const LEASE_MIN_LIMIT_PERCENT: u32 = 1;
+
+/// `quota.lease`: every field optional (absent, `true` or `{}`: leases with the defaults).
 fn lease(raw: RawLease, timeout_ms: u32) -> Result<LeaseSettings, ConfigError> {
     let horizon_ms = in_range(
         "quota.lease.horizon_ms",
@@ -227,10 +266,16 @@ fn lease(raw: RawLease, timeout_ms: u32) -> Result<LeaseSettings, ConfigError> {
             horizon_s: horizon_ms as f64 / 1000.0,
             min_tokens: in_range(
                 "quota.lease.min_tokens",
-                raw.min_tokens.unwrap_or(4096),
+                raw.min_tokens.unwrap_or(LEASE_MIN_TOKENS),
                 1,
                 crate::shim::webdis::MAX_LUA_INT,
             )?,
+            min_fraction: f64::from(in_range(
+                "quota.lease.min_limit_percent",
+                raw.min_limit_percent.unwrap_or(LEASE_MIN_LIMIT_PERCENT),
+                0,
+                100,
+            )?) / 100.0,
             max_share: f64::from(in_range(
                 "quota.lease.max_share_percent",
                 raw.max_share_percent.unwrap_or(10),
@@ -483,7 +528,12 @@ pub(super) fn quota(
         )?,
         settle_max_attempts,
         clock_skew_s,
-        lease: raw.lease.map(|l| lease(l, timeout_ms)).transpose()?,
+        // On unless turned off: every quota is leased by default.
+        lease: match raw.lease {
+            Some(RawLeaseSwitch::Off) => None,
+            Some(RawLeaseSwitch::On(l)) => Some(lease(l, timeout_ms)?),
+            None => Some(lease(RawLease::default(), timeout_ms)?),
+        },
         batch: batch(raw.batch)?,
         budgets,
     })
@@ -524,4 +574,88 @@ fn batch(raw: Option<serde_json::Value>) -> Result<Option<BatchSettings>, Config
         }
     }
     Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::parse_str;
+
+    fn with_lease(lease: &str) -> String {
+        let lease = if lease.is_empty() {
+            String::new()
+        } else {
+            format!(r#","lease":{lease}"#)
+        };
+        format!(
+            r#"{{"rules":[{{"tokens_per_second":10,"burst":100}}],
+                "quota":{{"cluster":"webdis","monthly_limit":50000{lease}}}}}"#
+        )
+    }
+
+    #[test]
+    fn leases_are_on_whenever_a_quota_is_configured_and_false_turns_them_off() {
+        let on = |lease: &str| parse_str(&with_lease(lease)).unwrap().quota.unwrap().lease;
+        let default = on("").expect("on without a lease field");
+        assert_eq!(on("{}"), Some(default));
+        assert_eq!(on("true"), Some(default));
+        assert_eq!(on("false"), None);
+        let p = default.policy;
+        assert_eq!(
+            (p.min_tokens, p.min_fraction, p.max_share),
+            (4096, 0.01, 0.1)
+        );
+        assert_eq!((p.horizon_s, default.ttl_s), (2.0, 60));
+        let set = on(r#"{"min_tokens": 512, "min_limit_percent": 0, "idle_s": 2}"#).unwrap();
+        assert_eq!((set.policy.min_tokens, set.policy.min_fraction), (512, 0.0));
+        assert_eq!(set.policy.idle_ns, 2_000_000_000);
+    }
+
+    #[test]
+    fn a_bad_lease_field_is_refused_with_its_name() {
+        for (lease, field) in [
+            ("1", "quota.lease"),
+            (r#""on""#, "quota.lease"),
+            (
+                r#"{"min_limit_percent": 101}"#,
+                "quota.lease.min_limit_percent",
+            ),
+            (
+                r#"{"max_share_percent": 0}"#,
+                "quota.lease.max_share_percent",
+            ),
+            (r#"{"min_tokens": 0}"#, "quota.lease.min_tokens"),
+            (r#"{"refresh_ms": 30000}"#, "quota.lease.refresh_ms"),
+            (r#"{"min_share": 1}"#, "quota.lease.min_share"),
+        ] {
+            let e = parse_str(&with_lease(lease)).unwrap_err();
+            assert_eq!(e.field, field, "{lease}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_smallest_lease_is_a_percent_of_the_limit_at_most_min_tokens() {
+        let l = parse_str(&with_lease(""))
+            .unwrap()
+            .quota
+            .unwrap()
+            .lease
+            .unwrap();
+        let p = l.policy;
+        // 50,000 tokens: leases from 500, leased while 5,000 (10 %) or more is left.
+        assert_eq!((p.floor(50_000), p.threshold(50_000)), (500, 5_000));
+        // Large limits: 4,096 at most, leased until 40,960 is left.
+        assert_eq!(
+            (p.floor(50_000_000), p.threshold(50_000_000)),
+            (4096, 40_960)
+        );
+        // A limit not known yet, and tiny ones.
+        assert_eq!((p.floor(0), p.floor(20), p.floor(1)), (4096, 1, 1));
+        let abs = parse_str(&with_lease(r#"{"min_limit_percent": 0}"#))
+            .unwrap()
+            .quota
+            .unwrap()
+            .lease
+            .unwrap();
+        assert_eq!(abs.policy.threshold(50_000), 40_960);
+    }
 }

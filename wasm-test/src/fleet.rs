@@ -524,9 +524,12 @@ impl Plan {
             .collect();
         let mut quota = json!({"cluster": "webdis", "timeout_ms": self.timeout_ms,
             "monthly_limit": 1_000_000, "on_failure": "closed", "tenants": tenants});
-        if self.lease {
-            quota["lease"] = serde_json::from_str(LEASE).unwrap_or(Value::Null);
-        }
+        // Leases are on by default: the per-request mode turns them off.
+        quota["lease"] = if self.lease {
+            serde_json::from_str(LEASE).unwrap_or(Value::Null)
+        } else {
+            Value::Bool(false)
+        };
         let breaker = self
             .shim_breaker_threshold
             .map(|n| json!({"failure_threshold": n}));

@@ -34,11 +34,14 @@ fn body() -> Vec<u8> {
     .into_bytes()
 }
 
+/// Reservations per request (`lease: false`: leases are on by default and would serve the tenants
+/// from shared data, with no reservation to batch), `quota` merged over.
 fn config(quota: Value) -> Value {
     tg::merge(
         tg::config(json!([rule("all", "*", "*", 10_000_000.0, 1_000_000_000)])),
         json!({ "quota": tg::merge(
-            json!({"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 1_000_000_000}),
+            json!({"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 1_000_000_000,
+                   "lease": false}),
             quota) }),
     )
 }

@@ -124,3 +124,61 @@ fn a_burst_at_thirty_percent_failures_spread_over_four_workers_opens_no_breaker(
     assert_eq!((ok, failed), (448, 192));
     assert_eq!(envoy.stat("tokengate_breaker_opened"), 0);
 }
+
+/// An Envoy in front of `mock` whose `breaker` section is `breaker`.
+fn envoy_with(mock: &MockProvider, breaker: &Value) -> Envoy {
+    let cfg = tg::merge(
+        tg::config(json!([rule("all", "*", "*", 1e9, 1_000_000_000)])),
+        json!({ "breaker": breaker }),
+    );
+    Envoy::start(EnvoyOpts::new(mock.port, cfg)).expect("envoy")
+}
+
+/// What 300 requests at 30 % upstream failures (three of every ten failing) got through `envoy`:
+/// (served, failed upstream, refused by the breaker, healthy ones among the refused).
+fn thirty_percent(envoy: &Envoy) -> (u32, u32, u32, u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut ok, mut failed, mut refused, mut healthy_refused) = (0, 0, 0, 0);
+    for i in 0..300 {
+        assert!(Instant::now() < deadline, "took too long");
+        let fails = i % 10 < 3;
+        let r = post(envoy, fails);
+        match r.status {
+            200 => ok += 1,
+            500 => failed += 1,
+            _ if r.header("x-tokengate-reason") == Some("circuit_open") => {
+                refused += 1;
+                healthy_refused += u32::from(!fails);
+            }
+            s => panic!("unexpected {s}: {}", r.text()),
+        }
+    }
+    eprintln!(
+        "30 % failures: {ok} ok, {failed} failed upstream, {refused} refused by the breaker \
+         ({healthy_refused} of them healthy)"
+    );
+    (ok, failed, refused, healthy_refused)
+}
+
+#[test]
+fn a_breaker_section_without_thresholds_opens_on_a_rate_and_refuses_no_one_at_thirty_percent_failures(
+) {
+    let mock = MockProvider::start();
+    // The old default, 5 failures in 60 s, now asked for with `failure_threshold` alone: it opens
+    // within the first 20 requests and refuses healthy requests with the failing ones.
+    let count = envoy_with(&mock, &json!({"failure_threshold": 5}));
+    let (_, _, refused, healthy) = thirty_percent(&count);
+    assert!(refused >= 250, "the count mode refused only {refused}");
+    assert!(healthy >= 150, "healthy requests refused: {healthy}");
+    drop(count);
+    // The default (no threshold given): the rate mode with the shipped thresholds, 50 % of at least
+    // 20 in 30 s. Nobody is refused…
+    let default = envoy_with(&mock, &json!({"keys": ["cluster", "model"]}));
+    assert_eq!(thirty_percent(&default), (210, 90, 0, 0));
+    assert_eq!(default.stat("tokengate_breaker_opened"), 0);
+    // …and an outage still opens it, once failures are half the window (90 + n >= (300 + n) / 2).
+    let opened_after = (0..400)
+        .find(|_| post(&default, true).header("x-tokengate-reason") == Some("circuit_open"));
+    let n = opened_after.expect("an outage opens the default breaker");
+    assert!((119..=125).contains(&n), "opened after {n}");
+}

@@ -78,7 +78,10 @@ fn config(f: &Family) -> Value {
         tg::config(rules),
         json!({
             "quota": {"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 1_000_000,
-                      "tenants": {spent: {"monthly_limit": SPENT_LIMIT}}},
+                      "tenants": {spent: {"monthly_limit": SPENT_LIMIT}},
+                      // The ledger compares the counter with what was served within 5 s: a
+                      // lease (on by default) would be counted until it goes back idle.
+                      "lease": false},
             "azure_openai": {"deployments": {DEPLOYMENT: AZURE_MODEL}},
         }),
     )

@@ -284,6 +284,9 @@ fn plugin_config(all: &[Tenant], s: &Settings, reservation_timeout: bool) -> Val
         "cluster": "webdis", "timeout_ms": 500, "monthly_limit": ROOMY_LIMIT,
         "on_failure": "closed", "exhausted_recheck_s": 1,
         "settle_retry_ms": 100, "settle_max_attempts": 1000,
+        // Reservations per request (leases are on by default): the ledger check reads the counters
+        // once they are stable, and a lease held idle would be counted in them.
+        "lease": false,
         "shim_breaker": {"failure_threshold": 3, "window_ms": 10000, "recovery_ms": 1000},
         "tenants": tenants,
     });

@@ -161,11 +161,13 @@ fn opts(provider_port: u16, cfg: Value) -> EnvoyOpts {
 }
 
 /// A plugin config with one roomy bucket (never the limiting factor) and a quota section:
-/// `{"cluster": "webdis", "timeout_ms": 1000}` overridden by `quota`.
+/// `{"cluster": "webdis", "timeout_ms": 1000, "lease": false}` overridden by `quota`. Leases are on
+/// by default; these tests check per-request reservations and settlements against Redis' counter,
+/// so they turn them off unless `quota` sets `lease` (section 8 and the default's own test do).
 fn quota_config(quota: Value) -> Value {
     tg::merge(
         tg::config(json!([rule("all", "*", "*", 10_000_000.0, 1_000_000_000)])),
-        json!({ "quota": tg::merge(json!({"cluster": "webdis", "timeout_ms": 1000}), quota) }),
+        json!({ "quota": tg::merge(json!({"cluster": "webdis", "timeout_ms": 1000, "lease": false}), quota) }),
     )
 }
 
@@ -2150,6 +2152,67 @@ fn a_busy_tenant_is_served_from_its_lease_and_charged_exactly_what_it_used() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    tg::assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_quota_without_a_lease_field_is_leased_and_a_small_one_mostly_from_leases() {
+    // Issue 30: leases were off unless configured, and with them a 50,000-token quota (below the
+    // absolute 40,960-token threshold for most of its life) served 245 of 1,249 requests from a
+    // lease, 0.71 script calls a request. Now leases are on by default and the smallest lease is
+    // 1 % of the limit: leased until 5,000 is left.
+    let s = Stack::start();
+    let limit = 50_000u64;
+    let mut cfg = quota_config(json!({"monthly_limit": limit}));
+    if let Some(q) = cfg["quota"].as_object_mut() {
+        q.remove("lease");
+    }
+    let envoy = tg::start_opts(opts(s.mock.port, cfg).webdis(s.webdis_port()));
+    let tenant = "small";
+    let key = used_key(tenant, &month_label(now_unix()));
+    let body = chat_body(40, false, None);
+    let mut client = http::Client::new(envoy.port);
+    let calls0 = script_calls(s.redis());
+    let (start, mut admitted, mut served, mut refused) = (Instant::now(), 0u64, 0u64, 0u64);
+    // Until the quota is spent (bounded in count and time).
+    while admitted < 3000 && start.elapsed() < Duration::from_secs(120) {
+        let r = client
+            .post(
+                tg::CHAT,
+                &[
+                    ("x-tenant-id", tenant),
+                    ("content-type", "application/json"),
+                ],
+                &body,
+            )
+            .expect("POST");
+        if r.status == 429 {
+            refused += 1;
+            if refused >= 3 {
+                break;
+            }
+            continue;
+        }
+        ok(&r);
+        admitted += 1;
+        served += reported_usage(&r);
+    }
+    let calls = script_calls(s.redis()) - calls0;
+    let leased = envoy.stat("tokengate_quota_leased");
+    let per = calls as f64 / (admitted + refused) as f64;
+    println!(
+        "{limit}-token quota, no lease field: {admitted} admitted ({served} tokens), {leased} from a \
+         lease, {refused} refused, {calls} script calls ({per:.3} a request)"
+    );
+    assert!(refused > 0, "the quota was spent: {admitted} admitted");
+    assert!(
+        leased * 10 >= admitted * 7,
+        "served from leases: {leased} of {admitted}"
+    );
+    assert!(per < 0.3, "{calls} script calls for {admitted} requests");
+    // Never beyond the limit: what was served, and what Redis counts.
+    assert!(served <= limit, "served {served} of {limit}");
+    assert!(get_i64(s.redis(), &key) as u64 <= limit);
     tg::assert_no_panic(&envoy);
 }
 

@@ -8,7 +8,8 @@ use crate::flow::Metric;
 fn cfg(on_failure: &str, batch: Value) -> Value {
     json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "rules": [rule(1000.0, 1e6)],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000, "on_failure": on_failure, "batch": batch}})
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "on_failure": on_failure, "batch": batch,
+        "lease": false}})
 }
 
 fn send(e: &FakeEnvoy, tenant: &str) -> Call {

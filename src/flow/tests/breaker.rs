@@ -9,7 +9,8 @@ fn cfg(breaker: Value) -> Value {
     json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)], "breaker": breaker})
 }
 
-/// Five upstream 500s through `e` open the breakers the requests went through.
+/// Five upstream 500s through `e` open the breakers the requests went through (in the count mode,
+/// `"failure_threshold": 5`).
 fn fail_five(e: &FakeEnvoy, model: &str) {
     for _ in 0..5 {
         let mut c = e.send("/v1/chat/completions", &[TENANT], &chat(model, "hi", 5));
@@ -20,7 +21,7 @@ fn fail_five(e: &FakeEnvoy, model: &str) {
 
 #[test]
 fn an_open_cluster_breaker_routes_to_the_fallback_cluster_in_the_headers_phase() {
-    let e = envoy(cfg(json!({"keys": ["cluster"],
+    let e = envoy(cfg(json!({"keys": ["cluster"], "failure_threshold": 5,
         "cluster_fallbacks": {"provider": {"cluster": "provider_fallback", "route": "fallback"}}})));
     fail_five(&e, "m");
     assert!(e.logged("breaker tg:cb:cluster=provider: closed -> open"));
@@ -47,7 +48,7 @@ fn an_open_cluster_breaker_routes_to_the_fallback_cluster_in_the_headers_phase()
 #[test]
 fn an_open_model_breaker_rewrites_the_model_and_charges_the_fallback() {
     let e = envoy(cfg(
-        json!({"keys": ["model"], "model_fallbacks": {"gpt-4.1": "deepseek"}}),
+        json!({"keys": ["model"], "failure_threshold": 5, "model_fallbacks": {"gpt-4.1": "deepseek"}}),
     ));
     fail_five(&e, "gpt-4.1");
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("gpt-4.1", "hi", 5));
@@ -66,7 +67,7 @@ fn an_open_model_breaker_rewrites_the_model_and_charges_the_fallback() {
 
 #[test]
 fn an_open_breaker_without_a_fallback_answers_503_circuit_open() {
-    let e = envoy(cfg(json!({"keys": ["model"]})));
+    let e = envoy(cfg(json!({"keys": ["model"], "failure_threshold": 5})));
     fail_five(&e, "m");
     let c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 5));
     clean(&c);
@@ -84,7 +85,7 @@ fn an_open_breaker_without_a_fallback_answers_503_circuit_open() {
 #[test]
 fn half_open_admits_exactly_the_probes_and_a_probe_success_closes_it() {
     let e = envoy(cfg(
-        json!({"keys": ["model"], "recovery_ms": 1000, "half_open_max_calls": 1}),
+        json!({"keys": ["model"], "failure_threshold": 5, "recovery_ms": 1000, "half_open_max_calls": 1}),
     ));
     fail_five(&e, "m");
     e.advance_ms(1001);
@@ -106,7 +107,8 @@ fn half_open_admits_exactly_the_probes_and_a_probe_success_closes_it() {
 fn a_probe_permit_is_given_back_when_a_later_step_refuses_the_request() {
     let e = envoy(
         json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
-        "breaker": {"keys": ["model"], "recovery_ms": 1000, "half_open_max_calls": 1},
+        "breaker": {"keys": ["model"], "failure_threshold": 5, "recovery_ms": 1000,
+                    "half_open_max_calls": 1},
         "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
     );
     for _ in 0..5 {
@@ -171,7 +173,9 @@ fn requests_through_closed_breakers_read_only_the_set_of_open_breakers_and_creat
     let buckets = envoy(
         json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)]}),
     );
-    let with = envoy(cfg(json!({"keys": ["cluster", "model"]})));
+    let with = envoy(cfg(
+        json!({"keys": ["cluster", "model"], "failure_threshold": 5}),
+    ));
     for e in [&buckets, &with] {
         one(e, 0, "m", 200);
     }

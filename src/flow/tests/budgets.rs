@@ -7,7 +7,7 @@ use crate::flow::Metric;
 fn cfg(monthly_limit: Option<u64>, budgets: Value) -> Value {
     let mut q = json!({"cluster": "webdis", "currency": "USD",
         "prices": {"gpt-4.1": {"input": 2.0, "output": 8.0, "cached_input": 0.5}},
-        "budgets": budgets});
+        "budgets": budgets, "lease": false});
     if let Some(l) = monthly_limit {
         q["monthly_limit"] = json!(l);
     }

@@ -5,7 +5,7 @@ use crate::flow::Metric;
 
 fn quota_cfg(on_failure: &str) -> Value {
     json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000, "on_failure": on_failure}})
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "on_failure": on_failure, "lease": false}})
 }
 
 fn global_cfg(on_failure: &str) -> Value {
@@ -246,7 +246,7 @@ fn a_global_charge_admits_refuses_and_retries_with_eval_after_noscript() {
 fn an_upstream_that_answers_before_the_decision_is_accounted_and_never_answered_twice() {
     let e = envoy(
         json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "lease": false}}),
     );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     assert!(c.pending.is_some() && !c.forwarded);

@@ -359,7 +359,7 @@ fn an_absent_limit_is_written_where_each_family_reads_it() {
 fn a_model_the_path_names_never_falls_back_through_the_body() {
     let cfg = json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
         "rules": [rule(1000.0, 1e6)],
-        "breaker": {"keys": ["model"], "model_fallbacks": {
+        "breaker": {"keys": ["model"], "failure_threshold": 5, "model_fallbacks": {
             "anthropic.claude-3-5-haiku-20241022-v1:0": "amazon.nova-lite-v1:0",
             "gpt-4o": "gpt-4o-mini"}},
         "azure_openai": {"deployments": {"prod": "gpt-4o"}}});

@@ -299,7 +299,7 @@ fn a_client_that_goes_while_its_admission_waits_gives_everything_back() {
         json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "limits": [
         {"name": "conc", "max_in_flight": 1},
         {"name": "user", "tokens_per_second": 0.001, "burst": 1000}],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "lease": false}}),
     );
     let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 10));
     assert!(c.pending.is_some(), "waits on its reservation");
@@ -333,7 +333,7 @@ fn a_client_that_goes_while_shaping_holds_it_is_charged_nothing() {
     let e = envoy(
         json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [
         {"name": "s", "tokens_per_second": 100, "burst": 100, "max_wait_ms": 1000}],
-        "quota": {"cluster": "webdis", "monthly_limit": 100000}}),
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "lease": false}}),
     );
     let mut a = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 80));
     e.reply(&mut a, 200, &reserved(10, 100000));

@@ -5,7 +5,7 @@ use super::*;
 use crate::flow::Metric;
 
 fn quota_cfg(extra: Value) -> Value {
-    let mut q = json!({"cluster": "webdis", "monthly_limit": 100000});
+    let mut q = json!({"cluster": "webdis", "monthly_limit": 100000, "lease": false});
     if let (Some(q), Some(x)) = (q.as_object_mut(), extra.as_object()) {
         for (k, v) in x {
             q.insert(k.clone(), v.clone());
@@ -183,7 +183,7 @@ fn a_background_response_short_of_its_completion_is_charged_its_whole_reservatio
     let mut e = envoy(
         json!({"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"}, "rules": [rule(1000.0, 1e6)],
         "background_responses": "reservation",
-        "quota": {"cluster": "webdis", "monthly_limit": 100000, "abandoned_charge": "received"}}),
+        "quota": {"cluster": "webdis", "monthly_limit": 100000, "abandoned_charge": "received", "lease": false}}),
     );
     let cut = "upstream_reset_after_response_started{remote_reset}";
     let ev = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abc\"}\n\n";

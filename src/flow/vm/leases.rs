@@ -47,11 +47,10 @@ pub struct Ask<'a> {
 /// Reserves `ask` from its account's lease. `Some((account, key))` when it was (`key`: the account's
 /// shared-data key, where the request settles); otherwise the request takes the per-request path and
 /// the account asks for a sync.
-pub fn take(cx: &mut Cx, l: &LeaseSettings, ask: &Ask) -> Option<(Account, String)> {
+pub fn take(cx: &mut Cx, ask: &Ask) -> Option<(Account, String)> {
     let (tenant, model, cost) = (ask.tenant, ask.model, ask.cost);
     let key = account::account_key(tenant, model);
     let month = account::month_code(ask.month);
-    let low = l.policy.min_tokens / 2;
     let now = cx.now();
     // This VM's ended requests of the account are written in the same CAS.
     let unsettled = &cx.worker.leases.unsettled;
@@ -66,7 +65,7 @@ pub fn take(cx: &mut Cx, l: &LeaseSettings, ask: &Ask) -> Option<(Account, Strin
         cost,
         month,
         now,
-        low,
+        0,
         cx.cfg.cas_max_retries,
     );
     if let Some(i) = at.filter(|_| written) {

@@ -194,8 +194,8 @@ pub enum Miss {
     Store,
 }
 
-/// Reserves `cost` from the account at `key` for a request of month `month` at `now`; `low_water`: ask
-/// for a sync (but still take) when less than this would be left.
+/// Reserves `cost` from the account at `key` for a request of month `month` at `now`; asks for a sync
+/// (but still takes) when less than half of what the lease holds, or than `low_water`, would be left.
 pub fn take(
     store: &dyn SharedStore,
     key: &str,
@@ -290,7 +290,7 @@ pub fn take_after(
         }
         n.inflight = n.inflight.saturating_add(cost);
         n.last_use_ns = now;
-        if n.available() < low_water {
+        if n.available() < low_water.max(n.held / 2) {
             n.flags |= WANTS_SYNC;
         }
         (Take::Hit(n), Some(n))
@@ -324,8 +324,11 @@ pub fn settle(
 pub struct Policy {
     /// A lease covers this much of the account's usage rate.
     pub horizon_s: f64,
-    /// Smallest lease worth holding: below it (the tenant nearly spent) requests reserve one by one.
+    /// The smallest lease worth holding, at most (see [`Policy::floor`]).
     pub min_tokens: u64,
+    /// The smallest lease as a fraction of the account's limit, when that is less than `min_tokens`
+    /// (0: `min_tokens` alone).
+    pub min_fraction: f64,
     /// At most this fraction of what is left of the limit per lease.
     pub max_share: f64,
     /// A lease untouched this long is given back.
@@ -336,6 +339,34 @@ pub struct Policy {
     pub renew_ns: u64,
     /// A sync that did not answer for this long is given up (sent again later).
     pub sync_timeout_ns: u64,
+}
+
+/// A lease grows at most this many times what it holds (at least its floor) per sync: from the
+/// floor to the size of its rate in a few syncs, while a burst measured over one short interval
+/// cannot make one huge lease.
+pub const GROWTH: u64 = 4;
+
+impl Policy {
+    /// The smallest lease worth holding for an account whose binding limit is `limit` (0: not known
+    /// yet): `min_fraction` of the limit, at most `min_tokens`, at least 1. Below it — `max_share` of
+    /// what is left under it — the account reserves per request (see [`nearly_spent`]).
+    pub fn floor(&self, limit: u64) -> u64 {
+        if self.min_fraction <= 0.0 || limit == 0 {
+            return self.min_tokens.max(1);
+        }
+        let rel = (limit as f64 * self.min_fraction).ceil();
+        if rel.is_finite() && rel < self.min_tokens as f64 {
+            (rel as u64).max(1)
+        } else {
+            self.min_tokens.max(1)
+        }
+    }
+
+    /// What must be left of an account of limit `limit` for it to be leased: the floor / `max_share`
+    /// (below it, requests reserve one by one).
+    pub fn threshold(&self, limit: u64) -> u64 {
+        (self.floor(limit) as f64 / self.max_share.max(0.01)).ceil() as u64
+    }
 }
 
 /// When and how a sync is planned or finished.
@@ -368,22 +399,34 @@ pub struct SyncPlan {
     pub month: u32,
 }
 
-/// The size a lease should have: the usage of `horizon_s` at the account's rate (at least
-/// `min_tokens`), at most `max_share` of what is left.
+/// The most a lease of `a` may hold: `max_share` of what is left, itself included.
+fn share_cap(a: &Account, p: &Policy) -> u64 {
+    (a.remaining.saturating_add(a.held) as f64 * p.max_share) as u64
+}
+
+/// The tenant is nearly spent (as Redis last said): `max_share` of what is left is below the floor
+/// (or one request): requests reserve one by one and the lease goes back.
+pub fn nearly_spent(a: &Account, p: &Policy, typical_cost: u64) -> bool {
+    a.version != 0 && share_cap(a, p) < p.floor(a.limit).max(typical_cost)
+}
+
+/// The size a lease should have: the usage of `horizon_s` at the account's rate (at least the floor
+/// and four requests), at most [`GROWTH`] times what it holds now (at least that minimum) and
+/// `max_share` of what is left.
 pub fn lease_size(a: &Account, p: &Policy, typical_cost: u64) -> u64 {
+    let least = p.floor(a.limit).max(typical_cost.saturating_mul(4));
     let by_rate = (a.rate * p.horizon_s).ceil();
     let want = if by_rate.is_finite() && by_rate > 0.0 {
-        (by_rate as u64).max(p.min_tokens)
+        (by_rate as u64).max(least)
     } else {
-        p.min_tokens
-    }
-    .max(typical_cost.saturating_mul(4));
+        least
+    };
+    let want = want.min(a.held.max(least).saturating_mul(GROWTH));
     if a.version == 0 {
-        // Nothing known of the tenant yet: the first lease is the minimum.
-        return want.min(p.min_tokens.max(typical_cost.saturating_mul(4)));
+        // Nothing known of the account yet (Redis caps the first lease at its share).
+        return want;
     }
-    let cap = (a.remaining.saturating_add(a.held) as f64 * p.max_share) as u64;
-    want.min(cap)
+    want.min(share_cap(a, p))
 }
 
 /// Whether (and how) the account at `key` should sync now; marks the sync in flight (CAS) when so.
@@ -482,8 +525,7 @@ fn plan(a: &Account, month: u32, now: u64, p: &Policy, typical_cost: u64) -> Opt
         return None;
     }
     let size = lease_size(a, p, typical_cost);
-    let small = a.version != 0 && size < p.min_tokens.max(typical_cost);
-    if small {
+    if nearly_spent(a, p, typical_cost) {
         // Nearly spent: give the lease back; requests reserve one by one.
         if a.held > a.inflight || a.unreported() > 0 || !a.per_request() {
             return Some(SyncPlan {
@@ -550,8 +592,14 @@ pub fn finish_sync(
         if a.last_sync_ns != 0 && elapsed > 0.0 {
             let used = s.reported_total.saturating_sub(a.acked) as f64;
             let inst = used / elapsed;
-            let w = (elapsed / 5.0).min(1.0);
-            n.rate = a.rate * (1.0 - w) + inst * w;
+            // Up at once (the lease follows a busy account within a sync or two, [`GROWTH`] bounds
+            // the step), down slowly (an average over about 5 s).
+            n.rate = if inst > a.rate {
+                inst
+            } else {
+                let w = (elapsed / 5.0).min(1.0);
+                a.rate * (1.0 - w) + inst * w
+            };
         }
         // Redis holds the highest total it was sent (this call's or a later one's).
         n.acked = n.acked.max(s.reported_total.min(n.consumed));
@@ -567,8 +615,7 @@ pub fn finish_sync(
         n.remaining = s.remaining;
         n.limit = s.limit;
         n.last_sync_ns = now;
-        let size = lease_size(&n, p, typical_cost);
-        if size < p.min_tokens.max(typical_cost) {
+        if nearly_spent(&n, p, typical_cost) {
             n.flags |= PER_REQUEST;
         } else {
             n.flags &= !PER_REQUEST;
@@ -631,6 +678,7 @@ mod tests {
         Policy {
             horizon_s: 2.0,
             min_tokens: 1000,
+            min_fraction: 0.0,
             max_share: 0.1,
             idle_ns: 10 * S,
             refresh_ns: S,
@@ -930,5 +978,192 @@ mod tests {
         .unwrap();
         assert_eq!(n.held, plan.want);
         assert!(n.available() > 0 && n.syncing_since_ns == 0);
+    }
+
+    /// Redis as the lease script sees one Envoy's lease: the tenant counter (leases in it) and what
+    /// the lease holds, with the script's arithmetic (report, grow within the share, shrink).
+    struct FakeRedis {
+        limit: u64,
+        used: u64,
+        held: u64,
+        reported: u64,
+        version: u64,
+    }
+
+    impl FakeRedis {
+        fn call(&mut self, plan: &SyncPlan, share: f64) -> Synced {
+            if plan.reported_total > self.reported {
+                let c = plan.reported_total - self.reported;
+                if c <= self.held {
+                    self.held -= c;
+                } else {
+                    self.used += c - self.held;
+                    self.held = 0;
+                }
+                self.reported = plan.reported_total;
+            }
+            match plan.target {
+                Some(t) if t < self.held => {
+                    self.used -= self.held - t;
+                    self.held = t;
+                }
+                _ if plan.want > self.held => {
+                    let avail = self.limit.saturating_sub(self.used);
+                    let most =
+                        (((avail + self.held) as f64 * share) as u64).saturating_sub(self.held);
+                    let g = (plan.want - self.held).min(avail).min(most);
+                    self.used += g;
+                    self.held += g;
+                }
+                _ => {}
+            }
+            self.version += 1;
+            Synced {
+                held: self.held,
+                reported_total: self.reported,
+                version: self.version,
+                remaining: self.limit.saturating_sub(self.used),
+                limit: self.limit,
+            }
+        }
+    }
+
+    struct Run {
+        requests: u64,
+        leased: u64,
+        calls: u64,
+        /// (time, what the lease held) after each sync.
+        held: Vec<(u64, u64)>,
+        redis: FakeRedis,
+    }
+
+    /// One Envoy serving `requests` requests of `cost` tokens every `gap_ns` (each ends at once and
+    /// uses what it reserved), a sync answering 2 ms after it is sent; every request the lease cannot
+    /// serve reserves in Redis (a script call, as do syncs).
+    fn run(p: &Policy, limit: u64, cost: u64, gap_ns: u64, requests: u64) -> Run {
+        let s = MemStore::new();
+        let k = account_key("acme", None);
+        let month = 202612;
+        let mut redis = FakeRedis {
+            limit,
+            used: 0,
+            held: 0,
+            reported: 0,
+            version: 0,
+        };
+        let mut r = Run {
+            requests: 0,
+            leased: 0,
+            calls: 0,
+            held: Vec::new(),
+            redis: FakeRedis { ..redis },
+        };
+        let mut pending: Option<(u64, SyncPlan)> = None;
+        let c = |now| SyncCtx {
+            month,
+            now,
+            policy: p,
+            typical_cost: cost,
+            retries: 8,
+            give_back: false,
+        };
+        for i in 0..requests {
+            let now = S + i * gap_ns;
+            if let Some((at, plan)) = pending.filter(|(at, _)| *at <= now) {
+                let reply = redis.call(&plan, p.max_share);
+                let n = finish_sync(&s, &k, Some(reply), &c(at)).unwrap();
+                r.held.push((at - S, n.held));
+                pending = None;
+            }
+            r.requests += 1;
+            match take(&s, &k, cost, month, now, 0, 8) {
+                Take::Hit(_) => {
+                    r.leased += 1;
+                    assert!(settle(&s, &k, cost, cost, 8));
+                }
+                Take::Miss(_) => {
+                    r.calls += 1;
+                    if redis.used + cost > redis.limit {
+                        break;
+                    }
+                    redis.used += cost;
+                }
+            }
+            if pending.is_none() {
+                if let Some((plan, _)) = begin_sync(&s, &k, &c(now)) {
+                    r.calls += 1;
+                    pending = Some((now + 2_000_000, plan));
+                }
+            }
+        }
+        r.redis = redis;
+        r
+    }
+
+    fn defaults() -> Policy {
+        Policy {
+            min_tokens: 4096,
+            min_fraction: 0.01,
+            ..policy()
+        }
+    }
+
+    #[test]
+    fn a_busy_account_reaches_its_steady_lease_within_a_second() {
+        // 500 requests a second of 200 tokens: 100,000 tokens/s, a steady lease of 200,000 (2 s).
+        let p = defaults();
+        let r = run(&p, 1_000_000_000, 200, 2_000_000, 1500);
+        let steady = 200_000;
+        let at = r
+            .held
+            .iter()
+            .find(|(_, h)| *h >= steady * 9 / 10)
+            .map(|(t, _)| *t);
+        assert!(at.is_some_and(|t| t < S), "reached at {at:?}: {:?}", r.held);
+        let first = r.held.iter().filter(|(t, _)| *t < S).count();
+        let later = r.held.iter().filter(|(t, _)| *t >= S).count();
+        assert!(first <= 12 && later <= 3, "syncs {first} then {later}");
+        assert!(
+            r.leased * 100 >= r.requests * 98,
+            "{} of {}",
+            r.leased,
+            r.requests
+        );
+    }
+
+    #[test]
+    fn a_small_quota_is_served_mostly_from_leases() {
+        // Review (issue 30): a 50,000-token quota, below the old 40,960 threshold, served 245 of
+        // 1,249 requests from a lease (0.71 script calls a request).
+        let p = defaults();
+        let r = run(&p, 50_000, 40, 10_000_000, 2000);
+        let per = r.calls as f64 / r.requests as f64;
+        assert!(
+            r.leased * 10 >= r.requests * 8 && per < 0.25,
+            "{} of {} leased, {per:.2} calls a request",
+            r.leased,
+            r.requests
+        );
+        // The limit holds: what Redis counted never passes it.
+        assert!(r.redis.used <= 50_000);
+        eprintln!(
+            "50,000-token quota: {} of {} requests leased, {:.3} script calls a request",
+            r.leased, r.requests, per
+        );
+        // With the old absolute floor (min_limit_percent 0) most requests reserve one by one.
+        let old = run(&policy_abs(), 50_000, 40, 10_000_000, 2000);
+        assert!(
+            old.leased * 2 < old.requests,
+            "{} of {}",
+            old.leased,
+            old.requests
+        );
+    }
+
+    fn policy_abs() -> Policy {
+        Policy {
+            min_fraction: 0.0,
+            ..defaults()
+        }
     }
 }

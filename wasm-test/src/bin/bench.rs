@@ -311,7 +311,9 @@ fn quota_config() -> String {
         "monthly_limit": 1_000_000_000_000_000u64,
         // Roomy: under callgrind on a loaded machine a reservation can take over a second (a timeout
         // would fail the request and stop the count); the time-out is no part of the measured cost.
-        "timeout_ms": 5000
+        "timeout_ms": 5000,
+        // Per request: leases are on by default (the leased row turns them on again).
+        "lease": false
     });
     cfg.to_string()
 }
@@ -801,7 +803,10 @@ fn start_webdis() -> Result<(RedisServer, Webdis)> {
     let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", shipped.display()))?;
     let redis = RedisServer::start();
-    let webdis = Webdis::start_with(redis.port, &serde_json::json!({ "acl": config["acl"], "pool_size": config["pool_size"] }));
+    let webdis = Webdis::start_with(
+        redis.port,
+        &serde_json::json!({ "acl": config["acl"], "pool_size": config["pool_size"] }),
+    );
     Ok((redis, webdis))
 }
 

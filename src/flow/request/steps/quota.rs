@@ -129,7 +129,7 @@ fn next(cx: &mut Cx, plan: &mut Plan) -> Outcome {
                 return Outcome::Deny(Denial::new(Reason::BudgetExceededCached, refusal));
             }
         }
-        if let Some(l) = q.lease.as_ref() {
+        if q.lease.is_some() {
             let ask = Ask {
                 tenant: &qr.args.tenant,
                 model: qr.args.model.as_deref(),
@@ -137,7 +137,7 @@ fn next(cx: &mut Cx, plan: &mut Plan) -> Outcome {
                 cost: qr.reserved.total(),
                 tokens: qr.budget.is_none(),
             };
-            if let Some((a, key)) = leases::take(cx, l, &ask) {
+            if let Some((a, key)) = leases::take(cx, &ask) {
                 // Reserved from this Envoy's lease: no callout.
                 qr.hold = Hold::Lease(key);
                 qr.limit = a.limit;
