@@ -104,8 +104,8 @@
 //! `BENCH_SECONDS`, `BENCH_LATENCY_SECONDS`, `BENCH_CLIENTS`, `BENCH_ROUNDS` (default 2), `BENCH_PIN`,
 //! `BENCH_EXTRA`, `BENCH_VARIANTS` (name prefixes to run, comma-separated, or semicolon-separated when
 //! one has a comma; default all). Defaults keep a full run (every row) under ~3 min. A variant whose wasm
-//! is not built is skipped with a note; the quota row is skipped when `redis-server` or `webdis` is not installed. Every process started here is killed by
-//! PID on exit, including on error (Drop).
+//! is not built is skipped with a note; the quota row is skipped when `redis-server` or `webdis` is not
+//! installed. Every process started here is killed by PID on exit, including on error (Drop).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
