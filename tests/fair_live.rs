@@ -183,6 +183,15 @@ fn replay(
                 lua[4],
                 view.share
             );
+            // The same members and water level of the first binding level (the metrics' gauges).
+            assert_eq!(lua[6], i64::from(view.active), "ask {n}: active members");
+            assert!(
+                ((lua[8] as f64 / 1000.0) - view.level_share).abs()
+                    <= 0.002 + 1e-9 * view.level_share,
+                "ask {n}: level share {} vs {}",
+                lua[8],
+                view.level_share
+            );
         }
         let i = match got.iter().position(|g| g.0 == who) {
             Some(i) => i,

@@ -62,6 +62,8 @@ pub trait Sink {
     fn count(&mut self, metric: Metric, n: u64);
     /// Sets a gauge.
     fn gauge(&mut self, name: String, value: u64);
+    /// Adds to a counter named at run time.
+    fn count_named(&mut self, name: String, n: u64);
     /// Logs a line.
     fn log(&mut self, level: Level, line: String);
 }
@@ -112,6 +114,7 @@ pub fn apply(
             Effect::Audit(rec) => sink.audit(rec),
             Effect::Count(m, n) => sink.count(m, n),
             Effect::Gauge(name, v) => sink.gauge(name, v),
+            Effect::CountNamed(name, n) => sink.count_named(name, n),
             Effect::Log(level, msg) => sink.log(level, msg),
         }
     }

@@ -222,8 +222,10 @@ pub enum Effect {
     Audit(String),
     /// Add to a counter.
     Count(Metric, u64),
-    /// Set a gauge (breaker state per key).
+    /// Set a gauge (breaker state per key, a fair limit's members and share).
     Gauge(String, u64),
+    /// Add to a counter named at run time (a fair limit's refusals), bounded by the configuration.
+    CountNamed(String, u64),
     /// Log one line.
     Log(Level, String),
 }

@@ -150,7 +150,7 @@ pub struct FakeEnvoy {
     pub metrics: RefCell<HashMap<Metric, u64>>,
     /// Logs.
     pub logs: RefCell<Vec<(Level, String)>>,
-    /// Gauges.
+    /// Gauges, and counters named at run time.
     pub gauges: RefCell<HashMap<String, u64>>,
     /// Clusters Envoy knows (a callout to another is refused at dispatch, as Envoy's BadArgument).
     pub clusters: Vec<String>,
@@ -740,6 +740,9 @@ impl Sink for CallSink<'_> {
     fn gauge(&mut self, name: String, v: u64) {
         self.env.gauges.borrow_mut().insert(name, v);
     }
+    fn count_named(&mut self, name: String, n: u64) {
+        *self.env.gauges.borrow_mut().entry(name).or_insert(0) += n;
+    }
     fn log(&mut self, level: Level, msg: String) {
         self.env.logs.borrow_mut().push((level, msg));
     }
@@ -788,6 +791,9 @@ impl Sink for RootSink<'_> {
     }
     fn gauge(&mut self, name: String, v: u64) {
         self.env.gauges.borrow_mut().insert(name, v);
+    }
+    fn count_named(&mut self, name: String, n: u64) {
+        *self.env.gauges.borrow_mut().entry(name).or_insert(0) += n;
     }
     fn log(&mut self, level: Level, msg: String) {
         self.env.logs.borrow_mut().push((level, msg));

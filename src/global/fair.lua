@@ -45,6 +45,13 @@ do
     cap[l] = tonumber(v[2 * l + 2]) or 0
   end
 end
+-- The water level of the first level that binds (the fair share per unit of weight), × 1000; 0: none.
+local function binding()
+  for l = 0, levels - 1 do
+    if lam[l] ~= UNB then return math.floor(math.max(lam[l], 0) * 1000) end
+  end
+  return 0
+end
 local function share(lv, wt, d)
   local l = math.min(lv, levels - 1)
   if lam[l] ~= UNB then return math.max(math.min(lam[l] * wt, cap[l]), 0) end
@@ -91,10 +98,10 @@ if credit_arg ~= 0 then
     redis.call('HSET', key, 'm:' .. id, packm(m))
   end
   redis.call('PEXPIRE', key, ttl_ms(bt))
-  return {0, math.floor(bt * 1000), math.floor(br * 1000), 0, 0, 0, 0, 0}
+  return {0, math.floor(bt * 1000), math.floor(br * 1000), 0, 0, 0, 0, 0, binding()}
 end
 if cost > burst then
-  return {4, math.floor(bt * 1000), math.floor(br * 1000), 0, 0, 0, 0, 0}
+  return {4, math.floor(bt * 1000), math.floor(br * 1000), 0, 0, 0, 0, 0, binding()}
 end
 if reshaped then
   -- Another member count or level count (or a new record): the table starts afresh, the bucket stays.
@@ -266,4 +273,4 @@ end
 redis.call('HSET', key, unpack(out))
 redis.call('PEXPIRE', key, ttl_ms(bt))
 return {verdict, math.floor(bt * 1000), math.floor(br * 1000), wait_us, math.floor(rt * 1000), math.floor(cr * 1000),
-  active, overflow}
+  active, overflow, binding()}

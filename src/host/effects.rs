@@ -123,6 +123,9 @@ impl Sink for EnvoySink {
     fn gauge(&mut self, name: String, value: u64) {
         gauges::set(&name, value);
     }
+    fn count_named(&mut self, name: String, n: u64) {
+        gauges::add(&name, n);
+    }
     fn log(&mut self, level: flow::Level, line: String) {
         abi::log(level_of(level), &line);
     }

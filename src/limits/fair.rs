@@ -189,6 +189,9 @@ pub struct ShareView {
     pub active: u16,
     /// The member had no slot of its own (more than `max_members` active).
     pub overflow: bool,
+    /// The fair share per unit of weight (the water level `λ`, tokens/s) of the first priority level
+    /// that binds at the last share computation; 0 when every member gets what it asks.
+    pub level_share: f64,
 }
 
 /// The decision on a request of `cost` tokens by `m` at `now`, and the record to write (`None`: nothing).
@@ -216,6 +219,7 @@ pub fn decide(
             credit: 0.0,
             active: r.active(),
             overflow: false,
+            level_share: level_share(&r, levels),
         };
         return (Step::TooLarge(b.snapshot(p)), view, None);
     }
@@ -258,8 +262,16 @@ pub fn decide(
         credit,
         active: r.active(),
         overflow,
+        level_share: level_share(&r, levels),
     };
     (step, view, Some(r))
+}
+
+/// The water level of the first of `levels` priority levels of `r` that binds (0: none does).
+fn level_share(r: &Record, levels: u8) -> f64 {
+    (0..usize::from(levels))
+        .find_map(|l| r.lambda(l))
+        .unwrap_or(0.0)
 }
 
 /// Gives `amount` tokens back to the bucket (never above the burst) and to member `hash`'s credit
@@ -348,6 +360,7 @@ pub fn charge(
         credit: 0.0,
         active: 0,
         overflow: false,
+        level_share: 0.0,
     };
     let Some(share) = rule.fair.as_deref() else {
         let (decision, stats) = local::charge(store, cfg, rule, key, cost, now, seen);
@@ -482,28 +495,4 @@ pub fn credit(
         ((), Some(adjust(r, &rule.params, hash, amount as f64, now)))
     })
     .map(|_| ())
-}
-
-/// What the metrics report of one record: members active, the effective rate, the water level of the
-/// first level that binds (tokens/s per unit of weight; `None`: nobody is held to a share).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Gauges {
-    /// Members active at the last share computation.
-    pub active: u16,
-    /// Effective rate the shares were computed on, tokens/s.
-    pub r_eff: f64,
-    /// Fair share per unit of weight at the first binding level, tokens/s.
-    pub share: Option<f64>,
-}
-
-/// Reads the gauges of the record at `key` (`None`: missing or corrupt).
-pub fn gauges(store: &dyn SharedStore, key: &str) -> Option<Gauges> {
-    let (rec, _) = store::peek::<Record>(store, key).ok()?;
-    let rec = rec?;
-    let levels = usize::from(rec.levels().clamp(1, LEVELS as u8));
-    Some(Gauges {
-        active: rec.active(),
-        r_eff: rec.r_eff(),
-        share: (0..levels).find_map(|l| rec.lambda(l)),
-    })
 }

@@ -46,6 +46,25 @@ fn a_member_over_its_share_is_refused_while_a_quiet_one_is_served() {
         "the quiet tenant asks less than its share"
     );
     assert!(e.metric(Metric::FairRefusedOverShare) > 0);
+    // Per limit: the refusals by reason, the members active and the share per unit of weight (the
+    // heavy tenant is held to what the quiet one leaves of 1,000 tokens/s, plus the bucket's steering).
+    let g = e.gauges.borrow();
+    assert_eq!(
+        g.get("tokengate_fair_refused_over_share.provider").copied(),
+        Some(e.metric(Metric::FairRefusedOverShare))
+    );
+    assert_eq!(
+        g.get("tokengate_fair_refused_limit_empty.provider")
+            .copied(),
+        (e.metric(Metric::FairRefusedLimitEmpty) > 0)
+            .then(|| e.metric(Metric::FairRefusedLimitEmpty))
+    );
+    assert_eq!(
+        g.get("tokengate_fair_active_members.provider").copied(),
+        Some(2)
+    );
+    let share = g.get("tokengate_fair_share.provider").copied().unwrap_or(0);
+    assert!((500..=1000).contains(&share), "share {share} tokens/s");
 }
 
 #[test]

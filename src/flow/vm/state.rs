@@ -38,6 +38,9 @@ pub struct Worker {
     pub global_script_loaded: bool,
     /// Redis has the fair bucket script cached.
     pub fair_script_loaded: bool,
+    /// The gauges of each fair limit as this VM last set them: (limit name, active members, share per
+    /// unit of weight in whole tokens/s). A gauge is set only when its value changed.
+    pub fair_gauges: Vec<(String, u64, u64)>,
     /// Log rate limiter.
     pub logs: LogGate,
     /// The start-up checks of the shim clusters.

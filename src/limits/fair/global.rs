@@ -12,7 +12,8 @@
 //! max_members, window_us, default weight, default level, now_us (0 = Redis TIME), "tgf1", credit (0 =
 //! charge; else given back, negative taken), requests charged (1)`.
 //!
-//! Reply: `[verdict, tokens × 1000, requests × 1000, µs, share × 1000, credit × 1000, active, overflow]`,
+//! Reply: `[verdict, tokens × 1000, requests × 1000, µs, share × 1000, credit × 1000, active, overflow,
+//! level share × 1000]` (the last: the water level of the first level that binds, 0 when none does),
 //! verdict 0 admitted, 2 tokens short (limit empty; µs until they would be there), 3 requests/minute
 //! spent, 4 the cost exceeds the burst, 5 over share (µs until the member's credit is back).
 //!
@@ -23,7 +24,7 @@ use super::{over_share, Member, Outcome, ShareView, Why};
 use crate::config::{FairShare, Rule};
 use crate::limits::bucket::{BucketState, Verdict};
 use crate::limits::local::{self, Decision};
-use crate::shim::webdis::{command_body, lua_int, parse_int_array, ScriptCall, ShimError};
+use crate::shim::webdis::{command_body, lua_int, parse_int_array_of, ScriptCall, ShimError};
 use crate::store::keys::sanitize;
 
 /// The last-but-two argument of every call of [`SCRIPT`] (a script of another version refuses it).
@@ -37,7 +38,7 @@ pub const SCRIPT: &str = include_str!("../../global/fair.lua");
 
 /// SHA-1 of [`SCRIPT`] (what `SCRIPT LOAD` returns; checked by a unit test and against a real Redis in
 /// `tests/fair_live.rs`).
-pub const SHA1: &str = "6f7efd1a09bb9864717657bc1427faade668584a";
+pub const SHA1: &str = "c7373c2dea684393fae207a93e7a761c02c0953f";
 
 /// The Redis key of `rule`'s fair record for `subject` (and model, for per-model limits).
 pub fn key(rule: &Rule, subject: &str, model: &str) -> String {
@@ -147,8 +148,13 @@ pub struct Reply {
 
 /// Parses Webdis' answer to [`charge_request`] or [`credit_request`]. Never panics.
 pub fn parse_reply(http_status: u32, body: &[u8]) -> Result<Reply, ShimError> {
-    let a = parse_int_array(http_status, body, 8)?;
-    let [verdict, tokens, requests, us, share, credit, active, overflow] = a.as_slice() else {
+    // A script of an earlier build answered without the level share.
+    let a = parse_int_array_of(http_status, body, 8..=9)?;
+    let (a, level) = match a.as_slice() {
+        [head @ .., level] if head.len() == 8 => (head, *level),
+        all => (all, 0),
+    };
+    let [verdict, tokens, requests, us, share, credit, active, overflow] = a else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
     let us = u64::try_from(*us).map_err(|_| ShimError::Garbage(format!("negative wait: {us}")))?;
@@ -181,6 +187,7 @@ pub fn parse_reply(http_status: u32, body: &[u8]) -> Result<Reply, ShimError> {
             credit: *credit as f64 / 1000.0,
             active: u16::try_from(*active).unwrap_or(u16::MAX),
             overflow: *overflow != 0,
+            level_share: level.max(0) as f64 / 1000.0,
         },
     })
 }
@@ -256,9 +263,20 @@ mod tests {
         let r = parse_reply(200, br#"{"EVALSHA":[0,9000000,0,0,1250000,-150000,4,0]}"#).unwrap();
         assert_eq!((r.verdict, r.why), (Verdict::Admit, None));
         assert_eq!(
-            (r.view.share, r.view.credit, r.view.active),
-            (1250.0, -150.0, 4)
+            (
+                r.view.share,
+                r.view.credit,
+                r.view.active,
+                r.view.level_share
+            ),
+            (1250.0, -150.0, 4, 0.0)
         );
+        let r = parse_reply(
+            200,
+            br#"{"EVALSHA":[0,9000000,0,0,1250000,-150000,4,0,530250]}"#,
+        )
+        .unwrap();
+        assert_eq!((r.view.active, r.view.level_share), (4, 530.25));
         assert!(matches!(
             outcome(&r, rule, share, 10).decision,
             Decision::Admit { .. }
@@ -286,6 +304,7 @@ mod tests {
             &br#"{"EVAL":[9,0,0,0,0,0,0,0]}"#[..],
             br#"{"EVAL":[0,0,0,-1,0,0,0,0]}"#,
             br#"{"EVAL":[0,0,0,0,0,0]}"#,
+            br#"{"EVAL":[0,0,0,0,0,0,0,0,0,0]}"#,
             b"garbage",
         ] {
             assert!(

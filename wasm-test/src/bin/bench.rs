@@ -24,6 +24,9 @@
 //!   generous bucket as `limits` (issue 13), at tenant scope, then also per team (`group_header`, from the
 //!   request's `x-tokengate-team`), then also one bucket shared by everyone: what checking 1, 2 and 3
 //!   limits per request costs, side by side with `tokengate (buckets)` (one rule);
+//! - `tokengate, 3 limits (+shared fair)`: the same three limits with the shared one `share: "fair"`
+//!   (issue 27): a fair record's decision next to the plain shared bucket's (`BENCH_CALLGRIND` prints the
+//!   difference in instructions per request);
 //! - `tokengate + quota leased`: the quota row with `quota.lease: {}` (issue 14): a busy tenant's
 //!   requests are reserved from this Envoy's lease in shared data, Redis is called by the lease syncs;
 //! - `tokengate + global`: the same rule kept in Redis (`"global": true`, through the same Webdis): one
@@ -99,10 +102,10 @@
 //! `<repo>/.venv/bin/envoy`), `TOKENGATE_WASM` (default `<repo>/target/wasm32-wasip1/release/tokengate.wasm`),
 //! `EMPTY_WASM` (default `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`),
 //! `BENCH_SECONDS`, `BENCH_LATENCY_SECONDS`, `BENCH_CLIENTS`, `BENCH_ROUNDS` (default 2), `BENCH_PIN`,
-//! `BENCH_EXTRA`, `BENCH_VARIANTS` (comma-separated name prefixes to run, default all). Defaults keep a
-//! full run (12 rows) under ~3 min. A variant whose wasm is not built is skipped with a note; the quota row
-//! is skipped when `redis-server` or `webdis` is not installed. Every process started here is killed by
-//! PID on exit, including on error (Drop).
+//! `BENCH_EXTRA`, `BENCH_VARIANTS` (name prefixes to run, comma-separated, or semicolon-separated when
+//! one has a comma; default all). Defaults keep a full run (every row) under ~3 min. A variant whose wasm
+//! is not built is skipped with a note; the quota row is skipped when `redis-server` or `webdis` is not
+//! installed. Every process started here is killed by PID on exit, including on error (Drop).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -186,11 +189,14 @@ const EMPTY: &str = "empty wasm";
 const EMPTY_BUFFER: &str = "empty wasm (buffer body)";
 const FLOOR: &str = "host-call floor";
 const BUCKETS: &str = "tokengate (buckets)";
-const LIMITS: [&str; 3] = [
+const LIMITS: [&str; 4] = [
     "tokengate, 1 limit (tenant)",
     "tokengate, 2 limits (+team)",
     "tokengate, 3 limits (+shared)",
+    FAIR,
 ];
+/// The three limits with the shared one fair (`share: "fair"`, issue 27), next to `LIMITS[2]`.
+const FAIR: &str = "tokengate, 3 limits (+shared fair)";
 const QUOTA: &str = "tokengate + quota";
 const QUOTA_LEASED: &str = "tokengate + quota leased";
 const GLOBAL: &str = "tokengate + global";
@@ -342,21 +348,23 @@ fn preset_config(c: &str) -> String {
 const TEAM_HEADER: &str = "x-tokengate-team";
 
 /// `limits` instead of `rules`: the first `n` of tenant, team (from [`TEAM_HEADER`]) and shared scope,
-/// each with the generous bucket of [`tokengate_config`].
-fn limits_config(n: usize) -> String {
+/// each with the generous bucket of [`tokengate_config`]; `fair`: the shared one with `share: "fair"`
+/// (every request is one member's, `bench`: the record's decision runs, nothing is ever refused).
+fn limits_config(n: usize, fair: bool) -> String {
     let mut cfg = tokengate_config();
     let bucket = |name: &str, scope: &str| {
         serde_json::json!({"name": name, "scope": scope, "model": "*", "per_model": true,
                            "tokens_per_second": 100_000_000u64, "burst": 1_000_000_000u64})
     };
-    let limits: Vec<serde_json::Value> = [
-        bucket("user", "tenant"),
-        bucket("team", "group"),
-        bucket("provider", "shared"),
-    ]
-    .into_iter()
-    .take(n)
-    .collect();
+    let mut provider = bucket("provider", "shared");
+    if fair {
+        provider["share"] = "fair".into();
+    }
+    let limits: Vec<serde_json::Value> =
+        [bucket("user", "tenant"), bucket("team", "group"), provider]
+            .into_iter()
+            .take(n)
+            .collect();
     if let Some(o) = cfg.as_object_mut() {
         o.remove("rules");
         o.insert("limits".into(), limits.into());
@@ -440,9 +448,10 @@ fn variants() -> Vec<Variant> {
             &tokengate,
             breaker_rate_config(),
         ),
-        tg(LIMITS[0], &tokengate, limits_config(1)),
-        tg(LIMITS[1], &tokengate, limits_config(2)),
-        tg(LIMITS[2], &tokengate, limits_config(3)),
+        tg(LIMITS[0], &tokengate, limits_config(1, false)),
+        tg(LIMITS[1], &tokengate, limits_config(2, false)),
+        tg(LIMITS[2], &tokengate, limits_config(3, false)),
+        tg(FAIR, &tokengate, limits_config(3, true)),
     ];
     let mut quota = tg(QUOTA, &tokengate, quota_config());
     quota.needs_webdis = true;
@@ -1259,7 +1268,14 @@ fn run() -> Result<()> {
     let only: Option<Vec<String>> = std::env::var("BENCH_VARIANTS")
         .ok()
         .filter(|s| !s.trim().is_empty())
-        .map(|s| s.split(',').map(|x| x.trim().to_string()).collect());
+        // `;`-separated when it has one (the limits rows' names have commas), else `,`-separated.
+        .map(|s| {
+            let sep = if s.contains(';') { ';' } else { ',' };
+            s.split(sep)
+                .map(|x| x.trim().to_string())
+                .filter(|x| !x.is_empty())
+                .collect()
+        });
 
     let all = variants();
     let selected: Vec<usize> = (0..all.len())
@@ -1806,6 +1822,14 @@ fn print_callgrind(all: &[Variant], counts: &[(usize, f64)], n: usize) {
             ratio(empty, Some(*c)),
             diff(Some(*c), buffer, 0),
             diff(Some(*c), buckets, 0),
+        );
+    }
+    if let (Some(plain), Some(fair)) = (of(LIMITS[2]), of(FAIR)) {
+        println!();
+        println!(
+            "Fair shared limit vs plain shared limit (issue 27, goal <= +5 %): {} instructions/request ({:+.1} %)",
+            diff(Some(fair), Some(plain), 0),
+            100.0 * (fair - plain) / plain
         );
     }
 }

@@ -5,11 +5,16 @@
 //! over it is refused (429, `tokengate_fair_refused_over_share`) even while tokens are left, so that the
 //! quiet ones get theirs. A `global` fair limit's record is in Redis (a callout each, no lease), its
 //! failures handled as a global bucket's (`global_buckets.on_failure`). See docs/fair-share.md.
+//!
+//! Metrics per fair limit (names bounded by the configuration, never by tenants): the refusals
+//! `tokengate_fair_refused_over_share.<limit>` and `tokengate_fair_refused_limit_empty.<limit>` (also
+//! counted in the totals without the suffix), and the gauges `tokengate_fair_active_members.<limit>` and
+//! `tokengate_fair_share.<limit>` of the record charged last, set when they change.
 
 use super::limits::{shadow_refusal, subject};
-use crate::config::{GlobalFailure, StoreFailure};
+use crate::config::{GlobalFailure, Rule, StoreFailure};
 use crate::flow::cx::Cx;
-use crate::flow::effect::{CalloutReply, Level, Purpose};
+use crate::flow::effect::{CalloutReply, Effect, Level, Purpose};
 use crate::flow::metric::Metric;
 use crate::flow::request::answers;
 use crate::flow::request::denial::{Denial, Reason};
@@ -197,6 +202,9 @@ fn charge_local(
         );
     }
     note_overflow(cx, &outcome.view);
+    if !matches!(outcome.decision, Decision::StoreFailed(_)) {
+        gauges(cx, idx, &outcome.view);
+    }
     let fc = FairCharge {
         rule: idx,
         key,
@@ -205,6 +213,58 @@ fn charge_local(
         global: false,
     };
     decided(cx, plan, fc, outcome.decision, outcome.why)
+}
+
+/// Counts a refusal of fair limit `rule`: over share, or its bucket empty (also a headers-phase refusal),
+/// in all and for the limit.
+pub(in crate::flow) fn count_refusal(cx: &mut Cx, rule: &Rule, over_share: bool) {
+    let (total, name) = if over_share {
+        (
+            Metric::FairRefusedOverShare,
+            format!("tokengate_fair_refused_over_share.{}", rule.name),
+        )
+    } else {
+        (
+            Metric::FairRefusedLimitEmpty,
+            format!("tokengate_fair_refused_limit_empty.{}", rule.name),
+        )
+    };
+    cx.inc(total);
+    cx.fx.push(Effect::CountNamed(name, 1));
+}
+
+/// Sets fair limit `idx`'s gauges from what its record said, when they changed since this VM set them.
+fn gauges(cx: &mut Cx, idx: usize, view: &fair::ShareView) {
+    let Some(rule) = cx.cfg.rule(idx) else {
+        return;
+    };
+    let active = u64::from(view.active);
+    // Whole tokens/s: a gauge is an integer, and a steady share is not rewritten for its fractions.
+    let share = view.level_share.max(0.0).round() as u64;
+    let last = &mut cx.worker.fair_gauges;
+    let (set_active, set_share) = match last.iter_mut().find(|g| g.0 == rule.name) {
+        Some(g) => {
+            let changed = (g.1 != active, g.2 != share);
+            (g.1, g.2) = (active, share);
+            changed
+        }
+        None => {
+            last.push((rule.name.clone(), active, share));
+            (true, true)
+        }
+    };
+    if set_active {
+        cx.fx.push(Effect::Gauge(
+            format!("tokengate_fair_active_members.{}", rule.name),
+            active,
+        ));
+    }
+    if set_share {
+        cx.fx.push(Effect::Gauge(
+            format!("tokengate_fair_share.{}", rule.name),
+            share,
+        ));
+    }
 }
 
 /// A member past the record's `max_members` shares the overflow member.
@@ -237,10 +297,7 @@ fn decided(
             Outcome::Continue
         }
         Decision::Reject(refusal) => {
-            cx.inc(match why {
-                Some(Why::OverShare) => Metric::FairRefusedOverShare,
-                _ => Metric::FairRefusedLimitEmpty,
-            });
+            count_refusal(cx, rule, why == Some(Why::OverShare));
             Outcome::Deny(Denial::bucket(refusal))
         }
         Decision::StoreFailed(e) => {
@@ -325,6 +382,7 @@ fn answered(
     cx.inc(Metric::GlobalCharged);
     let o = fair_global::outcome(&r, rule, share, fc.cost);
     note_overflow(cx, &o.view);
+    gauges(cx, fc.rule, &o.view);
     decided(cx, plan, fc, o.decision, o.why)
 }
 

@@ -68,7 +68,10 @@ pub(in crate::flow) fn check(
             let key = fair_key(cx, rule, &who, &model);
             let mut seen = None;
             match fair::precheck(cx.store(), rule, &key, now, &mut seen) {
-                Ok(Some(refusal)) => return Err(Denial::bucket(refusal).naming(model)),
+                Ok(Some(refusal)) => {
+                    super::fair::count_refusal(cx, rule, false);
+                    return Err(Denial::bucket(refusal).naming(model));
+                }
                 Ok(None) => {
                     if meta.prechecked.is_none() {
                         meta.prechecked = seen.map(|seen| (key, seen));
