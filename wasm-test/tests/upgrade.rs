@@ -725,7 +725,8 @@ fn old_and_new_envoys_share_redis_under_load() {
 
 #[test]
 fn a_config_reload_replaces_the_vm_under_load() {
-    reload_under_load(20, 6, 28);
+    // 40 s: a reload took 10 s with a callgrind run beside it (28 s left no time after the rollback).
+    reload_under_load(20, 6, 40);
 }
 
 #[test]
