@@ -792,7 +792,10 @@ fn start_webdis() -> Result<(RedisServer, Webdis)> {
     let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", shipped.display()))?;
     let redis = RedisServer::start();
-    let webdis = Webdis::start_with(redis.port, &serde_json::json!({ "acl": config["acl"], "pool_size": config["pool_size"] }));
+    let webdis = Webdis::start_with(
+        redis.port,
+        &serde_json::json!({ "acl": config["acl"], "pool_size": config["pool_size"] }),
+    );
     Ok((redis, webdis))
 }
 
