@@ -184,6 +184,8 @@ pub struct Sender {
     pub(in crate::flow) per_tenant: bool,
     /// The part of the window still to send, after a call or group failed.
     pub(in crate::flow) retry: Option<Retry>,
+    /// When this VM last sent a window (0: never).
+    pub(in crate::flow) last_sent: u64,
 }
 
 impl Sender {
