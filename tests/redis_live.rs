@@ -410,6 +410,163 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         assert_eq!(st.cli(&["SCRIPT", "LOAD", RESERVE_SCRIPT]), RESERVE_SHA1);
         assert_eq!(st.cli(&["SCRIPT", "LOAD", SETTLE_SCRIPT]), SETTLE_SHA1);
+        assert_eq!(
+            st.cli(&[
+                "SCRIPT",
+                "LOAD",
+                tokengate::quota::scripts::SETTLE_BATCH_SCRIPT
+            ]),
+            tokengate::quota::scripts::SETTLE_BATCH_SHA1
+        );
+    }
+
+    /// Every `tg:*` key of a Redis, with its value (hash fields and sorted-set members sorted; scores,
+    /// which hold Redis' clock, left out).
+    fn dump(st: &Stack) -> Vec<(String, String)> {
+        let mut keys: Vec<String> = st
+            .cli(&["KEYS", "tg:*"])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        keys.sort();
+        keys.into_iter()
+            .map(|k| {
+                let v = match st.cli(&["TYPE", &k]).as_str() {
+                    "string" => st.cli(&["GET", &k]),
+                    "hash" => {
+                        let all = st.cli(&["HGETALL", &k]);
+                        let l: Vec<&str> = all.lines().collect();
+                        let mut pairs: Vec<String> = l.chunks(2).map(|p| p.join("=")).collect();
+                        pairs.sort();
+                        pairs.join(",")
+                    }
+                    "zset" => {
+                        let mut m: Vec<String> = st
+                            .cli(&["ZRANGE", &k, "0", "-1"])
+                            .lines()
+                            .map(str::to_string)
+                            .collect();
+                        m.sort();
+                        m.join(",")
+                    }
+                    t => format!("type {t}"),
+                };
+                (k, v)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_settlement_batch_of_many_tenants_does_in_one_call_what_per_tenant_calls_do() {
+        use tokengate::quota::scripts::{
+            settle_batch_request, SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1,
+        };
+        use tokengate::quota::settlement::{parse_settle_batch_reply, GroupOutcome};
+        let (Some(alone), Some(batched)) = (Stack::start(), Stack::start()) else {
+            return;
+        };
+        assert_eq!(
+            batched.cli(&["SCRIPT", "LOAD", SETTLE_BATCH_SCRIPT]),
+            SETTLE_BATCH_SHA1
+        );
+        // 40 tenants, two reservations each, on both Redis.
+        let n = 40;
+        let res = |i: usize, r: &str| ReserveArgs {
+            tenant: format!("t{i}"),
+            request_id: format!("{r}{i}"),
+            ..base()
+        };
+        for st in [&alone, &batched] {
+            for i in 0..n {
+                for r in ["a", "b"] {
+                    assert!(reserve(st, &res(i, r)).unwrap().allowed);
+                }
+            }
+            // Tenant 7's `open` is not a hash: Redis fails its settlements.
+            st.cli(&["DEL", &res(7, "a").keys().open]);
+            st.cli(&["SET", &res(7, "a").keys().open, "x"]);
+        }
+        // Per tenant: settle a below its reservation, b above, charge a request never reserved, and
+        // settle a again (nothing to do); tenant 0 also has a second group (its charge again).
+        let mut groups: Vec<Vec<SettleArgs>> = (0..n)
+            .map(|i| {
+                vec![
+                    entry(&res(i, "a"), SettleMode::Settle, 10),
+                    entry(&res(i, "b"), SettleMode::Settle, 200),
+                    entry(&res(i, "c"), SettleMode::Charge, 7),
+                    entry(&res(i, "a"), SettleMode::Settle, 10),
+                ]
+            })
+            .collect();
+        groups.push(vec![entry(&res(0, "c"), SettleMode::Charge, 7)]);
+        // Alone: one call per group.
+        let mut flags_alone = Vec::new();
+        for (i, g) in groups.iter().enumerate() {
+            let refs: Vec<&SettleArgs> = g.iter().collect();
+            match settle(&alone, &refs) {
+                Ok(f) => flags_alone.push(Some(f)),
+                Err(ShimError::RedisError(e)) if i == 7 => {
+                    assert!(e.contains("WRONGTYPE"), "{e}");
+                    flags_alone.push(None);
+                }
+                Err(e) => panic!("group {i}: {e}"),
+            }
+        }
+        // Batched: every group in one call.
+        let refs: Vec<Vec<&SettleArgs>> = groups.iter().map(|g| g.iter().collect()).collect();
+        let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
+        let before = batched.cli(&["INFO", "commandstats"]);
+        assert!(!before.contains("cmdstat_evalsha:"), "{before}");
+        let (code, body) = batched.post(&settle_batch_request(&refs, ScriptCall::EvalSha));
+        let outcomes = parse_settle_batch_reply(code, &body, &sizes).unwrap();
+        assert_eq!(outcomes.len(), groups.len());
+        for (i, (o, a)) in outcomes.iter().zip(&flags_alone).enumerate() {
+            match a {
+                Some(f) => assert_eq!(o, &GroupOutcome::Ran(f.clone()), "group {i}"),
+                // The failed group does not stop the others.
+                None => assert_eq!(o, &GroupOutcome::Failed, "group {i}"),
+            }
+        }
+        assert_eq!(flags_alone[0], Some(vec![1, 1, 1, 0]));
+        assert_eq!(
+            flags_alone[n],
+            Some(vec![0]),
+            "a charge sent again does nothing"
+        );
+        // One script call; Redis holds the same keys and values as after the calls per tenant.
+        let calls = batched.cli(&["INFO", "commandstats"]);
+        assert!(calls.contains("cmdstat_evalsha:calls=1,"), "{calls}");
+        let (a, b) = (dump(&alone), dump(&batched));
+        assert!(a.len() >= 4 * n, "{}", a.len());
+        assert_eq!(a, b);
+        assert_eq!(used(&batched, &res(3, "a")), ("217".into(), "217".into()));
+        // Sent again whole (a retry): nothing moves but the group Redis fails.
+        let (code, body) = batched.post(&settle_batch_request(&refs, ScriptCall::EvalSha));
+        let again = parse_settle_batch_reply(code, &body, &sizes).unwrap();
+        for (i, o) in again.iter().enumerate() {
+            if i == 7 {
+                assert_eq!(o, &GroupOutcome::Failed);
+            } else {
+                assert!(
+                    matches!(o, GroupOutcome::Ran(f) if f.iter().all(|x| *x == 0)),
+                    "{i}: {o:?}"
+                );
+            }
+        }
+        assert_eq!(dump(&batched), b);
+        // The script's own checks refuse a malformed call whole.
+        let bad = command_body(
+            ScriptCall::EvalSha,
+            SETTLE_BATCH_SCRIPT,
+            SETTLE_BATCH_SHA1,
+            &["k1"],
+            &["3600".into(), "tg3s:2".into()],
+        );
+        let (code, body) = batched.post(&bad);
+        assert!(matches!(
+            parse_settle_batch_reply(code, &body, &[2]),
+            Err(ShimError::RedisError(e)) if e.contains("bad argument")
+        ));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The Lua scripts of monthly quotas (in `src/quota/*.lua`, loaded by `include_str!`), their SHA-1s, and
 //! the Webdis bodies that call them: each builder lays out KEYS and ARGV in the order its script's
-//! documentation gives. One reservation per request; one settlement call per batch of one tenant's
-//! settlements (and charges of requests with no known reservation) once the provider reported usage.
+//! documentation gives. One reservation per request; settlements (and charges of requests with no
+//! known reservation) once the provider reported usage, grouped per tenant, many tenants' groups in one
+//! call ([`SETTLE_BATCH_SCRIPT`]).
 //!
 //! A script's text must stay byte for byte what its `*_SHA1` names (`EVALSHA` calls it by that hash); a
 //! unit test recomputes each SHA-1 from the included text, and `tests/redis_live.rs` checks them against
@@ -68,6 +69,36 @@ pub const SETTLE_SCRIPT: &str = concat!(
 
 /// SHA-1 of [`SETTLE_SCRIPT`] (checked against a real Redis in the tests).
 pub const SETTLE_SHA1: &str = "79e0759d20c52e8760cefee841a8c75b3bcb6fca";
+
+/// Settlements of many tenants in one call (group commit of a window of the settlement journal, see
+/// `flow::vm::settle`): [`SETTLE_SCRIPT`] wrapped as a Lua function of its own KEYS and ARGV
+/// (`settle_batch_head.lua` + its text + `settle_batch_tail.lua`) and run once per tenant group under
+/// `pcall`, so each group does exactly what it does when sent alone, and a group Redis refuses (a key of
+/// the wrong type, say) does not stop the others. The whole call runs atomically in Redis.
+///
+/// KEYS: per group, [`SETTLE_SCRIPT`]'s `open, due, done, gone, leases, (used_total, used_model) × m`.
+/// ARGV: `tombstone_s, "tg3s:<m1>,<m2>,…"` (each group's entry count, in order), then the 5 arguments
+/// of every entry, group after group. Reply: one integer per entry, [`SETTLE_SCRIPT`]'s (1, 0, −1);
+/// every entry of a group the script refused is −2, of a group Redis failed while it ran −3
+/// (it may have written part of it: settlements are idempotent by request id, so it is sent again).
+///
+/// Keys of different tenants hash to different Redis Cluster slots: behind a Redis Cluster a call with
+/// several tenants is refused whole with `CROSSSLOT` (nothing ran), and the caller sends each tenant's
+/// group apart from then on.
+pub const SETTLE_BATCH_SCRIPT: &str = concat!(
+    include_str!("settle_batch_head.lua"),
+    include_str!("settle_head.lua"),
+    include_str!("common.lua"),
+    include_str!("settle.lua"),
+    include_str!("settle_batch_tail.lua")
+);
+
+/// SHA-1 of [`SETTLE_BATCH_SCRIPT`] (checked against the text in a unit test and against a real Redis
+/// in `tests/redis_live.rs`).
+pub const SETTLE_BATCH_SHA1: &str = "b3d06e281b0aa44da45771c05e0c3309f71f3519";
+
+/// The group-count tag of [`SETTLE_BATCH_SCRIPT`] (`tg3s:` then the counts).
+pub const SETTLE_BATCH_TAG: &str = "tg3s:";
 
 /// Everything one reservation needs. Costs are weighted tokens (see [`weighted`](super::weighted)).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,19 +237,55 @@ pub fn settle_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
     for a in batch {
         keys.push(a.keys.used_total.as_str());
         keys.push(a.keys.used_model.as_str());
-        argv.push(
-            match a.mode {
-                SettleMode::Settle => "s",
-                SettleMode::Charge => "c",
-            }
-            .to_string(),
-        );
-        argv.push(a.keys.request_id.clone());
-        argv.push(lua_int(a.actual));
-        argv.push(a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string());
-        argv.push(flag(a.keys.has_model));
+        push_settle_args(&mut argv, a);
     }
     command_body(call, SETTLE_SCRIPT, SETTLE_SHA1, &keys, &argv)
+}
+
+/// The Webdis body that runs the settlement `groups` (each ONE tenant's, non-empty) in one call of
+/// [`SETTLE_BATCH_SCRIPT`]; empty groups are left out, and no group gives an empty body.
+pub fn settle_batch_request(groups: &[Vec<&SettleArgs>], call: ScriptCall) -> String {
+    let groups: Vec<&Vec<&SettleArgs>> = groups.iter().filter(|g| !g.is_empty()).collect();
+    if groups.is_empty() {
+        return String::new();
+    }
+    let n: usize = groups.iter().map(|g| g.len()).sum();
+    let mut keys: Vec<&str> = Vec::with_capacity(5 * groups.len() + 2 * n);
+    let mut argv: Vec<String> = Vec::with_capacity(2 + 5 * n);
+    argv.push(lua_int(TOMBSTONE_S));
+    let counts: Vec<String> = groups.iter().map(|g| g.len().to_string()).collect();
+    argv.push(format!("{SETTLE_BATCH_TAG}{}", counts.join(",")));
+    for g in &groups {
+        let Some(first) = g.first() else { continue };
+        let k = &first.keys;
+        keys.extend([
+            k.open.as_str(),
+            k.due.as_str(),
+            k.done.as_str(),
+            k.gone.as_str(),
+            k.leases.as_str(),
+        ]);
+        for a in g.iter() {
+            keys.push(a.keys.used_total.as_str());
+            keys.push(a.keys.used_model.as_str());
+            push_settle_args(&mut argv, a);
+        }
+    }
+    command_body(call, SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1, &keys, &argv)
+}
+
+fn push_settle_args(argv: &mut Vec<String>, a: &SettleArgs) {
+    argv.push(
+        match a.mode {
+            SettleMode::Settle => "s",
+            SettleMode::Charge => "c",
+        }
+        .to_string(),
+    );
+    argv.push(a.keys.request_id.clone());
+    argv.push(lua_int(a.actual));
+    argv.push(a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string());
+    argv.push(flag(a.keys.has_model));
 }
 
 #[cfg(test)]
@@ -228,7 +295,11 @@ pub(crate) mod tests {
 
     #[test]
     fn every_sha1_constant_is_the_sha1_of_its_script_text() {
-        for (script, sha) in [(RESERVE_SCRIPT, RESERVE_SHA1), (SETTLE_SCRIPT, SETTLE_SHA1)] {
+        for (script, sha) in [
+            (RESERVE_SCRIPT, RESERVE_SHA1),
+            (SETTLE_SCRIPT, SETTLE_SHA1),
+            (SETTLE_BATCH_SCRIPT, SETTLE_BATCH_SHA1),
+        ] {
             assert_eq!(
                 sha1_hex(script.as_bytes()),
                 sha,

@@ -8,6 +8,7 @@
 //! ```
 
 use crate::quota::{tenant_tag, QuotaKeys, SettleArgs, SettleMode};
+use crate::shim::webdis::{parse_int_array, ShimError};
 use crate::store::read_u64;
 
 /// What a settlement job sends.
@@ -83,9 +84,76 @@ impl Job {
     }
 }
 
+/// What Redis did with one tenant group of a settlement batch call
+/// ([`SETTLE_BATCH_SCRIPT`](crate::quota::scripts::SETTLE_BATCH_SCRIPT)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupOutcome {
+    /// The group ran: the settlement script's flag per entry (1 applied, 0 nothing to do, −1 a
+    /// counter is not a number or the entry is malformed).
+    Ran(Vec<i64>),
+    /// The script refused the group's arguments: nothing of it ran.
+    Refused,
+    /// Redis failed while the group ran (a key of the wrong type, say): it may have written part of it.
+    Failed,
+}
+
+/// Reads a settlement batch's reply: `Err` for the call as a whole (the shim, Redis or the script's own
+/// checks refused it: nothing of it is known), else one outcome per group of `sizes` entries, in order.
+pub fn parse_settle_batch_reply(
+    http_status: u32,
+    body: &[u8],
+    sizes: &[usize],
+) -> Result<Vec<GroupOutcome>, ShimError> {
+    let n: usize = sizes.iter().sum();
+    let v = parse_int_array(http_status, body, n)?;
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut rest = v.as_slice();
+    for &m in sizes {
+        let (g, r) = rest.split_at(m.min(rest.len()));
+        rest = r;
+        let outcome = match g.first() {
+            Some(-2) if g.iter().all(|x| *x == -2) => GroupOutcome::Refused,
+            Some(-3) if g.iter().all(|x| *x == -3) => GroupOutcome::Failed,
+            _ if g.iter().all(|x| (-1..=1).contains(x)) => GroupOutcome::Ran(g.to_vec()),
+            _ => return Err(ShimError::Garbage("batch entry out of range".into())),
+        };
+        out.push(outcome);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_reply_is_read_per_group() {
+        let body = br#"{"EVALSHA":[1,0,-2,-2,-3,-1,1]}"#;
+        assert_eq!(
+            parse_settle_batch_reply(200, body, &[2, 2, 1, 2]),
+            Ok(vec![
+                GroupOutcome::Ran(vec![1, 0]),
+                GroupOutcome::Refused,
+                GroupOutcome::Failed,
+                GroupOutcome::Ran(vec![-1, 1]),
+            ])
+        );
+        // A group half refused, a value out of range, or the wrong count: garbage.
+        for (body, sizes) in [
+            (&br#"{"EVALSHA":[1,-2]}"#[..], &[2][..]),
+            (br#"{"EVALSHA":[2]}"#, &[1]),
+            (br#"{"EVALSHA":[1,1]}"#, &[1]),
+        ] {
+            assert!(matches!(
+                parse_settle_batch_reply(200, body, sizes),
+                Err(ShimError::Garbage(_))
+            ));
+        }
+        assert_eq!(
+            parse_settle_batch_reply(200, br#"{"EVALSHA":[false,"NOSCRIPT x"]}"#, &[1]),
+            Err(ShimError::NoScript)
+        );
+    }
 
     #[test]
     fn a_job_survives_the_journal_encoding() {

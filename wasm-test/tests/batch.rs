@@ -5,10 +5,11 @@
 //!
 //! Each test states what clients and operators see: every tenant's counter in Redis ends exactly at
 //! what the mock served it (all or nothing per request, settled once), a tenant over its quota refused
-//! alone while the others in its batches are admitted, at most 0.1 reservation script calls per request
-//! with batching and one each with `quota.batch: false` (`INFO commandstats`), and a Webdis killed while
-//! reservations wait gives each of them the quota's `on_failure` answer — with the counters exact once
-//! Redis is reachable again.
+//! alone while the others in its batches are admitted, at most 0.1 Redis script calls per request in
+//! all — reservations and settlements, whose many tenants share calls too (`INFO commandstats`) — with
+//! batching and a call per request with `quota.batch: false`, and a Webdis killed while reservations
+//! wait gives each of them the quota's `on_failure` answer — with the counters exact once Redis is
+//! reachable again.
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -173,16 +174,23 @@ struct Run {
     requests: u64,
     /// EVAL + EVALSHA calls Redis ran during the run and until every settlement landed.
     scripts: u64,
-    /// Of them, settlement calls: one per admitted request (each tenant's settlement is alone in
-    /// its call: one request per tenant), plus retries (none expected).
-    settlements: u64,
     batched: u64,
     batch_calls: u64,
 }
 
 impl Run {
+    /// Reservation calls: each request's own (it did not wait) and each batch call.
     fn reservations(&self) -> u64 {
-        self.scripts.saturating_sub(self.settlements)
+        self.requests.saturating_sub(self.batched) + self.batch_calls
+    }
+
+    /// Settlement calls: the rest (many tenants' settlements in each, one call per journal window).
+    fn settlements(&self) -> u64 {
+        self.scripts.saturating_sub(self.reservations())
+    }
+
+    fn per_request(&self, n: u64) -> f64 {
+        n as f64 / self.requests as f64
     }
 }
 
@@ -247,11 +255,10 @@ fn light_tenants(quota: Value) -> Run {
     let run = Run {
         requests: answers.len() as u64,
         scripts: script_calls(&redis) - before,
-        settlements: admitted,
         batched: envoy.stat("tokengate_quota_batched"),
         batch_calls: envoy.stat("tokengate_quota_batch_calls"),
     };
-    let per = |n: u64| n as f64 / run.requests as f64;
+    let per = |n: u64| run.per_request(n);
     eprintln!(
         "{} requests of {} tenants ({} spent), quota {}: {} Redis script calls = {:.3} per request; \
          reservations {:.3} per request, settlements {:.3}; {} reservations waited, sent in {} batch calls; \
@@ -263,7 +270,7 @@ fn light_tenants(quota: Value) -> Run {
         run.scripts,
         per(run.scripts),
         per(run.reservations()),
-        per(run.settlements),
+        per(run.settlements()),
         run.batched,
         run.batch_calls,
         pct(&times, 50),
@@ -274,30 +281,38 @@ fn light_tenants(quota: Value) -> Run {
 }
 
 #[test]
-fn two_thousand_light_tenants_share_reservation_calls_and_every_ledger_is_exact() {
+fn two_thousand_light_tenants_share_reservation_and_settlement_calls_and_every_ledger_is_exact() {
     let run = light_tenants(json!({}));
-    let per_request = run.reservations() as f64 / run.requests as f64;
     assert!(
         run.batch_calls > 0 && run.batched > 10 * run.batch_calls,
         "reservations shared calls: {} in {}",
         run.batched,
         run.batch_calls
     );
+    // Measured (2-core host, five runs): 0.072–0.085 script calls per request in all, of which
+    // settlements 0.009–0.012 (1,920 settlements of 1,920 tenants in 19–25 calls: one per journal
+    // window, windows at most every 100 ms unless full); before settlements were group-committed,
+    // about 1.0 (0.06–0.07 + 0.94: one settlement call per admitted request).
+    let (all, settle) = (
+        run.per_request(run.scripts),
+        run.per_request(run.settlements()),
+    );
     assert!(
-        per_request <= 0.1,
-        "{per_request:.3} reservation script calls per request"
+        all <= 0.1,
+        "{all:.3} Redis script calls per request (settlements {settle:.3})"
+    );
+    assert!(
+        settle <= 0.05,
+        "{settle:.3} settlement script calls per request"
     );
 }
 
 #[test]
 fn without_batching_every_light_request_costs_its_own_reservation_call() {
     let run = light_tenants(json!({"batch": false}));
-    let per_request = run.reservations() as f64 / run.requests as f64;
     assert_eq!((run.batched, run.batch_calls), (0, 0));
-    assert!(
-        per_request >= 0.9,
-        "{per_request:.3} reservation script calls per request"
-    );
+    let all = run.per_request(run.scripts);
+    assert!(all >= 0.9, "{all:.3} Redis script calls per request");
 }
 
 /// Runs `clients` requests of distinct tenants while Redis is paused, so that one reservation is in

@@ -34,17 +34,7 @@ fn settlements(e: &FakeEnvoy) -> Vec<(String, String, u64)> {
     let calls = e.root_callouts.borrow().clone();
     calls
         .iter()
-        .flat_map(|c| {
-            let seg = segments(&c.body);
-            let nkeys: usize = seg[2].parse().unwrap();
-            // The account's hash tag.
-            let key = seg[3].split('}').next().unwrap().to_string() + "}";
-            let args = &seg[3 + nkeys + 2..];
-            args.chunks(5)
-                .filter(|a| a.len() == 5)
-                .map(|a| (a[0].clone(), key.clone(), a[2].parse::<u64>().unwrap()))
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|c| super::settlement::settle_entries(&c.body))
         .collect()
 }
 

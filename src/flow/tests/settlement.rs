@@ -2,6 +2,7 @@
 //! include_usage injection.
 
 use super::*;
+use crate::flow::effect::Purpose;
 use crate::flow::Metric;
 
 fn quota_cfg(extra: Value) -> Value {
@@ -40,17 +41,38 @@ fn settled(e: &FakeEnvoy) -> Vec<(String, u64)> {
     let calls = e.root_callouts.borrow().clone();
     calls
         .iter()
-        .flat_map(|c| {
-            let seg = segments(&c.body);
-            let nkeys: usize = seg[2].parse().unwrap();
-            // ARGV: tombstone_s, tag, then mode, id, actual, expire_at, has_model per entry.
-            let args = &seg[3 + nkeys + 2..];
-            args.chunks(5)
-                .filter(|a| a.len() == 5)
-                .map(|a| (a[0].clone(), a[2].parse::<u64>().unwrap()))
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|c| settle_entries(&c.body))
+        .map(|(mode, _, actual)| (mode, actual))
         .collect()
+}
+
+/// Every entry of a settlement call's body (the batch script: tenant groups, see
+/// `quota::scripts::SETTLE_BATCH_SCRIPT`) as (mode, the account's key prefix `tg:q:{…}`, actual),
+/// group after group.
+pub(super) fn settle_entries(body: &str) -> Vec<(String, String, u64)> {
+    let seg = segments(body);
+    assert!(seg[0] == "EVAL" || seg[0] == "EVALSHA", "{seg:?}");
+    let nkeys: usize = seg[2].parse().unwrap();
+    let keys = &seg[3..3 + nkeys];
+    let argv = &seg[3 + nkeys..];
+    let sizes: Vec<usize> = argv[1]
+        .strip_prefix("tg3s:")
+        .expect("the batch tag")
+        .split(',')
+        .map(|m| m.parse().unwrap())
+        .collect();
+    let (mut k, mut a) = (0, 2);
+    let mut out = Vec::new();
+    for m in sizes {
+        let prefix = keys[k].split('}').next().unwrap().to_string() + "}";
+        for e in argv[a..a + 5 * m].chunks(5) {
+            out.push((e[0].clone(), prefix.clone(), e[2].parse().unwrap()));
+        }
+        k += 5 + 2 * m;
+        a += 5 * m;
+    }
+    assert_eq!((k, a), (nkeys, argv.len()), "every key and argument read");
+    out
 }
 
 fn s(actual: u64) -> (String, u64) {
@@ -676,4 +698,180 @@ fn a_quota_refusal_with_tokens_left_says_how_many_not_used_up() {
         "{}",
         short.message
     );
+}
+
+/// Requests of tenants `t0`…`t{n-1}`, one each, admitted and answered 500 (each settles to 0).
+fn one_request_each(e: &FakeEnvoy, n: usize) {
+    for i in 0..n {
+        let tenant = format!("t{i}");
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", tenant.as_str())],
+            &chat("m", "hi", 10),
+        );
+        e.reply(&mut c, 200, &reserved(10, 100000));
+        assert!(c.forwarded);
+        e.respond(&mut c, 500, &[], &["{}"]);
+    }
+}
+
+/// The tenants of each settlement call sent so far, one list per call.
+fn tenants_per_call(e: &FakeEnvoy) -> Vec<Vec<String>> {
+    e.root_callouts
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c.purpose, Purpose::Settle(_)))
+        .map(|c| {
+            settle_entries(&c.body)
+                .into_iter()
+                .map(|(_, k, _)| {
+                    k.trim_start_matches("tg:q:{")
+                        .trim_end_matches('}')
+                        .to_string()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn settlements_of_many_tenants_in_a_window_go_in_one_call() {
+    let e = envoy(quota_cfg(json!({})));
+    one_request_each(&e, 100);
+    e.tick(0);
+    let calls = tenants_per_call(&e);
+    assert_eq!(calls.len(), 1, "one call for the window");
+    let want: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    assert_eq!(calls[0], want);
+    // Redis has not run the script yet: EVAL, then EVALSHA.
+    assert!(e.root_callouts.borrow()[0].body.starts_with("EVAL/"));
+    e.reply_root(0, 200, &eval(&[1; 100]));
+    assert_eq!(e.metric(Metric::QuotaSettled), 100);
+    assert_eq!(crate::store::journal::bounds(&e.store), (100, 100));
+    // A window holds at most WINDOW entries: 200 more go in two calls, one after the other.
+    one_request_each(&e, 200);
+    e.tick(0);
+    assert_eq!(tenants_per_call(&e).len(), 1);
+    assert_eq!(
+        tenants_per_call(&e)[0].len(),
+        crate::flow::vm::settle::WINDOW
+    );
+    assert!(e.root_callouts.borrow()[0].body.starts_with("EVALSHA/"));
+    e.reply_root(0, 200, &eval(&[0; crate::flow::vm::settle::WINDOW]));
+    // The rest is not a full window: it waits MIN_GAP_NS after the last call (more may join it).
+    e.tick(0);
+    assert!(tenants_per_call(&e).is_empty(), "not yet");
+    e.advance_ms(99);
+    e.tick(0);
+    assert!(tenants_per_call(&e).is_empty(), "not yet");
+    e.advance_ms(1);
+    e.tick(0);
+    assert_eq!(
+        tenants_per_call(&e)[0].len(),
+        200 - crate::flow::vm::settle::WINDOW
+    );
+}
+
+#[test]
+fn a_tenant_group_redis_refuses_does_not_stop_the_others_and_only_it_is_sent_again() {
+    let e = envoy(quota_cfg(json!({"settle_max_attempts": 2})));
+    one_request_each(&e, 3);
+    e.tick(0);
+    // t1's group failed in Redis (-3: a key of the wrong type, say); t0 and t2 were applied.
+    e.reply_root(0, 200, &eval(&[1, -3, 1]));
+    assert_eq!(e.metric(Metric::QuotaSettled), 2);
+    assert_eq!(e.metric(Metric::QuotaSettleRetries), 1);
+    assert!(e.logged("{t1}"), "the log names the tenant");
+    assert_eq!(crate::store::journal::bounds(&e.store), (0, 3), "kept");
+    // Nothing before the backoff; then only t1's settlement again.
+    e.tick(0);
+    assert!(tenants_per_call(&e).is_empty());
+    e.advance_ms(2_000);
+    e.tick(0);
+    assert_eq!(tenants_per_call(&e), vec![vec!["t1".to_string()]]);
+    // Refused again (-2: the script refused its arguments): given up after 2 attempts, alone.
+    e.reply_root(0, 200, &eval(&[-2]));
+    assert_eq!(e.metric(Metric::QuotaSettleDropped), 1);
+    assert_eq!(e.metric(Metric::QuotaSettled), 2);
+    assert_eq!(
+        e.metric(Metric::QuotaSettleDuplicates),
+        0,
+        "t0, t2 never resent"
+    );
+    assert_eq!(crate::store::journal::bounds(&e.store), (3, 3));
+    // A later window goes as usual.
+    one_request_each(&e, 2);
+    e.advance_ms(100);
+    e.tick(0);
+    assert_eq!(tenants_per_call(&e).len(), 1);
+    e.reply_root(0, 200, &eval(&[1, 1]));
+    assert_eq!(e.metric(Metric::QuotaSettled), 4);
+}
+
+#[test]
+fn a_window_the_shim_could_not_take_is_sent_again_whole_after_a_backoff() {
+    let e = envoy(quota_cfg(json!({})));
+    one_request_each(&e, 3);
+    e.tick(0);
+    e.reply_root(0, 504, "");
+    assert_eq!(e.metric(Metric::QuotaSettleRetries), 1);
+    e.advance_ms(2_000);
+    e.tick(0);
+    assert_eq!(tenants_per_call(&e), vec![vec!["t0", "t1", "t2"]]);
+    e.reply_root(0, 200, &eval(&[1, 1, 1]));
+    assert_eq!(crate::store::journal::bounds(&e.store), (3, 3));
+}
+
+#[test]
+fn noscript_sends_the_same_window_again_at_once_as_eval() {
+    let e = envoy(quota_cfg(json!({})));
+    one_request_each(&e, 2);
+    e.tick(0);
+    e.reply_root(0, 200, &eval(&[1, 1]));
+    one_request_each(&e, 2);
+    e.advance_ms(100);
+    e.tick(0);
+    assert!(e.root_callouts.borrow()[0].body.starts_with("EVALSHA/"));
+    e.reply_root(
+        0,
+        200,
+        r#"{"EVALSHA":[false,"NOSCRIPT No matching script"]}"#,
+    );
+    let calls = e.root_callouts.borrow().clone();
+    assert_eq!(calls.len(), 1, "sent again at once");
+    assert!(calls[0].body.starts_with("EVAL/"));
+    assert_eq!(tenants_per_call(&e), vec![vec!["t0", "t1"]]);
+    e.reply_root(0, 200, &eval(&[1, 1]));
+    assert_eq!(e.metric(Metric::QuotaSettled), 4);
+    assert_eq!(e.metric(Metric::QuotaSettleRetries), 0);
+    assert_eq!(crate::store::journal::bounds(&e.store), (4, 4));
+}
+
+#[test]
+fn behind_a_redis_cluster_settlements_fall_back_to_one_call_per_tenant() {
+    let e = envoy(quota_cfg(json!({})));
+    one_request_each(&e, 3);
+    e.tick(0);
+    e.reply_root(
+        0,
+        200,
+        r#"{"EVAL":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#,
+    );
+    // Nothing ran: each tenant's group at once, apart.
+    assert_eq!(
+        tenants_per_call(&e),
+        vec![vec!["t0"], vec!["t1"], vec!["t2"]]
+    );
+    assert!(e.logged("settlements are sent per tenant from now on"));
+    assert_eq!(e.metric(Metric::QuotaSettleRetries), 0);
+    for _ in 0..3 {
+        e.reply_root(0, 200, &eval(&[1]));
+    }
+    assert_eq!(e.metric(Metric::QuotaSettled), 3);
+    assert_eq!(crate::store::journal::bounds(&e.store), (3, 3));
+    // And from then on.
+    one_request_each(&e, 2);
+    e.advance_ms(100);
+    e.tick(0);
+    assert_eq!(tenants_per_call(&e), vec![vec!["t0"], vec!["t1"]]);
 }

@@ -46,8 +46,8 @@
 //!   different slots; nothing ran) sends each tenant's reservations apart, and from then on this VM
 //!   batches per tenant only (logged once).
 //!
-//! Settlements need nothing of this: they are already sent from the root's tick in batches
-//! (`super::settle`), one call per tenant in each window.
+//! Settlements need nothing of this: they are sent from the root's tick (`super::settle`), one call
+//! for each window of the journal, many tenants' groups in it.
 
 use super::state::{BatchCall, BatchResult, Waiting};
 use crate::config::{BatchSettings, QuotaSettings};

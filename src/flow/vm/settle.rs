@@ -1,21 +1,36 @@
 //! Quota settlements, sent by one VM, through the shared-data journal ([`crate::store::journal`]): a request that ends pushes its
 //! settlement (or the charge of a request with no known reservation); the VM holding the journal's claim
-//! sends them, batched per tenant, and moves the journal's head once Redis took them. Nothing waits in
-//! one VM's memory except what the journal could not take at that instant (retried on the next tick).
+//! sends them and moves the journal's head once Redis took them. Nothing waits in one VM's memory
+//! except what the journal could not take at that instant (retried on the next tick).
 //!
-//! A batch the shim could not take is sent again after a backoff (`quota.settle_retry_ms`, doubling, at
+//! **Group commit.** A window of the journal (at most [`WINDOW`] entries) goes to Redis as **one**
+//! script call whatever the number of tenants in it ([`SETTLE_BATCH_SCRIPT`]): the settlements of each
+//! tenant form a group (at most [`MAX_BATCH`] each), every group runs exactly as the settlement script
+//! run alone, under `pcall`, and each group's outcome comes back. So a thousand light tenants cost one
+//! call per window, not one per tenant. Behind a Redis Cluster (tenants' keys in different slots) the
+//! call is refused whole with `CROSSSLOT` (nothing ran): each group is sent apart at once, and from then
+//! on this VM sends one call per tenant group (logged once). `NOSCRIPT` sends the same call again at once
+//! as `EVAL`.
+//!
+//! A call the shim could not take is sent again after a backoff (`quota.settle_retry_ms`, doubling, at
 //! most 60 s) and while the shim's breaker is open nothing is sent: settlements wait in the journal for
 //! as long as Redis is away (up to [`crate::store::journal::CAPACITY`] of them; beyond, new ones are dropped
-//! and counted in `tokengate_quota_settle_dropped`). A batch Redis refuses with an error (not an
-//! outage) is given up after `quota.settle_max_attempts` (logged, counted).
+//! and counted in `tokengate_quota_settle_dropped`). A group (or a
+//! call) Redis refuses with an error (not an outage) does not stop the other groups of the call; it is
+//! sent again after the same backoff, alone (what was taken is not resent), and given up after
+//! `quota.settle_max_attempts` (logged, counted). Settlements are idempotent by request id: whatever is
+//! sent again after Redis may have run it does nothing twice.
+//!
+//! [`SETTLE_BATCH_SCRIPT`]: crate::quota::scripts::SETTLE_BATCH_SCRIPT
 
-use super::state::Window;
+use super::state::{Retry, Window};
 use crate::config::QuotaSettings;
 use crate::flow::cx::Cx;
 use crate::flow::effect::{CalloutReply, Effect, Level, Purpose};
 use crate::flow::metric::Metric;
 use crate::flow::shim;
-use crate::quota::settlement::Job;
+use crate::quota::scripts::settle_batch_request;
+use crate::quota::settlement::{parse_settle_batch_reply, GroupOutcome, Job};
 use crate::quota::{self, SettleArgs, SettleMode};
 use crate::shim::webdis::ShimError;
 use crate::store::journal::{self, PushError};
@@ -23,10 +38,14 @@ use std::collections::HashMap;
 
 /// Entries read from the journal per window.
 pub const WINDOW: usize = 128;
-/// Most settlements of one tenant sent in one callout.
+/// Most settlements of one tenant in one group of a call.
 pub const MAX_BATCH: usize = 32;
 /// Settlements kept in a VM when the journal is busy; beyond, the oldest is dropped (counted).
 pub const MAX_LOCAL: usize = 10_000;
+/// After a window was sent, the next waits this long unless a whole window waits: at most ten
+/// settlement calls a second per VM holding the claim at a light load (a tick is 5–20 ms), and a
+/// settlement waits at most this much longer than a tick.
+pub const MIN_GAP_NS: u64 = 100_000_000;
 /// A slot whose push never completed is skipped after this long.
 pub const STALL_NS: u64 = 2_000_000_000;
 
@@ -86,6 +105,11 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings) {
     if head == tail || shim::is_open(cx, &q.cluster, &q.shim_breaker) {
         return;
     }
+    // Group commit: a call per window, and windows at most every MIN_GAP_NS unless one is full.
+    let last = cx.worker.settle.last_sent;
+    if backlog < WINDOW as u64 && last != 0 && now.saturating_sub(last) < MIN_GAP_NS {
+        return;
+    }
     if cx.worker.settle.owner == 0 {
         cx.worker.settle.owner = crate::store::claim::owner_id(cx.store(), retries).unwrap_or(0);
     }
@@ -112,13 +136,23 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings) {
     }
     cx.worker.settle.stalled = None;
     let end = entries.last().map_or(head, |(seq, _)| seq + 1);
-    // Settlements of one tenant go together (their keys share the tenant's hash tag).
+    // After a failure only what was not taken goes again (the rest of the window was applied).
+    let retry = cx.worker.settle.retry.take().filter(|r| r.head == head);
+    // Settlements of one tenant go together, at most MAX_BATCH to a group (their keys share the
+    // tenant's hash tag); the groups of the whole window go in one call.
     let mut groups: Vec<(String, Vec<Job>)> = Vec::new();
-    for (_, payload) in entries {
+    for (seq, payload) in entries {
         let Some(job) = Job::decode(&payload) else {
-            cx.inc(Metric::QuotaSettleDropped);
+            if retry.as_ref().is_none_or(|r| seq >= r.end) {
+                cx.inc(Metric::QuotaSettleDropped);
+            }
             continue;
         };
+        if let Some(r) = &retry {
+            if seq < r.end && !r.ids.contains(&job.args.keys.request_id) {
+                continue;
+            }
+        }
         let tag = quota::tenant_tag(&job.args.keys).to_string();
         match groups
             .iter_mut()
@@ -128,40 +162,58 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings) {
             None => groups.push((tag, vec![job])),
         }
     }
-    let call = shim::script_call(cx.worker.quota_script_loaded);
-    let mut batches = HashMap::default();
-    for (_, jobs) in groups {
-        let args: Vec<&SettleArgs> = jobs.iter().map(|j| &j.args).collect();
-        let body = quota::settle_request(&args, call);
-        let s = &mut cx.worker.settle;
-        s.next_id = s.next_id.wrapping_add(1);
-        let id = s.next_id;
-        batches.insert(id, jobs);
-        cx.fx.push(Effect::Dispatch(shim::callout(
-            Purpose::Settle(id),
-            &q.cluster,
-            &q.authority,
-            q.timeout_ms,
-            body,
-        )));
-    }
-    let empty = batches.is_empty();
     cx.worker.settle.window = Some(Window {
         head,
         end,
-        batches,
+        batches: HashMap::default(),
         unavailable: false,
         refused: None,
-        noscript: false,
+        failed: Vec::new(),
     });
-    if empty {
+    let groups: Vec<Vec<Job>> = groups.into_iter().map(|(_, g)| g).collect();
+    if groups.is_empty() {
         finish_window(cx, q);
+        return;
+    }
+    let eval = !cx.worker.settle.loaded;
+    cx.worker.settle.last_sent = now.max(1);
+    if cx.worker.settle.per_tenant {
+        for g in groups {
+            dispatch(cx, q, vec![g], eval);
+        }
+    } else {
+        dispatch(cx, q, groups, eval);
     }
 }
 
-/// A settlement batch answered (or its dispatch was refused).
+/// Sends tenant `groups` of the window as one call of the settlement batch script.
+fn dispatch(cx: &mut Cx, q: &QuotaSettings, groups: Vec<Vec<Job>>, eval: bool) {
+    let body = {
+        let args: Vec<Vec<&SettleArgs>> = groups
+            .iter()
+            .map(|g| g.iter().map(|j| &j.args).collect())
+            .collect();
+        settle_batch_request(&args, shim::script_call(!eval))
+    };
+    let s = &mut cx.worker.settle;
+    s.next_id = s.next_id.wrapping_add(1);
+    let id = s.next_id;
+    let Some(w) = s.window.as_mut() else {
+        return;
+    };
+    w.batches.insert(id, (groups, eval));
+    cx.fx.push(Effect::Dispatch(shim::callout(
+        Purpose::Settle(id),
+        &q.cluster,
+        &q.authority,
+        q.timeout_ms,
+        body,
+    )));
+}
+
+/// A settlement call answered (or its dispatch was refused).
 pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, id: u64, reply: CalloutReply) {
-    let Some(jobs) = cx
+    let Some((groups, eval)) = cx
         .worker
         .settle
         .window
@@ -170,56 +222,67 @@ pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, id: u64, reply: CalloutReply) {
     else {
         return;
     };
-    let n = jobs.len();
+    let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
     match shim::read(&q.cluster, &reply, |status, body| {
-        quota::parse_settle_reply(status, body, n)
+        parse_settle_batch_reply(status, body, &sizes)
     }) {
-        Ok(flags) => {
-            cx.worker.quota_script_loaded = true;
-            for (job, flag) in jobs.iter().zip(flags) {
-                match flag {
-                    1 => applied(cx, job),
-                    0 => cx.inc(Metric::QuotaSettleDuplicates),
-                    _ => {
-                        cx.inc(Metric::QuotaSettleDropped);
-                        cx.log_failure(
-                            Level::Error,
-                            "settle_not_a_number",
-                            format!(
-                                "settlement for request {} skipped: a counter in Redis is not a number",
-                                job.args.keys.request_id
-                            ),
+        Ok(outcomes) => {
+            if eval {
+                cx.worker.settle.loaded = true;
+            }
+            for (jobs, outcome) in groups.iter().zip(outcomes) {
+                match outcome {
+                    GroupOutcome::Ran(flags) => {
+                        for (job, flag) in jobs.iter().zip(flags) {
+                            ran(cx, job, flag);
+                        }
+                    }
+                    GroupOutcome::Refused | GroupOutcome::Failed => {
+                        cx.inc(Metric::QuotaShimErrors);
+                        let why = format!(
+                            "Redis refused the settlements of {} (cluster '{}'): {}",
+                            jobs.first().map_or("", |j| quota::tenant_tag(&j.args.keys)),
+                            q.cluster,
+                            if outcome == GroupOutcome::Refused {
+                                "the script refused their arguments"
+                            } else {
+                                "an error in Redis while they ran (a key of the wrong type?)"
+                            }
                         );
+                        not_taken(cx, jobs, why, false);
                     }
                 }
             }
         }
-        Err(f) if f.error == ShimError::NoScript => {
-            // Sent again at once, with EVAL.
-            cx.worker.quota_script_loaded = false;
-            if let Some(w) = cx.worker.settle.window.as_mut() {
-                w.noscript = true;
+        Err(f) if f.error == ShimError::NoScript && !eval => {
+            // Redis lost its script cache: the same call again at once, as EVAL.
+            cx.worker.settle.loaded = false;
+            dispatch(cx, q, groups, true);
+        }
+        Err(f) if is_crossslot(&f.error) && groups.len() > 1 => {
+            // A Redis Cluster: nothing ran. Each tenant group goes apart, now and from then on.
+            if !cx.worker.settle.per_tenant {
+                cx.worker.settle.per_tenant = true;
+                cx.log(
+                    Level::Warn,
+                    format!(
+                        "quota shim at cluster '{}' refused settlements of several tenants in one call ({}): settlements are sent per tenant from now on",
+                        q.cluster, f.why
+                    ),
+                );
+            }
+            for g in groups {
+                dispatch(cx, q, vec![g], eval);
             }
         }
         Err(shim::Failure { error: e, why }) => {
             cx.inc(Metric::QuotaShimErrors);
-            if e == ShimError::Unavailable {
+            let unavailable = e == ShimError::Unavailable;
+            if unavailable {
                 shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
             }
-            cx.log_failure(
-                Level::Warn,
-                "settle_failed",
-                format!(
-                    "{} settlements not taken ({why}); sent again later",
-                    jobs.len()
-                ),
-            );
-            if let Some(w) = cx.worker.settle.window.as_mut() {
-                match e {
-                    ShimError::Unavailable => w.unavailable = true,
-                    _ => w.refused = Some(why),
-                }
-            }
+            let jobs: Vec<Job> = groups.into_iter().flatten().collect();
+            not_taken(cx, &jobs, why, unavailable);
         }
     }
     if cx
@@ -233,7 +296,51 @@ pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, id: u64, reply: CalloutReply) {
     }
 }
 
-/// Every batch of the window answered: move the journal's head, or send it all again later.
+/// What Redis answered for one settlement.
+fn ran(cx: &mut Cx, job: &Job, flag: i64) {
+    match flag {
+        1 => applied(cx, job),
+        0 => cx.inc(Metric::QuotaSettleDuplicates),
+        _ => {
+            cx.inc(Metric::QuotaSettleDropped);
+            cx.log_failure(
+                Level::Error,
+                "settle_not_a_number",
+                format!(
+                    "settlement for request {} skipped: a counter in Redis is not a number",
+                    job.args.keys.request_id
+                ),
+            );
+        }
+    }
+}
+
+/// `jobs` were not taken (`unavailable`: the shim was away; else Redis refused them): sent again.
+fn not_taken(cx: &mut Cx, jobs: &[Job], why: String, unavailable: bool) {
+    cx.log_failure(
+        Level::Warn,
+        "settle_failed",
+        format!(
+            "{} settlements not taken ({why}); sent again later",
+            jobs.len()
+        ),
+    );
+    if let Some(w) = cx.worker.settle.window.as_mut() {
+        w.failed
+            .extend(jobs.iter().map(|j| j.args.keys.request_id.clone()));
+        if unavailable {
+            w.unavailable = true;
+        } else {
+            w.refused = Some(why);
+        }
+    }
+}
+
+fn is_crossslot(e: &ShimError) -> bool {
+    matches!(e, ShimError::RedisError(m) if m.starts_with("CROSSSLOT"))
+}
+
+/// Every call of the window answered: move the journal's head, or send what was not taken later.
 fn finish_window(cx: &mut Cx, q: &QuotaSettings) {
     let Some(w) = cx.worker.settle.window.take() else {
         return;
@@ -241,10 +348,6 @@ fn finish_window(cx: &mut Cx, q: &QuotaSettings) {
     let now = cx.now();
     let retries = cx.cfg.cas_max_retries;
     let s = &mut cx.worker.settle;
-    if w.noscript && !w.unavailable && w.refused.is_none() {
-        // Sent again on the next tick, with EVAL.
-        return;
-    }
     let give_up = w.refused.is_some() && s.attempts.saturating_add(1) >= q.settle_max_attempts;
     if w.unavailable || (w.refused.is_some() && !give_up) {
         s.attempts = s.attempts.saturating_add(1);
@@ -253,13 +356,18 @@ fn finish_window(cx: &mut Cx, q: &QuotaSettings) {
             .saturating_mul(1u64 << s.attempts.min(10))
             .min(60_000);
         s.retry_at = now.saturating_add(backoff_ms.saturating_mul(1_000_000));
+        s.retry = Some(Retry {
+            head: w.head,
+            end: w.end,
+            ids: w.failed,
+        });
         cx.inc(Metric::QuotaSettleRetries);
         return;
     }
     s.attempts = 0;
     s.retry_at = 0;
     if give_up {
-        let n = w.end.saturating_sub(w.head);
+        let n = w.failed.len() as u64;
         cx.add(Metric::QuotaSettleDropped, n);
         cx.log_failure(
             Level::Error,

@@ -150,13 +150,23 @@ impl Credits {
 pub(in crate::flow) struct Window {
     pub head: u64,
     pub end: u64,
-    pub batches: HashMap<u64, Vec<Job>, FnvBuild>,
-    /// A batch failed because the shim was away (sent again after a backoff).
+    /// The calls in flight: each its tenant groups (one call for the whole window, or one per group
+    /// behind a Redis Cluster), and whether it went as `EVAL`.
+    pub batches: HashMap<u64, (Vec<Vec<Job>>, bool), FnvBuild>,
+    /// A call failed because the shim was away (sent again after a backoff).
     pub unavailable: bool,
-    /// A batch failed with an error Redis gave (counts towards `settle_max_attempts`).
+    /// A call or a group failed with an error Redis gave (counts towards `settle_max_attempts`).
     pub refused: Option<String>,
-    /// Redis did not know the script (restarted): sent again at once with EVAL.
-    pub noscript: bool,
+    /// Request ids of the settlements not taken (their call or group failed): what a retry sends.
+    pub failed: Vec<String>,
+}
+
+/// What the retry of a window sends: the journal's entries from `head` to `end` whose request id is in
+/// `ids` (the others were taken), and whatever came after `end`.
+pub(in crate::flow) struct Retry {
+    pub head: u64,
+    pub end: u64,
+    pub ids: Vec<String>,
 }
 
 /// The VM's part of the settlement journal.
@@ -171,6 +181,14 @@ pub struct Sender {
     pub(in crate::flow) next_id: u64,
     /// The journal's length this VM last reported (`tokengate_quota_settle_backlog`).
     pub(in crate::flow) backlog: Option<u64>,
+    /// Redis answered the settlement batch script (`EVALSHA` from then on).
+    pub(in crate::flow) loaded: bool,
+    /// A Redis Cluster refused a call of several tenants (`CROSSSLOT`): one call per tenant group.
+    pub(in crate::flow) per_tenant: bool,
+    /// The part of the window still to send, after a call or group failed.
+    pub(in crate::flow) retry: Option<Retry>,
+    /// When this VM last sent a window (0: never).
+    pub(in crate::flow) last_sent: u64,
 }
 
 impl Sender {
