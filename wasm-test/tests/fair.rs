@@ -737,7 +737,9 @@ fn a_spent_budget_serves_the_cheaper_model_and_charges_its_prices() {
             {"name": "all", "scope": "tenant", "model": "*", "per_model": true,
              "tokens_per_second": 1_000_000, "burst": 1_000_000}
         ])),
-        json!({"quota": {"cluster": "webdis", "timeout_ms": 1000, "currency": "USD",
+        // Per request ("lease": false): Redis is compared with the served usage, and a lease counts its
+        // unspent part until it goes back.
+        json!({"quota": {"cluster": "webdis", "timeout_ms": 1000, "currency": "USD", "lease": false,
                          "prices": {BIG: {"input": 50, "output": 200}, MINI: {"input": 0.5, "output": 2}},
                          "budgets": [{"name": "spend", "scope": "shared", "monthly_limit": 0.1,
                                       "when_exhausted": {"model": MINI}}]}}),
