@@ -188,8 +188,10 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     let mock = mock();
     let cfg = merge(
         config(json!([rule("all", "*", "*", 10_000_000.0, 1_000_000_000)])),
+        // Per request: the report is compared with the ledger request by request (a lease would hold
+        // its unspent part in `used` until it goes back).
         json!({"group_header": "x-team",
-               "quota": {"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 100_000_000,
+               "quota": {"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 100_000_000, "lease": false,
                  "currency": "USD",
                  "weights": {"gpt-test": {"input": 1, "output": 3}},
                  "prices": {"gpt-test": {"input": 2.5, "output": 10}, "*": {"input": 1, "output": 2}},
