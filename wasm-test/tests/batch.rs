@@ -315,20 +315,22 @@ fn without_batching_every_light_request_costs_its_own_reservation_call() {
     assert!(all >= 0.9, "{all:.3} Redis script calls per request");
 }
 
-/// Runs `clients` requests of distinct tenants while Redis is paused, so that one reservation is in
-/// flight alone and the others wait (queued, then sent as a batch at `max_wait_ms`); then Webdis is
-/// killed and, once every answer is in, Redis and Webdis come back (Webdis is returned: it must outlive the
-/// checks). Returns the answers' statuses and bodies.
-fn killed_mid_batch(
-    on_failure: &str,
-) -> (
+/// What [`killed_mid_batch`] leaves: the answers (status, body), what the mock served per tenant,
+/// Redis, Webdis, Envoy, and each tenant's status.
+type KilledMidBatch = (
     Vec<(u16, Value)>,
     BTreeMap<String, u64>,
     DurableRedis,
     RestartableWebdis,
     Envoy,
     BTreeMap<String, u16>,
-) {
+);
+
+/// Runs `clients` requests of distinct tenants while Redis is paused, so that one reservation is in
+/// flight alone and the others wait (queued, then sent as a batch at `max_wait_ms`); then Webdis is
+/// killed and, once every answer is in, Redis and Webdis come back (Webdis is returned: it must outlive the
+/// checks). Returns the answers' statuses and bodies.
+fn killed_mid_batch(on_failure: &str) -> KilledMidBatch {
     let mock = mock_provider!();
     let mut redis = DurableRedis::start();
     let mut webdis = RestartableWebdis::start(redis.port);

@@ -1124,7 +1124,7 @@ fn probes(s: &Spec, tag: &str, number: &mut u64) -> Vec<Probe> {
             vec![],
             m.clone(),
         );
-        if s.tenant_claim.is_some() {
+        if let Some(claim) = &s.tenant_claim {
             for (k, t) in &s.raw_keys {
                 n += 1;
                 push(
@@ -1137,7 +1137,7 @@ fn probes(s: &Spec, tag: &str, number: &mut u64) -> Vec<Probe> {
                 );
                 n += 1;
                 let mut own = token(n, true);
-                set_claim(&mut own, s.tenant_claim.as_ref().expect("claim"), json!(t));
+                set_claim(&mut own, claim, json!(t));
                 push(
                     &format!("{t}'s listed key next to {t}'s own token"),
                     Tok::Valid(own),
