@@ -19,7 +19,7 @@ struct Stack {
 }
 
 const CONFIG: &str = r#"{
-  "group_header": "x-team",
+  "group_header": "x-team", "trusted_headers": {"set_by": "the test"},
   "rules": [{"tokens_per_second": 1000, "burst": 100000}],
   "quota": {"cluster": "webdis", "monthly_limit": 1000000, "currency": "USD", "lease": {},
     "tenants": {"alice@example.com": {"monthly_limit": 50000, "model_limits": {"gpt-x": 40000}}},
