@@ -1,5 +1,6 @@
 //! Writes the estimator's word table from o200k_base: `src/estimate/words.bin` (the filter's bytes)
-//! and `src/estimate/words_table.rs` (its seed and block length).
+//! and `src/estimate/words_table.rs` (its seed and block length, and the other word tables), and
+//! `src/estimate/pairs_table.rs` (the Thai, hiragana and katakana letter pairs).
 //!
 //! ```sh
 //! cargo run --release --example gen-word-table
@@ -177,6 +178,31 @@ fn main() {
          pub(super) const BLOCK: usize = {block};\n\
          /// The filter's fingerprint bytes.\n\
          pub(super) static FINGERPRINTS: [u8; 3 * BLOCK] = *include_bytes!(\"words.bin\");\n\n\
+         /// Rare pairs of ASCII letters (bit `b & 31` of row `a & 31` for the pair `a`, `b`, either\n\
+         /// case): held by fewer than {} o200k tokens of ASCII letters.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static RARE_PAIR: [u32; 32] = [\n{}];\n\n\
+         /// Greek words of the table as pieces of longer words (the bits `greek_slot` of their hash, see\n\
+         /// `greek_step` in `words.rs`): read forwards after a space, forwards without one, and\n\
+         /// backwards without one.\n\
+         #[rustfmt::skip]\n\
+         pub(super) static GREEK_PIECE_BITS: [u64; 1024] = [\n{}];\n\n\
+         /// The o200k tokens of a space and three or four lower-case ASCII letters ({} of them; see\n\
+         /// `short_known` in `words.rs`).\n\
+         #[rustfmt::skip]\n\
+         pub(super) static SHORT_WORD_BITS: [u64; {}] = [\n{}];\n",
+        entries.len(),
+        fp.len(),
+        word_table::RARE_PAIR_TOKENS,
+        rare_rows,
+        greek_rows,
+        short.len(),
+        short_bits.len(),
+        short_rows,
+    );
+    let pairs_src = format!(
+        "//! The letter-pair tables of `scripts.rs` (Thai, hiragana, katakana), written by `cargo run --release\n\
+         //! --example gen-word-table` from o200k_base: do not edit, regenerate.\n\n\
          /// Pairs of Thai characters (codes from U+0E00, bit `96 a + b`) that are an o200k token.\n\
          #[rustfmt::skip]\n\
          pub(super) static THAI_PAIR: [u64; 144] = [\n{}];\n\n\
@@ -195,46 +221,26 @@ fn main() {
          pub(super) static HIRA_PAIR: [u64; 144] = [\n{}];\n\n\
          /// Pairs of katakana (codes from U+30A0, bit `96 a + b`) that are an o200k token.\n\
          #[rustfmt::skip]\n\
-         pub(super) static KATA_PAIR: [u64; 144] = [\n{}];\n\n\
-         /// Rare pairs of ASCII letters (bit `b & 31` of row `a & 31` for the pair `a`, `b`, either\n\
-         /// case): held by fewer than {} o200k tokens of ASCII letters.\n\
-         #[rustfmt::skip]\n\
-         pub(super) static RARE_PAIR: [u32; 32] = [\n{}];\n\n\
-         /// Greek words of the table as pieces of longer words (the bits `greek_slot` of their hash, see\n\
-         /// `greek_step` in `words.rs`): read forwards after a space, forwards without one, and\n\
-         /// backwards without one.\n\
-         #[rustfmt::skip]\n\
-         pub(super) static GREEK_PIECE_BITS: [u64; 1024] = [\n{}];\n\n\
-         /// The o200k tokens of a space and three or four lower-case ASCII letters ({} of them; see\n\
-         /// `short_known` in `words.rs`).\n\
-         #[rustfmt::skip]\n\
-         pub(super) static SHORT_WORD_BITS: [u64; {}] = [\n{}];\n",
-        entries.len(),
-        fp.len(),
+         pub(super) static KATA_PAIR: [u64; 144] = [\n{}];\n",
         bits(&pair),
         bits(&prefix),
         bits(&mid),
         bits(&end4),
         bits(&hira),
         bits(&kata),
-        word_table::RARE_PAIR_TOKENS,
-        rare_rows,
-        greek_rows,
-        short.len(),
-        short_bits.len(),
-        short_rows,
     );
     let dir = root.join("src/estimate");
     for (name, bytes) in [
         ("words.bin", fp.as_slice()),
         ("words_table.rs", src.as_bytes()),
+        ("pairs_table.rs", pairs_src.as_bytes()),
     ] {
         if let Err(e) = std::fs::write(dir.join(name), bytes) {
             eprintln!("{name}: {e}");
             std::process::exit(2);
         }
     }
-    println!("wrote src/estimate/words.bin and src/estimate/words_table.rs");
+    println!("wrote src/estimate/words.bin, words_table.rs and pairs_table.rs");
 }
 
 /// `values` as source rows of four hexadecimal literals of `width` characters (with `0x`) each.

@@ -60,7 +60,8 @@
 //! by `text.rs` (the pass over the characters), `latin.rs` (words of Latin letters, accented or
 //! not), `ascii.rs` (ASCII 64 bytes at a time), `scripts.rs`
 //! (runs of non-ASCII scripts), `classes.rs` and `tables.rs` (character classes), `words.rs` and
-//! `words_table.rs` (the word tables: known words, letter pairs, short words), `whole.rs` (features
+//! `words_table.rs` (the word tables: known words, rare letter pairs, short words), `pairs_table.rs`
+//! (the Thai, hiragana and katakana pair tables of `scripts.rs`), `whole.rs` (features
 //! of the whole text, read after the pass), and weighed by `weights.rs` with the weights of
 //! `fitted.rs`. `exact.rs` (cargo feature `exact`) counts o200k_base tokens exactly: measured against
 //! the estimator, not offered (see `docs/estimator.md`).
@@ -87,6 +88,7 @@ mod gemini;
 mod json;
 mod latin;
 mod output;
+mod pairs_table;
 mod parts;
 mod responses;
 mod route;

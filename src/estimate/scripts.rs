@@ -7,13 +7,13 @@ use super::classes::{
     run_of, thai_feature, Cls, Run, THAI_FEATURE,
 };
 use super::latin::{is_latin_ext, scan_word, scan_words, space_before};
+use super::pairs_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 use super::tables::{HANGUL_COUNT, HAN_COUNT};
 use super::weights::feature;
 use super::words::{
     greek_bit, greek_maybe, greek_step, known, known_run, load, GREEK_BACK, GREEK_BARE,
     GREEK_SPACED, MAX_WORD,
 };
-use super::words_table::{HIRA_PAIR, KATA_PAIR, THAI_END4, THAI_MID, THAI_PAIR, THAI_PREFIX};
 
 /// One piece that starts with the non-ASCII character at `i`; returns the index after it (> `i`), or
 /// None if no UTF-8 character starts at `i`.
