@@ -2,7 +2,7 @@
 //! [`super::parts::Source`]).
 
 use super::parts::Content;
-use super::shape::{read_text, value, Ignore, Key, KeySeed, Shape};
+use super::shape::{read_text, value, Ignore, Key, Shape, KEY_SEED};
 use super::{EstimateError, Res, MESSAGE_OVERHEAD};
 use serde::de::MapAccess;
 
@@ -20,7 +20,7 @@ impl<'de> Shape<'de> for AnthropicMessage {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
         let mut content = Ok(0);
         let raw = self.raw;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Content => {
                     content = read_text(&mut a, raw, Content::top("messages[].content", raw))?

@@ -36,18 +36,17 @@
 //! (`max_tokens`, `max_gen_len`, `maxTokenCount`, `max_new_tokens`, `maxTokens`,
 //! `max_completion_tokens`, `max_tokens_to_sample`, at the top or one object down).
 
-use super::shape::Num;
 use super::shape::{json_tokens, read_text, value, Count, Ignore, Model, Seed, Shape, Size, Str};
+use super::shape::{FromKey, KeysAs, Num};
 use super::text::text_tokens;
 use super::{gemini::VIDEO_TOKENS_PER_KB, parts::per_kb};
 use super::{
     EstimateError, Res, ANTHROPIC_TOOL_SYSTEM_TOKENS, FILE_ID_TOKENS, FILE_TOKENS_PER_KB,
     IMAGE_TOKENS, MAX_DEPTH, MESSAGE_OVERHEAD, REPLY_PRIMER, SIZE_BYTES_PER_TOKEN,
 };
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess};
 use serde_json::Value;
 use std::borrow::Cow;
-use std::fmt;
 
 /// Object keys of Converse bodies.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -115,26 +114,9 @@ impl K {
     }
 }
 
-/// Reads an object key as a [`K`] without allocating.
-struct KSeed;
-
-impl<'de> DeserializeSeed<'de> for KSeed {
-    type Value = K;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<K, D::Error> {
-        d.deserialize_identifier(self)
-    }
-}
-
-impl Visitor<'_> for KSeed {
-    type Value = K;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<K, E> {
-        Ok(K::of(v.as_bytes()))
-    }
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<K, E> {
-        Ok(K::of(v))
+impl FromKey for K {
+    fn of(b: &[u8]) -> Self {
+        K::of(b)
     }
 }
 
@@ -199,7 +181,7 @@ impl<'de> Shape<'de> for ConverseTop<'_> {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<bool, A::Error> {
         let ConverseTop { raw, fields: f } = self;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::Model => f.model = value(&mut a, Model)?,
                 K::Messages => f.messages = value(&mut a, Messages { raw })?,
@@ -244,7 +226,7 @@ impl<'de> Shape<'de> for Inference {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Num, A::Error> {
         let mut n = Num::Absent;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::MaxTokens => n = value(&mut a, Count)?,
                 _ => value(&mut a, Ignore)?,
@@ -297,7 +279,7 @@ impl<'de> Shape<'de> for Message {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let raw = self.raw;
         let mut t = MESSAGE_OVERHEAD;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::Role => super::shape::read_role(&mut a, raw)?,
                 K::Content => value(&mut a, Blocks { depth: 0, raw })?,
@@ -368,7 +350,7 @@ impl<'de> Shape<'de> for Block {
         }
         let Block { depth, raw } = self;
         let mut t = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::Text => read_text(&mut a, raw, Str)?.unwrap_or(0),
                 K::Image => {
@@ -407,7 +389,7 @@ impl<'de> Shape<'de> for ToolResult {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let mut t = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::Content => value(
                     &mut a,
@@ -439,7 +421,7 @@ impl<'de> Shape<'de> for Reasoning {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let mut t = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::ReasoningText => value(&mut a, ReasoningText { raw: self.raw })?,
                 _ => value(&mut a, Size)?,
@@ -462,7 +444,7 @@ impl<'de> Shape<'de> for ReasoningText {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let mut t = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::Text => read_text(&mut a, self.raw, Str)?.unwrap_or(0),
                 // The signature is opaque and not billed as text.
@@ -492,7 +474,7 @@ impl<'de> Shape<'de> for Media {
         let mut format: Option<Cow<'de, str>> = None;
         let mut source = SourceCost::default();
         let mut t = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::Format => format = value(&mut a, super::shape::KeepStr)?,
                 K::Source => source = value(&mut a, SourceShape)?,
@@ -538,7 +520,7 @@ impl<'de> Shape<'de> for SourceShape {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<SourceCost, A::Error> {
         let mut s = SourceCost::default();
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::Bytes => s.bytes = value(&mut a, super::parts::Len)?,
                 K::S3Location => {

@@ -3,7 +3,7 @@
 
 use super::parts::Content;
 use super::shape::{
-    json_tokens, read_role, read_text, sum, sum_res, value, Ignore, Key, KeySeed, Shape, Str,
+    json_tokens, read_role, read_text, sum, sum_res, value, Ignore, Key, Shape, Str, KEY_SEED,
 };
 use super::text::text_tokens;
 use super::{EstimateError, Res, MESSAGE_OVERHEAD, REPLY_PRIMER};
@@ -48,7 +48,7 @@ impl<'de> Shape<'de> for ChatMessage {
         let mut refusal = None;
         let mut role = None;
         let raw = self.raw;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Content => {
                     content = read_text(&mut a, raw, Content::top("messages[].content", raw))?
@@ -103,7 +103,7 @@ impl<'de> Shape<'de> for ToolCall {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let mut t = 0;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Function => t = value(&mut a, FunctionCallShape)?,
                 _ => value(&mut a, Ignore)?,
@@ -125,7 +125,7 @@ impl<'de> Shape<'de> for FunctionCallShape {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let mut name = None;
         let mut arguments = 0;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Name => name = value(&mut a, Str)?,
                 Key::Arguments => arguments = value(&mut a, Arguments)?,
@@ -175,7 +175,7 @@ impl<'de> Shape<'de> for Prediction {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Res<u64>, A::Error> {
         let mut content = Ok(0);
         let raw = self.raw;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Content => {
                     content = read_text(&mut a, raw, Content::top("prediction.content", raw))?

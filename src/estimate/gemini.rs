@@ -27,18 +27,17 @@
 //! the larger of the model's default and `thinkingConfig.thinkingBudget`, clamped to the model's cap,
 //! times `candidateCount` (1..=[`MAX_N`]).
 
-use super::shape::Num;
 use super::shape::{json_tokens, read_text, value, Ignore, Model, Seed, Shape, Size, Str};
+use super::shape::{FromKey, KeysAs, Num};
 use super::text::text_tokens;
 use super::{parts::per_kb, MAX_N};
 use super::{
     EstimateError, Res, AUDIO_TOKENS_PER_KB, AUDIO_WAV_TOKENS_PER_KB, FILE_ID_TOKENS,
     FILE_TOKENS_PER_KB, IMAGE_TOKENS, MAX_DEPTH, MESSAGE_OVERHEAD, REPLY_PRIMER,
 };
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess};
 use serde_json::Value;
 use std::borrow::Cow;
-use std::fmt;
 
 /// Video input (`inlineData` with a `video/*` type), per KB of base64: Gemini bills about 263 tokens
 /// per second of video; compressed video at 0.5 Mbit/s is ~83 KB of base64 per second (3.2 per KB),
@@ -110,26 +109,9 @@ impl K {
     }
 }
 
-/// Reads an object key as a [`K`] without allocating.
-struct KSeed;
-
-impl<'de> DeserializeSeed<'de> for KSeed {
-    type Value = K;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<K, D::Error> {
-        d.deserialize_identifier(self)
-    }
-}
-
-impl Visitor<'_> for KSeed {
-    type Value = K;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<K, E> {
-        Ok(K::of(v.as_bytes()))
-    }
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<K, E> {
-        Ok(K::of(v))
+impl FromKey for K {
+    fn of(b: &[u8]) -> Self {
+        K::of(b)
     }
 }
 
@@ -211,7 +193,7 @@ impl<'de> Shape<'de> for GeminiTop<'_> {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<bool, A::Error> {
         let GeminiTop { raw, fields: f } = self;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::Model => f.model = value(&mut a, Model)?,
                 K::Contents => f.contents = value(&mut a, Contents { raw })?,
@@ -310,7 +292,7 @@ impl<'de> Shape<'de> for GContent {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let GContent { depth, raw } = self;
         let mut t = MESSAGE_OVERHEAD;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::Role => super::shape::read_role(&mut a, raw)?,
                 K::Parts => value(&mut a, Parts { depth, raw })?,
@@ -384,7 +366,7 @@ impl<'de> Shape<'de> for GPart {
         }
         let raw = self.raw;
         let mut t = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             let n = match k {
                 K::Text => read_text(&mut a, raw, Str)?.unwrap_or(0),
                 K::InlineData => value(&mut a, Blob { inline: true })?,
@@ -423,7 +405,7 @@ impl<'de> Shape<'de> for Blob {
         let mut mime: Option<Cow<'de, str>> = None;
         let mut len = 0u64;
         let mut extra = 0u64;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::MimeType => mime = value(&mut a, super::shape::KeepStr)?,
                 K::Data => len = value(&mut a, super::parts::Len)?.unwrap_or(0),
@@ -503,7 +485,7 @@ impl<'de> Shape<'de> for GenConfig {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Gen, A::Error> {
         let mut g = self.other();
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::MaxOutputTokens => g.max_output = value(&mut a, super::shape::Count)?,
                 K::CandidateCount => g.candidates = value(&mut a, super::shape::Count)?,
@@ -527,7 +509,7 @@ impl<'de> Shape<'de> for Thinking {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
         let mut budget = None;
-        while let Some(k) = a.next_key_seed(KSeed)? {
+        while let Some(k) = a.next_key_seed(KeysAs::<K>::SEED)? {
             match k {
                 K::ThinkingBudget => {
                     budget = match value(&mut a, super::shape::Count)? {

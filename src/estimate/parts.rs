@@ -2,8 +2,8 @@
 //! results, documents.
 
 use super::shape::{
-    json_tokens, read_text, sum, value, Ignore, KeepStr, Key, KeySeed, Seed, Shape, Size, Str, Tag,
-    TypeTag,
+    json_tokens, read_text, sum, value, Ignore, KeepStr, Key, Seed, Shape, Size, Str, Tag, TypeTag,
+    KEY_SEED,
 };
 use super::text::text_tokens;
 use super::{
@@ -111,7 +111,7 @@ impl<'de> Shape<'de> for Part {
         // Fields the walk has no use for, by their size (they count for a part of an unknown type).
         let mut extra = 0u64;
         let Part { depth, raw } = self;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Type => ty = value(&mut a, TypeTag)?,
                 Key::Text => text = read_text(&mut a, raw, Str)?,
@@ -292,7 +292,7 @@ impl<'de> Shape<'de> for Audio {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
         let mut len = 0;
         let mut wav = false;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Data => len = value(&mut a, Len)?.unwrap_or(0),
                 Key::Format => wav = value(&mut a, AudioFormat)?,
@@ -335,7 +335,7 @@ impl<'de> Shape<'de> for FilePart {
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Option<u64>, A::Error> {
         let mut data = None;
         let mut id = false;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::FileData => data = value(&mut a, Len)?,
                 Key::FileId => id = value(&mut a, Len)?.is_some(),
@@ -433,7 +433,7 @@ impl<'de> Shape<'de> for Source {
             content: 0,
         };
         let Source { depth, raw } = self;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Type => parts.ty = value(&mut a, KeepStr)?,
                 Key::Data => parts.data = value(&mut a, KeepStr)?,

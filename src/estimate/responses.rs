@@ -3,8 +3,8 @@
 use super::chat::Arguments;
 use super::parts::Content;
 use super::shape::{
-    format_tokens, read_text, sum_res, value, Ignore, Key, KeySeed, Role, Shape, Size, Str, Tag,
-    TypeTag,
+    format_tokens, read_text, sum_res, value, Ignore, Key, Role, Shape, Size, Str, Tag, TypeTag,
+    KEY_SEED,
 };
 use super::text::text_tokens;
 use super::{EstimateError, Res, MESSAGE_OVERHEAD, REPLY_PRIMER};
@@ -74,7 +74,7 @@ impl<'de> Shape<'de> for ResponseItem {
         // Fields the walk has no use for, by their size (they count for an item of an unknown type).
         let mut extra = 0u64;
         let raw = self.raw;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Content => {
                     let shape = Content::top("input[].content", raw);
@@ -204,7 +204,7 @@ impl<'de> Shape<'de> for TextConfig {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<u64, A::Error> {
         let mut t = 0;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::Format => t = format_tokens(&a.next_value::<Value>()?),
                 _ => value(&mut a, Ignore)?,

@@ -8,6 +8,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
+use std::marker::PhantomData;
 
 /// A field that must be a non-negative integer (`max_tokens`, `n`, …) when present and not null.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -459,28 +460,48 @@ impl<'de, S: Shape<'de>> Visitor<'de> for RawSeed<S> {
     }
 }
 
-/// Reads an object key as a [`Key`] without allocating.
-pub(super) struct KeySeed;
+/// Reads an object key as a walk's key enum `K` without allocating.
+pub(super) struct KeysAs<K>(PhantomData<K>);
 
-impl<'de> DeserializeSeed<'de> for KeySeed {
-    type Value = Key;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Key, D::Error> {
+/// Reads an object key as a [`Key`] without allocating.
+pub(super) const KEY_SEED: KeysAs<Key> = KeysAs::SEED;
+
+/// A walk's own key enum, read from the key's bytes.
+pub(super) trait FromKey {
+    /// The key of the bytes `b`.
+    fn of(b: &[u8]) -> Self;
+}
+
+impl FromKey for Key {
+    fn of(b: &[u8]) -> Self {
+        Key::of(b)
+    }
+}
+
+impl<K> KeysAs<K> {
+    /// The seed (it holds nothing).
+    pub(super) const SEED: Self = KeysAs(PhantomData);
+}
+
+impl<'de, K: FromKey> DeserializeSeed<'de> for KeysAs<K> {
+    type Value = K;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<K, D::Error> {
         // serde_json reads an identifier as a string; the fast walk's scanner hands an ASCII key
         // over as bytes (checked: ASCII is UTF-8), sparing a call to `std::str::from_utf8`.
         d.deserialize_identifier(self)
     }
 }
 
-impl Visitor<'_> for KeySeed {
-    type Value = Key;
+impl<K: FromKey> Visitor<'_> for KeysAs<K> {
+    type Value = K;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object key")
     }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
-        Ok(Key::of(v.as_bytes()))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<K, E> {
+        Ok(K::of(v.as_bytes()))
     }
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Key, E> {
-        Ok(Key::of(v))
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<K, E> {
+        Ok(K::of(v))
     }
 }
 
@@ -783,7 +804,7 @@ impl<'de> Shape<'de> for StreamOptions {
     }
     fn map<A: MapAccess<'de>>(self, mut a: A) -> Result<Res<bool>, A::Error> {
         let mut include_usage = Ok(false);
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match k {
                 Key::IncludeUsage => include_usage = value(&mut a, Flag("include_usage"))?,
                 _ => value(&mut a, Ignore)?,

@@ -8,8 +8,8 @@ use super::parts::Content;
 use super::responses::{Instructions, ResponsesInput, TextConfig};
 use super::shape::Num;
 use super::shape::{
-    format_tokens, read_text, value, Count, Flag, Ignore, Key, KeySeed, Model, Shape, Str,
-    StreamOptions,
+    format_tokens, read_text, value, Count, Flag, Ignore, Key, Model, Shape, Str, StreamOptions,
+    KEY_SEED,
 };
 use super::tools::Tools;
 use super::{ApiKind, Res};
@@ -130,7 +130,7 @@ impl<'de> Shape<'de> for Top<'_> {
             raw,
             fields: f,
         } = self;
-        while let Some(k) = a.next_key_seed(KeySeed)? {
+        while let Some(k) = a.next_key_seed(KEY_SEED)? {
             match (k, kind) {
                 (Key::Model, _) => f.model = value(&mut a, Model)?,
                 (Key::Stream, _) => f.stream = value(&mut a, Flag("stream"))?,
