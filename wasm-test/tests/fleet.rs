@@ -304,9 +304,40 @@ fn check(r: &Run) {
         );
     }
     if r.mode == Mode::GlobalLeased {
+        check_global_bucket_met(r);
+    }
+}
+
+/// A busy tenant that asked for well over what one global bucket allows in the run (`burst + rate × t`)
+/// met the bucket. The clients are closed-loop, so on a slow host (CI on 2 cores measured 306 req/s, 19
+/// requests/s per busy tenant: 570 tokens/s against the rule's 2,000) no tenant may ask that much; such
+/// a run says so and asserts only the bounds `check` asserted.
+fn check_global_bucket_met(r: &Run) {
+    let secs = r.load.elapsed.as_secs_f64();
+    let allowed = GLOBAL.burst as f64 + GLOBAL.rate * secs;
+    let asked = |t: &fleet::TenantOutcome| {
+        let per_request = t.tally.estimated as f64 / t.tally.served.max(1) as f64;
+        t.tally.sent as f64 * per_request
+    };
+    let over: Vec<&fleet::TenantOutcome> = r
+        .outcome
+        .tenants
+        .iter()
+        .filter(|t| asked(t) > 1.5 * allowed)
+        .collect();
+    if over.is_empty() {
+        println!(
+            "no tenant asked 1.5× what the global bucket allows in {secs:.1} s ({allowed:.0} tokens): \
+             the bucket was not reached on this host"
+        );
+        return;
+    }
+    for t in over {
         assert!(
-            total.refused.contains_key("tokens_per_second_exceeded"),
-            "the busy tenants met the global bucket"
+            t.tally.refused.contains_key("tokens_per_second_exceeded"),
+            "{} asked {:.0} tokens against a global bucket of {allowed:.0} and was never refused by it",
+            t.plan.name,
+            asked(t)
         );
     }
 }
