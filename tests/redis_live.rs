@@ -163,7 +163,17 @@ mod quota {
             mode,
             actual,
             expire_at_unix: a.expire_at_unix,
+            tokens_in: actual / 3,
+            tokens_out: actual - actual / 3,
         }
+    }
+
+    /// The input/output split of `a`'s month: `(in, out, in:<model>, out:<model>)` ("" when absent).
+    fn io(st: &Stack, a: &ReserveArgs) -> [String; 4] {
+        let k = a.keys().io();
+        let m = a.model.clone().unwrap_or_default();
+        ["in".to_string(), "out".into(), format!("in:{m}"), format!("out:{m}")]
+            .map(|f| st.cli(&["HGET", &k, &f]))
     }
 
     fn used(st: &Stack, a: &ReserveArgs) -> (String, String) {
@@ -560,7 +570,7 @@ mod quota {
             SETTLE_BATCH_SCRIPT,
             SETTLE_BATCH_SHA1,
             &["k1"],
-            &["3600".into(), "tg3s:2".into()],
+            &["3600".into(), "tg4s:2".into()],
         );
         let (code, body) = batched.post(&bad);
         assert!(matches!(
@@ -857,6 +867,74 @@ mod quota {
     }
 
     #[test]
+    fn the_input_output_split_is_added_once_per_applied_settlement_and_never_by_the_deadline() {
+        let Some(st) = Stack::start() else { return };
+        let a = base();
+        reserve(&st, &a).unwrap();
+        let mut s = entry(&a, SettleMode::Settle, 120);
+        (s.tokens_in, s.tokens_out) = (90, 30);
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![1]);
+        assert_eq!(io(&st, &a), ["90", "30", "90", "30"]);
+        // A resend adds nothing.
+        assert_eq!(settle(&st, &[&s]).unwrap(), vec![0]);
+        assert_eq!(io(&st, &a), ["90", "30", "90", "30"]);
+        // Same expiry as the counters.
+        let k = a.keys();
+        assert_eq!(
+            st.cli(&["TTL", &k.io()]).parse::<i64>().unwrap() / 10,
+            st.cli(&["TTL", &k.used_total]).parse::<i64>().unwrap() / 10
+        );
+        // A charge without a reservation adds its split once; a refund (0, 0) adds nothing.
+        let mut c = entry(&with_id("c1"), SettleMode::Charge, 40);
+        (c.tokens_in, c.tokens_out) = (4, 5);
+        assert_eq!(settle(&st, &[&c, &c]).unwrap(), vec![1, 0]);
+        reserve(&st, &with_id("r0")).unwrap();
+        let mut z = entry(&with_id("r0"), SettleMode::Settle, 0);
+        (z.tokens_in, z.tokens_out) = (0, 0);
+        assert_eq!(settle(&st, &[&z]).unwrap(), vec![1]);
+        assert_eq!(io(&st, &a), ["94", "35", "94", "35"]);
+        // Resolved at its deadline: the counters move, the split does not (no usage is known);
+        // the settlement that still arrives adds its split, once.
+        let mut d = with_id("d1");
+        d.deadline_s = 1;
+        reserve(&st, &d).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        reserve(&st, &with_id("d2")).unwrap();
+        assert!(st.cli(&["HGET", &k.done, "d1"]).starts_with("S 100 "));
+        assert_eq!(io(&st, &a), ["94", "35", "94", "35"]);
+        let mut late = entry(&d, SettleMode::Settle, 130);
+        (late.tokens_in, late.tokens_out) = (100, 10);
+        assert_eq!(settle(&st, &[&late, &late]).unwrap(), vec![1, 0]);
+        assert_eq!(io(&st, &a), ["194", "45", "194", "45"]);
+        // Without a model: only the account's fields.
+        let mut n = with_id("n1");
+        n.model = None;
+        reserve(&st, &n).unwrap();
+        let mut e = entry(&n, SettleMode::Settle, 10);
+        (e.tokens_in, e.tokens_out) = (6, 1);
+        assert_eq!(settle(&st, &[&e]).unwrap(), vec![1]);
+        assert_eq!(io(&st, &a), ["200", "46", "194", "45"]);
+        assert_eq!(st.cli(&["HLEN", &k.io()]), "4");
+        // A split key of the wrong type never undoes or blocks a settlement.
+        st.cli(&["DEL", &k.io()]);
+        st.cli(&["SET", &k.io(), "x"]);
+        reserve(&st, &with_id("w1")).unwrap();
+        let before = used(&st, &a).0.parse::<i64>().unwrap();
+        assert_eq!(
+            settle(&st, &[&entry(&with_id("w1"), SettleMode::Settle, 50)]).unwrap(),
+            vec![1]
+        );
+        assert_eq!(used(&st, &a).0.parse::<i64>().unwrap(), before - 150 + 50);
+        assert_eq!(st.cli(&["GET", &k.io()]), "x");
+        // A malformed split is a malformed entry: nothing applied.
+        reserve(&st, &with_id("m1")).unwrap();
+        let body = settle_request(&[&entry(&with_id("m1"), SettleMode::Settle, 5)], ScriptCall::Eval)
+            .replace("/5/1796688000/1/1/4", "/5/1796688000/1/-1/4");
+        let (code, b) = st.post(&body);
+        assert_eq!(parse_settle_reply(code, &b, 1).unwrap(), vec![-1]);
+    }
+
+    #[test]
     fn a_charge_of_a_reservation_that_did_land_replaces_it() {
         let Some(st) = Stack::start() else { return };
         let a = base();
@@ -879,7 +957,7 @@ mod quota {
         }
         let keys = st.cli(&["DBSIZE"]);
         assert!(
-            keys.parse::<u64>().unwrap() <= 6,
+            keys.parse::<u64>().unwrap() <= 7,
             "keys after 200 settled requests: {keys}"
         );
         assert_eq!(st.cli(&["GET", &base().keys().used_total]), "1400");
@@ -984,8 +1062,8 @@ mod quota {
         );
         assert_eq!(
             keys,
-            2 * tenants as u64,
-            "two counters per tenant, nothing per request"
+            3 * tenants as u64,
+            "two counters and the input/output split per tenant, nothing per request"
         );
         assert!(
             m100 < m10 + 8 * 1024,

@@ -4,6 +4,8 @@
 //! ```text
 //! tg:q:{alice}:2026-12                    a tenant's token quota: weighted tokens used this month
 //! tg:q:{alice}:2026-12:m:gpt-4.1          the same, one model
+//! tg:q:{alice}:2026-12:io                 hash: the provider's input/output tokens settled this month:
+//!                                         in, out, in:<model>, out:<model> (absent: written by 0.1.x)
 //! tg:q:{%7Eb:team-spend:team%3Dred}:2026-12   budget team-spend of team red: micro-units (or tokens)
 //! tg:q:{…}:limit, …:limit:m:<model>       operator overrides of the limits
 //! tg:q:{…}:leases                         "L|<envoy>|<model>|<month>" -> "<held> <reported> <version> <counter> <model counter|->"
@@ -227,6 +229,19 @@ pub struct Amounts {
     pub in_flight: i64,
     /// The operator's override of its limit, if any.
     pub limit_override: Option<i64>,
+    /// The provider's input tokens settled (`in` of the month's `:io` hash); `None` when Redis holds
+    /// no split for it (a month counted by 0.1.x, or no provider usage settled yet).
+    pub tokens_in: Option<i64>,
+    /// The provider's output tokens settled (`out`); `None` as for `tokens_in`.
+    pub tokens_out: Option<i64>,
+}
+
+/// `a + b` where either is known (an unknown side adds nothing); `None` when neither is.
+pub fn add_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (None, None) => None,
+        (x, y) => Some(x.unwrap_or(0) + y.unwrap_or(0)),
+    }
 }
 
 impl Amounts {
@@ -292,6 +307,7 @@ pub fn read_month(store: &mut Store, month: &str) -> Result<Vec<Month>, Failure>
         cmds.push(get(&format!("{p}:limit")));
         cmds.push(Cmd::hgetall(format!("{p}:leases")));
         cmds.push(Cmd::hgetall(format!("{p}:open")));
+        cmds.push(Cmd::hgetall(format!("{}:io", a.counter(month))));
         for m in models {
             cmds.push(get(&a.model_counter(month, m)));
             cmds.push(get(&format!("{p}:limit:m:{m}")));
@@ -309,9 +325,13 @@ pub fn read_month(store: &mut Store, month: &str) -> Result<Vec<Month>, Failure>
         let limit_override = count(&format!("{p}:limit"), &next())?;
         let lease_pairs = as_pairs(&next());
         let open_pairs = as_pairs(&next());
+        let io_key = format!("{counter}:io");
+        let io = parse_io(&io_key, &as_pairs(&next()))?;
         let mut total = Amounts {
             used,
             limit_override,
+            tokens_in: io.get("in").copied(),
+            tokens_out: io.get("out").copied(),
             ..Amounts::default()
         };
         let mut per_model: BTreeMap<String, Amounts> = BTreeMap::new();
@@ -327,6 +347,8 @@ pub fn read_month(store: &mut Store, month: &str) -> Result<Vec<Month>, Failure>
                 Amounts {
                     used,
                     limit_override,
+                    tokens_in: io.get(&format!("in:{m}")).copied(),
+                    tokens_out: io.get(&format!("out:{m}")).copied(),
                     ..Amounts::default()
                 },
             );
@@ -365,6 +387,20 @@ pub fn read_month(store: &mut Store, month: &str) -> Result<Vec<Month>, Failure>
         });
     }
     Ok(out)
+}
+
+/// The fields of a month's input/output hash, each a whole number (else a schema error).
+fn parse_io(key: &str, pairs: &[(String, String)]) -> Result<BTreeMap<String, i64>, Failure> {
+    pairs
+        .iter()
+        .map(|(f, v)| {
+            v.parse::<i64>().map(|n| (f.clone(), n)).map_err(|_| {
+                Failure::schema(format!(
+                    "{key} field {f:?} holds {v:?}, not a whole number: keys of another tokengate version?"
+                ))
+            })
+        })
+        .collect()
 }
 
 fn get(key: &str) -> Cmd {

@@ -1,14 +1,18 @@
 //! `tokengate usage`: the month's chargeback report from the counters in Redis, per account (a tenant's
 //! token quota, a budget's subject), per model or per budget, as a table, CSV or JSON, with totals per
 //! unit. Amounts are what Redis counts, to the unit: weighted tokens for token quotas and token budgets,
-//! micro-units of the currency for money budgets (printed as exact decimals: `0.009955`).
+//! micro-units of the currency for money budgets (printed as exact decimals: `0.009955`). Next to them,
+//! `tokens_in`/`tokens_out`: the provider's input and output tokens (its `usage`) of the requests
+//! settled in the account, from the month's `:io` hash — whole tokens whatever the unit, unweighted,
+//! `-` (JSON `null`) when Redis holds no split for the row (counted by 0.1.x, or no provider usage
+//! settled yet); totals add the rows that have one.
 //!
 //! The configuration tells what each account is counted in and its limit; an account Redis holds that
 //! the configuration cannot explain (a budget it does not define, a subject of another scope, tenant
 //! counters without a token quota) stops the report (exit 5): its amounts would be printed in the wrong
 //! unit or against the wrong limit.
 
-use crate::accounts::{AccountId, Amounts, Kind, Month};
+use crate::accounts::{add_opt, AccountId, Amounts, Kind, Month};
 use crate::fail::Failure;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -267,6 +271,8 @@ pub fn rows(cfg: &Config, months: &[Month], sel: &Select, by: By) -> Result<Vec<
                     rest.used -= am.used;
                     rest.in_leases -= am.in_leases;
                     rest.in_flight -= am.in_flight;
+                    rest.tokens_in = rest.tokens_in.map(|v| v - am.tokens_in.unwrap_or(0));
+                    rest.tokens_out = rest.tokens_out.map(|v| v - am.tokens_out.unwrap_or(0));
                     out.push(Row {
                         kind,
                         account: a.label(),
@@ -276,7 +282,12 @@ pub fn rows(cfg: &Config, months: &[Month], sel: &Select, by: By) -> Result<Vec<
                         limit: am.limit_override.or_else(|| model_limit(cfg, a, model)),
                     });
                 }
-                if rest.used != 0 || rest.in_leases != 0 || rest.in_flight != 0 {
+                if rest.used != 0
+                    || rest.in_leases != 0
+                    || rest.in_flight != 0
+                    || rest.tokens_in.is_some_and(|v| v != 0)
+                    || rest.tokens_out.is_some_and(|v| v != 0)
+                {
                     out.push(Row {
                         kind,
                         account: a.label(),
@@ -293,9 +304,7 @@ pub fn rows(cfg: &Config, months: &[Month], sel: &Select, by: By) -> Result<Vec<
                     Kind::Budget { name, .. } => name.clone(),
                 };
                 let e = per_budget.entry((name, unit)).or_default();
-                e.used += m.total.used;
-                e.in_leases += m.total.in_leases;
-                e.in_flight += m.total.in_flight;
+                add(e, &m.total);
             }
         }
     }
@@ -326,15 +335,25 @@ pub fn rows(cfg: &Config, months: &[Month], sel: &Select, by: By) -> Result<Vec<
 pub fn totals(rows: &[Row]) -> Vec<(Unit, Amounts)> {
     let mut t: BTreeMap<Unit, Amounts> = BTreeMap::new();
     for r in rows {
-        let e = t.entry(r.unit.clone()).or_default();
-        e.used += r.amounts.used;
-        e.in_leases += r.amounts.in_leases;
-        e.in_flight += r.amounts.in_flight;
+        add(t.entry(r.unit.clone()).or_default(), &r.amounts);
     }
     t.into_iter().collect()
 }
 
-const HEAD: [&str; 9] = [
+fn add(e: &mut Amounts, a: &Amounts) {
+    e.used += a.used;
+    e.in_leases += a.in_leases;
+    e.in_flight += a.in_flight;
+    e.tokens_in = add_opt(e.tokens_in, a.tokens_in);
+    e.tokens_out = add_opt(e.tokens_out, a.tokens_out);
+}
+
+/// Input/output tokens as printed: the number, `-` when no split is recorded.
+fn tokens(v: Option<i64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+const HEAD: [&str; 11] = [
     "kind",
     "account",
     "model",
@@ -343,6 +362,8 @@ const HEAD: [&str; 9] = [
     "in_leases",
     "in_flight",
     "settled",
+    "tokens_in",
+    "tokens_out",
     "limit",
 ];
 
@@ -357,6 +378,8 @@ fn cells(r: &Row) -> Vec<String> {
         u.amount(r.amounts.in_leases),
         u.amount(r.amounts.in_flight),
         u.amount(r.amounts.settled()),
+        tokens(r.amounts.tokens_in),
+        tokens(r.amounts.tokens_out),
         r.limit.map(|l| u.amount(l)).unwrap_or_default(),
         r.remaining().map(|l| u.amount(l)).unwrap_or_default(),
     ]
@@ -372,6 +395,8 @@ fn total_cells(u: &Unit, a: &Amounts) -> Vec<String> {
         u.amount(a.in_leases),
         u.amount(a.in_flight),
         u.amount(a.settled()),
+        tokens(a.tokens_in),
+        tokens(a.tokens_out),
         String::new(),
         String::new(),
     ]
@@ -398,6 +423,7 @@ pub fn render(month: &str, rows: &[Row], by: By, format: Format) -> String {
                     "kind": r.kind, "account": r.account, "unit": u.name(),
                     "used": amt(r.amounts.used), "in_leases": amt(r.amounts.in_leases),
                     "in_flight": amt(r.amounts.in_flight), "settled": amt(r.amounts.settled()),
+                    "tokens_in": r.amounts.tokens_in, "tokens_out": r.amounts.tokens_out,
                     "limit": r.limit.map(amt), "remaining": r.remaining().map(amt),
                 });
                 if let (Some(m), Some(obj)) = (&r.model, o.as_object_mut()) {
@@ -409,11 +435,13 @@ pub fn render(month: &str, rows: &[Row], by: By, format: Format) -> String {
                 "month": month,
                 "by": format!("{by:?}").to_lowercase(),
                 "base_unit": "whole weighted tokens for `tokens`, micro-units (1e-6) of the currency otherwise",
+                "tokens_in_out": "the provider's input/output tokens settled, unweighted; null: no split recorded (0.1.x)",
                 "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
                 "totals": totals.iter().map(|(u, a)| {
                     let amt = |v: i64| json!({"amount": u.amount(v), "base": v});
                     json!({"unit": u.name(), "used": amt(a.used), "in_leases": amt(a.in_leases),
-                           "in_flight": amt(a.in_flight), "settled": amt(a.settled())})
+                           "in_flight": amt(a.in_flight), "settled": amt(a.settled()),
+                           "tokens_in": a.tokens_in, "tokens_out": a.tokens_out})
                 }).collect::<Vec<_>>(),
             });
             let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
@@ -509,6 +537,8 @@ mod tests {
                 in_leases: 10,
                 in_flight: 0,
                 limit_override: None,
+                tokens_in: None,
+                tokens_out: None,
             },
             models: BTreeMap::new(),
             leases: Vec::new(),
@@ -531,10 +561,61 @@ mod tests {
         assert_eq!(r[2].unit, Unit::Tokens);
         let t = render("2026-12", &r, By::Account, Format::Csv);
         assert!(
-            t.contains("budget,team:group=red,EUR,1.25,0.00001,0,1.24999,5,3.75\r\n"),
+            t.contains("budget,team:group=red,EUR,1.25,0.00001,0,1.24999,-,-,5,3.75\r\n"),
             "{t}"
         );
         assert!(t.contains("total,,EUR,1.25,"), "{t}");
+    }
+
+    #[test]
+    fn the_input_output_split_is_shown_summed_and_a_missing_one_is_a_dash_or_null() {
+        let mut alice = month("alice", 40);
+        alice.total.tokens_in = Some(30);
+        alice.total.tokens_out = Some(12);
+        alice.models.insert(
+            "m".into(),
+            Amounts {
+                used: 25,
+                tokens_in: Some(20),
+                tokens_out: Some(2),
+                ..Amounts::default()
+            },
+        );
+        let mut team = month("~b:team:group=red", 1_250_000);
+        team.total.tokens_in = Some(30);
+        team.total.tokens_out = Some(12);
+        // bob: counted by 0.1.x, no split.
+        let ms = [alice, team, month("bob", 9)];
+        let r = rows(&cfg(), &ms, &Select::default(), By::Account).unwrap();
+        let csv = render("2026-12", &r, By::Account, Format::Csv);
+        assert!(
+            csv.starts_with("kind,account,unit,used,in_leases,in_flight,settled,tokens_in,tokens_out,limit,remaining\r\n"),
+            "{csv}"
+        );
+        assert!(csv.contains("tokens,alice,tokens,40,10,0,30,30,12,50,10\r\n"), "{csv}");
+        assert!(csv.contains("tokens,bob,tokens,9,10,0,-1,-,-,1000,991\r\n"), "{csv}");
+        // Totals per unit add the rows that have a split.
+        assert!(csv.contains("total,,tokens,49,20,0,29,30,12,,\r\n"), "{csv}");
+        assert!(csv.contains("total,,EUR,1.25,0.00001,0,1.24999,30,12,,\r\n"), "{csv}");
+        let j: Value = serde_json::from_str(&render("2026-12", &r, By::Account, Format::Json)).unwrap();
+        assert_eq!(j["rows"][0]["tokens_in"], 30);
+        assert_eq!(j["rows"][2]["tokens_in"], Value::Null);
+        assert_eq!(j["totals"][1]["tokens_out"], 12);
+        // Per model: the model's fields, and the rest (without a model counter) as `-`.
+        let r = rows(&cfg(), &ms[..1], &Select::default(), By::Model).unwrap();
+        let io: Vec<(Option<String>, Option<i64>, Option<i64>)> = r
+            .iter()
+            .map(|r| (r.model.clone(), r.amounts.tokens_in, r.amounts.tokens_out))
+            .collect();
+        assert_eq!(
+            io,
+            [
+                (Some("m".into()), Some(20), Some(2)),
+                (Some("-".into()), Some(10), Some(10))
+            ]
+        );
+        let table = render("2026-12", &r, By::Model, Format::Table);
+        assert!(table.contains("TOKENS_IN  TOKENS_OUT"), "{table}");
     }
 
     #[test]

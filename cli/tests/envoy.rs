@@ -178,6 +178,39 @@ struct Served {
     completion: i64,
 }
 
+/// The provider's `usage` of an answer: the JSON body's, or a stream's last chunk with one.
+fn usage_of(body: &[u8], stream: bool) -> Value {
+    let text = String::from_utf8_lossy(body);
+    if !stream {
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        return v["usage"].clone();
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["usage"].is_object())
+        .last()
+        .map(|v| v["usage"].clone())
+        .unwrap_or_else(|| panic!("no usage in the stream: {text}"))
+}
+
+/// `(account, model) -> (tokens_in, tokens_out)` of a `usage --format json` report (`None`: null).
+fn io_rows(json: &str) -> BTreeMap<(String, String), (Option<i64>, Option<i64>)> {
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    v["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+            (
+                (s("account"), s("model")),
+                (r["tokens_in"].as_i64(), r["tokens_out"].as_i64()),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     if !common::have_redis() {
@@ -214,14 +247,20 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     );
     assert!(ok(&["check", &cfg_path]).ends_with(&format!(": ok: {summary}\n")));
 
-    // 24 requests: two tenants, two teams, two models, a completion count lowered by the mock for some.
+    // 24 requests: two tenants, two teams, two models, a completion count lowered by the mock for some,
+    // a third of them streamed (SSE, usage in the last chunk).
     let mut ledger = Vec::new();
     for i in 0..24u64 {
         let tenant = ["t-ann", "t-bo"][(i % 2) as usize];
         let team = ["red", "blue"][(i / 2 % 2) as usize];
         let model = ["gpt-test", "other-model"][(i / 4 % 2) as usize];
-        let body = json!({"model": model, "max_tokens": 20 + i * 7,
+        let stream = i % 3 == 1;
+        let mut body = json!({"model": model, "max_tokens": 20 + i * 7,
             "messages": [{"role": "user", "content": "Tell me about rivers ".repeat(1 + i as usize)}]});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
         let completion = (10 + i * 3).to_string();
         let mut h = vec![
             ("x-tenant-id", tenant),
@@ -239,7 +278,7 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
         )
         .unwrap_or_else(|e| panic!("POST: {e}"));
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-        let u = &r.json()["usage"];
+        let u = &usage_of(&r.body, stream);
         ledger.push(Served {
             tenant,
             team,
@@ -347,11 +386,52 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
             assert_eq!(row.map(|r| r.3), Some(micros), "{acct} {m}");
         }
     }
+    // The input/output split: each account's (and each account × model's) tokens in and out equal the
+    // provider's prompt and completion tokens of the answers it served, JSON and SSE alike.
+    let io_of = |keep: &dyn Fn(&Served) -> bool| {
+        let (i, o) = ledger
+            .iter()
+            .filter(|s| keep(s))
+            .fold((0, 0), |(i, o), s| (i + s.prompt, o + s.completion));
+        (Some(i), Some(o))
+    };
+    let by_account = io_rows(&json);
+    let by_model_io = io_rows(&ok(&[
+        "--config", &cfg_path, "--redis", &url, "usage", "--by", "model", "--format", "json",
+    ]));
+    for t in ["t-ann", "t-bo"] {
+        let want = io_of(&|s| s.tenant == t);
+        assert_eq!(by_account[&(t.to_string(), String::new())], want, "{t}\n{json}");
+        assert_eq!(by_account[&(format!("own:{t}"), String::new())], want, "own:{t}");
+        for m in ["gpt-test", "other-model"] {
+            let want = io_of(&|s| s.tenant == t && s.model == m);
+            assert_eq!(by_model_io[&(t.to_string(), m.to_string())], want, "{t} {m}");
+        }
+    }
+    for team in ["red", "blue"] {
+        let acct = format!("team-spend:group={team}");
+        assert_eq!(by_account[&(acct.clone(), String::new())], io_of(&|s| s.team == team), "{acct}");
+        for m in ["gpt-test", "other-model"] {
+            let want = io_of(&|s| s.team == team && s.model == m);
+            assert_eq!(by_model_io[&(acct.clone(), m.to_string())], want, "{acct} {m}");
+        }
+    }
+    // The responses' usage is what the mock says it served (its own ledger, independent of Envoy).
+    let served = wasm_test::faults::ledger(&mock);
+    let (sum_in, sum_out) = io_of(&|_| true);
+    let mock_in: u64 = served.answers.iter().map(|a| a.prompt).sum();
+    let mock_out: u64 = served.answers.iter().map(|a| a.completion).sum();
+    assert_eq!(
+        (sum_in, sum_out),
+        (Some(mock_in as i64), Some(mock_out as i64))
+    );
+    assert_eq!(served.answers.iter().filter(|a| a.stream).count(), 8);
     let table = ok(&["--config", &cfg_path, "--redis", &url, "usage"]);
     println!("ledger (mock-served usage, {} requests):", ledger.len());
     for (k, v) in &want {
         println!("  {k:<22} {v}");
     }
+    println!("  provider usage: {mock_in} tokens in, {mock_out} tokens out (8 of them SSE)");
     println!("tokengate usage:\n{table}");
     println!(
         "{}",

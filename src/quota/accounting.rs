@@ -102,6 +102,18 @@ fn of_usage(u: &Usage, w: &Weights) -> u64 {
     )
 }
 
+/// The provider's input and output tokens of a response that ended so (its `usage`'s prompt and
+/// completion tokens, cached and reasoning ones included), `(0, 0)` when the provider reported none:
+/// a refund, an estimate, an abandoned answer. What the input/output split in Redis adds.
+pub fn tokens_io(ending: Ending) -> (u64, u64) {
+    match ending {
+        Ending::Completed { usage: Some(u) } | Ending::Cut { usage: Some(u), .. } => {
+            (u.prompt_tokens, u.completion_tokens)
+        }
+        _ => (0, 0),
+    }
+}
+
 /// Settles a reservation.
 pub fn settle(r: &Reserved, ending: Ending) -> Settlement {
     let (actual, source) = match ending {

@@ -4,6 +4,8 @@
 //! ```text
 //! tg:q:{acme}:2026-11                  tenant used this month (reservations in flight included)
 //! tg:q:{acme}:2026-11:m:gpt-4.1        tenant x model used this month
+//! tg:q:{acme}:2026-11:io               hash: the provider's input/output tokens settled this month,
+//!                                      fields in, out, in:<model>, out:<model> (since 0.2.0)
 //! tg:q:{acme}:limit                    optional operator override of the tenant limit (integer)
 //! tg:q:{acme}:limit:m:gpt-4.1          optional operator override of the tenant x model limit
 //! tg:q:{acme}:open                     hash: reservations in flight, request id -> "<amount> <min> <keys>"
@@ -110,6 +112,14 @@ impl QuotaKeys {
             request_id,
             has_model,
         }
+    }
+}
+
+impl QuotaKeys {
+    /// `tg:q:{t}:<month>:io` — hash of the provider's input and output tokens settled in the month
+    /// (fields `in`, `out`, `in:<model>`, `out:<model>`), same hash tag and expiry as the counters.
+    pub fn io(&self) -> String {
+        format!("{}:io", self.used_total)
     }
 }
 

@@ -15,6 +15,9 @@ use crate::shim::webdis::{command_body, lua_int, ScriptCall};
 /// The protocol tag the v3 scripts check (a script refuses arguments laid out for another version).
 pub const QUOTA_PROTOCOL_TAG: &str = "tg3";
 
+/// The protocol tag of the v4 settlement script (v3 and the input/output tokens of each entry).
+pub const SETTLE_PROTOCOL_TAG: &str = "tg4";
+
 /// How long a tombstone lives (seconds): a settlement of a request resolved by its deadline, a resend
 /// of a charge, or a reservation that reaches Redis after its request was reconciled, is recognised
 /// for this long.
@@ -50,8 +53,9 @@ pub const RESERVE_SHA1: &str = "c09ac96d358b16d76f22fb284bf1ddb47287432b";
 /// The settlement script: a batch of ONE tenant's settlements and charges (their keys share the tenant's
 /// hash tag, so the batch stays on one Redis Cluster slot).
 ///
-/// KEYS: `open, due, done, gone, leases`, then `used_total, used_model` per entry. ARGV: `tombstone_s, "tg3"`,
-/// then per entry `mode ("s" settle | "c" charge), request_id, actual, expire_at_unix, has_model (1/0)`.
+/// KEYS: `open, due, done, gone, leases`, then `used_total, used_model, used_io` per entry ([`QuotaKeys::io`]).
+/// ARGV: `tombstone_s, "tg4"`, then per entry `mode ("s" settle | "c" charge), request_id, actual,
+/// expire_at_unix, has_model (1/0), tokens_in, tokens_out`.
 /// Reply: one integer per entry: 1 applied, 0 nothing to do (already applied), −1 a counter in Redis
 /// is not a number or the entry is malformed.
 ///
@@ -60,7 +64,11 @@ pub const RESERVE_SHA1: &str = "c09ac96d358b16d76f22fb284bf1ddb47287432b";
 /// `s` does nothing (already settled) and `c` — a charge without a reservation: a request admitted while
 /// the shim was down, or one whose reservation's outcome is unknown — adds `actual` and leaves a
 /// tombstone `C`, so a resend, or a reservation that reaches Redis late, does nothing. Counters never go
-/// below 0. Every call also resolves reservations past their deadline, as [`RESERVE_SCRIPT`] does.
+/// below 0. An entry applied (reply 1, so once per request) also adds `tokens_in`/`tokens_out` to the
+/// account's month hash `used_io` (fields `in`, `out`, and `in:<model>`, `out:<model>` when a model is
+/// tracked; expiry `expire_at_unix` like the counters); a hash of the wrong type or a field that is not a
+/// number is left alone. Every call also resolves reservations past their deadline, as
+/// [`RESERVE_SCRIPT`] does (adding nothing to `used_io`: no usage is known then).
 pub const SETTLE_SCRIPT: &str = concat!(
     include_str!("settle_head.lua"),
     include_str!("common.lua"),
@@ -68,7 +76,7 @@ pub const SETTLE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`SETTLE_SCRIPT`] (checked against a real Redis in the tests).
-pub const SETTLE_SHA1: &str = "79e0759d20c52e8760cefee841a8c75b3bcb6fca";
+pub const SETTLE_SHA1: &str = "aefcec0a602952164d38f39a58888018b93a5337";
 
 /// Settlements of many tenants in one call (group commit of a window of the settlement journal, see
 /// `flow::vm::settle`): [`SETTLE_SCRIPT`] wrapped as a Lua function of its own KEYS and ARGV
@@ -76,8 +84,8 @@ pub const SETTLE_SHA1: &str = "79e0759d20c52e8760cefee841a8c75b3bcb6fca";
 /// `pcall`, so each group does exactly what it does when sent alone, and a group Redis refuses (a key of
 /// the wrong type, say) does not stop the others. The whole call runs atomically in Redis.
 ///
-/// KEYS: per group, [`SETTLE_SCRIPT`]'s `open, due, done, gone, leases, (used_total, used_model) × m`.
-/// ARGV: `tombstone_s, "tg3s:<m1>,<m2>,…"` (each group's entry count, in order), then the 5 arguments
+/// KEYS: per group, [`SETTLE_SCRIPT`]'s `open, due, done, gone, leases, (used_total, used_model, used_io) × m`.
+/// ARGV: `tombstone_s, "tg4s:<m1>,<m2>,…"` (each group's entry count, in order), then the 7 arguments
 /// of every entry, group after group. Reply: one integer per entry, [`SETTLE_SCRIPT`]'s (1, 0, −1);
 /// every entry of a group the script refused is −2, of a group Redis failed while it ran −3
 /// (it may have written part of it: settlements are idempotent by request id, so it is sent again).
@@ -95,10 +103,10 @@ pub const SETTLE_BATCH_SCRIPT: &str = concat!(
 
 /// SHA-1 of [`SETTLE_BATCH_SCRIPT`] (checked against the text in a unit test and against a real Redis
 /// in `tests/redis_live.rs`).
-pub const SETTLE_BATCH_SHA1: &str = "b3d06e281b0aa44da45771c05e0c3309f71f3519";
+pub const SETTLE_BATCH_SHA1: &str = "f95bf27995faa70c1a00a09df05e55beafc4f65a";
 
-/// The group-count tag of [`SETTLE_BATCH_SCRIPT`] (`tg3s:` then the counts).
-pub const SETTLE_BATCH_TAG: &str = "tg3s:";
+/// The group-count tag of [`SETTLE_BATCH_SCRIPT`] (`tg4s:` then the counts).
+pub const SETTLE_BATCH_TAG: &str = "tg4s:";
 
 /// Everything one reservation needs. Costs are weighted tokens (see [`weighted`](super::weighted)).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +222,10 @@ pub struct SettleArgs {
     pub actual: u64,
     /// Same fixed expiry as the reservation.
     pub expire_at_unix: i64,
+    /// The provider's input (prompt) tokens, 0 when no usage was reported (refunds, estimates).
+    pub tokens_in: u64,
+    /// The provider's output (completion) tokens, 0 when no usage was reported.
+    pub tokens_out: u64,
 }
 
 /// The Webdis body that runs settlements of ONE tenant (see [`SETTLE_SCRIPT`]); an empty batch gives an
@@ -223,7 +235,8 @@ pub fn settle_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
         return String::new();
     };
     let k = &first.keys;
-    let mut keys: Vec<&str> = Vec::with_capacity(5 + batch.len() * 2);
+    let ios: Vec<String> = batch.iter().map(|a| a.keys.io()).collect();
+    let mut keys: Vec<&str> = Vec::with_capacity(5 + batch.len() * 3);
     keys.extend([
         k.open.as_str(),
         k.due.as_str(),
@@ -231,12 +244,13 @@ pub fn settle_request(batch: &[&SettleArgs], call: ScriptCall) -> String {
         k.gone.as_str(),
         k.leases.as_str(),
     ]);
-    let mut argv: Vec<String> = Vec::with_capacity(2 + batch.len() * 5);
+    let mut argv: Vec<String> = Vec::with_capacity(2 + batch.len() * 7);
     argv.push(lua_int(TOMBSTONE_S));
-    argv.push(QUOTA_PROTOCOL_TAG.to_string());
-    for a in batch {
+    argv.push(SETTLE_PROTOCOL_TAG.to_string());
+    for (a, io) in batch.iter().zip(&ios) {
         keys.push(a.keys.used_total.as_str());
         keys.push(a.keys.used_model.as_str());
+        keys.push(io.as_str());
         push_settle_args(&mut argv, a);
     }
     command_body(call, SETTLE_SCRIPT, SETTLE_SHA1, &keys, &argv)
@@ -250,12 +264,16 @@ pub fn settle_batch_request(groups: &[Vec<&SettleArgs>], call: ScriptCall) -> St
         return String::new();
     }
     let n: usize = groups.iter().map(|g| g.len()).sum();
-    let mut keys: Vec<&str> = Vec::with_capacity(5 * groups.len() + 2 * n);
-    let mut argv: Vec<String> = Vec::with_capacity(2 + 5 * n);
+    let ios: Vec<Vec<String>> = groups
+        .iter()
+        .map(|g| g.iter().map(|a| a.keys.io()).collect())
+        .collect();
+    let mut keys: Vec<&str> = Vec::with_capacity(5 * groups.len() + 3 * n);
+    let mut argv: Vec<String> = Vec::with_capacity(2 + 7 * n);
     argv.push(lua_int(TOMBSTONE_S));
     let counts: Vec<String> = groups.iter().map(|g| g.len().to_string()).collect();
     argv.push(format!("{SETTLE_BATCH_TAG}{}", counts.join(",")));
-    for g in &groups {
+    for (g, gio) in groups.iter().zip(&ios) {
         let Some(first) = g.first() else { continue };
         let k = &first.keys;
         keys.extend([
@@ -265,9 +283,10 @@ pub fn settle_batch_request(groups: &[Vec<&SettleArgs>], call: ScriptCall) -> St
             k.gone.as_str(),
             k.leases.as_str(),
         ]);
-        for a in g.iter() {
+        for (a, io) in g.iter().zip(gio) {
             keys.push(a.keys.used_total.as_str());
             keys.push(a.keys.used_model.as_str());
+            keys.push(io.as_str());
             push_settle_args(&mut argv, a);
         }
     }
@@ -286,6 +305,8 @@ fn push_settle_args(argv: &mut Vec<String>, a: &SettleArgs) {
     argv.push(lua_int(a.actual));
     argv.push(a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string());
     argv.push(flag(a.keys.has_model));
+    argv.push(lua_int(a.tokens_in));
+    argv.push(lua_int(a.tokens_out));
 }
 
 #[cfg(test)]
@@ -395,18 +416,26 @@ pub(crate) mod tests {
             mode: SettleMode::Settle,
             actual: u64::MAX,
             expire_at_unix: 10,
+            tokens_in: 12,
+            tokens_out: 34,
         };
         let c = SettleArgs {
             mode: SettleMode::Charge,
             actual: 7,
+            tokens_in: 0,
+            tokens_out: 0,
             ..s.clone()
         };
         let body = settle_request(&[&s, &c], ScriptCall::EvalSha);
         assert!(body.starts_with(&format!(
-            "EVALSHA/{SETTLE_SHA1}/9/tg%3Aq%3A%7Bacme%7D%3Aopen/"
+            "EVALSHA/{SETTLE_SHA1}/11/tg%3Aq%3A%7Bacme%7D%3Aopen/"
         )));
         assert!(
-            body.ends_with("/3600/tg3/s/req-1/9007199254740991/10/1/c/req-1/7/10/1"),
+            body.contains("%3A2026-11%3Am%3Agpt-4%2E1/tg%3Aq%3A%7Bacme%7D%3A2026-11%3Aio/"),
+            "{body}"
+        );
+        assert!(
+            body.ends_with("/3600/tg4/s/req-1/9007199254740991/10/1/12/34/c/req-1/7/10/1/0/0"),
             "{body}"
         );
         assert!(settle_request(&[], ScriptCall::Eval).is_empty());

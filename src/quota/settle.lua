@@ -8,15 +8,40 @@ local function apply(k, d, exp)
   redis.call('EXPIREAT', k, exp)
   return true
 end
+-- The provider's input and output tokens of an applied settlement, added to the account's month hash
+-- (`in`, `out`, and `in:<model>`, `out:<model>` when a model is tracked: the model key is the month
+-- counter's key then `:m:<model>`); a hash that is not one, or a field that is not a number, is left
+-- alone (the settlement itself is never undone by it).
+local function hadd(k, f, d)
+  if d == 0 then return end
+  local v = tonumber(redis.call('HGET', k, f) or '0')
+  if not v then return end
+  redis.call('HSET', k, f, string.format('%d', v + d))
+end
+local function addio(kio, ku, km, hasm, ti, to, exp)
+  if ti == 0 and to == 0 then return end
+  local t = redis.call('TYPE', kio)
+  if type(t) == 'table' then t = t.ok end
+  if t ~= 'hash' and t ~= 'none' then return end
+  hadd(kio, 'in', ti)
+  hadd(kio, 'out', to)
+  if hasm and string.sub(km, 1, #ku + 3) == ku .. ':m:' then
+    local m = string.sub(km, #ku + 4)
+    hadd(kio, 'in:' .. m, ti)
+    hadd(kio, 'out:' .. m, to)
+  end
+  redis.call('EXPIREAT', kio, exp)
+end
 sweep(now, open, leases, due, done, gone, tomb, tomb * 24)
 local out = {}
 for i = 0, n - 1 do
-  local mode, rid, a, exp, hasm = ARGV[3 + 5 * i], ARGV[4 + 5 * i], tonumber(ARGV[5 + 5 * i]), ARGV[6 + 5 * i], ARGV[7 + 5 * i] == '1'
-  local ku, km = KEYS[6 + 2 * i], KEYS[7 + 2 * i]
+  local mode, rid, a, exp, hasm = ARGV[3 + 7 * i], ARGV[4 + 7 * i], tonumber(ARGV[5 + 7 * i]), ARGV[6 + 7 * i], ARGV[7 + 7 * i] == '1'
+  local ti, to = tonumber(ARGV[8 + 7 * i]), tonumber(ARGV[9 + 7 * i])
+  local ku, km, kio = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
   local r = 0
   local rec = redis.call('HGET', open, rid)
   local tb = redis.call('HGET', done, rid)
-  if not a or a < 0 or (mode ~= 's' and mode ~= 'c') then
+  if not a or a < 0 or (mode ~= 's' and mode ~= 'c') or not ti or ti < 0 or not to or to < 0 then
     r = -1
   elseif rec then
     -- Reserved: charge the actual cost instead of the reservation.
@@ -50,6 +75,8 @@ for i = 0, n - 1 do
     redis.call('HSET', done, rid, 'C')
     redis.call('ZADD', gone, now + tomb, rid)
   end
+  -- Applied (once: a resend finds no reservation and a 'C' tombstone): its input and output tokens.
+  if r == 1 then addio(kio, ku, km, hasm, ti, to, exp) end
   out[#out + 1] = r
 end
 for _, k in ipairs({open, due, done, gone}) do keep(k, tomb * 24 + 86400) end

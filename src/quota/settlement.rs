@@ -5,7 +5,13 @@
 //! ```text
 //! [v=3][mode 's'|'c'][actual u64][reserved u64][expire i64][has_model u8]
 //! [len u16][tenant prefix][len u16][used_total key][len u16][used_model key][len u16][request id]
+//! [tokens_in u64][tokens_out u64]                       (since 0.2.0, optional)
 //! ```
+//!
+//! The input/output trailer was appended to layout v3 without a new version byte: a decoder of 0.1.x
+//! reads the four strings and ignores what follows, so during a reload an old VM still sends a new
+//! entry (its weighted amount whole, its split lost); an entry without the trailer (written by an old
+//! VM) reads as 0 input and 0 output tokens (nothing added to the split).
 
 use crate::quota::{tenant_tag, QuotaKeys, SettleArgs, SettleMode};
 use crate::shim::webdis::{parse_int_array, ShimError};
@@ -22,13 +28,14 @@ pub struct Job {
 
 impl Job {
     /// The journal entry: `[v=3][mode][actual u64][reserved u64][expire i64][has_model]` then the
-    /// tenant prefix, the two counter keys and the request id, each `[len u16][bytes]`.
+    /// tenant prefix, the two counter keys and the request id, each `[len u16][bytes]`, then
+    /// `[tokens_in u64][tokens_out u64]`.
     pub fn encode(&self) -> Vec<u8> {
         let a = &self.args;
         let k = &a.keys;
         let prefix = tenant_tag(k);
         let mut v = Vec::with_capacity(
-            28 + prefix.len() + k.used_total.len() + k.used_model.len() + k.request_id.len() + 8,
+            28 + prefix.len() + k.used_total.len() + k.used_model.len() + k.request_id.len() + 24,
         );
         v.push(3);
         v.push(match a.mode {
@@ -44,6 +51,8 @@ impl Job {
             v.extend_from_slice(&len.to_le_bytes());
             v.extend_from_slice(s.as_bytes().get(..usize::from(len)).unwrap_or_default());
         }
+        v.extend_from_slice(&a.tokens_in.to_le_bytes());
+        v.extend_from_slice(&a.tokens_out.to_le_bytes());
         v
     }
 
@@ -70,6 +79,11 @@ impl Job {
             at += len;
         }
         let [prefix, used_total, used_model, request_id]: [String; 4] = parts.try_into().ok()?;
+        // The input/output trailer: absent in an entry of 0.1.x (nothing to add to the split).
+        let (tokens_in, tokens_out) = match (read_u64(b, at), read_u64(b, at + 8)) {
+            (Some(i), Some(o)) => (i, o),
+            _ => (0, 0),
+        };
         Some(Job {
             args: SettleArgs {
                 keys: QuotaKeys::for_settlement(
@@ -78,6 +92,8 @@ impl Job {
                 mode,
                 actual,
                 expire_at_unix: expire,
+                tokens_in,
+                tokens_out,
             },
             reserved,
         })
@@ -171,6 +187,8 @@ mod tests {
                     mode,
                     actual: u64::MAX,
                     expire_at_unix: -5,
+                    tokens_in: 1234,
+                    tokens_out: u64::MAX,
                 },
                 reserved: 42,
             };
@@ -178,5 +196,62 @@ mod tests {
         }
         assert_eq!(Job::decode(b""), None);
         assert_eq!(Job::decode(&[3, b'x']), None);
+    }
+
+    fn job(tokens_in: u64, tokens_out: u64) -> Job {
+        Job {
+            args: SettleArgs {
+                keys: QuotaKeys::for_settlement(
+                    "tg:q:{acme}",
+                    "tg:q:{acme}:2026-12".into(),
+                    "tg:q:{acme}:2026-12:m:gpt-4.1".into(),
+                    "rid-9".into(),
+                    true,
+                ),
+                mode: SettleMode::Settle,
+                actual: 900,
+                expire_at_unix: 1_800_000_000,
+                tokens_in,
+                tokens_out,
+            },
+            reserved: 1000,
+        }
+    }
+
+    /// The v3 decoder of 0.1.x, as it was (the four strings, nothing after them read).
+    fn decode_0_1(b: &[u8]) -> Option<(u8, u64, u64, i64, bool, [String; 4])> {
+        if b.first() != Some(&3) {
+            return None;
+        }
+        let mode = *b.get(1)?;
+        let actual = read_u64(b, 2)?;
+        let reserved = read_u64(b, 10)?;
+        let expire = i64::from_le_bytes(b.get(18..26)?.try_into().ok()?);
+        let has_model = *b.get(26)? == 1;
+        let mut at = 27usize;
+        let mut parts = Vec::with_capacity(4);
+        for _ in 0..4 {
+            let len = usize::from(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
+            at += 2;
+            parts.push(std::str::from_utf8(b.get(at..at + len)?).ok()?.to_string());
+            at += len;
+        }
+        Some((mode, actual, reserved, expire, has_model, parts.try_into().ok()?))
+    }
+
+    #[test]
+    fn an_entry_with_the_split_is_read_by_the_old_decoder_and_an_old_entry_by_the_new_one() {
+        let new = job(700, 80).encode();
+        // 0.1.x reads the new entry whole, the trailer ignored.
+        let (mode, actual, reserved, _, has_model, parts) = decode_0_1(&new).unwrap();
+        assert_eq!((mode, actual, reserved, has_model), (b's', 900, 1000, true));
+        assert_eq!(parts[3], "rid-9");
+        // An entry 0.1.x wrote (no trailer) reads with no split: nothing to add.
+        let old = &new[..new.len() - 16];
+        assert_eq!(decode_0_1(old), decode_0_1(&new));
+        assert_eq!(Job::decode(old), Some(job(0, 0)));
+        // A cut trailer is no split either, never garbage numbers.
+        assert_eq!(Job::decode(&new[..new.len() - 3]), Some(job(0, 0)));
+        assert_eq!(Job::decode(&new), Some(job(700, 80)));
     }
 }

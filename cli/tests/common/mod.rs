@@ -164,6 +164,9 @@ impl Scripts {
             mode: SettleMode::Settle,
             actual,
             expire_at_unix: month_end_unix(now(), 0) + 86_400,
+            // No provider usage: the account's month has no input/output split (as 0.1.x left it).
+            tokens_in: 0,
+            tokens_out: 0,
         };
         let b = self.post(&settle_request(&[&s], ScriptCall::Eval));
         assert_eq!(

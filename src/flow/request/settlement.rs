@@ -30,6 +30,7 @@ pub(in crate::flow) fn reconcile(cx: &mut Cx, qr: &mut QuotaReq, ending: Ending)
 fn queue(cx: &mut Cx, qr: &mut QuotaReq, mode: SettleMode, ending: Ending) {
     qr.hold = Hold::Settled;
     let st = accounting::settle(&qr.reserved, ending);
+    let (tokens_in, tokens_out) = accounting::tokens_io(ending);
     qr.actual = Some(st.actual);
     qr.source = Some(st.source);
     let reserved = match mode {
@@ -44,6 +45,8 @@ fn queue(cx: &mut Cx, qr: &mut QuotaReq, mode: SettleMode, ending: Ending) {
                 mode,
                 actual: st.actual,
                 expire_at_unix: qr.expire_at,
+                tokens_in,
+                tokens_out,
             },
             reserved,
         },

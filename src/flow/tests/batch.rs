@@ -203,7 +203,7 @@ fn a_timed_out_batch_reconciles_every_request_whatever_redis_did() {
             let seg = segments(&c.body);
             let nkeys: usize = seg[2].parse().unwrap();
             seg[3 + nkeys + 2..]
-                .chunks(5)
+                .chunks(7)
                 .map(|a| format!("{}:{}", a[0], a[2]))
                 .collect::<Vec<_>>()
         })

@@ -50,13 +50,21 @@ fn settled(e: &FakeEnvoy) -> Vec<(String, u64)> {
 /// `quota::scripts::SETTLE_BATCH_SCRIPT`) as (mode, the account's key prefix `tg:q:{…}`, actual),
 /// group after group.
 pub(super) fn settle_entries(body: &str) -> Vec<(String, String, u64)> {
+    settle_entries_io(body)
+        .into_iter()
+        .map(|(mode, prefix, actual, _)| (mode, prefix, actual))
+        .collect()
+}
+
+/// [`settle_entries`] with each entry's input/output tokens and its split key (`…:<month>:io`).
+pub(super) fn settle_entries_io(body: &str) -> Vec<(String, String, u64, (u64, u64, String))> {
     let seg = segments(body);
     assert!(seg[0] == "EVAL" || seg[0] == "EVALSHA", "{seg:?}");
     let nkeys: usize = seg[2].parse().unwrap();
     let keys = &seg[3..3 + nkeys];
     let argv = &seg[3 + nkeys..];
     let sizes: Vec<usize> = argv[1]
-        .strip_prefix("tg3s:")
+        .strip_prefix("tg4s:")
         .expect("the batch tag")
         .split(',')
         .map(|m| m.parse().unwrap())
@@ -65,11 +73,14 @@ pub(super) fn settle_entries(body: &str) -> Vec<(String, String, u64)> {
     let mut out = Vec::new();
     for m in sizes {
         let prefix = keys[k].split('}').next().unwrap().to_string() + "}";
-        for e in argv[a..a + 5 * m].chunks(5) {
-            out.push((e[0].clone(), prefix.clone(), e[2].parse().unwrap()));
+        for (j, e) in argv[a..a + 7 * m].chunks(7).enumerate() {
+            let io_key = keys[k + 5 + 3 * j + 2].clone();
+            assert_eq!(io_key, format!("{}:io", keys[k + 5 + 3 * j]));
+            let io = (e[5].parse().unwrap(), e[6].parse().unwrap(), io_key);
+            out.push((e[0].clone(), prefix.clone(), e[2].parse().unwrap(), io));
         }
-        k += 5 + 2 * m;
-        a += 5 * m;
+        k += 5 + 3 * m;
+        a += 7 * m;
     }
     assert_eq!((k, a), (nkeys, argv.len()), "every key and argument read");
     out
@@ -97,6 +108,49 @@ fn a_complete_answer_with_usage_is_charged_its_usage_token_for_token() {
     assert_eq!(c.audit_field("usage_source").as_deref(), Some("provider"));
     assert!(reserved > 27);
     assert_eq!(settled(&e), vec![s(27)]);
+}
+
+/// The settlements' input/output tokens and split keys after a tick.
+fn settled_io(e: &FakeEnvoy) -> Vec<(u64, u64, String)> {
+    e.tick(0);
+    let calls = e.root_callouts.borrow().clone();
+    calls
+        .iter()
+        .flat_map(|c| settle_entries_io(&c.body))
+        .map(|(_, _, _, io)| io)
+        .collect()
+}
+
+#[test]
+fn a_settlement_carries_the_providers_input_and_output_tokens_and_a_refund_or_estimate_none() {
+    let e = envoy(quota_cfg(json!({})));
+    let mut c = admitted(&e, &chat("m", "hello", 100));
+    e.respond(
+        &mut c,
+        200,
+        &[("content-type", "application/json")],
+        &[r#"{"usage":{"prompt_tokens":7,"completion_tokens":20,"total_tokens":27}}"#],
+    );
+    clean(&c);
+    assert_eq!(
+        settled_io(&e),
+        vec![(7, 20, "tg:q:{acme}:2026-11:io".to_string())]
+    );
+    // No usage (an estimate) and a provider error (a refund): nothing for the split.
+    let e = envoy(quota_cfg(json!({})));
+    for (status, body) in [(200, r#"{"choices":[]}"#), (500, r#"{"error":{}}"#)] {
+        let mut c = admitted(&e, &chat("m", "hello", 100));
+        e.respond(
+            &mut c,
+            status,
+            &[("content-type", "application/json")],
+            &[body],
+        );
+        clean(&c);
+    }
+    let io = settled_io(&e);
+    assert_eq!(io.len(), 2, "{io:?}");
+    assert!(io.iter().all(|(i, o, _)| (*i, *o) == (0, 0)), "{io:?}");
 }
 
 #[test]
@@ -634,7 +688,7 @@ fn charges_of_an_outage_wait_for_the_shim_and_are_sent_when_it_answers() {
         let seg = segments(&calls[0].body);
         let nkeys: usize = seg[2].parse().unwrap();
         seg[3 + nkeys + 2..]
-            .chunks(5)
+            .chunks(7)
             .map(|a| (a[0].clone(), a[2].parse().unwrap()))
             .collect()
     };
