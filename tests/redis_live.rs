@@ -172,8 +172,13 @@ mod quota {
     fn io(st: &Stack, a: &ReserveArgs) -> [String; 4] {
         let k = a.keys().io();
         let m = a.model.clone().unwrap_or_default();
-        ["in".to_string(), "out".into(), format!("in:{m}"), format!("out:{m}")]
-            .map(|f| st.cli(&["HGET", &k, &f]))
+        [
+            "in".to_string(),
+            "out".into(),
+            format!("in:{m}"),
+            format!("out:{m}"),
+        ]
+        .map(|f| st.cli(&["HGET", &k, &f]))
     }
 
     fn used(st: &Stack, a: &ReserveArgs) -> (String, String) {
@@ -928,8 +933,11 @@ mod quota {
         assert_eq!(st.cli(&["GET", &k.io()]), "x");
         // A malformed split is a malformed entry: nothing applied.
         reserve(&st, &with_id("m1")).unwrap();
-        let body = settle_request(&[&entry(&with_id("m1"), SettleMode::Settle, 5)], ScriptCall::Eval)
-            .replace("/5/1796688000/1/1/4", "/5/1796688000/1/-1/4");
+        let body = settle_request(
+            &[&entry(&with_id("m1"), SettleMode::Settle, 5)],
+            ScriptCall::Eval,
+        )
+        .replace("/5/1796688000/1/1/4", "/5/1796688000/1/-1/4");
         let (code, b) = st.post(&body);
         assert_eq!(parse_settle_reply(code, &b, 1).unwrap(), vec![-1]);
     }

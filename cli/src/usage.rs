@@ -592,12 +592,25 @@ mod tests {
             csv.starts_with("kind,account,unit,used,in_leases,in_flight,settled,tokens_in,tokens_out,limit,remaining\r\n"),
             "{csv}"
         );
-        assert!(csv.contains("tokens,alice,tokens,40,10,0,30,30,12,50,10\r\n"), "{csv}");
-        assert!(csv.contains("tokens,bob,tokens,9,10,0,-1,-,-,1000,991\r\n"), "{csv}");
+        assert!(
+            csv.contains("tokens,alice,tokens,40,10,0,30,30,12,50,10\r\n"),
+            "{csv}"
+        );
+        assert!(
+            csv.contains("tokens,bob,tokens,9,10,0,-1,-,-,1000,991\r\n"),
+            "{csv}"
+        );
         // Totals per unit add the rows that have a split.
-        assert!(csv.contains("total,,tokens,49,20,0,29,30,12,,\r\n"), "{csv}");
-        assert!(csv.contains("total,,EUR,1.25,0.00001,0,1.24999,30,12,,\r\n"), "{csv}");
-        let j: Value = serde_json::from_str(&render("2026-12", &r, By::Account, Format::Json)).unwrap();
+        assert!(
+            csv.contains("total,,tokens,49,20,0,29,30,12,,\r\n"),
+            "{csv}"
+        );
+        assert!(
+            csv.contains("total,,EUR,1.25,0.00001,0,1.24999,30,12,,\r\n"),
+            "{csv}"
+        );
+        let j: Value =
+            serde_json::from_str(&render("2026-12", &r, By::Account, Format::Json)).unwrap();
         assert_eq!(j["rows"][0]["tokens_in"], 30);
         assert_eq!(j["rows"][2]["tokens_in"], Value::Null);
         assert_eq!(j["totals"][1]["tokens_out"], 12);

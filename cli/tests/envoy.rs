@@ -186,10 +186,10 @@ fn usage_of(body: &[u8], stream: bool) -> Value {
         return v["usage"].clone();
     }
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter(|v| v["usage"].is_object())
-        .last()
+        .find(|v| v["usage"].is_object())
         .map(|v| v["usage"].clone())
         .unwrap_or_else(|| panic!("no usage in the stream: {text}"))
 }
@@ -401,19 +401,39 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     ]));
     for t in ["t-ann", "t-bo"] {
         let want = io_of(&|s| s.tenant == t);
-        assert_eq!(by_account[&(t.to_string(), String::new())], want, "{t}\n{json}");
-        assert_eq!(by_account[&(format!("own:{t}"), String::new())], want, "own:{t}");
+        assert_eq!(
+            by_account[&(t.to_string(), String::new())],
+            want,
+            "{t}\n{json}"
+        );
+        assert_eq!(
+            by_account[&(format!("own:{t}"), String::new())],
+            want,
+            "own:{t}"
+        );
         for m in ["gpt-test", "other-model"] {
             let want = io_of(&|s| s.tenant == t && s.model == m);
-            assert_eq!(by_model_io[&(t.to_string(), m.to_string())], want, "{t} {m}");
+            assert_eq!(
+                by_model_io[&(t.to_string(), m.to_string())],
+                want,
+                "{t} {m}"
+            );
         }
     }
     for team in ["red", "blue"] {
         let acct = format!("team-spend:group={team}");
-        assert_eq!(by_account[&(acct.clone(), String::new())], io_of(&|s| s.team == team), "{acct}");
+        assert_eq!(
+            by_account[&(acct.clone(), String::new())],
+            io_of(&|s| s.team == team),
+            "{acct}"
+        );
         for m in ["gpt-test", "other-model"] {
             let want = io_of(&|s| s.team == team && s.model == m);
-            assert_eq!(by_model_io[&(acct.clone(), m.to_string())], want, "{acct} {m}");
+            assert_eq!(
+                by_model_io[&(acct.clone(), m.to_string())],
+                want,
+                "{acct} {m}"
+            );
         }
     }
     // The responses' usage is what the mock says it served (its own ledger, independent of Envoy).

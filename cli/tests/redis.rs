@@ -168,7 +168,7 @@ fn the_report_is_exact_against_the_counters_with_leases_and_reservations_apart()
     let csv = s.tg(&["usage", "--format", "csv", "--budget", "team-spend"]);
     assert!(csv.starts_with("kind,account,unit,used,"), "{csv}");
     assert!(
-        csv.contains("budget,team-spend:group=red,USD,0.009955,0,0,0.009955,100,99.990045\r\n"),
+        csv.contains("budget,team-spend:group=red,USD,0.009955,0,0,0.009955,-,-,100,99.990045\r\n"),
         "{csv}"
     );
     println!("{table}");

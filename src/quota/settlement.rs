@@ -236,7 +236,14 @@ mod tests {
             parts.push(std::str::from_utf8(b.get(at..at + len)?).ok()?.to_string());
             at += len;
         }
-        Some((mode, actual, reserved, expire, has_model, parts.try_into().ok()?))
+        Some((
+            mode,
+            actual,
+            reserved,
+            expire,
+            has_model,
+            parts.try_into().ok()?,
+        ))
     }
 
     #[test]

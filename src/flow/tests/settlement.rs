@@ -56,8 +56,11 @@ pub(super) fn settle_entries(body: &str) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-/// [`settle_entries`] with each entry's input/output tokens and its split key (`…:<month>:io`).
-pub(super) fn settle_entries_io(body: &str) -> Vec<(String, String, u64, (u64, u64, String))> {
+/// One entry's input tokens, output tokens and split key (`…:<month>:io`).
+type Io = (u64, u64, String);
+
+/// [`settle_entries`] with each entry's input/output tokens and its split key.
+pub(super) fn settle_entries_io(body: &str) -> Vec<(String, String, u64, Io)> {
     let seg = segments(body);
     assert!(seg[0] == "EVAL" || seg[0] == "EVALSHA", "{seg:?}");
     let nkeys: usize = seg[2].parse().unwrap();
