@@ -204,12 +204,14 @@ fn a_timed_out_batch_reconciles_every_request_whatever_redis_did() {
             let nkeys: usize = seg[2].parse().unwrap();
             seg[3 + nkeys + 2..]
                 .chunks(7)
-                .map(|a| format!("{}:{}", a[0], a[2]))
+                .map(|a| format!("{}:{}:{}/{}", a[0], a[2], a[5], a[6]))
                 .collect::<Vec<_>>()
         })
         .collect();
     assert_eq!(modes.len(), 3, "{modes:?}");
     assert!(modes.iter().all(|m| m.starts_with("c:")), "{modes:?}");
+    // A charge carries the provider's input/output tokens like a settlement.
+    assert!(modes.iter().all(|m| m.ends_with(":3/2")), "{modes:?}");
 }
 
 #[test]

@@ -83,6 +83,21 @@ fn a_team_budget_is_reserved_after_the_token_quota_and_settled_at_the_models_pri
         s.contains(&("s".into(), "tg:q:{%7Eb:team:group%3Dred}".into(), 5400)),
         "{s:?}"
     );
+    // The budget's account gets the same input/output split as the token quota, in tokens.
+    let io: Vec<(String, u64, u64)> = e
+        .root_callouts
+        .borrow()
+        .iter()
+        .flat_map(|c| super::settlement::settle_entries_io(&c.body))
+        .map(|(_, prefix, _, (i, o, _))| (prefix, i, o))
+        .collect();
+    assert_eq!(
+        io,
+        [
+            ("tg:q:{alice}".to_string(), 1000, 500),
+            ("tg:q:{%7Eb:team:group%3Dred}".to_string(), 1000, 500)
+        ]
+    );
 }
 
 #[test]
