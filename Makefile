@@ -24,7 +24,7 @@
 #                   no filter / Envoy's buffer filter / empty wasm / tokengate (req/s, CPU, latency; the leased quota
 #                   with 1, 100 and 10,000 key tenants: BENCH_TENANTS), the same rows' instructions per request
 #                   under callgrind, the estimator's instructions per KB inside Envoy, and the cost per KB of
-#                   1-256 KB bodies against Envoy's buffer filter (BENCH_BODY_KB). ~4 min more than the rows alone
+#                   1-256 KB bodies against Envoy's buffer filter (BENCH_BODY_KB): ~4 min more than without them
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
 #   make compose-test  envoy/docker-compose.yaml brought up with podman-compose on local stand-in images,
 #                   smoke-tested and torn down (first run ~2.5 min to build the images, then ~20 s)

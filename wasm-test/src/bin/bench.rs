@@ -40,13 +40,14 @@
 //!   a row starts with an uncounted warm pass of two requests per tenant (at least 1,000, at most 10 s),
 //!   so that every tenant holds its lease when counting starts (leases idle for 10 s go back while the
 //!   other rows run). Each such row has a Redis + Webdis of its own, so that those leases, taken and given
-//!   back while other rows run, are counted in no other row. Their table gives req/s, req/s per tenant, the ratio to the 1-tenant row, Redis
-//!   script calls per request, loaded and 1-client p50/p99 (issue 30, item 5). For every row behind Redis
-//!   each round also prints how the filter's `tokengate_quota_*` counters moved (Envoy's admin `/stats`):
-//!   where the script calls went.
+//!   back while other rows run, are counted in no other row. Their table gives req/s, req/s per tenant,
+//!   the ratio to the 1-tenant row, Redis script calls per request, loaded and 1-client p50/p99 (issue
+//!   30, item 5). For every row behind Redis each round also prints how the filter's `tokengate_quota_*`
+//!   counters moved (Envoy's admin `/stats`): where the script calls went.
 //!
 //! Every request carries `x-tenant-id: bench` (but those of the key-tenant rows) and `x-tokengate-team:
-//! eng` (read only by the rows with groups). For the rows behind Redis the throughput table also gives Redis script calls (`EVAL` +
+//! eng` (read only by the rows with groups). For the rows behind Redis the throughput table also gives
+//! Redis script calls (`EVAL` +
 //! `EVALSHA`, from `INFO commandstats`) per request: counted over each round's load and latency phases
 //! and the settlements they leave (until Redis has been quiet for 100 ms), summed over the rounds. Idle
 //! rows' background work (a lease renewed every 20 s, given back after 10 s idle) lands in whichever row
@@ -108,10 +109,11 @@
 //! `english`) sent to `no filter`, `envoy buffer filter`, `empty wasm (buffer body)` and `tokengate
 //! (buckets)` (those of them `BENCH_VARIANTS` selects). With `BENCH_CALLGRIND=N`: instructions per request
 //! (each Envoy started once under callgrind, N counted requests per body after 50 to warm up); without:
-//! Envoy's CPU µs per request over `BENCH_BODY_SECONDS` (default 1) of
-//! sequential requests per body, best of three rounds (coarse: /proc counts CPU in 10 ms ticks, and the
-//! small bodies' differences drown in the host's noise; the callgrind table is the one to read). The table
-//! gives each row's cost per KB above the first (smallest) body and that over the buffer filter's.
+//! Envoy's CPU µs per request over `BENCH_BODY_SECONDS` (default 1) of sequential requests per body,
+//! best of three rounds (coarse: /proc counts CPU in 10 ms ticks, and the small bodies' differences drown
+//! in the host's noise; but callgrind counts user-space instructions only, not the kernel's socket work).
+//! The table gives each row's cost per KB above the first (smallest) body and that over the buffer
+//! filter's.
 //!
 //! `BENCH_FAMILY=<family>`: every row sends that API family's request instead of OpenAI chat — the same
 //! system and user text, output limit 16, on its own path — and the mock answers it in the family's
@@ -128,7 +130,8 @@
 //! `<repo>/.venv/bin/envoy`), `TOKENGATE_WASM` (default `<repo>/target/wasm32-wasip1/release/tokengate.wasm`),
 //! `EMPTY_WASM` (default `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`),
 //! `BENCH_SECONDS`, `BENCH_LATENCY_SECONDS`, `BENCH_CLIENTS`, `BENCH_ROUNDS` (default 2), `BENCH_PIN`,
-//! `BENCH_EXTRA`, `BENCH_TENANTS`, `BENCH_BODY_KB`, `BENCH_VARIANTS` (name prefixes to run, comma-separated, or semicolon-separated when
+//! `BENCH_EXTRA`, `BENCH_TENANTS`, `BENCH_BODY_KB`, `BENCH_VARIANTS` (name prefixes to run,
+//! comma-separated, or semicolon-separated when
 //! one has a comma; default all). Defaults keep a full run (every row) under ~3 min. A variant whose wasm
 //! is not built is skipped with a note; the quota row is skipped when `redis-server` or `webdis` is not
 //! installed. Every process started here is killed by PID on exit, including on error (Drop).
