@@ -1,11 +1,12 @@
 //! The request breakers (one per upstream cluster, one per model) as a request meets them: which upstream
 //! it goes to when breakers are open, the admissions it holds, and the outcome it reports — built so that
-//! a request through closed breakers costs one cheap shared-data read per phase and nothing else.
+//! a request through closed breakers costs one cheap shared-data read and nothing else.
 //!
 //! # One read while every breaker is closed
 //! [`view`] reads the set of breakers that are not CLOSED ([`crate::breaker::open_set`]): one value,
 //! empty while all are closed, which the host returns without handing over any bytes. The flow reads it in
-//! the headers phase (cluster breaker) and again once the body is read (model breaker). A breaker the set
+//! the headers phase (cluster breaker) and the model breaker's check reuses that read when the body
+//! arrives within [`crate::flow::vm::breakers::OPEN_SET_REUSE_MS`] (reads it again otherwise). A breaker the set
 //! does not name is CLOSED: the request is admitted on it with no read of its key, no key built, and no
 //! key created (a breaker key is created by the first outcome recorded on it). Only breakers the set
 //! names (or every breaker, when the set cannot be read) go the exact way below. The cluster breaker
@@ -34,7 +35,8 @@
 //! in one write: with the next failure or probe outcome it records on that breaker (in the same CAS,
 //! before it); once they reach 1/[`SUCCESS_BATCH_DIVISOR`] of the outcomes the breaker's window held at
 //! this VM's last write to it; once the oldest has waited [`SUCCESS_FLUSH_MS`] (checked as each request
-//! ends); and at every tick of the VM ([`flush`]). A window that held fewer than 2 ×
+//! ends, against the last time any callback of the VM read the clock: a success is gathered without a
+//! clock read of its own); and at every tick of the VM ([`flush`]). A window that held fewer than 2 ×
 //! [`SUCCESS_BATCH_DIVISOR`] (128) outcomes, one this VM has not written to, or one it last wrote longer
 //! ago than [`SUCCESS_FLUSH_MS`] (or one sub-window of a shorter window) gets every success at once: a
 //! CAS on the request path, about 128 + 64 writes per window and at most ten a second per VM after that.
@@ -419,7 +421,7 @@ impl Pending {
 
     /// True when something may wait for `now_ns` (or must be written anyway: too many breakers
     /// waiting). May say so when nothing is due any more ([`flush`] then finds nothing to write).
-    fn due(&self, now_ns: u64) -> bool {
+    pub fn due(&self, now_ns: u64) -> bool {
         self.waiting >= MAX_PENDING_KEYS
             || self
                 .oldest_ns

@@ -67,6 +67,39 @@ pub fn route(method: Option<&str>, path: Option<&str>) -> Option<Route> {
     }
     let path = path.unwrap_or_default();
     let path = path.split(['?', '#']).next().unwrap_or(path);
+    if let Some(r) = plain(path) {
+        return r;
+    }
+    by_segments(path)
+}
+
+/// The common path, read without an allocation: lower case, no `;` parameters, no `:` verb or
+/// percent-encoding, no Azure deployment, no Bedrock verb. `None`: not such a path
+/// ([`by_segments`] reads it); otherwise what [`by_segments`] gives for it.
+fn plain(path: &str) -> Option<Option<Route>> {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed
+        .bytes()
+        .any(|b| matches!(b, b';' | b':' | b'%' | b'A'..=b'Z'))
+        || trimmed.contains("/deployments")
+    {
+        return None;
+    }
+    let last = trimmed.rsplit('/').next().unwrap_or_default();
+    if matches!(
+        last,
+        "converse" | "converse-stream" | "invoke" | "invoke-with-response-stream"
+    ) {
+        return None;
+    }
+    Some(ApiKind::from_path(trimmed).map(|kind| Route {
+        kind,
+        model: PathModel::None,
+    }))
+}
+
+/// Any path, by its segments.
+fn by_segments(path: &str) -> Option<Route> {
     // Segments without their `;` parameters, trailing empty ones (trailing slashes) dropped.
     let mut segs: Vec<&str> = path
         .split('/')
@@ -373,6 +406,54 @@ mod tests {
             ),
         ] {
             assert_eq!(post(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_plain_path_reading_agrees_with_the_segment_reading() {
+        let paths = [
+            "",
+            "/",
+            "/v1/chat/completions",
+            "/v1/chat/completions/",
+            "/v1//chat/completions//",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/responses",
+            "/v1/messages",
+            "/v1/complete",
+            "/v1/threads/t1/messages",
+            "/v1/models",
+            "/openai/v1/chat/completions",
+            "/openai/responses",
+            "/openai/deployments/d1/chat/completions",
+            "/openai/deployments",
+            "/model/anthropic.claude-3/converse",
+            "/model/x/invoke",
+            "/invoke",
+            "/a/converse-stream",
+            "/v1beta/models/gemini-2.5-flash:generateContent",
+            "/v1/chat/completions;x=1",
+            "/V1/Chat/Completions",
+            "/v1/chat%2Fcompletions",
+            "/v1/embeddings/x",
+            "/x/messages/",
+            "/v1/chat/completions/extra",
+            "/v1/responses/resp_1/cancel",
+            "chat/completions",
+        ];
+        for p in paths {
+            if let Some(fast) = plain(p) {
+                assert_eq!(fast, by_segments(p), "{p}");
+            }
+        }
+        // The common paths take the plain reading.
+        for p in [
+            "/v1/chat/completions",
+            "/v1/messages",
+            "/openai/v1/embeddings/",
+        ] {
+            assert!(plain(p).is_some(), "{p}");
         }
     }
 

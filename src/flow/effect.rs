@@ -78,6 +78,12 @@ pub enum Body {
 pub trait Host {
     /// Host time, ns since the epoch.
     fn now_ns(&self) -> u64;
+    /// A recent host time without a host call when one can serve: this callback's reading, or the
+    /// last one any callback of this VM made (a busy VM reads the clock at every request; an idle one
+    /// at its tick). For what may lag by that much: counting plain successes of a failure-rate breaker.
+    fn recent_ns(&self) -> u64 {
+        self.now_ns()
+    }
     /// Envoy's shared data for this `vm_id`.
     fn store(&self) -> &dyn SharedStore;
     /// A stream property (`xds.cluster_name`, `response.code`, `response.code_details`).

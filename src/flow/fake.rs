@@ -162,6 +162,9 @@ pub struct FakeEnvoy {
     pub probe_answer: RefCell<(u32, String)>,
     /// Root wakes asked ([`Effect::WakeRoot`]) and not run yet ([`FakeEnvoy::wake`] runs them).
     pub wakes: Cell<u32>,
+    /// How long each request body takes to arrive after its headers (ms; the clock moves between the
+    /// two phases of [`FakeEnvoy::send`]).
+    pub upload_ms: Cell<u64>,
     next_id: Cell<u32>,
 }
 
@@ -200,6 +203,7 @@ impl FakeEnvoy {
             resumed: RefCell::new(Vec::new()),
             probe_answer: RefCell::new((200, r#"{"PING":[true,"PONG"]}"#.to_string())),
             wakes: Cell::new(0),
+            upload_ms: Cell::new(0),
             next_id: Cell::new(1),
         }
     }
@@ -365,6 +369,7 @@ impl FakeEnvoy {
             call.held = call.req.is_held();
             return call;
         }
+        self.advance_ms(self.upload_ms.get());
         let sent = body.as_bytes().to_vec();
         let next = self.run(&mut call, Phase::RequestBody, Some(&sent), |req, cx| {
             req.on_request_body(cx, sent.len(), true)

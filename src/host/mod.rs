@@ -42,6 +42,11 @@ thread_local! {
     pub static VM: RefCell<Vm> = RefCell::new(Vm::default());
 }
 
+thread_local! {
+    /// The last host time any callback of this VM read ([`Host::recent_ns`]); 0 before the first.
+    static LAST_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// The host as the flow sees it, for one callback (made anew for each).
 pub struct EnvoyHost {
     clock: CallbackClock<fn() -> u64>,
@@ -51,7 +56,11 @@ impl EnvoyHost {
     /// The host for one callback: its clock not read yet.
     pub fn new() -> Self {
         EnvoyHost {
-            clock: CallbackClock::new(|| abi::now_ns().unwrap_or(0)),
+            clock: CallbackClock::new(|| {
+                let t = abi::now_ns().unwrap_or(0);
+                LAST_NS.with(|l| l.set(t));
+                t
+            }),
         }
     }
 }
@@ -94,6 +103,15 @@ impl<F: Fn() -> u64> CallbackClock<F> {
 impl Host for EnvoyHost {
     fn now_ns(&self) -> u64 {
         self.clock.now_ns()
+    }
+    fn recent_ns(&self) -> u64 {
+        if let Some(t) = self.clock.at.get() {
+            return t;
+        }
+        match LAST_NS.with(std::cell::Cell::get) {
+            0 => self.clock.now_ns(),
+            t => t,
+        }
     }
     fn store(&self) -> &dyn SharedStore {
         &store::HostStore

@@ -14,6 +14,14 @@
 //! 25-byte bucket state, and the three `x-ratelimit-*-tokens` response headers. No filter that keeps a
 //! bucket in shared data and answers with those headers can cost less than this row.
 //!
+//! `floor+<call>+<call>…` adds host calls to the floor, to price each kind in callgrind next to the
+//! floor row (`BENCH_EXTRA="time=<this .wasm>|floor+time;…"`): `time` (a clock read), `prop` (the
+//! `xds.cluster_name` property), `prop2` (the top-level `cluster_name`), `metric` (a counter
+//! increment), `setprop` (a 53-byte filter-state property, as the audit record), `rmheader` (a request
+//! header removed in the headers phase), `get` (a shared-data read of a missing key), `getbig` (a
+//! shared-data read and CAS write of 238 bytes, a breaker record) and `hdr` (a fourth response
+//! header). The prices measured are in `docs/benchmarks.md`.
+//!
 //! Any other configuration keeps the plain pass-through filter.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -21,7 +29,7 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(EmptyRoot { buffer: false, floor: false }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(EmptyRoot { buffer: false, floor: false, extra: Vec::new(), metric: 0 }) });
 }}
 
 /// Accepts any configuration and creates one `EmptyHttp` per request.
@@ -30,6 +38,9 @@ struct EmptyRoot {
     buffer: bool,
     /// Also make the contract's minimum host calls (configuration `floor`).
     floor: bool,
+    /// Extra host calls on top of `floor` (configuration `floor+<call>+<call>…`), to price each kind.
+    extra: Vec<String>,
+    metric: u32,
 }
 
 impl Context for EmptyRoot {}
@@ -39,8 +50,18 @@ impl RootContext for EmptyRoot {
         let config = self.get_plugin_configuration().unwrap_or_default();
         let text = String::from_utf8_lossy(&config);
         let mode = text.trim().trim_matches('"');
-        self.floor = mode == "floor";
-        self.buffer = mode == "buffer" || self.floor;
+        let mut parts = mode.split('+');
+        let first = parts.next().unwrap_or_default();
+        self.floor = first == "floor";
+        self.buffer = first == "buffer" || self.floor;
+        self.extra = parts.map(str::to_string).collect();
+        if self.extra.iter().any(|e| e == "metric") {
+            self.metric = proxy_wasm::hostcalls::define_metric(
+                proxy_wasm::types::MetricType::Counter,
+                "floor_metric",
+            )
+            .unwrap_or(0);
+        }
         true
     }
 
@@ -49,6 +70,8 @@ impl RootContext for EmptyRoot {
             buffer: self.buffer,
             floor: self.floor,
             body_len: 0,
+            extra: self.extra.clone(),
+            metric: self.metric,
         }))
     }
 
@@ -63,6 +86,8 @@ struct EmptyHttp {
     floor: bool,
     /// Bytes read in `buffer` mode (kept so the read cannot be optimised away).
     body_len: usize,
+    extra: Vec<String>,
+    metric: u32,
 }
 
 impl Context for EmptyHttp {}
@@ -71,6 +96,12 @@ impl HttpContext for EmptyHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.floor {
             self.body_len = std::hint::black_box(request_header_blob_len());
+            if self.extra.iter().any(|e| e == "rmheader") {
+                let _ = proxy_wasm::hostcalls::remove_map_value(
+                    proxy_wasm::types::MapType::HttpRequestHeaders,
+                    "x-tenant-id",
+                );
+            }
         }
         Action::Continue
     }
@@ -92,6 +123,45 @@ impl HttpContext for EmptyHttp {
                 *b = b.wrapping_add(1);
             }
             let _ = self.set_shared_data("floor:bucket", Some(&next), cas);
+            for e in &self.extra {
+                match e.as_str() {
+                    "time" => {
+                        self.body_len ^= std::hint::black_box(self.get_current_time())
+                            .elapsed()
+                            .map(|d| d.as_nanos() as usize)
+                            .unwrap_or(0);
+                    }
+                    "prop" => {
+                        self.body_len ^= self
+                            .get_property(vec!["xds", "cluster_name"])
+                            .map_or(0, |v| v.len());
+                    }
+                    "prop2" => {
+                        self.body_len ^= self
+                            .get_property(vec!["cluster_name"])
+                            .map_or(0, |v| v.len());
+                    }
+                    "metric" => {
+                        let _ = proxy_wasm::hostcalls::increment_metric(self.metric, 1);
+                    }
+                    "setprop" => {
+                        self.set_property(
+                            vec!["floor_audit"],
+                            Some(b"tenant=acme model=gpt-4.1 estimated=40 decision=admit"),
+                        );
+                    }
+                    "get" => {
+                        self.body_len ^=
+                            self.get_shared_data("floor:other").0.map_or(0, |v| v.len());
+                    }
+                    "getbig" => {
+                        let (v, cas) = self.get_shared_data("floor:big");
+                        let v = v.unwrap_or_else(|| vec![0u8; 238]);
+                        let _ = self.set_shared_data("floor:big", Some(&v), cas);
+                    }
+                    _ => {}
+                }
+            }
         }
         Action::Continue
     }
@@ -101,6 +171,9 @@ impl HttpContext for EmptyHttp {
             self.set_http_response_header("x-ratelimit-limit-tokens", Some("1000000000"));
             self.set_http_response_header("x-ratelimit-remaining-tokens", Some("999999000"));
             self.set_http_response_header("x-ratelimit-reset-tokens", Some("0s"));
+            if self.extra.iter().any(|e| e == "hdr") {
+                self.set_http_response_header("x-tokengate-estimated-tokens", Some("40"));
+            }
         }
         Action::Continue
     }

@@ -101,7 +101,7 @@ impl Request {
                 let path = normalized_path(h.get(":path"));
                 if !cfg.unmetered.allows(&path) {
                     self.family = family_of_path(&path, h);
-                    self.reply_id = reply_id(h, self.id, cx.now());
+                    self.reply_id = reply_id(h, self.id, cx);
                     let method = h.get(":method").unwrap_or_default();
                     let refusal = answers::path_not_metered(method, &path);
                     let d = Denial::new(Reason::PathNotMetered, refusal);
@@ -114,7 +114,7 @@ impl Request {
         };
         let kind = route.kind;
         self.family = Family::of(kind);
-        self.reply_id = reply_id(h, self.id, cx.now());
+        self.reply_id = reply_id(h, self.id, cx);
         let mut meta = Meta {
             kind: Some(kind),
             ..Meta::default()
@@ -218,10 +218,12 @@ pub(in crate::flow) fn settlement_id(client_id: &str, context: u32, now_ns: u64)
 }
 
 /// The id a reply carries: the client's `x-request-id` (at most 128 bytes), else one of ours.
-fn reply_id(h: &dyn Headers, id: u32, now: u64) -> String {
+/// The id a reply names: the request's `x-request-id` (Envoy sets one on every request unless told
+/// not to), else `tg-<context>-<ns>` (the clock is read only then).
+fn reply_id(h: &dyn Headers, id: u32, cx: &Cx) -> String {
     match h.get("x-request-id").filter(|v| !v.is_empty()) {
         Some(v) => v.get(..128).unwrap_or(v).to_string(),
-        None => format!("tg-{id}-{now}"),
+        None => format!("tg-{id}-{}", cx.now()),
     }
 }
 

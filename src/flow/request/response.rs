@@ -151,7 +151,9 @@ impl Request {
             // Whole trios per resource: the provider's when it has less left, else ours (see
             // `reply::merge_provider_headers`).
             let ours = crate::reply::Limits::from(snap);
-            let now_ms = cx.now() / 1_000_000;
+            // A recent time, not a clock read: at most this request's own admission time, so a
+            // reset is never announced earlier than the bucket refills.
+            let now_ms = cx.host.recent_ns() / 1_000_000;
             let fx = &mut *cx.fx;
             crate::reply::merge_with(self.family, &|n| h.get(n), &ours, now_ms, |k, v| {
                 fx.push(Effect::SetResponseHeader(

@@ -12,6 +12,7 @@
 
 pub(in crate::flow) use super::reservation::{Hold, QuotaReq, Sent};
 use crate::breaker::failover::Held;
+use crate::breaker::View;
 use crate::estimate::ApiKind;
 pub(in crate::flow) use crate::flow::vm::state::FairMember;
 use crate::limits::bucket::Snapshot;
@@ -169,6 +170,9 @@ pub(in crate::flow) struct Meta {
     pub request_id: String,
     /// The cluster breaker as the headers phase saw it (`None`: no cluster breaker).
     pub cluster: Option<ClusterSeen>,
+    /// The set of open breakers as the headers phase read it, and when: the model breaker's check
+    /// reuses it while it is fresh ([`crate::flow::vm::breakers::OPEN_SET_REUSE_MS`]).
+    pub open_set: Option<(View, u64)>,
     /// `x-tokengate-fallback` hops.
     pub fallbacks: Vec<String>,
     /// The `content-length` the upstream was promised (kept): a rewritten body must have this length.

@@ -186,8 +186,23 @@ fn requests_through_closed_breakers_read_only_the_set_of_open_breakers_and_creat
     }
     let per_request = ((with.store.reads() - w0) - (buckets.store.reads() - b0)) as f64 / 10.0;
     assert_eq!(
+        per_request, 1.0,
+        "one read of the set per request (the body phase reuses the headers phase's), nothing else"
+    );
+    // A body that takes longer than the reuse window to arrive: the set is read again for the model.
+    for e in [&buckets, &with] {
+        e.upload_ms
+            .set(crate::flow::vm::breakers::OPEN_SET_REUSE_MS);
+    }
+    let (b0, w0) = (buckets.store.reads(), with.store.reads());
+    for _ in 0..10 {
+        one(&buckets, 0, "m", 200);
+        one(&with, 0, "m", 200);
+    }
+    let per_request = ((with.store.reads() - w0) - (buckets.store.reads() - b0)) as f64 / 10.0;
+    assert_eq!(
         per_request, 2.0,
-        "one read of the set per phase, nothing else"
+        "a slow upload: one read of the set per phase"
     );
     assert!(stored(&with, "model", "m").is_none());
     assert!(stored(&with, "cluster", "provider").is_none());

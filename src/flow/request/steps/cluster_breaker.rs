@@ -25,16 +25,13 @@ pub(in crate::flow) fn check(
         return Ok(());
     };
     let v = breakers::view(cx);
+    // Stamped with a recent time (no clock read here): never younger than the read.
+    meta.open_set = Some((v.clone(), cx.host.recent_ns()));
     if !v.may_have_scope("cluster") {
         meta.cluster = Some(ClusterSeen::Closed);
         return Ok(());
     }
-    let Some(cluster) = cx
-        .host
-        .property(&["xds", "cluster_name"])
-        .and_then(|v| String::from_utf8(v).ok())
-        .filter(|c| !c.is_empty())
-    else {
+    let Some(cluster) = breakers::cluster_name(cx) else {
         return Ok(());
     };
     let next = |c: &str| {

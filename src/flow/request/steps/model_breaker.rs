@@ -29,9 +29,12 @@ pub(in crate::flow) fn check(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denia
     else {
         return Ok(());
     };
-    // The set is read again rather than kept from the headers phase: keeping it would need the time
-    // of that read, and asking the host for the time costs about what this read costs.
-    let v = breakers::view(cx);
+    // The headers phase's read of the set, while it is fresh (the body phase reads the time for its
+    // buckets anyway); read again after a slow upload.
+    let v = match d.meta.open_set.take() {
+        Some((v, at)) if breakers::fresh(cx, at) => v,
+        _ => breakers::view(cx),
+    };
     let choice = if v.may_be_open("model", &d.model) {
         let fixed = body_cannot_name_model(cx.cfg, d);
         let next = |m: &str| {

@@ -41,6 +41,10 @@ pub(in crate::flow) fn check(
             idxs.push(base + j);
         }
     }
+    if idxs.is_empty() {
+        // Nothing to read (and no clock read: a host call).
+        return Ok(());
+    }
     let now = cx.now();
     for idx in idxs {
         let Some(rule) = cfg.rule(idx) else {
