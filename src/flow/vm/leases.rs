@@ -25,6 +25,8 @@ pub const SCAN_PER_TICK: u64 = 32;
 /// and slots; walking at every 20 ms tick cost a VM with nothing to sync six shared-data reads and a
 /// write 50 times a second.
 pub const WALK_MS: u64 = 100;
+/// Accounts the leader looks at per walk: [`SCAN_PER_TICK`] for each 20 ms tick of [`WALK_MS`].
+pub const SCAN_PER_WALK: u64 = SCAN_PER_TICK * WALK_MS / 20;
 /// Accounts remembered as needing a sync, per VM.
 pub const MAX_DIRTY: usize = 1024;
 /// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
@@ -217,8 +219,7 @@ fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) 
     if total == 0 {
         return false;
     }
-    let per_walk = SCAN_PER_TICK.saturating_mul(WALK_MS / u64::from(super::tick::SETTLE_TICK_MS));
-    for _ in 0..per_walk.min(total) {
+    for _ in 0..SCAN_PER_WALK.min(total) {
         let i = cx.worker.leases.cursor % total;
         cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
         let Some(entry) = account::REGISTRY.slot(cx.store(), i) else {
