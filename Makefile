@@ -21,8 +21,10 @@
 #                   prints each run's figures (docs/scaling.md). Their short versions are in make test
 #   make lint       rustfmt check, clippy -D warnings: native (workspace, all targets) and wasm32-wasip1
 #   make bench      estimator accuracy per corpus class (both splits) and speed, body-rewrite speed, then Envoy side by side:
-#                   no filter / empty wasm / tokengate (req/s, CPU, latency), the same rows' instructions
-#                   per request under callgrind, and the estimator's instructions per KB inside Envoy
+#                   no filter / Envoy's buffer filter / empty wasm / tokengate (req/s, CPU, latency; the leased quota
+#                   with 1, 100 and 10,000 key tenants: BENCH_TENANTS), the same rows' instructions per request
+#                   under callgrind, the estimator's instructions per KB inside Envoy, and the cost per KB of
+#                   1-256 KB bodies against Envoy's buffer filter (BENCH_BODY_KB): ~4 min more than without them
 #   make run        Envoy on 127.0.0.1:10000 with envoy/envoy.yaml in front of two mock providers
 #   make compose-test  envoy/docker-compose.yaml brought up with podman-compose on local stand-in images,
 #                   smoke-tested and torn down (first run ~2.5 min to build the images, then ~20 s)
@@ -119,6 +121,15 @@ BENCH_CALLGRIND ?= 500
 # `all` = every corpus file, empty = skip it); BENCH_ESTIMATE_N: requests per class there.
 BENCH_ESTIMATE ?= all
 BENCH_ESTIMATE_N ?= 40
+# BENCH_TENANTS: tenant counts of the leased rows whose requests go round that many API-key tenants (timed
+# table only; empty = no such rows). Each round of the 10,000 row starts with a warm pass of up to 10 s.
+BENCH_TENANTS ?= 1,100,10000
+# BENCH_BODY_KB: body sizes of the big-body sweep (callgrind instructions per request and per KB: no filter,
+# Envoy's buffer filter, empty wasm buffering, tokengate; ~2.5 min; empty = skip it); BENCH_BODY_N: requests
+# counted per body and row there. The timed version of the sweep is not run here (too coarse on a shared
+# host): `BENCH_BODY_KB=1,16,64,256 target/release/bench`.
+BENCH_BODY_KB ?= 1,16,64,256
+BENCH_BODY_N ?= 20
 
 # The estimator benchmark fails when a corpus class misses its accuracy targets; the Envoy part still
 # runs, and `make bench` fails at the end.
@@ -130,15 +141,22 @@ bench: build build-empty
 	else echo "make bench: benches/estimate.rs not there yet, skipping the estimator micro-benchmark"; fi; \
 	echo "cargo bench --bench rewrite -p tokengate"; cargo bench --bench rewrite -p tokengate; \
 	cargo build -q --release -p wasm-test --bin bench; \
-	env -u BENCH_CALLGRIND -u BENCH_ESTIMATE $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" $(ROOT)/target/release/bench; \
+	echo "BENCH_TENANTS=$(BENCH_TENANTS) target/release/bench   (timed: req/s, CPU, latency)"; \
+	env -u BENCH_CALLGRIND -u BENCH_ESTIMATE -u BENCH_BODY_KB $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" \
+		BENCH_TENANTS="$(BENCH_TENANTS)" $(ROOT)/target/release/bench; \
 	if [ "$(BENCH_CALLGRIND)" != 0 ]; then \
 		echo "BENCH_CALLGRIND=$(BENCH_CALLGRIND) target/release/bench   (instructions per request, callgrind)"; \
-		env -u BENCH_ESTIMATE $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" BENCH_CALLGRIND=$(BENCH_CALLGRIND) $(ROOT)/target/release/bench; \
+		env -u BENCH_ESTIMATE -u BENCH_TENANTS -u BENCH_BODY_KB $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" BENCH_CALLGRIND=$(BENCH_CALLGRIND) $(ROOT)/target/release/bench; \
 	fi; \
 	if [ -n "$(BENCH_ESTIMATE)" ]; then \
 		echo "BENCH_ESTIMATE=$(BENCH_ESTIMATE) BENCH_CALLGRIND=$(BENCH_ESTIMATE_N) target/release/bench   (estimator instructions per KB in Envoy)"; \
-		$(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" BENCH_CALLGRIND=$(BENCH_ESTIMATE_N) BENCH_ESTIMATE="$(BENCH_ESTIMATE)" \
+		env -u BENCH_TENANTS -u BENCH_BODY_KB $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" BENCH_CALLGRIND=$(BENCH_ESTIMATE_N) BENCH_ESTIMATE="$(BENCH_ESTIMATE)" \
 			BENCH_VARIANTS="empty wasm (buffer,tokengate (buckets)" $(ROOT)/target/release/bench; \
+	fi; \
+	if [ -n "$(BENCH_BODY_KB)" ]; then \
+		echo "BENCH_BODY_KB=$(BENCH_BODY_KB) BENCH_CALLGRIND=$(BENCH_BODY_N) target/release/bench   (cost per KB of body vs Envoy's buffer filter)"; \
+		env -u BENCH_ESTIMATE -u BENCH_TENANTS -u BENCH_VARIANTS $(ENVOY_ENV) EMPTY_WASM="$(EMPTY_WASM)" BENCH_CALLGRIND=$(BENCH_BODY_N) \
+			BENCH_BODY_KB="$(BENCH_BODY_KB)" $(ROOT)/target/release/bench; \
 	fi; \
 	if [ $$est != 0 ]; then echo "make bench: the estimator missed its accuracy targets (see above)"; exit 1; fi
 

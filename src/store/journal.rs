@@ -224,10 +224,24 @@ mod tests {
         let s = MemStore::new();
         assert!(claim(&s, 1, 0, 8));
         assert!(!claim(&s, 2, 1, 8));
-        assert!(claim(&s, 1, 1_000, 8), "renewed");
-        assert!(!claim(&s, 2, CLAIM_NS, 8));
-        assert!(claim(&s, 2, CLAIM_NS + 1_001, 8), "lapsed");
-        assert!(!claim(&s, 1, CLAIM_NS + 1_002, 8));
+        let written = |s: &MemStore| s.get(CLAIM).unwrap().map(|(_, cas)| cas);
+        let before = written(&s);
+        assert!(claim(&s, 1, 1_000, 8), "held");
+        assert_eq!(
+            written(&s),
+            before,
+            "held for more than half its term: not written again"
+        );
+        let half = CLAIM_NS / 2;
+        assert!(claim(&s, 1, half + 1_000, 8), "renewed");
+        assert_ne!(
+            written(&s),
+            before,
+            "renewed in the second half of its term"
+        );
+        assert!(!claim(&s, 2, CLAIM_NS + 1, 8));
+        assert!(claim(&s, 2, half + CLAIM_NS + 1_001, 8), "lapsed");
+        assert!(!claim(&s, 1, half + CLAIM_NS + 1_002, 8));
     }
 
     #[test]

@@ -143,9 +143,10 @@ impl Request {
             .map(str::to_string);
         if cfg.quota.is_some() {
             // Names this request's settlement (retries reuse it). Clients can send `x-request-id`, so
-            // it is made unique with the context id and the time.
+            // the reservation makes it unique with the context id and the time of the body phase
+            // ([`settlement_id`]; no clock read here).
             let rid = h.get("x-request-id").unwrap_or_default();
-            meta.request_id = settlement_id(rid, self.id, cx.now());
+            meta.request_id = rid.get(..64).unwrap_or(rid).to_string();
         }
 
         if let Err(next) = self.check_headers(cx, h, &mut meta) {
@@ -217,7 +218,6 @@ pub(in crate::flow) fn settlement_id(client_id: &str, context: u32, now_ns: u64)
     id
 }
 
-/// The id a reply carries: the client's `x-request-id` (at most 128 bytes), else one of ours.
 /// The id a reply names: the request's `x-request-id` (Envoy sets one on every request unless told
 /// not to), else `tg-<context>-<ns>` (the clock is read only then).
 fn reply_id(h: &dyn Headers, id: u32, cx: &Cx) -> String {

@@ -79,7 +79,9 @@ impl Request {
         }
         if let Some((qr, q)) = f.token_quota().zip(cx.cfg.quota.as_ref()) {
             if let Some(remaining) = qr.remaining {
-                let reset_s = crate::quota::calendar::seconds_until(qr.reset_at, q.now_s(cx.now()));
+                // A recent time (no clock read): the reset is never announced earlier than it is.
+                let now_s = q.now_s(cx.host.recent_ns());
+                let reset_s = crate::quota::calendar::seconds_until(qr.reset_at, now_s);
                 for (k, v) in answers::quota_headers(qr.limit, remaining, reset_s) {
                     cx.fx
                         .push(Effect::SetResponseHeader(Cow::Borrowed(k), Value::Int(v)));

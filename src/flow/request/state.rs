@@ -166,7 +166,8 @@ pub(in crate::flow) struct Meta {
     /// An Azure OpenAI `v1` path (`/openai/v1/…`, `/openai/responses`): the body's model is a
     /// deployment name, mapped by `azure_openai.deployments`.
     pub azure_v1: bool,
-    /// Names the quota settlement (`<client x-request-id>-<context>-<ns>`).
+    /// The client's `x-request-id` (its first 64 bytes): a reservation names its settlement
+    /// `<this>-<context>-<ns>` ([`crate::flow::request::headers::settlement_id`]).
     pub request_id: String,
     /// The cluster breaker as the headers phase saw it (`None`: no cluster breaker).
     pub cluster: Option<ClusterSeen>,

@@ -667,3 +667,23 @@ fn a_lease_a_sync_gave_back_while_the_reservation_was_in_flight_is_asked_for_aga
     e.reply(&mut c, 200, &refused(1_000_000 - 4_500));
     assert_eq!(c.status(), Some(429));
 }
+
+#[test]
+fn the_leader_walks_the_accounts_every_100_ms_not_at_every_tick() {
+    let e = envoy(cfg(json!({})));
+    granted_a_lease(&e);
+    let tick_reads = |ms: u64| {
+        e.advance_ms(ms);
+        let r = e.store.reads();
+        e.tick(0);
+        e.store.reads() - r
+    };
+    // The walk's reads (claim, registry count, slot, account) come once per WALK_MS.
+    let walk = tick_reads(crate::flow::vm::leases::WALK_MS);
+    let between = tick_reads(20);
+    assert!(
+        between < walk,
+        "a tick between walks reads less ({between}) than a walk ({walk})"
+    );
+    assert!(tick_reads(80) > between, "the next walk after 100 ms");
+}

@@ -18,8 +18,15 @@ use crate::shim::webdis::ShimError;
 
 /// Syncs started per tick for accounts this VM saw miss.
 pub const DIRTY_PER_TICK: usize = 16;
-/// Accounts the leader looks at per tick.
+/// Accounts the leader looks at per 20 ms tick, on average: it walks every [`WALK_MS`], this many
+/// for each 20 ms.
 pub const SCAN_PER_TICK: u64 = 32;
+/// The leader walks the accounts at most this often (ms): a walk reads its claim, the registry's count
+/// and slots; walking at every 20 ms tick cost a VM with nothing to sync six shared-data reads and a
+/// write 50 times a second.
+pub const WALK_MS: u64 = 100;
+/// Accounts the leader looks at per walk: [`SCAN_PER_TICK`] for each 20 ms tick of [`WALK_MS`].
+pub const SCAN_PER_WALK: u64 = SCAN_PER_TICK * WALK_MS / 20;
 /// Accounts remembered as needing a sync, per VM.
 pub const MAX_DIRTY: usize = 1024;
 /// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
@@ -194,7 +201,12 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
 /// On the leader, syncs of a slice of all accounts; with `probe`, only the first that needs one (true
 /// when it was sent).
 fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) -> bool {
+    // A probe goes at once; otherwise a walk every WALK_MS.
     let now = cx.now();
+    if !probe && now.saturating_sub(cx.worker.leases.walked_at) < WALK_MS * 1_000_000 {
+        return false;
+    }
+    cx.worker.leases.walked_at = now;
     let retries = cx.cfg.cas_max_retries;
     if cx.worker.leases.owner == 0 {
         cx.worker.leases.owner = crate::store::claim::owner_id(cx.store(), retries).unwrap_or(0);
@@ -207,7 +219,7 @@ fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) 
     if total == 0 {
         return false;
     }
-    for _ in 0..SCAN_PER_TICK.min(total) {
+    for _ in 0..SCAN_PER_WALK.min(total) {
         let i = cx.worker.leases.cursor % total;
         cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
         let Some(entry) = account::REGISTRY.slot(cx.store(), i) else {

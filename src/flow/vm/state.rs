@@ -214,6 +214,8 @@ pub struct Leases {
     pub(in crate::flow) envoy: u64,
     pub(in crate::flow) owner: u64,
     pub(in crate::flow) cursor: u64,
+    /// When this VM last walked the accounts as the leader (ns; [`crate::flow::vm::leases::WALK_MS`]).
+    pub(in crate::flow) walked_at: u64,
     /// Accounts this VM saw miss: (tenant, model, a request's cost).
     pub(in crate::flow) dirty: Vec<(String, Option<String>, u64)>,
     pub(in crate::flow) pending: HashMap<u64, LeaseCall, FnvBuild>,

@@ -5,6 +5,8 @@
 //! server answering every request with a fixed `chat.completion` JSON):
 //!
 //! - `no filter`: the router only;
+//! - `envoy buffer filter`: no wasm, Envoy's own `envoy.filters.http.buffer` (`max_request_bytes` 64 MiB):
+//!   what holding a request body to its end costs Envoy itself, the baseline of the big-body sweep below;
 //! - `empty wasm`: `bench/empty-filter` (returns `Continue` everywhere): the fixed price of any wasm filter;
 //! - `empty wasm (buffer body)`: the same filter with configuration `buffer`: it holds the request body to
 //!   end of stream and copies it into the VM once, the least a filter that estimates from the body must
@@ -30,10 +32,23 @@
 //! - `tokengate + quota leased`: the quota row with `quota.lease: {}` (issue 14): a busy tenant's
 //!   requests are reserved from this Envoy's lease in shared data, Redis is called by the lease syncs;
 //! - `tokengate + global`: the same rule kept in Redis (`"global": true`, through the same Webdis): one
-//!   charge callout per request instead of the shared-data read and CAS.
+//!   charge callout per request instead of the shared-data read and CAS;
+//! - `tokengate + quota leased, N key tenants` (only with `BENCH_TENANTS=1,100,10000`, the counts
+//!   comma-separated; last in each round): the leased row with `api_keys` listing N tenants `t<i>`, the
+//!   SHA-256 of key `tgbench-<i>` each, and requests carrying `authorization: Bearer tgbench-<i>` (no
+//!   tenant header: the key names the tenant), `i` going round `0..N` over all clients. Each round of such
+//!   a row starts with an uncounted warm pass of two requests per tenant (at least 1,000, at most 10 s),
+//!   so that every tenant holds its lease when counting starts (leases idle for 10 s go back while the
+//!   other rows run). Each such row has a Redis + Webdis of its own, so that those leases, taken and given
+//!   back while other rows run, are counted in no other row. Their table gives req/s, req/s per tenant,
+//!   the ratio to the 1-tenant row, Redis script calls per request, loaded and 1-client p50/p99 (issue
+//!   30, item 5); their script calls are counted over the load phases alone (their syncs never pause for
+//!   a settled count). For every row behind Redis each round also prints how the filter's
+//!   `tokengate_quota_*` counters moved (Envoy's admin `/stats`): where the script calls went.
 //!
-//! Every request carries `x-tenant-id: bench` and `x-tokengate-team: eng` (read only by the rows with
-//! groups). For the rows behind Redis the throughput table also gives Redis script calls (`EVAL` +
+//! Every request carries `x-tenant-id: bench` (but those of the key-tenant rows) and `x-tokengate-team:
+//! eng` (read only by the rows with groups). For the rows behind Redis the throughput table also gives
+//! Redis script calls (`EVAL` +
 //! `EVALSHA`, from `INFO commandstats`) per request: counted over each round's load and latency phases
 //! and the settlements they leave (until Redis has been quiet for 100 ms), summed over the rounds. Idle
 //! rows' background work (a lease renewed every 20 s, given back after 10 s idle) lands in whichever row
@@ -87,6 +102,20 @@
 //! three rounds, and the marginal µs per KB (e.g. `TOKENGATE_WASM` pointing at a build with the
 //! feature `exact-text`, to compare exact counting with the estimator).
 //!
+//! After the table of the rows behind Redis, one line gives the leased quota's req/s over the buckets
+//! row's, same run, best rounds (issue 30, item 4: goal >= 0.9x), and the same for Envoy's CPU per request.
+//!
+//! `BENCH_BODY_KB=1,16,64,256` (KB, comma-separated): the big-body sweep instead of the tables (issue 30,
+//! item 6): chat bodies of about that size made of `corpus/<BENCH_BODY_CLASS>.jsonl` texts (default
+//! `english`) sent to `no filter`, `envoy buffer filter`, `empty wasm (buffer body)` and `tokengate
+//! (buckets)` (those of them `BENCH_VARIANTS` selects). With `BENCH_CALLGRIND=N`: instructions per request
+//! (each Envoy started once under callgrind, N counted requests per body after 50 to warm up); without:
+//! Envoy's CPU µs per request over `BENCH_BODY_SECONDS` (default 1) of sequential requests per body,
+//! best of three rounds (coarse: /proc counts CPU in 10 ms ticks, and the small bodies' differences drown
+//! in the host's noise; but callgrind counts user-space instructions only, not the kernel's socket work).
+//! The table gives each row's cost per KB above the first (smallest) body and that over the buffer
+//! filter's.
+//!
 //! `BENCH_FAMILY=<family>`: every row sends that API family's request instead of OpenAI chat — the same
 //! system and user text, output limit 16, on its own path — and the mock answers it in the family's
 //! shape with its usage (Bedrock `invoke` also in its token-count headers): `azure` (a deployment path,
@@ -102,7 +131,8 @@
 //! `<repo>/.venv/bin/envoy`), `TOKENGATE_WASM` (default `<repo>/target/wasm32-wasip1/release/tokengate.wasm`),
 //! `EMPTY_WASM` (default `<repo>/bench/empty-filter/target/wasm32-wasip1/release/empty_filter.wasm`),
 //! `BENCH_SECONDS`, `BENCH_LATENCY_SECONDS`, `BENCH_CLIENTS`, `BENCH_ROUNDS` (default 2), `BENCH_PIN`,
-//! `BENCH_EXTRA`, `BENCH_VARIANTS` (name prefixes to run, comma-separated, or semicolon-separated when
+//! `BENCH_EXTRA`, `BENCH_TENANTS`, `BENCH_BODY_KB`, `BENCH_VARIANTS` (name prefixes to run,
+//! comma-separated, or semicolon-separated when
 //! one has a comma; default all). Defaults keep a full run (every row) under ~3 min. A variant whose wasm
 //! is not built is skipped with a note; the quota row is skipped when `redis-server` or `webdis` is not
 //! installed. Every process started here is killed by PID on exit, including on error (Drop).
@@ -200,6 +230,45 @@ const FAIR: &str = "tokengate, 3 limits (+shared fair)";
 const QUOTA: &str = "tokengate + quota";
 const QUOTA_LEASED: &str = "tokengate + quota leased";
 const GLOBAL: &str = "tokengate + global";
+/// Envoy's buffer filter, no wasm: what buffering a request body costs Envoy itself (issue 30).
+const BUFFER_FILTER: &str = "envoy buffer filter";
+
+/// The name of the leased row with `n` key tenants (`BENCH_TENANTS`).
+fn tenants_row(n: usize) -> String {
+    format!(
+        "{QUOTA_LEASED}, {n} key tenant{}",
+        if n == 1 { "" } else { "s" }
+    )
+}
+
+/// `BENCH_TENANTS` (comma-separated, e.g. `1,100,10000`): the tenant counts of the key-cycling leased
+/// rows; none when unset.
+fn bench_tenants() -> Vec<usize> {
+    std::env::var("BENCH_TENANTS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|x| x.trim().parse::<usize>().ok())
+        .filter(|n| (1..=100_000).contains(n))
+        .collect()
+}
+
+/// The leased quota configuration with `n` tenants `t0` … `t<n-1>` listed in `api_keys`, each with the
+/// SHA-256 of its key [`KEY_PREFIX`]`<i>`: the key names the tenant (a verified identity: an unlisted key
+/// gets 401).
+fn tenants_config(n: usize) -> String {
+    use sha2::Digest;
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&quota_leased_config()).unwrap_or_default();
+    let keys: serde_json::Map<String, serde_json::Value> = (0..n)
+        .map(|i| {
+            let d = sha2::Sha256::digest(format!("{KEY_PREFIX}{i}").as_bytes());
+            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+            (format!("t{i}"), serde_json::json!([hex]))
+        })
+        .collect();
+    cfg["api_keys"] = keys.into();
+    cfg.to_string()
+}
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -213,6 +282,11 @@ struct Variant {
     expect_header: Option<&'static str>,
     /// Start Redis + Webdis (ACL as envoy/webdis.json) and add the `webdis` cluster (quota rows).
     needs_webdis: bool,
+    /// Envoy's own buffer filter (`envoy.filters.http.buffer`) instead of a wasm filter.
+    envoy_buffer: bool,
+    /// `BENCH_TENANTS` rows: requests cycle over this many tenants named by their API keys (0: every
+    /// request is tenant `bench`'s, from the trusted header).
+    tenants: usize,
 }
 
 struct WasmFilter {
@@ -417,6 +491,8 @@ fn variants() -> Vec<Variant> {
         }),
         expect_header: Some("x-tokengate-estimated-tokens"),
         needs_webdis: false,
+        envoy_buffer: false,
+        tenants: 0,
     };
     let empty_row = |name: &str, config: &str| Variant {
         name: name.to_string(),
@@ -429,6 +505,8 @@ fn variants() -> Vec<Variant> {
         }),
         expect_header: None,
         needs_webdis: false,
+        envoy_buffer: false,
+        tenants: 0,
     };
     let mut rows = vec![
         Variant {
@@ -437,6 +515,17 @@ fn variants() -> Vec<Variant> {
             skip: None,
             expect_header: None,
             needs_webdis: false,
+            envoy_buffer: false,
+            tenants: 0,
+        },
+        Variant {
+            name: BUFFER_FILTER.to_string(),
+            filter: None,
+            skip: None,
+            expect_header: None,
+            needs_webdis: false,
+            envoy_buffer: true,
+            tenants: 0,
         },
         empty_row(EMPTY, "{}"),
         empty_row(EMPTY_BUFFER, "buffer"),
@@ -470,9 +559,24 @@ fn variants() -> Vec<Variant> {
     global.needs_webdis = true;
     global.skip.clone_from(&quota.skip);
     let quota_skip = quota.skip.clone();
+    // Many light tenants (issue 30): the leased row with its requests cycling over N API keys.
+    let tenant_rows: Vec<Variant> = bench_tenants()
+        .into_iter()
+        .map(|n| {
+            let mut row = tg(&tenants_row(n), &tokengate, tenants_config(n));
+            row.needs_webdis = true;
+            row.expect_header = leased.expect_header;
+            row.skip.clone_from(&leased.skip);
+            row.tenants = n;
+            row
+        })
+        .collect();
     rows.push(quota);
     rows.push(leased);
     rows.push(global);
+    // Last, so that the leases their Envoys give back when idle (10 s after their load, over several
+    // seconds) land in the rows without Redis of the next round, not in another Redis row's count.
+    rows.extend(tenant_rows);
     // Attribution rows: other builds of the filter with the buckets configuration.
     if let Ok(extra) = std::env::var("BENCH_EXTRA") {
         for item in extra.split(';').filter(|s| !s.trim().is_empty()) {
@@ -565,6 +669,7 @@ fn bootstrap(
     upstream: u16,
     webdis: Option<u16>,
     filter: Option<&WasmFilter>,
+    envoy_buffer: bool,
 ) -> String {
     let cluster = |name: &str, port: u16| {
         format!(
@@ -587,6 +692,13 @@ fn bootstrap(
         clusters += &cluster("webdis", port);
     }
     let wasm_filter = match filter {
+        // The request held to its end (up to 64 MiB), then passed on with a content-length.
+        None if envoy_buffer => r#"
+          - name: envoy.filters.http.buffer
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+              max_request_bytes: 67108864"#
+            .to_string(),
         None => String::new(),
         Some(f) => format!(
             r#"
@@ -660,7 +772,55 @@ enum Launch {
 struct RunningEnvoy {
     variant: usize,
     port: u16,
+    admin: u16,
     proc: Proc,
+}
+
+/// The quota counters of an Envoy's admin `/stats` (`tokengate_quota_*`, summed over name variants),
+/// `(name, value)`; empty when the admin does not answer.
+fn quota_stats(admin: u16) -> Vec<(String, u64)> {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)) else {
+        return Vec::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if s.write_all(
+        b"GET /stats?filter=tokengate_quota_ HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+    )
+    .is_err()
+    {
+        return Vec::new();
+    }
+    let mut text = String::new();
+    let _ = std::io::Read::read_to_string(&mut s, &mut text);
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for line in text.lines() {
+        let Some((name, value)) = line.split_once(": ") else {
+            continue;
+        };
+        let Ok(v) = value.trim().parse::<u64>() else {
+            continue;
+        };
+        let Some(short) = name.rfind("quota_").map(|at| &name[at..]) else {
+            continue;
+        };
+        match out.iter_mut().find(|(n, _)| n == short) {
+            Some((_, total)) => *total += v,
+            None => out.push((short.to_string(), v)),
+        }
+    }
+    out
+}
+
+/// `after - before` of [`quota_stats`], the counters that moved, as `name +n` text.
+fn stats_delta(before: &[(String, u64)], after: &[(String, u64)]) -> String {
+    after
+        .iter()
+        .filter_map(|(n, v)| {
+            let b = before.iter().find(|(m, _)| m == n).map_or(0, |(_, b)| *b);
+            (*v > b).then(|| format!("{n} +{}", v - b))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn start_envoy(
@@ -677,7 +837,14 @@ fn start_envoy(
     let config = work.join(format!("envoy-{index}.yaml"));
     std::fs::write(
         &config,
-        bootstrap(port, admin, upstream, webdis, variant.filter.as_ref()),
+        bootstrap(
+            port,
+            admin,
+            upstream,
+            webdis,
+            variant.filter.as_ref(),
+            variant.envoy_buffer,
+        ),
     )
     .map_err(|e| format!("write {}: {e}", config.display()))?;
     let log = work.join(format!("envoy-{index}.log"));
@@ -763,6 +930,7 @@ fn start_envoy(
     Ok(RunningEnvoy {
         variant: index,
         port,
+        admin,
         proc,
     })
 }
@@ -949,38 +1117,79 @@ struct Response {
 struct Conn {
     writer: TcpStream,
     reader: BufReader<TcpStream>,
+    /// The request as sent; with `keyed`, the bytes after the API key.
     request: Vec<u8>,
+    /// `BENCH_TENANTS` rows: the head up to the key's number and how many tenants the requests cycle
+    /// over (each request takes the next key of [`NEXT_KEY`]).
+    keyed: Option<(Vec<u8>, usize)>,
+    /// The keyed request being written.
+    buf: Vec<u8>,
 }
+
+/// The key the next keyed request sends (`% tenants`), shared by every connection so that the
+/// requests of all clients go round the tenants evenly.
+static NEXT_KEY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The API keys of the `BENCH_TENANTS` rows: tenant `t<i>`'s is `tgbench-<i>`.
+const KEY_PREFIX: &str = "tgbench-";
 
 impl Conn {
     fn open(port: u16) -> Result<Conn> {
-        Conn::open_with(port, family_request().1)
+        Conn::open_as(port, family_request().1, 0)
     }
 
     /// A connection that sends `body`.
     fn open_with(port: u16, body: &str) -> Result<Conn> {
+        Conn::open_as(port, body, 0)
+    }
+
+    /// A connection that sends `body`; with `tenants` > 0 each request carries the API key of the next
+    /// of `tenants` tenants ([`KEY_PREFIX`]) and no tenant header: the filter's `api_keys` name the tenant.
+    fn open_as(port: u16, body: &str, tenants: usize) -> Result<Conn> {
         let stream =
             TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect {port}: {e}"))?;
         let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
         let reader = BufReader::new(stream.try_clone().map_err(|e| format!("clone: {e}"))?);
-        let request = format!(
-            "POST {} HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
-             x-tenant-id: bench\r\n{TEAM_HEADER}: eng\r\ncontent-length: {}\r\n\r\n{body}",
-            family_request().0,
-            body.len()
-        )
-        .into_bytes();
+        let path = family_request().0;
+        let len = body.len();
+        let (request, keyed) = if tenants == 0 {
+            let r = format!(
+                "POST {path} HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
+                 x-tenant-id: bench\r\n{TEAM_HEADER}: eng\r\ncontent-length: {len}\r\n\r\n{body}"
+            );
+            (r.into_bytes(), None)
+        } else {
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: bench.local\r\ncontent-type: application/json\r\n\
+                 {TEAM_HEADER}: eng\r\nauthorization: Bearer {KEY_PREFIX}"
+            );
+            let rest = format!("\r\ncontent-length: {len}\r\n\r\n{body}");
+            (rest.into_bytes(), Some((head.into_bytes(), tenants)))
+        };
         Ok(Conn {
             writer: stream,
             reader,
             request,
+            keyed,
+            buf: Vec::new(),
         })
     }
 
     fn request(&mut self) -> Result<Response> {
+        let bytes = match &self.keyed {
+            None => &self.request,
+            Some((head, tenants)) => {
+                let i = NEXT_KEY.fetch_add(1, Ordering::Relaxed) % tenants;
+                self.buf.clear();
+                self.buf.extend_from_slice(head);
+                self.buf.extend_from_slice(i.to_string().as_bytes());
+                self.buf.extend_from_slice(&self.request);
+                &self.buf
+            }
+        };
         self.writer
-            .write_all(&self.request)
+            .write_all(bytes)
             .map_err(|e| format!("write: {e}"))?;
         let (status_line, headers) =
             read_head(&mut self.reader)?.ok_or_else(|| "connection closed".to_string())?;
@@ -1124,9 +1333,18 @@ impl Measurement {
     }
 }
 
-/// Closed-loop load: `clients` connections for `duration` (or the request cap), latency per request,
-/// Envoy's (`envoy_pid`) and our own CPU time over the run.
-fn load(port: u16, clients: usize, duration: Duration, envoy_pid: u32) -> Measurement {
+/// Closed-loop load: `clients` connections for `duration` (or about `max_total` requests), latency per
+/// request, Envoy's (`envoy_pid`) and our own CPU time over the run; with `tenants` > 0 the requests
+/// cycle over that many key tenants ([`Conn::open_as`]).
+fn load_as(
+    port: u16,
+    clients: usize,
+    duration: Duration,
+    envoy_pid: u32,
+    tenants: usize,
+    max_total: usize,
+) -> Measurement {
+    let cap = MAX_REQUESTS_PER_CLIENT.min(max_total.div_ceil(clients.max(1)));
     let envoy_cpu0 = cpu_us(envoy_pid);
     let self_cpu0 = cpu_us(std::process::id());
     let start = Instant::now();
@@ -1137,9 +1355,9 @@ fn load(port: u16, clients: usize, duration: Duration, envoy_pid: u32) -> Measur
                 let mut lat = Vec::with_capacity(16_384);
                 let mut errors = 0usize;
                 let mut conn: Option<Conn> = None;
-                while lat.len() < MAX_REQUESTS_PER_CLIENT && Instant::now() < deadline {
+                while lat.len() < cap && Instant::now() < deadline {
                     if conn.is_none() {
-                        match Conn::open(port) {
+                        match Conn::open_as(port, family_request().1, tenants) {
                             Ok(c) => conn = Some(c),
                             Err(_) => {
                                 errors += 1;
@@ -1315,11 +1533,87 @@ fn run() -> Result<()> {
                 None => true,
             })
             .collect();
+        // Each key-tenant row gets a Redis + Webdis of its own: the leases its Envoy takes, syncs and
+        // gives back while other rows run (thousands with 10,000 tenants) land in no other row's count.
+        let mut own = Vec::new();
+        for &i in &runnable {
+            if all[i].tenants > 0 && all[i].needs_webdis {
+                let (redis, webdis) = start_webdis()?;
+                own.push((i, redis, webdis));
+            }
+        }
+        // (Webdis port, Redis port) of a row.
+        let ports = |i: usize| -> (Option<u16>, Option<u16>) {
+            if !all[i].needs_webdis {
+                return (None, None);
+            }
+            own.iter()
+                .find(|(j, _, _)| *j == i)
+                .map_or((webdis_port, redis_port), |(_, r, w)| {
+                    (Some(w.port), Some(r.port))
+                })
+        };
         let start = |i: usize, how: Launch| {
             let v = &all[i];
-            let webdis = if v.needs_webdis { webdis_port } else { None };
-            start_envoy(&envoy, work.path(), i, v, mock_port, webdis, how)
+            start_envoy(&envoy, work.path(), i, v, mock_port, ports(i).0, how)
         };
+        if let Some(sizes) = body_sizes() {
+            // Big bodies (issue 30, item 6): cost per KB of body against Envoy's buffer filter.
+            let rows: Vec<usize> = [NO_FILTER, BUFFER_FILTER, EMPTY_BUFFER, BUCKETS]
+                .iter()
+                .filter_map(|name| runnable.iter().copied().find(|&i| all[i].name == *name))
+                .collect();
+            let class = std::env::var("BENCH_BODY_CLASS").unwrap_or_else(|_| "english".into());
+            let path = root.join(format!("corpus/{class}.jsonl"));
+            let texts: Vec<String> = std::fs::read_to_string(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter_map(|v| v.get("text")?.as_str().map(str::to_string))
+                .collect();
+            let bodies: Vec<String> = sizes
+                .iter()
+                .map(|kb| class_body(&texts, kb << 10))
+                .collect();
+            let mut per_row: Vec<(usize, Vec<f64>)> = Vec::new();
+            if let Some(n) = s.callgrind {
+                for &i in &rows {
+                    let e = start(i, Launch::Callgrind)?;
+                    let mut counts = Vec::new();
+                    for body in &bodies {
+                        let c = callgrind_body(&e, &all[i], work.path(), n, body)?;
+                        eprintln!(
+                            "bench: callgrind {:<26} {:>6} B {:>12.0} instructions/request",
+                            all[i].name,
+                            body.len(),
+                            c
+                        );
+                        counts.push(c);
+                    }
+                    per_row.push((i, counts));
+                }
+            } else {
+                let secs = env_num("BENCH_BODY_SECONDS", |x: &f64| *x > 0.0 && *x <= 60.0, 1.0);
+                let mut envoys = Vec::new();
+                for &i in &rows {
+                    envoys.push(start(i, Launch::Plain)?);
+                    per_row.push((i, vec![f64::INFINITY; bodies.len()]));
+                }
+                // Best of three rounds; within a round the rows alternate per body.
+                for _ in 0..3 {
+                    for (k, body) in bodies.iter().enumerate() {
+                        for (e, (_, row)) in envoys.iter().zip(per_row.iter_mut()) {
+                            let us = cpu_per_request_for(e, Duration::from_secs_f64(secs), body)?;
+                            if let Some(best) = row.get_mut(k) {
+                                *best = best.min(us);
+                            }
+                        }
+                    }
+                }
+            }
+            print_body_sweep(&all, &bodies, &per_row, &class, s.callgrind);
+            return Ok(Vec::new());
+        }
         let estimate_time = std::env::var("BENCH_ESTIMATE_TIME")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
@@ -1429,7 +1723,14 @@ fn run() -> Result<()> {
             let v = &all[i];
             let e = start(i, if s.pin { Launch::Pinned } else { Launch::Plain })?;
             // Warm up, then check that the filter is really in the path.
-            let warm = load(e.port, s.clients, WARMUP, e.proc.child.id());
+            let warm = load_as(
+                e.port,
+                s.clients,
+                WARMUP,
+                e.proc.child.id(),
+                v.tenants,
+                usize::MAX,
+            );
             if warm.requests == 0 {
                 return Err(format!(
                     "{}: no successful request during warm-up ({} errors):\n{}",
@@ -1439,7 +1740,7 @@ fn run() -> Result<()> {
                 ));
             }
             if let Some(h) = v.expect_header {
-                let resp = Conn::open(e.port)?.request()?;
+                let resp = Conn::open_as(e.port, family_request().1, v.tenants)?.request()?;
                 if header(&resp.headers, h).is_none() {
                     return Err(format!(
                         "{}: response has no {h} header: the filter did not run (status {})",
@@ -1470,14 +1771,71 @@ fn run() -> Result<()> {
                     ));
                 }
                 let pid = e.proc.child.id();
-                let redis = redis_port.filter(|_| all[e.variant].needs_webdis);
-                let calls0 = redis.and_then(script_calls_settled);
-                let m = load(e.port, s.clients, Duration::from_secs_f64(s.seconds), pid);
-                let lat = (s.latency_seconds > 0.0)
-                    .then(|| load(e.port, 1, Duration::from_secs_f64(s.latency_seconds), pid));
+                let tenants = all[e.variant].tenants;
+                if tenants > 0 {
+                    // Every tenant active before the count: two requests each (at least 1 s, at
+                    // most 10 s), so its lease is taken and this row is measured in its steady state,
+                    // not in the warm-up of its tenants (given back while other rows ran).
+                    let w = load_as(
+                        e.port,
+                        s.clients,
+                        Duration::from_secs(10).max(WARMUP),
+                        pid,
+                        tenants,
+                        (2 * tenants).max(1000),
+                    );
+                    eprintln!(
+                        "bench: round {round} {:<30} warm pass: {} requests in {:.1} s over {tenants} tenants, {} errors",
+                        all[e.variant].name,
+                        w.requests,
+                        w.seconds,
+                        w.errors
+                    );
+                }
+                let redis = ports(e.variant).1;
+                // A key-tenant row is in its steady state (warm pass) and its lease syncs never stop
+                // while it holds leases: its calls are counted over the load alone, as a loaded Envoy
+                // pays them; the other rows also count the settlements their requests leave.
+                let count_calls = if tenants > 0 {
+                    script_calls
+                } else {
+                    script_calls_settled
+                };
+                let calls0 = redis.and_then(count_calls);
+                let stats0 = if redis.is_some() {
+                    quota_stats(e.admin)
+                } else {
+                    Vec::new()
+                };
+                let m = load_as(
+                    e.port,
+                    s.clients,
+                    Duration::from_secs_f64(s.seconds),
+                    pid,
+                    tenants,
+                    usize::MAX,
+                );
+                let lat = (s.latency_seconds > 0.0).then(|| {
+                    load_as(
+                        e.port,
+                        1,
+                        Duration::from_secs_f64(s.latency_seconds),
+                        pid,
+                        tenants,
+                        usize::MAX,
+                    )
+                });
                 let calls = calls0
-                    .zip(redis.and_then(script_calls_settled))
+                    .zip(redis.and_then(count_calls))
                     .map(|(a, b)| b.saturating_sub(a));
+                if redis.is_some() {
+                    // Where the script calls went (reservations, batches, lease syncs).
+                    eprintln!(
+                        "bench: round {round} {:<30} counters: {}",
+                        all[e.variant].name,
+                        stats_delta(&stats0, &quota_stats(e.admin))
+                    );
+                }
                 eprintln!(
                     "bench: round {round} {:<30} {:>7.0} req/s  envoy {:>5.1} us/req  bench cpu {:>3.0}%  mean {:.3} ms  p50 {:.3}  p99 {:.3}  | 1 client p50 {:.3} p99 {:.3} ms  errors {}{}",
                     all[e.variant].name,
@@ -1531,7 +1889,8 @@ fn run() -> Result<()> {
             return Err(e);
         }
     };
-    if s.callgrind.is_none() {
+    // (The body sweep and the estimator tables were printed by their modes, which return no rows.)
+    if s.callgrind.is_none() && !rows.is_empty() {
         print_tables(&all, &rows, &s);
     }
     Ok(())
@@ -1555,7 +1914,7 @@ fn callgrind_count(
     warmup: usize,
 ) -> Result<f64> {
     let pid = e.proc.child.id().to_string();
-    let mut conn = Conn::open_with(e.port, body)?;
+    let mut conn = Conn::open_as(e.port, body, v.tenants)?;
     for _ in 0..warmup {
         conn.request()?;
     }
@@ -1733,6 +2092,114 @@ fn cpu_per_request(e: &RunningEnvoy, n: usize, body: &str) -> Result<f64> {
     }
     let after = cpu_us(pid).ok_or("no /proc stat")?;
     Ok(after.saturating_sub(before) as f64 / n as f64)
+}
+
+/// `BENCH_BODY_KB` (comma-separated KB, e.g. `1,16,64,256`): the body sizes of the big-body sweep; `None`
+/// when unset.
+fn body_sizes() -> Option<Vec<usize>> {
+    let v: Vec<usize> = std::env::var("BENCH_BODY_KB")
+        .ok()?
+        .split(',')
+        .filter_map(|x| x.trim().parse::<usize>().ok())
+        .filter(|k| (1..=4096).contains(k))
+        .collect();
+    (!v.is_empty()).then_some(v)
+}
+
+/// The table of `BENCH_BODY_KB`: per row and body size, instructions (or Envoy CPU µs) per request, the
+/// cost per KB above the first (smallest) body, and that per-KB cost over Envoy's buffer filter's.
+fn print_body_sweep(
+    all: &[Variant],
+    bodies: &[String],
+    per_row: &[(usize, Vec<f64>)],
+    class: &str,
+    callgrind: Option<usize>,
+) {
+    let unit = if callgrind.is_some() {
+        "instructions"
+    } else {
+        "Envoy CPU µs"
+    };
+    let kb = |k: usize| bodies.get(k).map_or(f64::NAN, |b| b.len() as f64 / 1024.0);
+    let at = |v: &[f64], k: usize| v.get(k).copied().unwrap_or(f64::NAN);
+    // Cost per KB of body above the first body.
+    let per_kb = |v: &[f64], k: usize| (at(v, k) - at(v, 0)) / (kb(k) - kb(0));
+    let buffer = per_row
+        .iter()
+        .find(|(i, _)| all[*i].name == BUFFER_FILTER)
+        .map(|(_, v)| v.as_slice());
+    println!();
+    match callgrind {
+        Some(n) => println!(
+            "Big bodies (issue 30 item 6; goal: tokengate's cost per KB <= 1.5x the buffer filter's): {class} chat \
+             bodies, callgrind, --concurrency 1, {n} requests per body after a warm-up: {unit} per request"
+        ),
+        None => println!(
+            "Big bodies (issue 30 item 6; goal: tokengate's cost per KB <= 1.5x the buffer filter's): {class} chat \
+             bodies, {unit} per request (sequential requests on one connection, best of 3 rounds)"
+        ),
+    }
+    println!();
+    let sizes: Vec<String> = (0..bodies.len())
+        .map(|k| format!("{:.1} KB", kb(k)))
+        .collect();
+    let above: Vec<String> = (1..bodies.len())
+        .map(|k| format!("per KB {:.0}→{:.0}", kb(0), kb(k)))
+        .collect();
+    let ratios: Vec<String> = (1..bodies.len())
+        .map(|k| format!("÷ buffer filter at {:.0}", kb(k)))
+        .collect();
+    println!(
+        "| row | {} | {} | {} |",
+        sizes.join(" | "),
+        above.join(" | "),
+        ratios.join(" | ")
+    );
+    println!(
+        "|---|{}",
+        "---:|".repeat(sizes.len() + above.len() + ratios.len())
+    );
+    let digits = usize::from(callgrind.is_none());
+    for (i, v) in per_row {
+        let cells: Vec<String> = (0..bodies.len())
+            .map(|k| format!("{:.*}", digits, at(v, k)))
+            .collect();
+        let pk: Vec<String> = (1..bodies.len())
+            .map(|k| format!("{:.*}", digits + 1, per_kb(v, k)))
+            .collect();
+        let rk: Vec<String> = (1..bodies.len())
+            .map(|k| ratio(Some(per_kb(v, k)), buffer.map(|b| per_kb(b, k))))
+            .collect();
+        println!(
+            "| {} | {} | {} | {} |",
+            all[*i].name,
+            cells.join(" | "),
+            pk.join(" | "),
+            rk.join(" | ")
+        );
+    }
+}
+
+/// Envoy's CPU time (µs, from /proc) per request of sequential requests with `body` on one connection
+/// for `duration` (at most 100,000), after 20 to warm up.
+fn cpu_per_request_for(e: &RunningEnvoy, duration: Duration, body: &str) -> Result<f64> {
+    let pid = e.proc.child.id();
+    let mut conn = Conn::open_with(e.port, body)?;
+    for _ in 0..20 {
+        conn.request()?;
+    }
+    let before = cpu_us(pid).ok_or("no /proc stat")?;
+    let deadline = Instant::now() + duration;
+    let mut n = 0usize;
+    while n < 100_000 && Instant::now() < deadline {
+        let r = conn.request()?;
+        if r.status != 200 {
+            return Err(format!("{}: status {}", e.proc.name, r.status));
+        }
+        n += 1;
+    }
+    let after = cpu_us(pid).ok_or("no /proc stat")?;
+    Ok(after.saturating_sub(before) as f64 / n.max(1) as f64)
 }
 
 /// The table of `BENCH_ESTIMATE_TIME`: per body, Envoy's CPU µs per request with the buffering
@@ -1918,6 +2385,7 @@ fn print_tables(all: &[Variant], rows: &[(usize, Best)], s: &Settings) {
     }
     print_limits(all, rows);
     print_redis_rows(all, rows);
+    print_tenants(all, rows);
     if s.latency_seconds <= 0.0 {
         return;
     }
@@ -2033,6 +2501,78 @@ fn print_redis_rows(all: &[Variant], rows: &[(usize, Best)]) {
             diff(loaded(b, 99.0), loaded(buckets, 99.0), 3),
             b.calls_per_request()
                 .map_or("-".to_string(), |c| format!("{c:.3}")),
+        );
+    }
+    if let Some(leased) = find(QUOTA_LEASED).filter(|b| b.throughput.is_some()) {
+        println!();
+        println!(
+            "Leased quota vs buckets (issue 30 item 4, goal >= 0.9x): {:.0} / {:.0} req/s = {}x (best rounds of \
+             this run); Envoy CPU {:.1} / {:.1} us/req = {}x",
+            rps(leased).unwrap_or(f64::NAN),
+            rps(buckets).unwrap_or(f64::NAN),
+            ratio(rps(leased), rps(buckets)),
+            leased.cpu_us_per_req.unwrap_or(f64::NAN),
+            buckets.cpu_us_per_req.unwrap_or(f64::NAN),
+            ratio(leased.cpu_us_per_req, buckets.cpu_us_per_req),
+        );
+    }
+}
+
+/// Many light tenants (issue 30, item 5): the leased rows of `BENCH_TENANTS` side by side, against the
+/// one-key-tenant row (same identity path: an API key listed in `api_keys`).
+fn print_tenants(all: &[Variant], rows: &[(usize, Best)]) {
+    let picked: Vec<(&Variant, &Best)> = rows
+        .iter()
+        .filter(|(i, b)| all[*i].tenants > 0 && b.throughput.is_some())
+        .map(|(i, b)| (&all[*i], b))
+        .collect();
+    if picked.is_empty() {
+        return;
+    }
+    let rps = |b: &Best| b.throughput.as_ref().map(Measurement::rps);
+    let one = picked.iter().find(|(v, _)| v.tenants == 1).map(|(_, b)| *b);
+    let find = |name: &str| {
+        rows.iter()
+            .find(|(i, _)| all[*i].name == name)
+            .map(|(_, b)| b)
+    };
+    let leased = find(QUOTA_LEASED);
+    let p = |m: Option<&Measurement>, q: f64| {
+        m.map_or("-".to_string(), |m| format!("{:.3}", m.percentile_ms(q)))
+    };
+    println!();
+    println!(
+        "Many light tenants (issue 30 item 5; goal: <= 0.1 Redis script calls per request per Envoy, req/s >= 0.8x \
+         the 1-tenant row): the leased quota with requests going round N tenants, each named by its API key \
+         (listed in `api_keys`); each round measured after a warm pass of two requests per tenant. One Envoy."
+    );
+    println!();
+    println!("| tenants | req/s | req/s per tenant | x 1 tenant | x leased (header tenant) | Envoy CPU us/req | Redis script calls/req | loaded p50 ms | loaded p99 ms | 1-client p50 ms | 1-client p99 ms | 1-client p50 added vs 1 tenant ms | errors |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (v, b) in picked {
+        let m = b.throughput.as_ref();
+        let l = b.latency.as_ref();
+        println!(
+            "| {} | {:.0} | {:.2} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
+            v.tenants,
+            rps(b).unwrap_or(f64::NAN),
+            rps(b).unwrap_or(f64::NAN) / v.tenants as f64,
+            ratio(rps(b), one.and_then(rps)),
+            ratio(rps(b), leased.and_then(rps)),
+            b.cpu_us_per_req.unwrap_or(f64::NAN),
+            b.calls_per_request()
+                .map_or("-".to_string(), |c| format!("{c:.3}")),
+            p(m, 50.0),
+            p(m, 99.0),
+            p(l, 50.0),
+            p(l, 99.0),
+            diff(
+                l.map(|m| m.percentile_ms(50.0)),
+                one.and_then(|o| o.latency.as_ref())
+                    .map(|m| m.percentile_ms(50.0)),
+                3
+            ),
+            m.map_or(0, |m| m.errors) + l.map_or(0, |l| l.errors),
         );
     }
 }

@@ -13,6 +13,7 @@ use crate::flow::effect::{CalloutReply, Effect, Level, Purpose};
 use crate::flow::metric::Metric;
 use crate::flow::request::answers;
 use crate::flow::request::denial::{Denial, Reason};
+use crate::flow::request::headers::settlement_id;
 use crate::flow::request::settlement::{reconcile, refund_reservation};
 use crate::flow::request::state::{Hold, InFlight, Plan, QuotaReq, Sent};
 use crate::flow::request::step::{Outcome, Step};
@@ -718,7 +719,7 @@ fn reservation(
         tenant: account,
         model,
         month: calendar::month_label(now_s, offset),
-        request_id: plan.meta.request_id.clone(),
+        request_id: settlement_id(&plan.meta.request_id, plan.context, cx.now()),
         prompt_cost: quota::weighted(plan.prompt, 0, 0, 0, &w),
         output_cost: quota::weighted(0, plan.output, 0, 0, &w),
         default_limit: limit,
