@@ -145,8 +145,10 @@ enum Command {
         Columns: used (the counter), in_leases (held by Envoys' leases, not spent yet), in_flight (reserved by\n\
         requests not settled yet), settled = used - in_leases - in_flight, limit (override or configured),\n\
         remaining = limit - used. Token quotas count weighted tokens (quota.weights); money budgets\n\
-        micro-units, printed as exact decimals of quota.currency. Redis keeps no input/output split and no\n\
-        per-model amounts for budgets: `--by model` shows `*` for an account without model counters."
+        micro-units, printed as exact decimals of quota.currency. tokens_in / tokens_out: the provider's\n\
+        input and output tokens of requests settled one at a time (not yet of leased requests; `-` where\n\
+        none were recorded). Redis keeps no per-model amounts for budgets: `--by model` shows `*` for an\n\
+        account without model counters."
     )]
     Usage {
         /// The month (YYYY-MM; default: this month at quota.month_offset_minutes).
