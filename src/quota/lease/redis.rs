@@ -87,10 +87,17 @@ pub fn lease_owner(envoy: u64) -> String {
     format!("L|{envoy:x}|")
 }
 
-/// The Webdis body that runs the lease script.
-pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
+/// Keys of one lease call.
+pub const LEASE_KEYS: usize = 9;
+/// Arguments of one lease call.
+pub const LEASE_ARGS: usize = 14;
+/// Integers in the lease script's reply.
+pub const LEASE_REPLY_LEN: usize = 7;
+
+/// The keys of a lease call, in script order.
+pub fn lease_keys(a: &LeaseArgs) -> [&str; LEASE_KEYS] {
     let k = &a.keys;
-    let keys = [
+    [
         k.used_total.as_str(),
         k.used_model.as_str(),
         k.limit_override.as_str(),
@@ -100,8 +107,12 @@ pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
         k.done.as_str(),
         k.gone.as_str(),
         k.open.as_str(),
-    ];
-    let argv = [
+    ]
+}
+
+/// The arguments of a lease call, in script order.
+pub fn lease_argv(a: &LeaseArgs) -> [String; LEASE_ARGS] {
+    [
         a.lease_id.clone(),
         lua_int(a.reported_total),
         lua_int(a.want),
@@ -110,14 +121,24 @@ pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
         lua_int(a.default_model_limit),
         a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
         lua_int(a.ttl_s.max(1)),
-        if k.has_model { "1" } else { "0" }.to_string(),
+        if a.keys.has_model { "1" } else { "0" }.to_string(),
         lua_int(TOMBSTONE_S),
         lua_int(a.max_grant.min(MAX_LUA_INT)),
         lua_int(LEASE_TOMBSTONE_S),
         QUOTA_PROTOCOL_TAG.to_string(),
         a.max_share_percent.clamp(1, 100).to_string(),
-    ];
-    command_body(call, LEASE_SCRIPT, LEASE_SHA1, &keys, &argv)
+    ]
+}
+
+/// The Webdis body that runs the lease script.
+pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
+    command_body(
+        call,
+        LEASE_SCRIPT,
+        LEASE_SHA1,
+        &lease_keys(a),
+        &lease_argv(a),
+    )
 }
 
 /// What a lease call left.
@@ -162,8 +183,12 @@ impl LeaseReply {
 
 /// Parses the lease script's answer. Never panics.
 pub fn parse_lease_reply(http_status: u32, body: &[u8]) -> Result<LeaseReply, ShimError> {
-    let a = parse_int_array(http_status, body, 7)?;
-    let [held, used, limit, mused, mlimit, version, reported] = a.as_slice() else {
+    lease_values(&parse_int_array(http_status, body, LEASE_REPLY_LEN)?)
+}
+
+/// The lease script's reply from its [`LEASE_REPLY_LEN`] integers. Never panics.
+pub fn lease_values(a: &[i64]) -> Result<LeaseReply, ShimError> {
+    let [held, used, limit, mused, mlimit, version, reported] = a else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
     let non_neg = |n: i64, what: &str| {
