@@ -861,3 +861,83 @@ fn a_batch_behind_a_redis_cluster_is_sent_again_per_tenant_and_a_batch_noscript_
     assert_eq!(sent(&e), ["EVAL"]);
     assert_eq!(lease_call_tenants(&e)[0].len(), 4);
 }
+
+/// Answers every lease call among the root callouts, granting each account `held`; returns the
+/// tenants of the accounts answered.
+fn grant_all(e: &FakeEnvoy, held: i64) -> Vec<String> {
+    let calls = lease_call_tenants(e);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    let mut tenants = Vec::new();
+    for accounts in calls {
+        let body = if accounts.len() == 1 {
+            lease_reply(held, 1060, 1, 0)
+        } else {
+            batch_grant(accounts.len(), held, &[])
+        };
+        e.reply_root(0, 200, &body);
+        tenants.extend(accounts);
+    }
+    tenants
+}
+
+#[test]
+fn with_many_accounts_the_leader_walks_them_all_once_per_refresh() {
+    // 600 accounts and refresh_ms 200: a walk of 160 accounts per 100 ms would take 375 ms to see
+    // them all; each must be reported within refresh_ms (and a tick) of its usage.
+    let e = envoy(cfg(json!({"min_tokens": 1000, "refresh_ms": 200})));
+    let n = 600;
+    cold_tenants(&e, n);
+    let mut granted = std::collections::HashSet::new();
+    for _ in 0..200 {
+        e.advance_ms(20);
+        e.tick(0);
+        granted.extend(grant_all(&e, 1000));
+        e.root_callouts.borrow_mut().clear();
+        if granted.len() == n {
+            break;
+        }
+    }
+    assert_eq!(granted.len(), n, "every account leased");
+    // Every account spends from its lease.
+    for i in 0..n {
+        let t = format!("t{i}");
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", &t)],
+            &chat("m", "hi", 50),
+        );
+        assert!(
+            c.forwarded && c.pending.is_none(),
+            "{t}: served from its lease"
+        );
+        usage_answer(&e, &mut c, 40);
+    }
+    e.advance_ms(200);
+    let mut synced = std::collections::HashSet::new();
+    for _ in 0..11 {
+        e.advance_ms(20);
+        e.tick(0);
+        synced.extend(grant_all(&e, 1000));
+        e.root_callouts.borrow_mut().clear();
+    }
+    assert_eq!(
+        synced.len(),
+        n,
+        "every account reported within refresh_ms + a tick"
+    );
+}
+
+#[test]
+fn a_walk_covers_every_account_once_per_refresh_within_its_bounds() {
+    use crate::flow::vm::leases::{walk_size, MAX_SCAN_PER_WALK, SCAN_PER_WALK};
+    // Few accounts: the floor, 160 per 100 ms.
+    assert_eq!(walk_size(100, 100, 1000), 100);
+    assert_eq!(walk_size(1_000, 100, 1000), SCAN_PER_WALK);
+    // 10,000 accounts at every 20 ms tick, refresh 1 s: 200 a tick, all of them in 50 ticks.
+    assert_eq!(walk_size(10_000, 20, 1000), 200);
+    // Never more than the cap (a first walk, or a long pause).
+    assert_eq!(walk_size(100_000, 60_000, 1000), MAX_SCAN_PER_WALK);
+    assert_eq!(walk_size(5, 0, 0), 1);
+}

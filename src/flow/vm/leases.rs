@@ -25,8 +25,13 @@ pub const SCAN_PER_TICK: u64 = 32;
 /// and slots; walking at every 20 ms tick cost a VM with nothing to sync six shared-data reads and a
 /// write 50 times a second.
 pub const WALK_MS: u64 = 100;
-/// Accounts the leader looks at per walk: [`SCAN_PER_TICK`] for each 20 ms tick of [`WALK_MS`].
+/// Accounts the leader looks at per walk: [`SCAN_PER_TICK`] for each 20 ms tick of [`WALK_MS`], at least
+/// (more accounts than that are walked faster: [`walk_size`]).
 pub const SCAN_PER_WALK: u64 = SCAN_PER_TICK * WALK_MS / 20;
+/// The most accounts the leader looks at in one walk (about 6 M instructions of shared-data reads).
+pub const MAX_SCAN_PER_WALK: u64 = 1024;
+/// With more accounts than [`SCAN_PER_WALK`], the leader walks at every 20 ms tick, a smaller slice each.
+pub const BUSY_WALK_MS: u64 = 20;
 /// Most accounts synced in one script call (the lease batch script, `quota::lease::batch`): with
 /// [`SCAN_PER_WALK`] and [`DIRTY_PER_TICK`], a walk and a tick each send one to three calls.
 pub const MAX_SYNC_BATCH: usize = 64;
@@ -219,9 +224,15 @@ fn leader_slice(
     probe: bool,
     out: &mut Vec<Sync>,
 ) {
-    // A probe goes at once; otherwise a walk every WALK_MS.
+    // A probe goes at once; otherwise a walk every WALK_MS (every tick with many accounts).
     let now = cx.now();
-    if !probe && now.saturating_sub(cx.worker.leases.walked_at) < WALK_MS * 1_000_000 {
+    let elapsed_ms = now.saturating_sub(cx.worker.leases.walked_at) / 1_000_000;
+    let every = if cx.worker.leases.registered > SCAN_PER_WALK {
+        BUSY_WALK_MS
+    } else {
+        WALK_MS
+    };
+    if !probe && elapsed_ms < every {
         return;
     }
     cx.worker.leases.walked_at = now;
@@ -234,10 +245,11 @@ fn leader_slice(
         return;
     }
     let total = account::REGISTRY.registered(cx.store());
+    cx.worker.leases.registered = total;
     if total == 0 {
         return;
     }
-    for _ in 0..SCAN_PER_WALK.min(total) {
+    for _ in 0..walk_size(total, elapsed_ms, l.policy.refresh_ns / 1_000_000) {
         let i = cx.worker.leases.cursor % total;
         cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
         let Some(entry) = account::REGISTRY.slot(cx.store(), i) else {
@@ -255,6 +267,15 @@ fn leader_slice(
             }
         }
     }
+}
+
+/// How many of `total` accounts a walk `elapsed_ms` after the last one looks at: every account once per
+/// `refresh_ms` (so each account's usage is reported at least that often, whatever their number), and
+/// never fewer than [`SCAN_PER_TICK`] per 20 ms; at most [`MAX_SCAN_PER_WALK`] and `total`.
+pub fn walk_size(total: u64, elapsed_ms: u64, refresh_ms: u64) -> u64 {
+    let floor = SCAN_PER_TICK.saturating_mul(elapsed_ms) / 20;
+    let cover = total.saturating_mul(elapsed_ms).div_ceil(refresh_ms.max(1));
+    floor.max(cover).clamp(1, MAX_SCAN_PER_WALK).min(total)
 }
 
 /// One account's sync, begun in its account and not sent yet.

@@ -216,6 +216,8 @@ pub struct Leases {
     pub(in crate::flow) cursor: u64,
     /// When this VM last walked the accounts as the leader (ns; [`crate::flow::vm::leases::WALK_MS`]).
     pub(in crate::flow) walked_at: u64,
+    /// How many accounts were registered at this VM's last walk.
+    pub(in crate::flow) registered: u64,
     /// Accounts this VM saw miss: (tenant, model, a request's cost).
     pub(in crate::flow) dirty: Vec<(String, Option<String>, u64)>,
     /// Lease calls in flight: the accounts of each (one: the lease script; more: the batch script).
