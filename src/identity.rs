@@ -20,6 +20,7 @@
 //! anything else is rejected as no tenant.
 
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 
 /// Where the tenant came from (for the audit record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +185,268 @@ fn one_value<'a>(
     match key {
         Some(_) if !same => Err(TwoKeys),
         k => Ok(k),
+    }
+}
+
+/// Where a request's provider reads its credential, by the family of the request's path: the key a
+/// tenant comes from is that credential, never a header that provider ignores (which a client could set
+/// to any value and so pick its tenant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPlace {
+    /// OpenAI-compatible and Anthropic paths: `Authorization: Bearer`, `x-api-key`.
+    OpenAi,
+    /// Azure OpenAI (`…/openai/deployments/…`, `/openai/v1/…`): `api-key`, `Authorization: Bearer`
+    /// (an Entra ID token).
+    Azure,
+    /// Gemini API and Vertex AI (Claude on Vertex too): `x-goog-api-key`, the `key` query parameter,
+    /// `Authorization: Bearer` (an OAuth access token) or the `access_token` query parameter.
+    Google,
+    /// Bedrock: the access key id of a SigV4 `Authorization` (`AWS4-… Credential=<id>/…`, not the
+    /// signature), or a Bedrock API key as `Authorization: Bearer`; a presigned URL's
+    /// `X-Amz-Credential`.
+    Bedrock,
+}
+
+impl KeyPlace {
+    /// The place of a metered API: `path_model` when its path names the model (an Azure deployment,
+    /// Claude on Vertex AI), `azure_v1` for Azure's `/openai/v1/…` paths.
+    pub fn of(
+        kind: Option<crate::estimate::ApiKind>,
+        path_model: bool,
+        azure_v1: bool,
+    ) -> KeyPlace {
+        use crate::estimate::ApiKind as K;
+        match kind {
+            Some(
+                K::BedrockConverse
+                | K::BedrockConverseStream
+                | K::BedrockInvoke
+                | K::BedrockInvokeStream,
+            ) => KeyPlace::Bedrock,
+            Some(K::GeminiGenerate | K::GeminiStream) => KeyPlace::Google,
+            Some(K::AnthropicMessages) if path_model => KeyPlace::Google,
+            Some(K::AnthropicMessages) | None => KeyPlace::OpenAi,
+            Some(_) if path_model || azure_v1 => KeyPlace::Azure,
+            Some(_) => KeyPlace::OpenAi,
+        }
+    }
+
+    /// The headers its provider reads a credential from.
+    pub fn headers(self) -> &'static [&'static str] {
+        match self {
+            KeyPlace::OpenAi => &["authorization", "x-api-key"],
+            KeyPlace::Azure => &["authorization", "api-key"],
+            KeyPlace::Google => &["authorization", "x-goog-api-key"],
+            KeyPlace::Bedrock => &["authorization"],
+        }
+    }
+}
+
+/// The credential headers and query string of a request, as [`request_key`] reads them.
+#[derive(Clone, Copy, Default)]
+pub struct KeyInputs<'a> {
+    /// `Authorization`.
+    pub authorization: Option<&'a str>,
+    /// `x-api-key` (OpenAI-compatible and Anthropic).
+    pub x_api_key: Option<&'a str>,
+    /// `api-key` (Azure OpenAI).
+    pub api_key: Option<&'a str>,
+    /// `x-goog-api-key` (Gemini API, Vertex AI express mode).
+    pub x_goog_api_key: Option<&'a str>,
+    /// The query string (after `?`, without a fragment).
+    pub query: Option<&'a str>,
+}
+
+/// The key a request's tenant comes from: the credential its provider checks ([`KeyPlace`]), from the
+/// places that provider reads; every other credential header is ignored. `Err(TwoKeys)` when the
+/// provider's own places hold different credentials (or one place a list of different values): which
+/// one the provider uses is not known, so charging one would let a client choose.
+pub fn request_key<'a>(
+    place: KeyPlace,
+    k: &KeyInputs<'a>,
+) -> Result<Option<Cow<'a, str>>, TwoKeys> {
+    let found: [Option<Cow<'a, str>>; 3] = match place {
+        KeyPlace::OpenAi => {
+            return api_key(k.authorization, k.x_api_key).map(|v| v.map(Cow::Borrowed));
+        }
+        KeyPlace::Azure => [
+            bearer(k.authorization)?.map(Cow::Borrowed),
+            one_key(k.api_key)?.map(Cow::Borrowed),
+            None,
+        ],
+        KeyPlace::Google => [
+            bearer(k.authorization)?.map(Cow::Borrowed),
+            one_key(k.x_goog_api_key)?.map(Cow::Borrowed),
+            query_key(k.query, &["key", "access_token"])?,
+        ],
+        KeyPlace::Bedrock => [
+            aws_authorization(k.authorization)?.map(Cow::Borrowed),
+            query_key(k.query, &["x-amz-credential"])?
+                .map(|c| match c.split_once('/') {
+                    Some((id, _)) => Cow::Owned(id.to_string()),
+                    None => c,
+                })
+                .filter(|id| !id.is_empty()),
+            None,
+        ],
+    };
+    let mut key: Option<Cow<'a, str>> = None;
+    for f in found.into_iter().flatten() {
+        match &key {
+            Some(have) if *have != f => return Err(TwoKeys),
+            Some(_) => {}
+            None => key = Some(f),
+        }
+    }
+    Ok(key)
+}
+
+/// The bearer token of an `Authorization` value (a list of different values: two keys).
+fn bearer(authorization: Option<&str>) -> Result<Option<&str>, TwoKeys> {
+    match authorization {
+        Some(a) => one_value(a, |v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| rest.trim())
+                .filter(|k| !k.is_empty())
+        }),
+        None => Ok(None),
+    }
+}
+
+/// A key header's value (a list of different values: two keys).
+fn one_key(header: Option<&str>) -> Result<Option<&str>, TwoKeys> {
+    match header {
+        Some(h) => one_value(h, Some),
+        None => Ok(None),
+    }
+}
+
+/// Bedrock's `Authorization`: SigV4 (`AWS4-HMAC-SHA256 Credential=<access key id>/<date>/<region>/
+/// <service>/aws4_request, SignedHeaders=…, Signature=…`, also SigV4a's `AWS4-ECDSA-P256-SHA256`): the
+/// access key id; `Bearer <Bedrock API key>`: the key. The value is a comma-separated list of
+/// credentials (each a scheme then its parameters, themselves separated by commas), as Envoy joins a
+/// repeated header: different credentials are two keys, as in [`one_value`]. A SigV4 value without a
+/// readable `Credential=` names no key.
+fn aws_authorization(authorization: Option<&str>) -> Result<Option<&str>, TwoKeys> {
+    let Some(value) = authorization else {
+        return Ok(None);
+    };
+    // Each credential: (what it is compared by, its key).
+    let mut creds: Vec<(&str, Option<&str>)> = Vec::new();
+    let mut aws = false;
+    for piece in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (first, rest) = piece.split_once([' ', '\t']).unwrap_or((piece, ""));
+        let param = if first.contains('=') {
+            // A parameter of the current credential (`SignedHeaders=…`, `Signature=…`).
+            piece
+        } else {
+            // A new credential: `<scheme> <first parameter or token>`.
+            aws = first
+                .get(..5)
+                .is_some_and(|p| p.eq_ignore_ascii_case("aws4-"));
+            let rest = rest.trim();
+            let key = if first.eq_ignore_ascii_case("bearer") {
+                Some(rest).filter(|k| !k.is_empty())
+            } else {
+                None
+            };
+            creds.push((key.unwrap_or(piece), key));
+            if !aws {
+                continue;
+            }
+            rest
+        };
+        if !aws {
+            continue;
+        }
+        let Some((name, v)) = param.split_once('=') else {
+            continue;
+        };
+        if name.trim().eq_ignore_ascii_case("credential") {
+            let id = v.trim().split('/').next().unwrap_or_default();
+            if let Some(last) = creds.last_mut().filter(|_| !id.is_empty()) {
+                match last.1 {
+                    // Two `Credential=` in one SigV4 credential: as two credentials.
+                    Some(have) if have != id => return Err(TwoKeys),
+                    _ => *last = (id, Some(id)),
+                }
+            }
+        }
+    }
+    let mut key = None;
+    let mut same = true;
+    let first = creds.first().map(|c| c.0);
+    for (ident, k) in &creds {
+        same &= Some(*ident) == first;
+        key = key.or(*k);
+    }
+    match key {
+        Some(_) if !same => Err(TwoKeys),
+        k => Ok(k),
+    }
+}
+
+/// The values of query parameters named `names` (ASCII case and percent-encoding of the name ignored;
+/// the value percent-decoded, `+` as a space), split at `&` and `;`: different values are two keys. A
+/// value that does not decode (a bad escape, not UTF-8) is taken as it is sent.
+fn query_key<'a>(query: Option<&'a str>, names: &[&str]) -> Result<Option<Cow<'a, str>>, TwoKeys> {
+    let Some(q) = query else {
+        return Ok(None);
+    };
+    let mut key: Option<Cow<'a, str>> = None;
+    for pair in q.split(['&', ';']) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = decode_query(name);
+        if !names.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            continue;
+        }
+        let value = decode_query(value);
+        if value.is_empty() {
+            continue;
+        }
+        match &key {
+            Some(have) if *have != value => return Err(TwoKeys),
+            Some(_) => {}
+            None => key = Some(value),
+        }
+    }
+    Ok(key)
+}
+
+/// A query string component, percent-decoded and `+` read as a space; as it is when it does not
+/// decode.
+fn decode_query(s: &str) -> Cow<'_, str> {
+    if !s.bytes().any(|b| b == b'%' || b == b'+') {
+        return Cow::Borrowed(s);
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'%' => {
+                let hex = |at: usize| bytes.get(at).and_then(|c| char::from(*c).to_digit(16));
+                let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
+                    return Cow::Borrowed(s);
+                };
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(0));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    match String::from_utf8(out) {
+        Ok(v) => Cow::Owned(v),
+        Err(_) => Cow::Borrowed(s),
     }
 }
 
@@ -552,6 +815,106 @@ mod tests {
             resolve(with(None, Err(TwoKeys)), hashed, &mut c),
             Resolved::TwoKeys
         );
+    }
+
+    #[test]
+    fn odd_credentials_never_panic_and_name_a_key_only_where_the_provider_reads_one() {
+        let huge = "k".repeat(100_000);
+        let huge_q = format!("key={huge}&{}", "key=k&".repeat(10_000));
+        let sig = "AWS4-HMAC-SHA256 Credential=AKID/20261207/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=00";
+        let odd = [
+            "",
+            " ",
+            ",",
+            ",,,",
+            "=",
+            "Credential=",
+            "AWS4-HMAC-SHA256",
+            "AWS4-HMAC-SHA256 ",
+            "AWS4-HMAC-SHA256 Credential=",
+            "AWS4-HMAC-SHA256 Credential=/x/y",
+            "AWS4- Credential=é/ü",
+            "AWS4-HMAC-SHA256 Credential",
+            "aws4-hmac-sha256 credential=ak/1",
+            "Bearer",
+            "Bearer ",
+            "Bearer é",
+            "key=%",
+            "key=%zz",
+            "key=%ff%fe",
+            "%",
+            "&&&;;",
+            "key",
+            "=k",
+            "key==",
+            "ключ=к",
+            "key=a%2",
+            "x-amz-credential=%2F",
+            "access_token=t&key=t",
+            sig,
+            huge.as_str(),
+            huge_q.as_str(),
+        ];
+        for place in [
+            KeyPlace::OpenAi,
+            KeyPlace::Azure,
+            KeyPlace::Google,
+            KeyPlace::Bedrock,
+        ] {
+            for a in odd {
+                for b in odd.iter().take(8) {
+                    let k = KeyInputs {
+                        authorization: Some(a),
+                        x_api_key: Some(b),
+                        api_key: Some(b),
+                        x_goog_api_key: Some(b),
+                        query: Some(a),
+                    };
+                    let _ = request_key(place, &k);
+                }
+            }
+        }
+        fn q(query: &str) -> KeyInputs<'_> {
+            KeyInputs {
+                query: Some(query),
+                ..KeyInputs::default()
+            }
+        }
+        let g =
+            |query: &str| request_key(KeyPlace::Google, &q(query)).map(|k| k.map(Cow::into_owned));
+        assert_eq!(g("key=a%2"), Ok(Some("a%2".into())));
+        assert_eq!(g("key=%ff"), Ok(Some("%ff".into())));
+        assert_eq!(g("key=k%20"), Ok(Some("k ".into())));
+        assert_eq!(g("key=&key=k"), Ok(Some("k".into())));
+        assert_eq!(g("alt=sse&Key=k&KEY=%6B"), Ok(Some("k".into())));
+        assert_eq!(g("key=k&key=j"), Err(TwoKeys));
+        assert_eq!(g(&huge_q), Err(TwoKeys));
+        assert_eq!(g("keys=a&apikey=b&key"), Ok(None));
+        let aws = |a: &str| {
+            request_key(
+                KeyPlace::Bedrock,
+                &KeyInputs {
+                    authorization: Some(a),
+                    ..KeyInputs::default()
+                },
+            )
+            .map(|k| k.map(Cow::into_owned))
+        };
+        assert_eq!(aws(sig), Ok(Some("AKID".into())));
+        assert_eq!(aws("AWS4-HMAC-SHA256 Credential=/x/y"), Ok(None));
+        assert_eq!(aws("AWS4-HMAC-SHA256 Credential=é/ü"), Ok(Some("é".into())));
+        assert_eq!(aws("Credential=AKID/x"), Ok(None));
+        assert_eq!(aws("Basic abc"), Ok(None));
+        assert_eq!(aws(&format!("{sig}, Basic abc")), Err(TwoKeys));
+        assert_eq!(aws(&format!("{sig},{sig}")), Ok(Some("AKID".into())));
+        // The query is not Bedrock's key place unless it is a presigned credential.
+        assert_eq!(request_key(KeyPlace::Bedrock, &q("key=k")), Ok(None));
+        assert_eq!(
+            request_key(KeyPlace::Bedrock, &q("X-Amz-Credential=AKID%2Fx"))
+                .map(|k| k.map(Cow::into_owned)),
+            Ok(Some("AKID".into()))
+        );
+        assert_eq!(request_key(KeyPlace::Azure, &q("key=k")), Ok(None));
     }
 
     #[test]

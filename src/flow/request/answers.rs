@@ -80,6 +80,15 @@ pub fn forbidden_tenant(header: &str) -> Refusal {
     )
 }
 
+/// 403: a verified token's tenant claim naming a tenant derived from an API key (`key:…`).
+pub fn forbidden_claim_tenant(claim: &str) -> Refusal {
+    let claim = clip(claim, 64);
+    Refusal::new(
+        Class::ForbiddenTenant,
+        format!("The tenant named in the verified token's claim '{claim}' is reserved for tenants derived from API keys and cannot be chosen by a token."),
+    )
+}
+
 /// 403: a request that could spend provider usage on a path tokengate does not meter.
 pub fn path_not_metered(method: &str, path: &str) -> Refusal {
     let (method, path) = (clip(method, 16), clip(path, 200));

@@ -3,8 +3,9 @@
 //! (only with `trusted_headers`), else from an API key (listed in `api_keys`, or hashed), else from
 //! `default_tenant`; its groups from `tenant_groups`, else each level's claim, else its trusted header.
 //! Refusals: 401 when nobody can be named, for an unlisted key, for two keys and for a listed key of
-//! another tenant than the verified one; 403 for a tenant header naming a key-derived tenant and for a
-//! claim that is not an id. The rules are [`crate::identity::resolve`]'s.
+//! another tenant than the verified one; 403 for a tenant header or claim naming a key-derived tenant
+//! and for a claim that is not an id. The key is the credential the path's provider checks
+//! ([`identity::KeyPlace`]). The rules are [`crate::identity::resolve`]'s.
 
 use crate::config::{ClaimPath, Config};
 use crate::flow::cx::Cx;
@@ -12,7 +13,7 @@ use crate::flow::effect::{Effect, Headers};
 use crate::flow::request::answers;
 use crate::flow::request::denial::{Denial, Reason};
 use crate::flow::request::state::Meta;
-use crate::identity::{self, Claim, Presented, Resolved};
+use crate::identity::{self, Claim, KeyInputs, KeyPlace, Presented, Resolved};
 use std::borrow::Cow;
 
 /// Resolves the tenant and its groups into `meta`.
@@ -26,10 +27,7 @@ pub(in crate::flow) fn resolve(
     if let (Some(name), Some(t)) = (cfg.tenant_header.as_deref(), header_tenant) {
         // Tenants derived from API keys are `key:<hash>`: nobody may name one in a header (a forged
         // `key:` tenant would charge someone else's key).
-        if t.trim()
-            .get(..4)
-            .is_some_and(|p| p.eq_ignore_ascii_case("key:"))
-        {
+        if is_key_tenant(t) {
             return Err(Denial::new(
                 Reason::ForbiddenTenant,
                 answers::forbidden_tenant(name),
@@ -40,19 +38,37 @@ pub(in crate::flow) fn resolve(
         Some(path) => claim(cx, cfg, path, "tenant_claim")?,
         None => None,
     };
-    // A key header sent twice with different values is two keys as well.
-    let repeated = h.differs("authorization") || h.differs("x-api-key");
-    let key = identity::api_key(h.get("authorization"), h.get("x-api-key")).and_then(|k| {
-        if repeated {
-            Err(identity::TwoKeys)
-        } else {
-            Ok(k)
+    if let (Some(path), Some(t)) = (&cfg.claims.tenant, claim_tenant.as_deref()) {
+        // Nor in a claim: a token's issuer names tenants it manages, not the hash of someone's key.
+        if is_key_tenant(t) {
+            return Err(Denial::new(
+                Reason::ForbiddenTenant,
+                answers::forbidden_claim_tenant(&path.display()),
+            ));
         }
-    });
+    }
+    // The key is the credential the path's provider checks (other credential headers are ignored); a
+    // key header sent twice with different values is two keys as well.
+    let place = KeyPlace::of(meta.kind, meta.path_model.is_some(), meta.azure_v1);
+    let inputs = KeyInputs {
+        authorization: h.get("authorization"),
+        x_api_key: h.get("x-api-key"),
+        api_key: h.get("api-key"),
+        x_goog_api_key: h.get("x-goog-api-key"),
+        query: h
+            .get(":path")
+            .and_then(|p| p.split_once('?'))
+            .map(|(_, q)| q.split('#').next().unwrap_or(q)),
+    };
+    let key = if place.headers().iter().any(|n| h.differs(n)) {
+        Err(identity::TwoKeys)
+    } else {
+        identity::request_key(place, &inputs)
+    };
     let presented = Presented {
         claim: claim_tenant.as_deref(),
         header: header_tenant,
-        key,
+        key: key.as_ref().map(Option::as_deref).map_err(|e| *e),
     };
     let sources = identity::Sources {
         api_key_tenants: cfg.api_key_tenants,
@@ -103,6 +119,13 @@ pub(in crate::flow) fn resolve(
         };
     }
     Ok(())
+}
+
+/// Whether a tenant id names a tenant derived from an API key (`key:…`, any case, spaces around).
+fn is_key_tenant(t: &str) -> bool {
+    t.trim()
+        .get(..4)
+        .is_some_and(|p| p.eq_ignore_ascii_case("key:"))
 }
 
 /// A verified claim: `Ok(None)` when the payload has none (or there is no verified token), a 403 when
