@@ -55,6 +55,8 @@ def parse_args():
     p.add_argument("--thinking-budget", type=int, default=None)
     p.add_argument("--tool-properties", default=None, help="comma-separated property names of a tool schema")
     p.add_argument("--no-stream-usage", action="store_true", help="azure streams: no include_usage")
+    p.add_argument("--api-key", default=None, help="the client's key (Bedrock: the access key id)")
+    p.add_argument("--key-in-query", action="store_true", help="google-genai: the API key as ?key=")
     return p.parse_args()
 
 
@@ -95,7 +97,7 @@ def azure_client(args):
 
     return openai.AzureOpenAI(
         azure_endpoint=args.base_url,
-        api_key="azure-test-key",
+        api_key=args.api_key or "azure-test-key",
         api_version="2024-10-21",
         max_retries=args.max_retries,
         default_headers=headers_of(args),
@@ -127,8 +129,21 @@ def genai_client(args, vertex):
         retry = types.HttpRetryOptions(
             attempts=args.max_retries + 1, initial_delay=0.05, max_delay=0.2, jitter=0.0
         )
+    client_args = None
+    if args.key_in_query:
+        # The API key as Google also reads it: the `key` query parameter instead of x-goog-api-key.
+        def key_to_query(request):
+            key = request.headers.pop("x-goog-api-key", None)
+            if key is not None:
+                request.url = request.url.copy_add_param("key", key)
+
+        client_args = {"event_hooks": {"request": [key_to_query]}}
     http = types.HttpOptions(
-        base_url=args.base_url, headers=headers_of(args), retry_options=retry, timeout=30_000
+        base_url=args.base_url,
+        headers=headers_of(args),
+        retry_options=retry,
+        timeout=30_000,
+        client_args=client_args,
     )
     if vertex:
         from google.oauth2.credentials import Credentials
@@ -138,10 +153,10 @@ def genai_client(args, vertex):
             vertexai=True,
             project="tg-project",
             location="us-central1",
-            credentials=Credentials(token="fake-oauth-token"),
+            credentials=Credentials(token=args.api_key or "fake-oauth-token"),
             http_options=http,
         )
-    return genai.Client(api_key="fake-gemini-key", http_options=http)
+    return genai.Client(api_key=args.api_key or "fake-gemini-key", http_options=http)
 
 
 def bedrock_client(args):
@@ -152,7 +167,7 @@ def bedrock_client(args):
         "bedrock-runtime",
         region_name="us-east-1",
         endpoint_url=args.base_url,
-        aws_access_key_id="AKIDEXAMPLEFAKE",
+        aws_access_key_id=args.api_key or "AKIDEXAMPLEFAKE",
         aws_secret_access_key="fake-secret-key",
         config=Config(
             # botocore's `max_attempts` here counts retries (`total_max_attempts` would count all).

@@ -412,3 +412,123 @@ fn a_token_with_a_bad_signature_or_wrong_issuer_gets_401_from_jwt_authn() {
     assert_eq!(s.mock.requests().len(), 0);
     assert_eq!(s.quota_keys("team-jwt"), Vec::<String>::new());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The official SDKs of the other families (the shipped chain, their own credentials)
+// ---------------------------------------------------------------------------------------------
+
+/// The shipped chain with a plugin configuration of hashed key tenants and Azure's deployment map.
+fn families_envoy(mock: &MockProvider, dir: &wasm_test::TempDir) -> ShippedEnvoy {
+    let cfg = json!({
+        "tenant_claim": "tenant", "api_key_tenants": true,
+        "rules": [{"name": "all", "tenant": "*", "model": "*",
+                   "tokens_per_second": 1_000_000, "burst": 100_000_000}],
+        "azure_openai": {"deployments": {"dep-1": "gpt-4o"}}
+    });
+    let shipped = std::fs::read_to_string(wasm_test::repo_root().join("envoy/envoy.yaml"))
+        .expect("envoy.yaml");
+    let file = dir.path().join("envoy.yaml");
+    std::fs::write(&file, shipped::with_plugin_config(&shipped, &cfg)).expect("write envoy.yaml");
+    ShippedEnvoy::start_file(&file, mock.port, free_port(), free_port())
+}
+
+#[test]
+fn each_sdk_is_charged_as_the_credential_its_provider_checks_and_a_forged_key_header_changes_nothing(
+) {
+    // The tester's finding: with hashed key tenants, `x-api-key: r1` next to google-genai's
+    // x-goog-api-key was charged as a fresh tenant key:<hash(r1)>, r2 as another.
+    let mock = mock_provider!();
+    let dir = wasm_test::TempDir::new("identity-families");
+    let envoy = families_envoy(&mock, &dir);
+    let cases: [(&str, &[&str], &str); 5] = [
+        ("azure-chat", &["--model", "dep-1"], "azure-real-key"),
+        ("gemini-generate", &[], "AIza-real-key"),
+        ("gemini-generate", &["--key-in-query"], "AIza-real-key"),
+        ("vertex-generate", &[], "ya29.real-oauth-token"),
+        ("bedrock-converse", &[], "AKIAREALEXAMPLE1"),
+    ];
+    let forged: [&[&str]; 5] = [
+        &[],
+        &["--header", "x-api-key=r1"],
+        &["--header", "x-api-key=r2"],
+        &["--header", "api-key=r3"],
+        &["--header", "x-goog-api-key=r4"],
+    ];
+    let mut calls = Vec::new();
+    let mut want = Vec::new();
+    for (scenario, args, cred) in cases {
+        for extra in forged {
+            // Azure's own header, Gemini's own header: forging them is two keys (below), not ignored.
+            let own = match scenario {
+                "azure-chat" => "api-key=",
+                "bedrock-converse" => "",
+                _ => "x-goog-api-key=",
+            };
+            if !own.is_empty() && extra.iter().any(|a| a.starts_with(own)) {
+                continue;
+            }
+            let mut a = vec!["--tenant", "", "--api-key", cred];
+            a.extend_from_slice(args);
+            a.extend_from_slice(extra);
+            calls.push(wasm_test::sdk::call(scenario, &a));
+            want.push((scenario, extra, key_tenant(cred)));
+        }
+    }
+    let got = wasm_test::sdk::drive(envoy.port, &calls);
+    for (g, (scenario, extra, _)) in got.iter().zip(&want) {
+        assert_eq!(g["ok"], true, "{scenario} {extra:?}: {g}");
+    }
+    let lines = envoy.audit_lines(want.len());
+    let tenants: Vec<&str> = lines.iter().filter_map(|l| audit_tenant(l)).collect();
+    let expected: Vec<&str> = want.iter().map(|w| w.2.as_str()).collect();
+    assert_eq!(tenants, expected, "audit: {lines:?}");
+    assert_eq!(mock.requests().len(), want.len());
+
+    // The family's own credentials that differ: which one the provider checks is not known, so no
+    // tenant is charged (401, nothing reaches the provider).
+    let two: [(&str, &[&str]); 4] = [
+        (
+            "gemini-generate",
+            &["--header", "authorization=Bearer forged"],
+        ),
+        (
+            "gemini-generate",
+            &["--key-in-query", "--header", "authorization=Bearer forged"],
+        ),
+        (
+            "azure-chat",
+            &[
+                "--model",
+                "dep-1",
+                "--header",
+                "authorization=Bearer forged",
+            ],
+        ),
+        ("vertex-generate", &["--header", "x-goog-api-key=forged"]),
+    ];
+    let calls: Vec<Vec<String>> = two
+        .iter()
+        .map(|(scenario, extra)| {
+            let mut a = vec![
+                "--tenant",
+                "",
+                "--api-key",
+                "real-key",
+                "--max-retries",
+                "0",
+            ];
+            a.extend_from_slice(extra);
+            wasm_test::sdk::call(scenario, &a)
+        })
+        .collect();
+    let got = wasm_test::sdk::drive(envoy.port, &calls);
+    for (g, (scenario, extra)) in got.iter().zip(&two) {
+        assert_eq!(g["ok"], false, "{scenario} {extra:?}: {g}");
+        assert_eq!(g["status_code"], 401, "{scenario} {extra:?}: {g}");
+    }
+    assert_eq!(
+        mock.requests().len(),
+        want.len(),
+        "nothing more reached the provider"
+    );
+}
