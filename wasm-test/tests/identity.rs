@@ -358,6 +358,30 @@ fn a_verified_claim_that_is_not_an_id_is_refused_with_403() {
 }
 
 #[test]
+fn a_verified_claim_naming_a_key_tenant_is_refused_with_403_and_charges_nobody() {
+    // Before: a token whose tenant claim was `key:<hash>` was admitted and charged to that key's tenant
+    // (the README says a `key:` tenant cannot be named).
+    let s = Stack::start();
+    let key = shipped_demo_key();
+    let bob = key_tenant("sk-bob");
+    for claim in [bob.as_str(), "key:0123456789abcdef", "KEY:x"] {
+        let token = mint(&key, json!({"sub": "u1", "tenant": claim}));
+        let r = s.envoy.chat(&[("x-tokengate-jwt", token.as_str())], 16);
+        assert_eq!(r.status, 403, "tenant claim {claim}: {}", r.text());
+        assert_eq!(
+            r.header("x-tokengate-reason"),
+            Some("forbidden_tenant"),
+            "{claim}"
+        );
+        let j: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
+        assert_eq!(j["error"]["code"], "forbidden_tenant", "{j}");
+    }
+    assert!(s.mock.requests().is_empty(), "nothing reached the provider");
+    assert_eq!(s.quota_keys(&bob), Vec::<String>::new());
+    assert_eq!(s.quota_keys("key:0123456789abcdef"), Vec::<String>::new());
+}
+
+#[test]
 fn a_token_with_a_bad_signature_or_wrong_issuer_gets_401_from_jwt_authn() {
     let s = Stack::start();
     let good = shipped_demo_key();
