@@ -3,8 +3,9 @@
 
     scripts/demo-token.py TENANT [GROUP] [--config envoy/envoy.yaml] [--ttl SECONDS]
 
-Prints the token. Send it as `x-tokengate-jwt: <token>`: Envoy verifies it, and its `tenant` claim becomes
-x-tenant-id (the tenant tokengate charges), its `group` claim x-tokengate-group. `make run` and
+Prints the token. Send it as `x-tokengate-jwt: <token>`: Envoy's jwt_authn verifies it and writes its payload
+to the dynamic metadata, where tokengate reads the `tenant` claim (the tenant it charges; `tenant_claim`) and,
+when the plugin configuration has a `groups` level reading it, the `group` claim. No header is set or stripped. `make run` and
 `make compose-test` use it for the demo tenants. Only the Python standard library.
 """
 import argparse
