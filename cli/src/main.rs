@@ -615,7 +615,7 @@ mod tests {
                 .file_name()
                 .is_some_and(|f| f.to_string_lossy().starts_with("envoy"));
             if envoy && name.ends_with(".yaml") {
-                assert_eq!(check(&[name.clone()]), 0, "{name}");
+                assert_eq!(check(std::slice::from_ref(&name)), 0, "{name}");
                 n += 1;
             }
         }

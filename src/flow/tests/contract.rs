@@ -180,7 +180,10 @@ fn a_body_that_is_not_a_request_answers_400_or_is_charged_the_configured_tokens(
         r#"{"model":"m","max_tokens":"x","messages":[]}"#,
     );
     assert_eq!(c.status(), Some(400));
-    let msg = c.reply_json()["error"]["message"].as_str().unwrap().to_string();
+    let msg = c.reply_json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(msg.contains("not a valid request of its API"), "{msg}");
 }
 

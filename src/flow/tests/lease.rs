@@ -962,5 +962,8 @@ fn a_lease_granted_while_a_reservation_waits_is_not_counted_as_left_on_top_of_re
         .expect("remaining")
         .parse()
         .unwrap();
-    assert!(left <= 1_000_000 - 60, "remaining {left} over the limit less this reservation");
+    assert!(
+        left <= 1_000_000 - 60,
+        "remaining {left} over the limit less this reservation"
+    );
 }
