@@ -9,9 +9,9 @@ fn cfg(lease: Value) -> Value {
         "quota": {"cluster": "webdis", "monthly_limit": 1_000_000, "lease": lease}})
 }
 
-/// `{"EVAL":[held, used, limit, model_used, model_limit, version, reported_total]}`.
+/// `{"EVAL":[held, used, limit, model_used, model_limit, version, reported_total, 0, 0]}`.
 fn lease_reply(held: i64, used: i64, version: i64, reported: i64) -> String {
-    eval(&[held, used, 1_000_000, used, -1, version, reported])
+    eval(&[held, used, 1_000_000, used, -1, version, reported, 0, 0])
 }
 
 /// The lease calls among the root callouts, as (reported total, want, target) argument strings.
@@ -686,4 +686,95 @@ fn the_leader_walks_the_accounts_every_100_ms_not_at_every_tick() {
         "a tick between walks reads less ({between}) than a walk ({walk})"
     );
     assert!(tick_reads(80) > between, "the next walk after 100 ms");
+}
+
+/// The lease calls' input/output totals (their last two arguments).
+fn lease_io(e: &FakeEnvoy) -> Vec<(String, String)> {
+    e.root_callouts
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+        .map(|c| {
+            let seg = segments(&c.body);
+            let nkeys: usize = seg[2].parse().unwrap();
+            let a = &seg[3 + nkeys..];
+            (a[14].clone(), a[15].clone())
+        })
+        .collect()
+}
+
+fn io_record(e: &FakeEnvoy) -> Option<crate::quota::lease::io::Io> {
+    let key = crate::quota::lease::account::account_key("acme", Some("m"));
+    crate::store::peek::<crate::quota::lease::io::Io>(
+        &e.store,
+        &crate::quota::lease::io::io_key(&key),
+    )
+    .unwrap()
+    .0
+}
+
+#[test]
+fn leased_requests_report_their_input_and_output_tokens_with_the_lease_at_the_tick() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    for total in [40, 50, 61] {
+        let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+        assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+        usage_answer(&e, &mut c, total);
+    }
+    // Kept by the VM until its tick: no shared-data write per request for the split.
+    assert_eq!(io_record(&e), None);
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    let month = account(&e).month;
+    // Prompt tokens 20 + 25 + 30, completion 20 + 25 + 31.
+    assert_eq!(io_record(&e).unwrap().get(month), (75, 76));
+    // The next sync reports them, with the usage.
+    e.advance_ms(1_100);
+    e.tick(0);
+    let calls = lease_calls(&e);
+    assert_eq!(calls.last().map(|c| c.0.as_str()), Some("151"));
+    assert_eq!(
+        lease_io(&e).last(),
+        Some(&("75".to_string(), "76".to_string()))
+    );
+    // Redis answers that it holds more for the lease than was sent (the record was lost since it
+    // reported 1,000 / 400): the record is raised so that the next report adds exactly 75 / 76.
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(
+        0,
+        200,
+        &eval(&[1000, 1211, 1_000_000, 1211, -1, 2, 151, 1000, 400]),
+    );
+    assert_eq!(io_record(&e).unwrap().get(month), (1075, 476));
+    // An answer at or below what was sent changes nothing (no write).
+    e.advance_ms(1_100);
+    e.root_callouts.borrow_mut().clear();
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    usage_answer(&e, &mut c, 10);
+    e.tick(0);
+    assert_eq!(
+        lease_io(&e).last(),
+        Some(&("1080".to_string(), "481".to_string()))
+    );
+    e.reply_root(
+        0,
+        200,
+        &eval(&[1000, 1221, 1_000_000, 1221, -1, 3, 161, 1080, 481]),
+    );
+    assert_eq!(io_record(&e).unwrap().get(month), (1080, 481));
+}
+
+#[test]
+fn a_worker_torn_down_writes_the_split_of_the_leased_requests_it_kept() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    usage_answer(&e, &mut c, 40);
+    assert_eq!(io_record(&e), None);
+    e.done(0);
+    let month = account(&e).month;
+    assert_eq!(io_record(&e).unwrap().get(month), (20, 20));
 }
