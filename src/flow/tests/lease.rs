@@ -778,3 +778,45 @@ fn a_worker_torn_down_writes_the_split_of_the_leased_requests_it_kept() {
     let month = account(&e).month;
     assert_eq!(io_record(&e).unwrap().get(month), (20, 20));
 }
+
+#[test]
+fn last_months_ended_request_is_not_written_into_its_account_before_its_split() {
+    // A request of the new month on the VM that kept a November request's end: written with it, the
+    // end would let the leader give November's lease back (nothing in flight) and report its usage
+    // before the tick wrote its input/output tokens, which no later sync of November would report.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let dec_1: u64 = 1_796_083_200;
+    e.now.set((dec_1 - 30) * 1_000_000_000);
+    granted_a_lease(&e);
+    let nov = account(&e).month;
+    assert_eq!(nov, 202611);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+    let in_flight = account(&e).inflight;
+    usage_answer(&e, &mut c, 40);
+    e.advance_ms(31_000);
+    // December: the account still holds November's lease; this request goes per request, and
+    // November's request stays in flight until the tick.
+    let c2 = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c2.pending.is_some(), "per-request reservation");
+    let a = account(&e);
+    assert_eq!((a.month, a.inflight), (nov, in_flight));
+    assert_eq!(io_record(&e), None);
+    // The tick writes the split, then the end: the sync that gives November back carries both.
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    assert_eq!(io_record(&e).unwrap().get(nov), (20, 20));
+    let a = account(&e);
+    assert_eq!((a.inflight, a.consumed), (0, 40));
+    let calls = lease_calls(&e);
+    let io = lease_io(&e);
+    let last = calls.iter().zip(io.iter()).find(|(c, _)| c.2 == "0");
+    assert_eq!(
+        last,
+        Some((
+            &("40".to_string(), "0".to_string(), "0".to_string()),
+            &("20".to_string(), "20".to_string())
+        )),
+        "{calls:?} {io:?}"
+    );
+}
