@@ -770,6 +770,122 @@ mod quota {
     }
 
     #[test]
+    fn a_lease_batch_syncs_each_account_as_if_sent_alone_for_many_tenants_in_one_call() {
+        use tokengate::quota::lease::batch::*;
+        let (Some(alone), Some(batched)) = (Stack::start(), Stack::start()) else {
+            return;
+        };
+        assert_eq!(
+            batched.cli(&["SCRIPT", "LOAD", LEASE_BATCH_SCRIPT]),
+            LEASE_BATCH_SHA1
+        );
+        let call = |tenant: &str, model: Option<&str>, reported: u64, want: u64| LeaseArgs {
+            keys: QuotaKeys::new(tenant, model, "2026-11", "-"),
+            lease_id: lease_id(3, model, "2026-11"),
+            reported_total: reported,
+            want,
+            target: None,
+            default_limit: 10_000,
+            default_model_limit: 0,
+            expire_at_unix: 1_796_688_000,
+            ttl_s: 60,
+            max_grant: want,
+            max_share_percent: 50,
+            tokens_in: reported,
+            tokens_out: reported / 2,
+        };
+        // 40 tenants (every third with a model), and tenant 5's counter not a count.
+        let round = |reported: u64| -> Vec<LeaseArgs> {
+            (0..40)
+                .map(|i| {
+                    let model = (i % 3 == 0).then_some("m");
+                    call(&format!("t{i}"), model, reported * i, 1_000 + i)
+                })
+                .collect()
+        };
+        let t5 = QuotaKeys::new("t5", None, "2026-11", "-");
+        for st in [&alone, &batched] {
+            st.cli(&["SET", &t5.used_total, "x"]);
+        }
+        let state = |st: &Stack, a: &LeaseArgs| {
+            let rec = st.cli(&["HGET", &a.keys.leases, &a.lease_id]);
+            // The lease record without its version (the time in ms at a first grant).
+            let held_reported: Vec<&str> = rec.split(' ').take(2).collect();
+            (
+                st.cli(&["GET", &a.keys.used_total]),
+                held_reported.join(" "),
+                ["in", "out", "in:m", a.lease_id.as_str()]
+                    .map(|f| st.cli(&["HGET", &a.keys.io(), f])),
+            )
+        };
+        for (r, reported) in [(0, 0), (1, 10), (2, 10)] {
+            let entries = round(reported);
+            let refs: Vec<&LeaseArgs> = entries.iter().collect();
+            let before = batched.cli(&["INFO", "commandstats"]);
+            let (code, body) = batched.post(&lease_batch_request(&refs, ScriptCall::EvalSha));
+            let got = parse_lease_batch_reply(code, &body, refs.len()).unwrap();
+            let after = batched.cli(&["INFO", "commandstats"]);
+            let calls = |s: &str| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                    .and_then(|l| l.split(',').next())
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            assert_eq!(
+                calls(&after),
+                calls(&before) + 1,
+                "one script call, round {r}"
+            );
+            assert_eq!(got.len(), 40);
+            for (i, (a, g)) in entries.iter().zip(&got).enumerate() {
+                let (s, b) = alone.post(&lease_request(a, ScriptCall::Eval));
+                let one = parse_lease_reply(s, &b);
+                if i == 5 {
+                    assert!(
+                        matches!(&one, Err(ShimError::RedisError(e)) if e.contains("not a count"))
+                    );
+                    assert!(
+                        matches!(g, Err(ShimError::RedisError(e)) if e.contains("not a count")),
+                        "{g:?}"
+                    );
+                    continue;
+                }
+                let (one, g) = (one.unwrap(), g.as_ref().unwrap());
+                assert_eq!(
+                    (
+                        g.held,
+                        g.used,
+                        g.limit,
+                        g.model_used,
+                        g.model_limit,
+                        g.reported_total,
+                        g.tokens_io
+                    ),
+                    (
+                        one.held,
+                        one.used,
+                        one.limit,
+                        one.model_used,
+                        one.model_limit,
+                        one.reported_total,
+                        one.tokens_io
+                    ),
+                    "round {r} entry {i}"
+                );
+                assert_eq!(state(&alone, a), state(&batched, a), "round {r} entry {i}");
+            }
+            if r == 2 {
+                // Round 2 resends round 1's totals: nothing more is counted.
+                let t7 = &entries[7];
+                assert_eq!(state(&batched, t7).1, format!("{} 70", 1_007));
+                assert_eq!(state(&batched, t7).2[0], "70");
+                assert_eq!(state(&batched, t7).2[3], "70 35");
+            }
+        }
+    }
+
+    #[test]
     fn a_batch_reserves_each_entry_as_if_sent_alone_for_many_tenants_in_one_call() {
         use tokengate::quota::batch::*;
         let Some(st) = Stack::start() else { return };

@@ -50,6 +50,7 @@ pub mod settlement;
 pub mod weights;
 
 pub use keys::{tenant_prefix, tenant_tag, QuotaKeys};
+pub use lease::batch::{lease_batch_request, parse_lease_batch_reply, LEASE_BATCH_SHA1};
 pub use lease::redis::{
     lease_id, lease_owner, lease_request, parse_lease_reply, LeaseArgs, LeaseReply, LEASE_SCRIPT,
     LEASE_SHA1,

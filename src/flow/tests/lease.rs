@@ -688,6 +688,260 @@ fn the_leader_walks_the_accounts_every_100_ms_not_at_every_tick() {
     assert!(tick_reads(80) > between, "the next walk after 100 ms");
 }
 
+/// The lease calls among the root callouts: the accounts of each, by tenant key (`{t}`) — one for the
+/// lease script alone, several for the batch script.
+fn lease_call_tenants(e: &FakeEnvoy) -> Vec<Vec<String>> {
+    use crate::quota::lease::redis::LEASE_KEYS;
+    e.root_callouts
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+        .map(|c| {
+            let seg = segments(&c.body);
+            let nkeys: usize = seg[2].parse().unwrap();
+            seg[3..3 + nkeys]
+                .chunks(LEASE_KEYS)
+                .map(|k| k[0].split(['{', '}']).nth(1).unwrap().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// Tenants `t0..tn` each send a request reserved per request: each account asks for a lease.
+fn cold_tenants(e: &FakeEnvoy, n: usize) {
+    for i in 0..n {
+        let t = format!("t{i}");
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", &t)],
+            &chat("m", "hi", 50),
+        );
+        assert!(c.pending.is_some(), "per-request reservation");
+        e.reply(&mut c, 200, &reserved(60, 1_000_000));
+        usage_answer(e, &mut c, 30);
+    }
+}
+
+/// A batch reply granting each of `n` accounts `held` (statuses in `refused` are refusals).
+fn batch_grant(n: usize, held: i64, refused: &[(usize, i64)]) -> String {
+    let mut v = Vec::new();
+    for i in 0..n {
+        match refused.iter().find(|(j, _)| *j == i) {
+            Some((_, code)) => v.extend([*code, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            None => v.extend([0, held, 1060, 1_000_000, 1060, -1, 1, 0, 0, 0]),
+        }
+    }
+    eval(&v)
+}
+
+#[test]
+fn many_accounts_that_need_a_sync_in_one_tick_go_to_redis_in_one_script_call() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    cold_tenants(&e, 20);
+    e.tick(0);
+    let calls = lease_call_tenants(&e);
+    assert_eq!(calls.len(), 1, "one call: {calls:?}");
+    let mut tenants = calls[0].clone();
+    tenants.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
+    want.sort();
+    assert_eq!(tenants, want);
+    assert_eq!(e.metric(Metric::QuotaLeaseSyncs), 1);
+    let order = calls[0].clone();
+    let body = e
+        .root_callouts
+        .borrow()
+        .iter()
+        .find(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+        .unwrap()
+        .body
+        .clone();
+    assert!(
+        body.starts_with("EVAL/"),
+        "the batch script is not loaded yet"
+    );
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    // Each account gets its own answer: t{order[3]} is refused (not a count), the others granted.
+    e.reply_root(0, 200, &batch_grant(20, 1000, &[(3, 3)]));
+    assert_eq!(e.metric(Metric::QuotaShimErrors), 1);
+    for (i, t) in order.iter().enumerate() {
+        let c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", t)],
+            &chat("m", "hi", 50),
+        );
+        if i == 3 {
+            assert!(
+                c.pending.is_some(),
+                "{t}: its sync failed, reserved per request"
+            );
+        } else {
+            assert!(
+                c.forwarded && c.pending.is_none(),
+                "{t}: served from its lease"
+            );
+        }
+    }
+    // The refused account is asked again at the next tick, alone: the lease script itself.
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    let again = lease_call_tenants(&e);
+    assert_eq!(again, vec![vec![order[3].clone()]]);
+    let body = e
+        .root_callouts
+        .borrow()
+        .iter()
+        .find(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+        .unwrap()
+        .body
+        .clone();
+    assert!(
+        segments(&body).iter().any(|s| s == "tg3") && !body.contains("tgLb"),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_batch_behind_a_redis_cluster_is_sent_again_per_tenant_and_a_batch_noscript_as_eval() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    cold_tenants(&e, 6);
+    e.tick(0);
+    assert_eq!(lease_call_tenants(&e).len(), 1);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(
+        0,
+        200,
+        r#"{"EVAL":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#,
+    );
+    // Nothing ran, and it is no shim failure: every account goes again, each tenant's apart.
+    assert_eq!(e.metric(Metric::QuotaShimErrors), 0);
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    let calls = lease_call_tenants(&e);
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    assert!(calls.iter().all(|c| c.len() == 1));
+    // Without a cluster, a batch answered NOSCRIPT goes again as EVAL, then EVALSHA once answered.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    cold_tenants(&e, 4);
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &batch_grant(4, 1000, &[]));
+    // Every account spends, then its refresh comes: one batch, by EVALSHA now.
+    for i in 0..4 {
+        let t = format!("t{i}");
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", &t)],
+            &chat("m", "hi", 50),
+        );
+        usage_answer(&e, &mut c, 40);
+    }
+    e.advance_ms(1_100);
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    let sent = |e: &FakeEnvoy| {
+        e.root_callouts
+            .borrow()
+            .iter()
+            .filter(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+            .map(|c| c.body.split('/').next().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(sent(&e), ["EVALSHA"]);
+    assert_eq!(lease_call_tenants(&e)[0].len(), 4);
+    e.reply_root(0, 200, r#"{"EVAL":[false,"NOSCRIPT No matching script"]}"#);
+    assert_eq!(e.metric(Metric::QuotaShimErrors), 0);
+    e.tick(0);
+    assert_eq!(sent(&e), ["EVAL"]);
+    assert_eq!(lease_call_tenants(&e)[0].len(), 4);
+}
+
+/// Answers every lease call among the root callouts, granting each account `held`; returns the
+/// tenants of the accounts answered.
+fn grant_all(e: &FakeEnvoy, held: i64) -> Vec<String> {
+    let calls = lease_call_tenants(e);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    let mut tenants = Vec::new();
+    for accounts in calls {
+        let body = if accounts.len() == 1 {
+            lease_reply(held, 1060, 1, 0)
+        } else {
+            batch_grant(accounts.len(), held, &[])
+        };
+        e.reply_root(0, 200, &body);
+        tenants.extend(accounts);
+    }
+    tenants
+}
+
+#[test]
+fn with_many_accounts_the_leader_walks_them_all_once_per_refresh() {
+    // 600 accounts and refresh_ms 200: a walk of 160 accounts per 100 ms would take 375 ms to see
+    // them all; each must be reported within refresh_ms (and a tick) of its usage.
+    let e = envoy(cfg(json!({"min_tokens": 1000, "refresh_ms": 200})));
+    let n = 600;
+    cold_tenants(&e, n);
+    let mut granted = std::collections::HashSet::new();
+    for _ in 0..200 {
+        e.advance_ms(20);
+        e.tick(0);
+        granted.extend(grant_all(&e, 1000));
+        e.root_callouts.borrow_mut().clear();
+        if granted.len() == n {
+            break;
+        }
+    }
+    assert_eq!(granted.len(), n, "every account leased");
+    // Every account spends from its lease.
+    for i in 0..n {
+        let t = format!("t{i}");
+        let mut c = e.send(
+            "/v1/chat/completions",
+            &[("x-tenant-id", &t)],
+            &chat("m", "hi", 50),
+        );
+        assert!(
+            c.forwarded && c.pending.is_none(),
+            "{t}: served from its lease"
+        );
+        usage_answer(&e, &mut c, 40);
+    }
+    e.advance_ms(200);
+    let mut synced = std::collections::HashSet::new();
+    for _ in 0..11 {
+        e.advance_ms(20);
+        e.tick(0);
+        synced.extend(grant_all(&e, 1000));
+        e.root_callouts.borrow_mut().clear();
+    }
+    assert_eq!(
+        synced.len(),
+        n,
+        "every account reported within refresh_ms + a tick"
+    );
+}
+
+#[test]
+fn a_walk_covers_every_account_once_per_refresh_within_its_bounds() {
+    use crate::flow::vm::leases::{walk_size, MAX_SCAN_PER_WALK, SCAN_PER_WALK};
+    // Few accounts: the floor, 160 per 100 ms.
+    assert_eq!(walk_size(100, 100, 1000), 100);
+    assert_eq!(walk_size(1_000, 100, 1000), SCAN_PER_WALK);
+    // 10,000 accounts at every 20 ms tick, refresh 1 s: 200 a tick, all of them in 50 ticks.
+    assert_eq!(walk_size(10_000, 20, 1000), 200);
+    // Never more than the cap (a first walk, or a long pause).
+    assert_eq!(walk_size(100_000, 60_000, 1000), MAX_SCAN_PER_WALK);
+    assert_eq!(walk_size(5, 0, 0), 1);
+}
+
 /// The lease calls' input/output totals (their last two arguments).
 fn lease_io(e: &FakeEnvoy) -> Vec<(String, String)> {
     e.root_callouts

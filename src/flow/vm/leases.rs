@@ -14,7 +14,7 @@ use crate::flow::shim;
 use crate::quota::calendar;
 use crate::quota::lease::account::{self, Account, Miss, Settled, Synced, Take};
 use crate::quota::lease::io;
-use crate::quota::{self, LeaseArgs, QuotaKeys};
+use crate::quota::{self, LeaseArgs, LeaseReply, QuotaKeys};
 use crate::shim::webdis::ShimError;
 
 /// Syncs started per tick for accounts this VM saw miss.
@@ -26,8 +26,16 @@ pub const SCAN_PER_TICK: u64 = 32;
 /// and slots; walking at every 20 ms tick cost a VM with nothing to sync six shared-data reads and a
 /// write 50 times a second.
 pub const WALK_MS: u64 = 100;
-/// Accounts the leader looks at per walk: [`SCAN_PER_TICK`] for each 20 ms tick of [`WALK_MS`].
+/// Accounts the leader looks at per walk: [`SCAN_PER_TICK`] for each 20 ms tick of [`WALK_MS`], at least
+/// (more accounts than that are walked faster: [`walk_size`]).
 pub const SCAN_PER_WALK: u64 = SCAN_PER_TICK * WALK_MS / 20;
+/// The most accounts the leader looks at in one walk (about 6 M instructions of shared-data reads).
+pub const MAX_SCAN_PER_WALK: u64 = 1024;
+/// With more accounts than [`SCAN_PER_WALK`], the leader walks at every 20 ms tick, a smaller slice each.
+pub const BUSY_WALK_MS: u64 = 20;
+/// Most accounts synced in one script call (the lease batch script, `quota::lease::batch`): with
+/// [`SCAN_PER_WALK`] and [`DIRTY_PER_TICK`], a walk and a tick each send one to three calls.
+pub const MAX_SYNC_BATCH: usize = 64;
 /// Accounts remembered as needing a sync, per VM.
 pub const MAX_DIRTY: usize = 1024;
 /// Accounts with ended leased requests not written yet, per VM (all are written when it is full).
@@ -234,11 +242,11 @@ pub fn flush(cx: &mut Cx) {
 }
 
 /// The root's tick: writes this VM's ended leased requests ([`flush`]), then syncs of accounts this VM
-/// saw miss, then (on the leader) a slice of all accounts.
+/// saw miss, then (on the leader) a slice of all accounts — all of them sent together, up to
+/// [`MAX_SYNC_BATCH`] accounts per script call ([`send`]).
 pub fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
     // Before any sync reads the accounts: this VM's usage is in what they report.
     flush(cx);
-    // Half-open: one sync only, the probe; its failure opens the breaker again.
     let Some(probe) = shim::admit_background(cx, &q.cluster, &q.shim_breaker) else {
         return;
     };
@@ -247,32 +255,53 @@ pub fn tick(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings) {
         cx.worker.leases.envoy = account::envoy_id(cx.store(), now);
     }
     if probe {
+        // Half-open: one sync only, the probe, sent alone; its failure opens the breaker again.
         while !cx.worker.leases.dirty.is_empty() {
             let (tenant, model, cost) = cx.worker.leases.dirty.remove(0);
-            if start(cx, q, l, &tenant, model.as_deref(), cost, true) {
+            if let Some(one) = prepare(cx, q, l, &tenant, model.as_deref(), cost, true) {
+                send(cx, q, vec![one]);
                 return;
             }
         }
-    } else {
-        let n = cx.worker.leases.dirty.len().min(DIRTY_PER_TICK);
-        let dirty: Vec<_> = cx.worker.leases.dirty.drain(..n).collect();
-        for (tenant, model, cost) in dirty {
-            start(cx, q, l, &tenant, model.as_deref(), cost, false);
+        let mut one = Vec::new();
+        leader_slice(cx, q, l, true, &mut one);
+        if one.is_empty() {
+            // Nothing to sync now: the permit is given back.
+            shim::release_probe(cx, &q.cluster);
+        } else {
+            send(cx, q, one);
         }
+        return;
     }
-    if !leader_slice(cx, q, l, probe) && probe {
-        // Nothing to sync now: the permit is given back.
-        shim::release_probe(cx, &q.cluster);
+    let n = cx.worker.leases.dirty.len().min(DIRTY_PER_TICK);
+    let dirty: Vec<_> = cx.worker.leases.dirty.drain(..n).collect();
+    let mut syncs = Vec::new();
+    for (tenant, model, cost) in dirty {
+        syncs.extend(prepare(cx, q, l, &tenant, model.as_deref(), cost, false));
     }
+    leader_slice(cx, q, l, false, &mut syncs);
+    send(cx, q, syncs);
 }
 
-/// On the leader, syncs of a slice of all accounts; with `probe`, only the first that needs one (true
-/// when it was sent).
-fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) -> bool {
-    // A probe goes at once; otherwise a walk every WALK_MS.
+/// On the leader, the syncs of a slice of all accounts that need one, into `out`; with `probe`, only
+/// the first.
+fn leader_slice(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    probe: bool,
+    out: &mut Vec<Sync>,
+) {
+    // A probe goes at once; otherwise a walk every WALK_MS (every tick with many accounts).
     let now = cx.now();
-    if !probe && now.saturating_sub(cx.worker.leases.walked_at) < WALK_MS * 1_000_000 {
-        return false;
+    let elapsed_ms = now.saturating_sub(cx.worker.leases.walked_at) / 1_000_000;
+    let every = if cx.worker.leases.registered > SCAN_PER_WALK {
+        BUSY_WALK_MS
+    } else {
+        WALK_MS
+    };
+    if !probe && elapsed_ms < every {
+        return;
     }
     cx.worker.leases.walked_at = now;
     let retries = cx.cfg.cas_max_retries;
@@ -281,13 +310,14 @@ fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) 
     }
     let owner = cx.worker.leases.owner;
     if owner == 0 || !crate::store::claim::hold(cx.store(), account::LEADER, owner, now, retries) {
-        return false;
+        return;
     }
     let total = account::REGISTRY.registered(cx.store());
+    cx.worker.leases.registered = total;
     if total == 0 {
-        return false;
+        return;
     }
-    for _ in 0..SCAN_PER_WALK.min(total) {
+    for _ in 0..walk_size(total, elapsed_ms, l.policy.refresh_ns / 1_000_000) {
         let i = cx.worker.leases.cursor % total;
         cx.worker.leases.cursor = cx.worker.leases.cursor.wrapping_add(1);
         let Some(entry) = account::REGISTRY.slot(cx.store(), i) else {
@@ -298,16 +328,32 @@ fn leader_slice(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, probe: bool) 
             Some((t, m)) => (t.to_string(), Some(m.to_string())),
             None => continue,
         };
-        if start(cx, q, l, &tenant, model.as_deref(), 0, probe) && probe {
-            return true;
+        if let Some(s) = prepare(cx, q, l, &tenant, model.as_deref(), 0, probe) {
+            out.push(s);
+            if probe {
+                return;
+            }
         }
     }
-    false
 }
 
-/// Starts a sync of one account if it needs one (true: a callout was made; `probe`: it is the shim
-/// breaker's probe).
-fn start(
+/// How many of `total` accounts a walk `elapsed_ms` after the last one looks at: every account once per
+/// `refresh_ms` (so each account's usage is reported at least that often, whatever their number), and
+/// never fewer than [`SCAN_PER_TICK`] per 20 ms; at most [`MAX_SCAN_PER_WALK`] and `total`.
+pub fn walk_size(total: u64, elapsed_ms: u64, refresh_ms: u64) -> u64 {
+    let floor = SCAN_PER_TICK.saturating_mul(elapsed_ms) / 20;
+    let cover = total.saturating_mul(elapsed_ms).div_ceil(refresh_ms.max(1));
+    floor.max(cover).clamp(1, MAX_SCAN_PER_WALK).min(total)
+}
+
+/// One account's sync, begun in its account and not sent yet.
+struct Sync {
+    call: LeaseCall,
+    args: LeaseArgs,
+}
+
+/// Begins a sync of one account if it needs one (`probe`: it is the shim breaker's probe).
+fn prepare(
     cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
@@ -315,28 +361,67 @@ fn start(
     model: Option<&str>,
     typical: u64,
     probe: bool,
-) -> bool {
+) -> Option<Sync> {
     let key = account::account_key(tenant, model);
     let sc = sync_ctx(cx, q, l, typical);
-    let Some((plan, _)) = account::begin_sync(cx.store(), &key, &sc) else {
-        return false;
-    };
-    let body = call_body(cx, q, l, tenant, model, &plan);
-    let s = &mut cx.worker.leases;
-    s.next_id = s.next_id.wrapping_add(1);
-    let id = s.next_id;
-    s.pending.insert(
-        id,
-        LeaseCall {
+    let (plan, _) = account::begin_sync(cx.store(), &key, &sc)?;
+    let args = call_args(cx, q, l, tenant, model, &plan);
+    Some(Sync {
+        call: LeaseCall {
             tenant: tenant.to_string(),
             model: model.map(str::to_string),
             key,
             typical,
             probe,
         },
-    );
+        args,
+    })
+}
+
+/// Sends `syncs`: one script call per [`MAX_SYNC_BATCH`] accounts (behind a Redis Cluster that refused
+/// a batch of several tenants, per tenant), the lease script itself for a call of one account.
+fn send(cx: &mut Cx, q: &QuotaSettings, syncs: Vec<Sync>) {
+    let groups = if cx.worker.leases.per_tenant {
+        let mut groups: Vec<Vec<Sync>> = Vec::new();
+        for s in syncs {
+            match groups
+                .iter_mut()
+                .find(|g| g.first().is_some_and(|f| f.call.tenant == s.call.tenant))
+            {
+                Some(g) => g.push(s),
+                None => groups.push(vec![s]),
+            }
+        }
+        groups
+    } else {
+        vec![syncs]
+    };
+    for mut group in groups {
+        while !group.is_empty() {
+            let rest = group.split_off(group.len().min(MAX_SYNC_BATCH));
+            send_one_call(cx, q, group);
+            group = rest;
+        }
+    }
+}
+
+/// Sends the syncs of `group` (1 ..= [`MAX_SYNC_BATCH`] accounts) in one script call.
+fn send_one_call(cx: &mut Cx, q: &QuotaSettings, group: Vec<Sync>) {
+    let s = &cx.worker.leases;
+    let body = match group.as_slice() {
+        [] => return,
+        [one] => quota::lease_request(&one.args, shim::script_call(s.loaded)),
+        many => {
+            let refs: Vec<&LeaseArgs> = many.iter().map(|x| &x.args).collect();
+            quota::lease_batch_request(&refs, shim::script_call(s.batch_loaded))
+        }
+    };
+    let s = &mut cx.worker.leases;
+    s.next_id = s.next_id.wrapping_add(1);
+    let id = s.next_id;
+    s.pending
+        .insert(id, group.into_iter().map(|x| x.call).collect());
     dispatch(cx, q, Purpose::Lease(id), body);
-    true
 }
 
 /// Sends a lease call.
@@ -351,8 +436,7 @@ fn callout(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) -> Ca
     shim::callout(purpose, &q.cluster, &q.authority, q.timeout_ms, body)
 }
 
-/// The lease call of `plan` for the account of `tenant` (× `model`), with the input/output totals of
-/// its month in the account's io record (remembered to check the answer against, [`io_answered`]).
+/// The lease call of `plan` for the account of `tenant` (× `model`), as a Webdis body.
 fn call_body(
     cx: &mut Cx,
     q: &QuotaSettings,
@@ -361,6 +445,20 @@ fn call_body(
     model: Option<&str>,
     plan: &account::SyncPlan,
 ) -> String {
+    let args = call_args(cx, q, l, tenant, model, plan);
+    quota::lease_request(&args, shim::script_call(cx.worker.leases.loaded))
+}
+
+/// The lease call of `plan` for the account of `tenant` (× `model`), with the input/output totals of
+/// its month in the account's io record (remembered to check the answer against, [`io_answered`]).
+fn call_args(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    tenant: &str,
+    model: Option<&str>,
+    plan: &account::SyncPlan,
+) -> LeaseArgs {
     let label = month_label(plan.month);
     let keys = QuotaKeys::new(tenant, model, &label, "-");
     let akey = account::account_key(tenant, model);
@@ -376,7 +474,7 @@ fn call_body(
         q.month_offset_minutes,
     )
     .saturating_add(i64::try_from(q.grace_seconds).unwrap_or(0));
-    let args = LeaseArgs {
+    LeaseArgs {
         keys,
         lease_id: quota::lease_id(cx.worker.leases.envoy, model, &label),
         reported_total: plan.reported_total,
@@ -391,8 +489,7 @@ fn call_body(
         max_share_percent: (l.policy.max_share * 100.0).round().clamp(1.0, 100.0) as u32,
         tokens_in: sent.0,
         tokens_out: sent.1,
-    };
-    quota::lease_request(&args, shim::script_call(cx.worker.leases.loaded))
+    }
 }
 
 /// Remembers the input/output totals a lease call of the account at `key` reports (bounded: the
@@ -536,40 +633,117 @@ pub fn given_back(
         typical: 0,
         probe: false,
     };
-    apply(cx, q, l, &p, reply, true)
+    apply_one(cx, q, l, &p, &reply, true)
 }
 
-/// A sync answered (or its dispatch was refused).
+/// A lease call answered (or its dispatch was refused).
 pub fn on_reply(cx: &mut Cx, q: &QuotaSettings, l: &LeaseSettings, id: u64, reply: CalloutReply) {
-    let Some(p) = cx.worker.leases.pending.remove(&id) else {
+    let Some(calls) = cx.worker.leases.pending.remove(&id) else {
         return;
     };
-    apply(cx, q, l, &p, reply, false);
+    if let [one] = calls.as_slice() {
+        apply_one(cx, q, l, one, &reply, false);
+        return;
+    }
+    let n = calls.len();
+    match shim::read(&q.cluster, &reply, |s, b| {
+        quota::parse_lease_batch_reply(s, b, n)
+    }) {
+        Ok(results) => {
+            cx.worker.leases.batch_loaded = true;
+            for (p, r) in calls.iter().zip(results) {
+                let r = r.map_err(|e| shim::Failure {
+                    why: format!("{e} (cluster '{}')", q.cluster),
+                    error: e,
+                });
+                apply(cx, q, l, p, r.as_ref(), false);
+            }
+        }
+        Err(f) => {
+            // Nothing of the call is known to have run: every account is asked again at the next
+            // tick (a sync reports totals, so one that did run counts nothing twice).
+            if f.error == ShimError::NoScript {
+                cx.worker.leases.batch_loaded = false;
+            } else if is_crossslot(&f.error) {
+                // A Redis Cluster: nothing ran. Each tenant's accounts go apart from now on.
+                cx.worker.leases.per_tenant = true;
+            } else {
+                fail(cx, q, &f, calls.len());
+            }
+            let sc = sync_ctx(cx, q, l, 0);
+            for p in &calls {
+                account::finish_sync(cx.store(), &p.key, None, &sc);
+                mark(cx, &p.tenant, p.model.as_deref(), p.typical);
+            }
+        }
+    }
 }
 
-/// A lease call's answer applied to its account (and to the shim's breaker); `give_back`: the call of
-/// [`give_back`]. True when Redis answered it.
+fn is_crossslot(e: &ShimError) -> bool {
+    matches!(e, ShimError::RedisError(m) if m.starts_with("CROSSSLOT"))
+}
+
+/// A lease call failed (not `NOSCRIPT`): counted, the shim's breaker told when it was unreachable,
+/// logged.
+fn fail(cx: &mut Cx, q: &QuotaSettings, f: &shim::Failure, accounts: usize) {
+    cx.inc(Metric::QuotaShimErrors);
+    if f.error == ShimError::Unavailable {
+        shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
+    }
+    cx.log_failure(
+        Level::Warn,
+        "lease_sync",
+        format!(
+            "lease sync of {accounts} account(s) failed ({}); sent again later",
+            f.why
+        ),
+    );
+}
+
+/// The answer of a call of the lease script alone (one account) applied: to the account, the shim's
+/// breaker and the script cache flag. True when Redis answered it.
+fn apply_one(
+    cx: &mut Cx,
+    q: &QuotaSettings,
+    l: &LeaseSettings,
+    p: &LeaseCall,
+    reply: &CalloutReply,
+    give_back: bool,
+) -> bool {
+    let parsed = shim::read(&q.cluster, reply, quota::parse_lease_reply);
+    if p.probe {
+        // The shim answered unless it was unreachable: that closes or re-opens its breaker.
+        let up = !matches!(&parsed, Err(f) if f.error == ShimError::Unavailable);
+        shim::record(cx, &q.cluster, &q.shim_breaker, up, true);
+    }
+    match &parsed {
+        Ok(_) => cx.worker.leases.loaded = true,
+        Err(f) if f.error == ShimError::NoScript => cx.worker.leases.loaded = false,
+        Err(f) if f.error == ShimError::Unavailable && !p.probe => {
+            shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
+        }
+        Err(_) => {}
+    }
+    apply(cx, q, l, p, parsed.as_ref(), give_back)
+}
+
+/// One account's answer applied to its account; `give_back`: the call of [`give_back`]. A failure is
+/// counted and logged (but `NOSCRIPT`) and the account asked again at the next tick. True when Redis
+/// answered it.
 fn apply(
     cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
     p: &LeaseCall,
-    reply: CalloutReply,
+    parsed: Result<&LeaseReply, &shim::Failure>,
     give_back: bool,
 ) -> bool {
     let sc = account::SyncCtx {
         give_back,
         ..sync_ctx(cx, q, l, p.typical)
     };
-    let parsed = shim::read(&q.cluster, &reply, quota::parse_lease_reply);
-    if p.probe {
-        // The shim answered unless it was unreachable: that closes or re-opens its breaker.
-        let up = !matches!(&parsed, Err(f) if f.error == ShimError::Unavailable);
-        shim::record(cx, &q.cluster, &q.shim_breaker, up, true);
-    }
     match parsed {
         Ok(r) => {
-            cx.worker.leases.loaded = true;
             io_answered(cx, &p.key, r.tokens_io);
             let synced = Synced {
                 held: r.held,
@@ -582,13 +756,8 @@ fn apply(
             true
         }
         Err(shim::Failure { error: e, why }) => {
-            if e == ShimError::NoScript {
-                cx.worker.leases.loaded = false;
-            } else {
+            if *e != ShimError::NoScript {
                 cx.inc(Metric::QuotaShimErrors);
-                if e == ShimError::Unavailable && !p.probe {
-                    shim::record(cx, &q.cluster, &q.shim_breaker, false, false);
-                }
                 cx.log_failure(
                     Level::Warn,
                     "lease_sync",

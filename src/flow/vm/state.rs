@@ -216,12 +216,20 @@ pub struct Leases {
     pub(in crate::flow) cursor: u64,
     /// When this VM last walked the accounts as the leader (ns; [`crate::flow::vm::leases::WALK_MS`]).
     pub(in crate::flow) walked_at: u64,
+    /// How many accounts were registered at this VM's last walk.
+    pub(in crate::flow) registered: u64,
     /// Accounts this VM saw miss: (tenant, model, a request's cost).
     pub(in crate::flow) dirty: Vec<(String, Option<String>, u64)>,
-    pub(in crate::flow) pending: HashMap<u64, LeaseCall, FnvBuild>,
+    /// Lease calls in flight: the accounts of each (one: the lease script; more: the batch script).
+    pub(in crate::flow) pending: HashMap<u64, Vec<LeaseCall>, FnvBuild>,
     pub(in crate::flow) next_id: u64,
     /// Redis has the lease script cached.
     pub loaded: bool,
+    /// Redis has the lease batch script cached.
+    pub(in crate::flow) batch_loaded: bool,
+    /// A Redis Cluster refused a batch of several tenants (`CROSSSLOT`): from then on a batch carries
+    /// one tenant's accounts.
+    pub(in crate::flow) per_tenant: bool,
     /// Tenants whose token quota this VM last served from a lease, and when (ns).
     pub(in crate::flow) served: HashMap<String, u64, FnvBuild>,
     /// Leased requests that ended on this VM, by account key, not written into their account yet.

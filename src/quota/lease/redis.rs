@@ -100,11 +100,18 @@ pub fn lease_owner(envoy: u64) -> String {
     format!("L|{envoy:x}|")
 }
 
-/// The Webdis body that runs the lease script.
-pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
+/// Keys of one lease call.
+pub const LEASE_KEYS: usize = 10;
+/// Arguments of one lease call.
+pub const LEASE_ARGS: usize = 16;
+/// Integers in the lease script's reply.
+pub const LEASE_REPLY_LEN: usize = 9;
+
+/// The keys of a lease call, in script order; `io` is the month's input/output hash (`a.keys.io()`,
+/// made by the caller: one string per call, none kept in every request's keys).
+pub fn lease_keys<'a>(a: &'a LeaseArgs, io: &'a str) -> [&'a str; LEASE_KEYS] {
     let k = &a.keys;
-    let io = k.io();
-    let keys = [
+    [
         k.used_total.as_str(),
         k.used_model.as_str(),
         k.limit_override.as_str(),
@@ -114,9 +121,13 @@ pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
         k.done.as_str(),
         k.gone.as_str(),
         k.open.as_str(),
-        io.as_str(),
-    ];
-    let argv = [
+        io,
+    ]
+}
+
+/// The arguments of a lease call, in script order.
+pub fn lease_argv(a: &LeaseArgs) -> [String; LEASE_ARGS] {
+    [
         a.lease_id.clone(),
         lua_int(a.reported_total),
         lua_int(a.want),
@@ -125,7 +136,7 @@ pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
         lua_int(a.default_model_limit),
         a.expire_at_unix.clamp(0, MAX_UNIX_S).to_string(),
         lua_int(a.ttl_s.max(1)),
-        if k.has_model { "1" } else { "0" }.to_string(),
+        if a.keys.has_model { "1" } else { "0" }.to_string(),
         lua_int(TOMBSTONE_S),
         lua_int(a.max_grant.min(MAX_LUA_INT)),
         lua_int(LEASE_TOMBSTONE_S),
@@ -133,8 +144,19 @@ pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
         a.max_share_percent.clamp(1, 100).to_string(),
         lua_int(a.tokens_in),
         lua_int(a.tokens_out),
-    ];
-    command_body(call, LEASE_SCRIPT, LEASE_SHA1, &keys, &argv)
+    ]
+}
+
+/// The Webdis body that runs the lease script.
+pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
+    let io = a.keys.io();
+    command_body(
+        call,
+        LEASE_SCRIPT,
+        LEASE_SHA1,
+        &lease_keys(a, &io),
+        &lease_argv(a),
+    )
 }
 
 /// What a lease call left.
@@ -182,8 +204,12 @@ impl LeaseReply {
 
 /// Parses the lease script's answer. Never panics.
 pub fn parse_lease_reply(http_status: u32, body: &[u8]) -> Result<LeaseReply, ShimError> {
-    let a = parse_int_array(http_status, body, 9)?;
-    let [held, used, limit, mused, mlimit, version, reported, tin, tout] = a.as_slice() else {
+    lease_values(&parse_int_array(http_status, body, LEASE_REPLY_LEN)?)
+}
+
+/// The lease script's reply from its [`LEASE_REPLY_LEN`] integers. Never panics.
+pub fn lease_values(a: &[i64]) -> Result<LeaseReply, ShimError> {
+    let [held, used, limit, mused, mlimit, version, reported, tin, tout] = a else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
     let non_neg = |n: i64, what: &str| {
