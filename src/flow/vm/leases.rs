@@ -492,21 +492,25 @@ fn call_args(
     }
 }
 
-/// Remembers the input/output totals a lease call of the account at `key` reports (bounded: the
-/// oldest is forgotten; two calls of different months in flight: neither is checked).
+/// Lease calls whose reported input/output totals a VM remembers until they answer.
+pub const MAX_IO_SENT: usize = 4096;
+
+/// Remembers the input/output totals a lease call of the account at `key` reports (bounded: all are
+/// forgotten when [`MAX_IO_SENT`] wait; two calls of different months in flight: neither is checked).
 fn remember_sent(cx: &mut Cx, key: String, month: u32, sent: (u64, u64)) {
     let v = &mut cx.worker.leases.io_sent;
-    if let Some(e) = v.iter_mut().find(|(k, _, _)| *k == key) {
-        if e.1 != month {
-            e.1 = 0;
+    if let Some(e) = v.get_mut(&key) {
+        if e.0 != month {
+            e.0 = 0;
         }
-        e.2 = sent;
+        e.1 = sent;
         return;
     }
-    if v.len() >= MAX_DIRTY {
-        v.remove(0);
+    if v.len() >= MAX_IO_SENT {
+        // Answers that never came (timed out): forgotten, their checks skipped.
+        v.clear();
     }
-    v.push((key, month, sent));
+    v.insert(key, (month, sent));
 }
 
 /// A lease call of the account at `key` answered that Redis holds `redis` (input, output) for the
@@ -514,11 +518,9 @@ fn remember_sent(cx: &mut Cx, key: String, month: u32, sent: (u64, u64)) {
 /// reported, and is raised so that its next report adds what it counted since ([`io::synced`]; one
 /// CAS, only then).
 fn io_answered(cx: &mut Cx, key: &str, redis: (u64, u64)) {
-    let v = &mut cx.worker.leases.io_sent;
-    let Some(i) = v.iter().position(|(k, _, _)| k == key) else {
+    let Some((month, sent)) = cx.worker.leases.io_sent.remove(key) else {
         return;
     };
-    let (_, month, sent) = v.swap_remove(i);
     if month == 0 {
         return;
     }

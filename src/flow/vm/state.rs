@@ -241,7 +241,7 @@ pub struct Leases {
     /// The input/output totals this VM's lease calls in flight reported, by account key: (month,
     /// totals; month 0 when two calls of different months are in flight), to tell from an answer
     /// that the account's io record is behind Redis.
-    pub(in crate::flow) io_sent: Vec<(String, u32, (u64, u64))>,
+    pub(in crate::flow) io_sent: HashMap<String, (u32, (u64, u64)), FnvBuild>,
 }
 
 impl Leases {
