@@ -99,7 +99,9 @@ enum Command {
     #[command(
         after_help = "Examples:\n  tokengate check config.json\n  tokengate check envoy/envoy.yaml envoy/istio/wasmplugin.yaml\n\n\
         Prints one line per filter configuration found: `<where>: ok: configured: …` or\n\
-        `<where>: invalid configuration: <the line the filter logs>`. Exit 1 if any is refused, 2 if a\n\
+        `<where>: invalid configuration: <the line the filter logs>`. In an Envoy bootstrap whose\n\
+        clusters are all static, a `quota.cluster` or `global_buckets.cluster` it does not define is\n\
+        refused too (every call to it would fail). Exit 1 if any is refused, 2 if a\n\
         file cannot be read or holds no filter configuration."
     )]
     Check {
@@ -360,6 +362,33 @@ fn table(rows: &[Vec<String>]) -> String {
     s
 }
 
+/// A shim cluster the configuration calls that its Envoy bootstrap does not define (`clusters`: the
+/// bootstrap's, when they are all in the file): every call to it fails, so every request meets
+/// `on_failure` (503 `quota_unavailable` by default).
+fn missing_cluster(cfg: &tokengate::config::Config, clusters: Option<&[String]>) -> Option<String> {
+    let clusters = clusters?;
+    let calls = [
+        (
+            "quota.cluster",
+            cfg.quota.as_ref().map(|q| q.cluster.as_str()),
+        ),
+        (
+            "global_buckets.cluster",
+            cfg.global.as_ref().map(|g| g.cluster.as_str()),
+        ),
+    ];
+    calls.into_iter().find_map(|(field, name)| {
+        let name = name?;
+        (!clusters.iter().any(|c| c == name)).then(|| {
+            format!(
+                "{field} names cluster '{name}', which this file's static_resources.clusters does not \
+                 define ({}): every call to it would fail",
+                clusters.join(", ")
+            )
+        })
+    })
+}
+
 fn check(files: &[String]) -> u8 {
     let mut code = 0u8;
     for file in files {
@@ -382,11 +411,19 @@ fn check(files: &[String]) -> u8 {
             Ok(list) => {
                 for f in list {
                     match tokengate::config::parse(&f.bytes) {
-                        Ok(cfg) => out(&format!(
-                            "{}: ok: configured: {}\n",
-                            f.locator,
-                            cfg.summary()
-                        )),
+                        Ok(cfg) => match missing_cluster(&cfg, f.clusters.as_deref()) {
+                            None => out(&format!(
+                                "{}: ok: configured: {}\n",
+                                f.locator,
+                                cfg.summary()
+                            )),
+                            Some(why) => {
+                                out(&format!("{}: invalid configuration: {why}\n", f.locator));
+                                if code == 0 {
+                                    code = 1;
+                                }
+                            }
+                        },
                         Err(e) => {
                             out(&format!("{}: invalid configuration: {e}\n", f.locator));
                             if code == 0 {
@@ -538,5 +575,50 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             }
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shim_cluster_the_bootstrap_does_not_define_is_named() {
+        let cfg = tokengate::config::parse(
+            br#"{"tenant_header": "x-tenant-id", "trusted_headers": {"set_by": "the test"},
+                "rules": [{"tokens_per_second": 1, "burst": 1}],
+                "quota": {"cluster": "webdis", "monthly_limit": 1000}}"#,
+        )
+        .unwrap();
+        let defined = ["provider".to_string(), "webdis".to_string()];
+        assert_eq!(missing_cluster(&cfg, Some(&defined)), None);
+        assert_eq!(
+            missing_cluster(&cfg, None),
+            None,
+            "clusters not all in the file"
+        );
+        let why = missing_cluster(&cfg, Some(&defined[..1])).unwrap();
+        assert!(
+            why.starts_with("quota.cluster names cluster 'webdis'"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn every_shipped_envoy_example_passes_check() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.to_string_lossy().to_string();
+            let envoy = p
+                .file_name()
+                .is_some_and(|f| f.to_string_lossy().starts_with("envoy"));
+            if envoy && name.ends_with(".yaml") {
+                assert_eq!(check(std::slice::from_ref(&name)), 0, "{name}");
+                n += 1;
+            }
+        }
+        assert!(n >= 1);
     }
 }

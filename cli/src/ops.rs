@@ -38,6 +38,13 @@ pub fn account(cfg: &Config, t: &Target) -> Result<(AccountId, crate::usage::Uni
                 "name the account: --tenant T (a token quota), or --budget B with its subject",
             )
         })?;
+        if !tokengate::identity::valid_tenant(tenant) {
+            return Err(Failure::input(format!(
+                "{tenant:?} is not a tenant id (1 to {} of A-Z a-z 0-9 . _ : @ -): no request is ever \
+                 charged to it",
+                tokengate::identity::MAX_TENANT_LEN
+            )));
+        }
         if q.tenant(tenant).monthly_limit == 0 {
             return Err(Failure::mismatch(format!(
                 "tenant {tenant:?} has no token quota in this configuration (no quota.monthly_limit): \
@@ -59,6 +66,9 @@ pub fn account(cfg: &Config, t: &Target) -> Result<(AccountId, crate::usage::Uni
         })?;
     let levels = &cfg.groups;
     let tenant = t.tenant.clone().unwrap_or_default();
+    if !tenant.is_empty() && !tokengate::identity::valid_tenant(&tenant) {
+        return Err(Failure::input(format!("{tenant:?} is not a tenant id")));
+    }
     let groups = crate::explain::groups(cfg, &tenant, &t.groups)?;
     match b.scope {
         Scope::Tenant if tenant.is_empty() => {

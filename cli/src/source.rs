@@ -25,6 +25,9 @@ pub struct Found {
     pub bytes: Vec<u8>,
     /// The filter's name there (`config.name` / `root_id`, or the WasmPlugin's `metadata.name`).
     pub name: String,
+    /// The clusters its Envoy bootstrap defines, when that is all of them (`static_resources.clusters`
+    /// and no dynamic cluster source); `None` when they are not all in the file.
+    pub clusters: Option<Vec<String>>,
 }
 
 const WASM_FILTER: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
@@ -41,6 +44,7 @@ pub fn find(file: &str, text: &[u8]) -> Result<Vec<Found>, Failure> {
                 locator: file.to_string(),
                 bytes: text.to_vec(),
                 name: String::new(),
+                clusters: None,
             }]);
         }
     }
@@ -94,12 +98,19 @@ fn walk_documents(file: &str, yaml: &[Yaml], docs: Vec<Value>) -> Result<Vec<Fou
                     locator: format!("{doc_label}, WasmPlugin {name} spec.pluginConfig"),
                     bytes,
                     name,
+                    clusters: None,
                 },
                 ours: true,
             });
             continue;
         }
+        let from = all.len();
         walk(doc, &mut String::new(), &doc_label, &mut all)?;
+        if let Some(names) = static_clusters(doc) {
+            for c in all.iter_mut().skip(from) {
+                c.found.clusters = Some(names.clone());
+            }
+        }
     }
     let any_ours = all.iter().any(|c| c.ours);
     Ok(all
@@ -107,6 +118,21 @@ fn walk_documents(file: &str, yaml: &[Yaml], docs: Vec<Value>) -> Result<Vec<Fou
         .filter(|c| c.ours || !any_ours)
         .map(|c| c.found)
         .collect())
+}
+
+/// The cluster names of a bootstrap whose clusters are all in it: `static_resources.clusters`, and no
+/// `dynamic_resources` (CDS or ADS could add others).
+fn static_clusters(doc: &Value) -> Option<Vec<String>> {
+    if doc.get("dynamic_resources").is_some() {
+        return None;
+    }
+    let list = doc.pointer("/static_resources/clusters")?.as_array()?;
+    Some(
+        list.iter()
+            .filter_map(|c| c.get("name").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 struct Candidate {
@@ -184,6 +210,7 @@ fn wasm_filter(v: &Value, path: &str, doc: &str) -> Result<Candidate, Failure> {
             locator,
             bytes,
             name,
+            clusters: None,
         },
         ours,
     })
@@ -321,6 +348,49 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bootstrap_with_only_static_clusters_names_them_and_one_with_cds_does_not() {
+        let yaml = |dynamic: &str| {
+            format!(
+                r#"
+static_resources:
+  listeners:
+  - filter_chains:
+    - filters:
+      - typed_config:
+          http_filters:
+          - name: tokengate
+            typed_config:
+              "@type": {WASM_FILTER}
+              config:
+                root_id: tokengate
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{{"quota": {{"cluster": "webdis"}}}}'
+  clusters:
+  - name: provider
+  - name: redis
+{dynamic}"#
+            )
+        };
+        let f = find("e.yaml", yaml("").as_bytes()).unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            f[0].clusters.as_deref(),
+            Some(&["provider".to_string(), "redis".to_string()][..])
+        );
+        let f = find(
+            "e.yaml",
+            yaml("dynamic_resources:\n  cds_config: {}\n").as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(f[0].clusters, None);
+        assert_eq!(
+            find("c.json", br#"{"rules": []}"#).unwrap()[0].clusters,
+            None
+        );
+    }
 
     #[test]
     fn a_json_file_is_the_plugin_configuration_byte_for_byte() {

@@ -62,6 +62,15 @@ impl Stack {
         ok(&a)
     }
 
+    /// [`Stack::tg`] without expecting success.
+    fn tg_result(&self, args: &[&str]) -> common::Run {
+        let cfg = self.config(CONFIG);
+        let url = self.url();
+        let mut a = vec!["--config", cfg.as_str(), "--redis", url.as_str()];
+        a.extend_from_slice(args);
+        common::tg(&a)
+    }
+
     fn scripts(&self) -> Scripts {
         Scripts {
             webdis_port: self.webdis_port,
@@ -210,6 +219,10 @@ fn tokengate_cli_utc(t: i64) -> String {
 #[test]
 fn overrides_are_the_keys_the_scripts_read_with_ids_encoded() {
     let Some(s) = Stack::start() else { return };
+    // A tenant id no request can carry is refused, not written.
+    let bad = s.tg_result(&["override", "set", "--tenant", "bad tenant", "--limit", "5"]);
+    assert_ne!(bad.code, 0, "{}{}", bad.out, bad.err);
+    assert!(bad.err.contains("not a tenant id"), "{}", bad.err);
     let alice = "alice@example.com";
     // 60,000 is above her configured 50,000: refused, then admitted once the override raised it.
     assert!(!s.reserve(alice, None, "big1", 30_000, 30_000, 50_000));

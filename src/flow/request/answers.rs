@@ -72,6 +72,15 @@ pub fn model_required() -> Refusal {
     )
 }
 
+/// 400: a body that is not a request of its API (charged under `invalid_body: charge`) on a path that
+/// names no model, and no default model is configured for its route: no model it names can be trusted.
+pub fn model_required_invalid_body() -> Refusal {
+    Refusal::new(
+        Class::ModelRequired,
+        "The request body is not a valid request of its API, so no model in it can be trusted, and this gateway has no default model for its route: send a valid body.",
+    )
+}
+
 /// 403: a tenant the client may not name.
 pub fn forbidden_tenant(header: &str) -> Refusal {
     Refusal::new(

@@ -173,6 +173,18 @@ fn a_body_that_is_not_a_request_answers_400_or_is_charged_the_configured_tokens(
     let c = e.send("/v1/chat/completions", &[TENANT], "not json");
     assert_eq!(c.status(), Some(400));
     assert_eq!(c.reply_json()["error"]["code"], "model_required");
+    // Even when it spells a model: a body that cannot be read names none that can be trusted.
+    let c = e.send(
+        "/v1/chat/completions",
+        &[TENANT],
+        r#"{"model":"m","max_tokens":"x","messages":[]}"#,
+    );
+    assert_eq!(c.status(), Some(400));
+    let msg = c.reply_json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("not a valid request of its API"), "{msg}");
 }
 
 #[test]

@@ -1074,3 +1074,29 @@ fn last_months_ended_request_is_not_written_into_its_account_before_its_split() 
         "{calls:?} {io:?}"
     );
 }
+
+#[test]
+fn a_lease_granted_while_a_reservation_waits_is_not_counted_as_left_on_top_of_redis() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    // A cold tenant's first request waits for its reservation...
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.pending.is_some(), "per-request reservation");
+    // ...while the tick's lease call for the account is answered first (Redis ran it after the
+    // reservation, whose `used` does not count it).
+    e.tick(0);
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(0, 200, &lease_reply(1000, 1060, 1, 0));
+    e.reply(&mut c, 200, &reserved(60, 1_000_000));
+    usage_answer(&e, &mut c, 30);
+    let left: u64 = c
+        .header("x-tokengate-quota-remaining")
+        .expect("remaining")
+        .parse()
+        .unwrap();
+    assert!(
+        left <= 1_000_000 - 60,
+        "remaining {left} over the limit less this reservation"
+    );
+}

@@ -76,6 +76,12 @@ pub(in crate::flow) fn read(cx: &mut Cx, d: &mut Draft) -> Result<(), Box<Denial
             d.model = m;
             Ok(())
         }
+        // A body that could not be read names no model that can be trusted (charged under
+        // `invalid_body`, it would pass every model-scoped limit).
+        _ if d.est.is_none() => Err(Denial::new(
+            Reason::ModelRequired,
+            answers::model_required_invalid_body(),
+        )),
         _ => Err(Denial::new(
             Reason::ModelRequired,
             answers::model_required(),

@@ -305,9 +305,13 @@ fn answered(cx: &mut Cx, plan: &mut Plan, mut qr: QuotaReq, r: quota::ReserveRep
             &qr.args.month,
         )
     });
-    // The limit that binds (tenant or tenant × model) and its remaining, as one pair.
+    // The limit that binds (tenant or tenant × model) and its remaining, as one pair. The lease adds
+    // what it held unspent both when the reservation was sent and now: a lease granted since may have
+    // reached Redis after this reservation (its `used` does not count it), and what requests spent
+    // since is gone.
     let (limit, remaining) = r.binding();
-    let remaining = remaining.saturating_add(lease.map_or(0, |a| a.available()));
+    let unspent = lease.map_or(0, |a| a.available()).min(qr.lease_available);
+    let remaining = remaining.saturating_add(unspent);
     qr.limit = limit;
     qr.remaining = Some(remaining);
     if r.allowed {
