@@ -214,6 +214,8 @@ mod quota {
             ttl_s: 60,
             max_grant: want,
             max_share_percent: share,
+            tokens_in: 0,
+            tokens_out: 0,
         };
         let (s, b) = st.post(&lease_request(&a, ScriptCall::Eval));
         parse_lease_reply(s, &b).unwrap()
@@ -259,6 +261,8 @@ mod quota {
             ttl_s: 60,
             max_grant: want,
             max_share_percent: 100,
+            tokens_in: 0,
+            tokens_out: 0,
         };
         let (s, b) = st.post(&lease_request(&a, ScriptCall::Eval));
         parse_lease_reply(s, &b).unwrap()
@@ -402,6 +406,186 @@ mod quota {
         assert_eq!((r.reported_total, r.used), (total, total + 1_000));
     }
 
+    const LEASE_V1_SHA1: &str = "49048e436ac6bd2d5f2870884173bbaec690cb65";
+
+    /// 0.1.0's lease script (v1: 9 keys, 14 arguments, no split), as its kept module holds it.
+    fn lease_v1_script(st: &Stack) -> String {
+        let b =
+            std::fs::read(wasm_test::repo_root().join("wasm-test/artefacts/tokengate-v0.1.0.wasm"))
+                .expect("the kept v0.1.0 module");
+        let start = b
+            .windows(21)
+            .position(|w| w == b"-- tokengate lease v1")
+            .expect("v1 lease script in the module");
+        let tail: &[u8] = b"return {o, used, lim, mused, mlim, ver, r}\n";
+        let len = b[start..]
+            .windows(tail.len())
+            .position(|w| w == tail)
+            .expect("its end")
+            + tail.len();
+        let text = String::from_utf8(b[start..start + len].to_vec()).unwrap();
+        assert_eq!(
+            st.cli(&["SCRIPT", "LOAD", &text]),
+            LEASE_V1_SHA1,
+            "0.1.0's lease script"
+        );
+        text
+    }
+
+    #[test]
+    fn a_lease_adds_only_what_its_input_output_totals_grew_by_and_a_resend_adds_nothing() {
+        let Some(st) = Stack::start() else { return };
+        let keys = QuotaKeys::new("acme", Some("gpt-4.1"), "2026-11", "-");
+        let io_key = keys.io();
+        let call = |envoy: u64, reported_total: u64, target: Option<u64>, io: (u64, u64)| {
+            let a = LeaseArgs {
+                keys: keys.clone(),
+                lease_id: lease_id(envoy, Some("gpt-4.1"), "2026-11"),
+                reported_total,
+                want: 1_000,
+                target,
+                default_limit: 50_000,
+                default_model_limit: 0,
+                expire_at_unix: 1_796_688_000,
+                ttl_s: 60,
+                max_grant: 1_000,
+                max_share_percent: 100,
+                tokens_in: io.0,
+                tokens_out: io.1,
+            };
+            let (s, b) = st.post(&lease_request(&a, ScriptCall::Eval));
+            parse_lease_reply(s, &b).unwrap()
+        };
+        let split =
+            || ["in", "out", "in:gpt-4.1", "out:gpt-4.1"].map(|f| st.cli(&["HGET", &io_key, f]));
+        let field = |envoy: u64| {
+            st.cli(&[
+                "HGET",
+                &io_key,
+                &lease_id(envoy, Some("gpt-4.1"), "2026-11"),
+            ])
+        };
+        // A first lease with nothing to report writes no hash.
+        assert_eq!(call(1, 0, None, (0, 0)).tokens_io, (0, 0));
+        assert_eq!(st.cli(&["EXISTS", &io_key]), "0");
+        // Reported: added to the account and its model, the lease's field holds what was taken.
+        let r = call(1, 100, None, (70, 30));
+        assert_eq!((r.reported_total, r.tokens_io), (100, (70, 30)));
+        assert_eq!(split(), ["70", "30", "70", "30"]);
+        assert_eq!(field(1), "70 30");
+        // The same call sent again, and a lower (older) one: nothing added.
+        assert_eq!(call(1, 100, None, (70, 30)).tokens_io, (70, 30));
+        assert_eq!(call(1, 100, None, (60, 10)).tokens_io, (70, 30));
+        assert_eq!(split(), ["70", "30", "70", "30"]);
+        // Only what grew: 20 in, nothing out.
+        assert_eq!(call(1, 150, None, (90, 30)).tokens_io, (90, 30));
+        assert_eq!(split(), ["90", "30", "90", "30"]);
+        // Another Envoy's lease of the account adds its own.
+        assert_eq!(call(2, 10, None, (5, 5)).tokens_io, (5, 5));
+        assert_eq!(split(), ["95", "35", "95", "35"]);
+        // A settlement per request adds to the same hash.
+        let req = ReserveArgs {
+            default_limit: 50_000,
+            ..with_id("req-io")
+        };
+        assert!(reserve(&st, &req).unwrap().allowed);
+        let mut e = entry(&req, SettleMode::Settle, 30);
+        e.tokens_in = 10;
+        e.tokens_out = 20;
+        assert_eq!(settle(&st, &[&e]).unwrap(), vec![1]);
+        assert_eq!(split(), ["105", "55", "105", "55"]);
+        // Given back with what is left to report: added; the field outlives the lease, so the
+        // same totals reported once the lease is taken again add nothing.
+        let r = call(1, 200, Some(0), (100, 40));
+        assert_eq!((r.held, r.tokens_io), (0, (100, 40)));
+        assert_eq!(
+            st.cli(&[
+                "HEXISTS",
+                &keys.leases,
+                &lease_id(1, Some("gpt-4.1"), "2026-11")
+            ]),
+            "0"
+        );
+        assert_eq!(split(), ["115", "65", "115", "65"]);
+        assert_eq!(call(1, 200, None, (100, 40)).tokens_io, (100, 40));
+        assert_eq!(split(), ["115", "65", "115", "65"]);
+        // The hash expires with the counters.
+        assert_eq!(st.cli(&["EXPIRETIME", &io_key]), "1796688000");
+        // 0.1.0's script on the same lease (a VM of the old module in the same Envoy, mid-reload):
+        // it reports its weighted total, leaves the hash alone, and the new script's next call goes
+        // on from both.
+        let v1 = lease_v1_script(&st);
+        let k = &keys;
+        let v1_keys = [
+            k.used_total.as_str(),
+            k.used_model.as_str(),
+            k.limit_override.as_str(),
+            k.limit_model_override.as_str(),
+            k.leases.as_str(),
+            k.due.as_str(),
+            k.done.as_str(),
+            k.gone.as_str(),
+            k.open.as_str(),
+        ];
+        let v1_args: Vec<String> = [
+            lease_id(1, Some("gpt-4.1"), "2026-11"),
+            "260".into(),
+            "1000".into(),
+            "-1".into(),
+            "50000".into(),
+            "0".into(),
+            "1796688000".into(),
+            "60".into(),
+            "1".into(),
+            "3600".into(),
+            "1000".into(),
+            "86400".into(),
+            "tg3".into(),
+            "100".into(),
+        ]
+        .into();
+        let sha = LEASE_V1_SHA1;
+        let (s, b) = st.post(&command_body(
+            ScriptCall::Eval,
+            &v1,
+            sha,
+            &v1_keys,
+            &v1_args,
+        ));
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        let old: Vec<i64> = serde_json::from_slice::<serde_json::Value>(&b).unwrap()["EVAL"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        assert_eq!(old.len(), 7);
+        assert_eq!(old[6], 260, "v1 took the weighted total");
+        assert_eq!(split(), ["115", "65", "115", "65"]);
+        let r = call(1, 260, None, (130, 50));
+        assert_eq!((r.reported_total, r.tokens_io), (260, (130, 50)));
+        assert_eq!(split(), ["145", "75", "145", "75"]);
+        // v1 still reads the record v2 wrote (its end-anchored pattern: nothing appended to it).
+        let (s, b) = st.post(&command_body(
+            ScriptCall::Eval,
+            &v1,
+            sha,
+            &v1_keys,
+            &v1_args,
+        ));
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+        // A field that is not two counts is left alone, and the call goes on.
+        st.cli(&[
+            "HSET",
+            &io_key,
+            &lease_id(3, Some("gpt-4.1"), "2026-11"),
+            "junk",
+        ]);
+        let r = call(3, 5, None, (9, 9));
+        assert_eq!((r.reported_total, r.tokens_io), (5, (0, 0)));
+        assert_eq!(split(), ["145", "75", "145", "75"]);
+    }
+
     #[test]
     fn a_lease_holds_at_most_its_share_of_what_is_left() {
         // bb12: a first lease sized from one request (4 × 9,010) took 36,040 of the 50,000 left.
@@ -425,6 +609,7 @@ mod quota {
         let Some(st) = Stack::start() else { return };
         assert_eq!(st.cli(&["SCRIPT", "LOAD", RESERVE_SCRIPT]), RESERVE_SHA1);
         assert_eq!(st.cli(&["SCRIPT", "LOAD", SETTLE_SCRIPT]), SETTLE_SHA1);
+        assert_eq!(st.cli(&["SCRIPT", "LOAD", LEASE_SCRIPT]), LEASE_SHA1);
         assert_eq!(
             st.cli(&[
                 "SCRIPT",
@@ -606,6 +791,8 @@ mod quota {
             ttl_s: 60,
             max_grant: want,
             max_share_percent: 50,
+            tokens_in: reported,
+            tokens_out: reported / 2,
         };
         // 40 tenants (every third with a model), and tenant 5's counter not a count.
         let round = |reported: u64| -> Vec<LeaseArgs> {
@@ -627,6 +814,8 @@ mod quota {
             (
                 st.cli(&["GET", &a.keys.used_total]),
                 held_reported.join(" "),
+                ["in", "out", "in:m", a.lease_id.as_str()]
+                    .map(|f| st.cli(&["HGET", &a.keys.io(), f])),
             )
         };
         for (r, reported) in [(0, 0), (1, 10), (2, 10)] {
@@ -670,7 +859,8 @@ mod quota {
                         g.limit,
                         g.model_used,
                         g.model_limit,
-                        g.reported_total
+                        g.reported_total,
+                        g.tokens_io
                     ),
                     (
                         one.held,
@@ -678,7 +868,8 @@ mod quota {
                         one.limit,
                         one.model_used,
                         one.model_limit,
-                        one.reported_total
+                        one.reported_total,
+                        one.tokens_io
                     ),
                     "round {r} entry {i}"
                 );
@@ -688,6 +879,8 @@ mod quota {
                 // Round 2 resends round 1's totals: nothing more is counted.
                 let t7 = &entries[7];
                 assert_eq!(state(&batched, t7).1, format!("{} 70", 1_007));
+                assert_eq!(state(&batched, t7).2[0], "70");
+                assert_eq!(state(&batched, t7).2[3], "70 35");
             }
         }
     }

@@ -5,7 +5,9 @@
 //! tg:q:{alice}:2026-12                    a tenant's token quota: weighted tokens used this month
 //! tg:q:{alice}:2026-12:m:gpt-4.1          the same, one model
 //! tg:q:{alice}:2026-12:io                 hash: the provider's input/output tokens settled this month:
-//!                                         in, out, in:<model>, out:<model> (absent: written by 0.1.x)
+//!                                         in, out, in:<model>, out:<model> (absent: written by 0.1.x),
+//!                                         and per lease L|<envoy>|<model>|<month> -> "<in> <out>" taken
+//!                                         (not counts: skipped)
 //! tg:q:{%7Eb:team-spend:team%3Dred}:2026-12   budget team-spend of team red: micro-units (or tokens)
 //! tg:q:{…}:limit, …:limit:m:<model>       operator overrides of the limits
 //! tg:q:{…}:leases                         "L|<envoy>|<model>|<month>" -> "<held> <reported> <version> <counter> <model counter|->"
@@ -390,9 +392,13 @@ pub fn read_month(store: &mut Store, month: &str) -> Result<Vec<Month>, Failure>
 }
 
 /// The fields of a month's input/output hash, each a whole number (else a schema error).
+/// The counts of a month's `:io` hash: `in`, `out`, `in:<model>`, `out:<model>`. The fields of leases
+/// (`L|<envoy>|<model>|<month>` → `"<in> <out>"`: what the lease script took of each lease, not a count
+/// of the account) are left out.
 fn parse_io(key: &str, pairs: &[(String, String)]) -> Result<BTreeMap<String, i64>, Failure> {
     pairs
         .iter()
+        .filter(|(f, _)| !f.starts_with("L|"))
         .map(|(f, v)| {
             v.parse::<i64>().map(|n| (f.clone(), n)).map_err(|_| {
                 Failure::schema(format!(
@@ -447,6 +453,32 @@ mod tests {
         let c = AccountId::from_id(&long);
         assert!(c.cut && c.encoded.len() <= 128);
         assert_eq!(c.id, long, "an id given whole stays whole");
+    }
+
+    #[test]
+    fn the_io_hash_gives_its_counts_and_skips_what_leases_took() {
+        let p = |f: &str, v: &str| (f.to_string(), v.to_string());
+        let io = parse_io(
+            "k:io",
+            &[
+                p("in", "70"),
+                p("out", "30"),
+                p("in:gpt-4.1", "70"),
+                p("L|ab|gpt-4.1|2026-12", "70 30"),
+                p("L|ab|-|2026-12", "0 0"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            io.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("in".to_string(), 70),
+                ("in:gpt-4.1".to_string(), 70),
+                ("out".to_string(), 30)
+            ]
+        );
+        // Any other field that is not a count is still another schema.
+        assert!(parse_io("k:io", &[p("in", "70 30")]).is_err());
     }
 
     #[test]

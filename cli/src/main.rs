@@ -148,8 +148,8 @@ enum Command {
         requests not settled yet), settled = used - in_leases - in_flight, limit (override or configured),\n\
         remaining = limit - used. Token quotas count weighted tokens (quota.weights); money budgets\n\
         micro-units, printed as exact decimals of quota.currency. tokens_in / tokens_out: the provider's\n\
-        input and output tokens of requests settled one at a time (not yet of leased requests; `-` where\n\
-        none were recorded). Redis keeps no per-model amounts for budgets: `--by model` shows `*` for an\n\
+        input and output tokens of the requests settled (leased ones once their lease reported them; `-`\n\
+        where none were recorded). Redis keeps no per-model amounts for budgets: `--by model` shows `*` for an\n\
         account without model counters."
     )]
     Usage {

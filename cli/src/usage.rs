@@ -435,7 +435,7 @@ pub fn render(month: &str, rows: &[Row], by: By, format: Format) -> String {
                 "month": month,
                 "by": format!("{by:?}").to_lowercase(),
                 "base_unit": "whole weighted tokens for `tokens`, micro-units (1e-6) of the currency otherwise",
-                "tokens_in_out": "the provider's input/output tokens of requests settled per request (leased ones not yet), unweighted; null: no split recorded",
+                "tokens_in_out": "the provider's input/output tokens of the requests settled (leased ones as their lease reported them), unweighted; null: no split recorded",
                 "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
                 "totals": totals.iter().map(|(u, a)| {
                     let amt = |v: i64| json!({"amount": u.amount(v), "base": v});

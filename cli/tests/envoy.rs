@@ -213,6 +213,21 @@ fn io_rows(json: &str) -> BTreeMap<(String, String), (Option<i64>, Option<i64>)>
 
 #[test]
 fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
+    ledger_run(false);
+}
+
+/// The same run with leases (the default): requests are served from this Envoy's leases once a sync
+/// granted one, and their usage and input/output split reach Redis with the next syncs. 0.2.0 before
+/// the split of leased requests reported only the per-request reservations' tokens here (the first
+/// request of each account and model).
+#[test]
+fn the_usage_report_equals_the_ledger_of_a_leased_run_through_envoy() {
+    ledger_run(true);
+}
+
+/// 24 requests through Envoy; `tokengate usage` then equals the mock provider's ledger, per account,
+/// model, team, in weighted tokens, money and the provider's input/output tokens.
+fn ledger_run(lease: bool) {
     if !common::have_redis() {
         return;
     }
@@ -221,10 +236,10 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     let mock = mock();
     let cfg = merge(
         config(json!([rule("all", "*", "*", 10_000_000.0, 1_000_000_000)])),
-        // Per request: the report is compared with the ledger request by request (a lease would hold
-        // its unspent part in `used` until it goes back).
+        // Per request, or leased (a lease holds its unspent part in `used`: `settled` is compared).
         json!({"group_header": "x-team",
-               "quota": {"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 100_000_000, "lease": false,
+               "quota": {"cluster": "webdis", "timeout_ms": 1000, "monthly_limit": 100_000_000,
+                 "lease": if lease { json!({}) } else { json!(false) },
                  "currency": "USD",
                  "weights": {"gpt-test": {"input": 1, "output": 3}},
                  "prices": {"gpt-test": {"input": 2.5, "output": 10}, "*": {"input": 1, "output": 2}},
@@ -239,7 +254,11 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
     let url = format!("redis://127.0.0.1:{}", redis.port);
     // The load line names what is configured (it said `configured: 0 bucket rules` with limits only),
     // and `check` says the same.
-    let summary = "configured: 1 bucket rules, 0 limits, quota (2 budgets)";
+    let summary = if lease {
+        "configured: 1 bucket rules, 0 limits, quota (2 budgets, leases)"
+    } else {
+        "configured: 1 bucket rules, 0 limits, quota (2 budgets)"
+    };
     assert!(
         envoy.wait_log(summary, Duration::from_secs(10)),
         "{}",
@@ -310,25 +329,66 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
             .or_default() += micros;
     }
 
-    // Settlements are asynchronous: wait (bounded) until nothing is in flight and the report matches.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The input/output split the ledger says each account's report holds.
+    let io_of = |keep: &dyn Fn(&Served) -> bool| {
+        let (i, o) = ledger
+            .iter()
+            .filter(|s| keep(s))
+            .fold((0, 0), |(i, o), s| (i + s.prompt, o + s.completion));
+        (Some(i), Some(o))
+    };
+    let mut want_io: BTreeMap<String, (Option<i64>, Option<i64>)> = BTreeMap::new();
+    for t in ["t-ann", "t-bo"] {
+        want_io.insert(t.to_string(), io_of(&|s| s.tenant == t));
+        want_io.insert(format!("own:{t}"), io_of(&|s| s.tenant == t));
+    }
+    for team in ["red", "blue"] {
+        want_io.insert(
+            format!("team-spend:group={team}"),
+            io_of(&|s| s.team == team),
+        );
+    }
+    if lease {
+        assert!(
+            envoy.stat("tokengate_quota_leased") >= 24,
+            "most reservations were served from leases: {}",
+            envoy.stat("tokengate_quota_leased")
+        );
+    }
+    // Settlements (and with leases the syncs that report what they served, at least every second)
+    // are asynchronous: wait (bounded) until nothing is in flight and the report matches.
+    let deadline = Instant::now() + Duration::from_secs(if lease { 30 } else { 10 });
     let (json, got) = loop {
         let json = ok(&[
             "--config", &cfg_path, "--redis", &url, "usage", "--format", "json",
         ]);
         let got: BTreeMap<String, (i64, i64)> =
-            rows(&json).into_iter().map(|r| (r.0, (r.3, r.5))).collect();
+            rows(&json).into_iter().map(|r| (r.0, (r.6, r.5))).collect();
         let settled = got.values().all(|(_, in_flight)| *in_flight == 0);
         let same = want
             .iter()
             .all(|(k, v)| got.get(k).map(|g| g.0) == Some(*v));
-        if (settled && same) || Instant::now() >= deadline {
+        let io = io_rows(&json);
+        let same_io = want_io
+            .iter()
+            .all(|(k, v)| io.get(&(k.clone(), String::new())) == Some(v));
+        if (settled && same && same_io) || Instant::now() >= deadline {
             break (json, got);
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let got_used: BTreeMap<String, i64> = got.iter().map(|(k, v)| (k.clone(), v.0)).collect();
-    assert_eq!(got_used, want, "report vs ledger:\n{json}");
+    let got_settled: BTreeMap<String, i64> = got.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+    assert_eq!(got_settled, want, "report vs ledger:\n{json}");
+    if !lease {
+        // Per request: nothing held by leases, `used` is the ledger itself.
+        assert!(rows(&json).iter().all(|r| r.4 == 0 && r.3 == r.6), "{json}");
+    }
+    if lease {
+        println!(
+            "leased run: {} of the reservations served from leases",
+            envoy.stat("tokengate_quota_leased")
+        );
+    }
     // And against the raw counters.
     let month = tokengate::quota::calendar::month_label(common::now(), 0);
     for (acct, key) in [
@@ -343,7 +403,12 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
             .ok()
             .and_then(|v| v.as_int())
             .unwrap_or(-1);
-        assert_eq!(raw, want[acct], "{key}");
+        // What leases hold is counted in the counter too.
+        let held = rows(&json)
+            .into_iter()
+            .find(|r| r.0 == acct)
+            .map_or(0, |r| r.4);
+        assert_eq!(raw - held, want[acct], "{key}");
     }
     // Per model: the tenant's model counters add up to the ledger per model.
     let by_model = rows(&ok(&[
@@ -363,7 +428,7 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
                 })
                 .sum();
             let row = by_model.iter().find(|r| r.0 == t && r.1 == m).unwrap();
-            assert_eq!(row.3, w, "{t} {m}");
+            assert_eq!(row.6, w, "{t} {m}");
         }
     }
     // What team X spent on model Y, in money: each budget subject's model counters equal the ledger
@@ -383,18 +448,11 @@ fn the_usage_report_equals_the_ledger_of_a_run_through_envoy() {
                 .sum();
             let acct = format!("team-spend:group={team}");
             let row = by_model.iter().find(|r| r.0 == acct && r.1 == m);
-            assert_eq!(row.map(|r| r.3), Some(micros), "{acct} {m}");
+            assert_eq!(row.map(|r| r.6), Some(micros), "{acct} {m}");
         }
     }
     // The input/output split: each account's (and each account × model's) tokens in and out equal the
     // provider's prompt and completion tokens of the answers it served, JSON and SSE alike.
-    let io_of = |keep: &dyn Fn(&Served) -> bool| {
-        let (i, o) = ledger
-            .iter()
-            .filter(|s| keep(s))
-            .fold((0, 0), |(i, o), s| (i + s.prompt, o + s.completion));
-        (Some(i), Some(o))
-    };
     let by_account = io_rows(&json);
     let by_model_io = io_rows(&ok(&[
         "--config", &cfg_path, "--redis", &url, "usage", "--by", "model", "--format", "json",

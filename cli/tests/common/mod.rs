@@ -196,6 +196,8 @@ impl Scripts {
             ttl_s: 60,
             max_grant: 1_000_000_000,
             max_share_percent: 100,
+            tokens_in: 0,
+            tokens_out: 0,
         };
         let b = self.post(&lease_request(&a, ScriptCall::Eval));
         parse_lease_reply(200, &b)

@@ -150,6 +150,8 @@ fn settle(cx: &mut Cx, f: &mut Forwarded, ending_complete: bool, usage: Option<u
                 // Settled into this Envoy's lease; reported to Redis by the next sync.
                 let st = accounting::settle(&qr.reserved, ending);
                 leases::settle(cx, key, qr.reserved.total(), st.actual);
+                let (tokens_in, tokens_out) = accounting::tokens_io(ending);
+                leases::settle_io(cx, key, &qr.args.month, tokens_in, tokens_out);
                 qr.hold = Hold::Settled;
                 qr.actual = Some(st.actual);
                 qr.source = Some(st.source);

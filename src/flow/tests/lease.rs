@@ -9,9 +9,9 @@ fn cfg(lease: Value) -> Value {
         "quota": {"cluster": "webdis", "monthly_limit": 1_000_000, "lease": lease}})
 }
 
-/// `{"EVAL":[held, used, limit, model_used, model_limit, version, reported_total]}`.
+/// `{"EVAL":[held, used, limit, model_used, model_limit, version, reported_total, 0, 0]}`.
 fn lease_reply(held: i64, used: i64, version: i64, reported: i64) -> String {
-    eval(&[held, used, 1_000_000, used, -1, version, reported])
+    eval(&[held, used, 1_000_000, used, -1, version, reported, 0, 0])
 }
 
 /// The lease calls among the root callouts, as (reported total, want, target) argument strings.
@@ -727,8 +727,8 @@ fn batch_grant(n: usize, held: i64, refused: &[(usize, i64)]) -> String {
     let mut v = Vec::new();
     for i in 0..n {
         match refused.iter().find(|(j, _)| *j == i) {
-            Some((_, code)) => v.extend([*code, 0, 0, 0, 0, 0, 0, 0]),
-            None => v.extend([0, held, 1060, 1_000_000, 1060, -1, 1, 0]),
+            Some((_, code)) => v.extend([*code, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            None => v.extend([0, held, 1060, 1_000_000, 1060, -1, 1, 0, 0, 0]),
         }
     }
     eval(&v)
@@ -940,6 +940,139 @@ fn a_walk_covers_every_account_once_per_refresh_within_its_bounds() {
     // Never more than the cap (a first walk, or a long pause).
     assert_eq!(walk_size(100_000, 60_000, 1000), MAX_SCAN_PER_WALK);
     assert_eq!(walk_size(5, 0, 0), 1);
+}
+
+/// The lease calls' input/output totals (their last two arguments).
+fn lease_io(e: &FakeEnvoy) -> Vec<(String, String)> {
+    e.root_callouts
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)))
+        .map(|c| {
+            let seg = segments(&c.body);
+            let nkeys: usize = seg[2].parse().unwrap();
+            let a = &seg[3 + nkeys..];
+            (a[14].clone(), a[15].clone())
+        })
+        .collect()
+}
+
+fn io_record(e: &FakeEnvoy) -> Option<crate::quota::lease::io::Io> {
+    let key = crate::quota::lease::account::account_key("acme", Some("m"));
+    crate::store::peek::<crate::quota::lease::io::Io>(
+        &e.store,
+        &crate::quota::lease::io::io_key(&key),
+    )
+    .unwrap()
+    .0
+}
+
+#[test]
+fn leased_requests_report_their_input_and_output_tokens_with_the_lease_at_the_tick() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    for total in [40, 50, 61] {
+        let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+        assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+        usage_answer(&e, &mut c, total);
+    }
+    // Kept by the VM until its tick: no shared-data write per request for the split.
+    assert_eq!(io_record(&e), None);
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    let month = account(&e).month;
+    // Prompt tokens 20 + 25 + 30, completion 20 + 25 + 31.
+    assert_eq!(io_record(&e).unwrap().get(month), (75, 76));
+    // The next sync reports them, with the usage.
+    e.advance_ms(1_100);
+    e.tick(0);
+    let calls = lease_calls(&e);
+    assert_eq!(calls.last().map(|c| c.0.as_str()), Some("151"));
+    assert_eq!(
+        lease_io(&e).last(),
+        Some(&("75".to_string(), "76".to_string()))
+    );
+    // Redis answers that it holds more for the lease than was sent (the record was lost since it
+    // reported 1,000 / 400): the record is raised so that the next report adds exactly 75 / 76.
+    e.root_callouts
+        .borrow_mut()
+        .retain(|c| matches!(c.purpose, crate::flow::Purpose::Lease(_)));
+    e.reply_root(
+        0,
+        200,
+        &eval(&[1000, 1211, 1_000_000, 1211, -1, 2, 151, 1000, 400]),
+    );
+    assert_eq!(io_record(&e).unwrap().get(month), (1075, 476));
+    // An answer at or below what was sent changes nothing (no write).
+    e.advance_ms(1_100);
+    e.root_callouts.borrow_mut().clear();
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    usage_answer(&e, &mut c, 10);
+    e.tick(0);
+    assert_eq!(
+        lease_io(&e).last(),
+        Some(&("1080".to_string(), "481".to_string()))
+    );
+    e.reply_root(
+        0,
+        200,
+        &eval(&[1000, 1221, 1_000_000, 1221, -1, 3, 161, 1080, 481]),
+    );
+    assert_eq!(io_record(&e).unwrap().get(month), (1080, 481));
+}
+
+#[test]
+fn a_worker_torn_down_writes_the_split_of_the_leased_requests_it_kept() {
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    granted_a_lease(&e);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    usage_answer(&e, &mut c, 40);
+    assert_eq!(io_record(&e), None);
+    e.done(0);
+    let month = account(&e).month;
+    assert_eq!(io_record(&e).unwrap().get(month), (20, 20));
+}
+
+#[test]
+fn last_months_ended_request_is_not_written_into_its_account_before_its_split() {
+    // A request of the new month on the VM that kept a November request's end: written with it, the
+    // end would let the leader give November's lease back (nothing in flight) and report its usage
+    // before the tick wrote its input/output tokens, which no later sync of November would report.
+    let e = envoy(cfg(json!({"min_tokens": 1000})));
+    let dec_1: u64 = 1_796_083_200;
+    e.now.set((dec_1 - 30) * 1_000_000_000);
+    granted_a_lease(&e);
+    let nov = account(&e).month;
+    assert_eq!(nov, 202611);
+    let mut c = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c.forwarded && c.pending.is_none(), "served from the lease");
+    let in_flight = account(&e).inflight;
+    usage_answer(&e, &mut c, 40);
+    e.advance_ms(31_000);
+    // December: the account still holds November's lease; this request goes per request, and
+    // November's request stays in flight until the tick.
+    let c2 = e.send("/v1/chat/completions", &[TENANT], &chat("m", "hi", 50));
+    assert!(c2.pending.is_some(), "per-request reservation");
+    let a = account(&e);
+    assert_eq!((a.month, a.inflight), (nov, in_flight));
+    assert_eq!(io_record(&e), None);
+    // The tick writes the split, then the end: the sync that gives November back carries both.
+    e.root_callouts.borrow_mut().clear();
+    e.tick(0);
+    assert_eq!(io_record(&e).unwrap().get(nov), (20, 20));
+    let a = account(&e);
+    assert_eq!((a.inflight, a.consumed), (0, 40));
+    let calls = lease_calls(&e);
+    let io = lease_io(&e);
+    let last = calls.iter().zip(io.iter()).find(|(c, _)| c.2 == "0");
+    assert_eq!(
+        last,
+        Some((
+            &("40".to_string(), "0".to_string(), "0".to_string()),
+            &("20".to_string(), "20".to_string())
+        )),
+        "{calls:?} {io:?}"
+    );
 }
 
 #[test]

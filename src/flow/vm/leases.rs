@@ -13,6 +13,7 @@ use crate::flow::metric::Metric;
 use crate::flow::shim;
 use crate::quota::calendar;
 use crate::quota::lease::account::{self, Account, Miss, Settled, Synced, Take};
+use crate::quota::lease::io;
 use crate::quota::{self, LeaseArgs, LeaseReply, QuotaKeys};
 use crate::shim::webdis::ShimError;
 
@@ -69,7 +70,19 @@ pub fn take(cx: &mut Cx, ask: &Ask) -> Option<(Account, String)> {
     let now = cx.now();
     // This VM's ended requests of the account are written in the same CAS.
     let unsettled = &cx.worker.leases.unsettled;
-    let at = unsettled.iter().position(|(k, _)| *k == key);
+    // Not when the split of ended requests of another month waits for the tick: the account keeps
+    // them in flight until [`flush`] wrote their split first, so the sync that gives that month's
+    // lease back (it waits for nothing in flight) reports their tokens too.
+    let other_month = cx
+        .worker
+        .leases
+        .unsettled_io
+        .iter()
+        .any(|(k, m, _, _)| *k == key && *m != month);
+    let at = unsettled
+        .iter()
+        .position(|(k, _)| *k == key)
+        .filter(|_| !other_month);
     let done = at
         .and_then(|i| unsettled.get(i))
         .map_or(Settled::default(), |(_, d)| *d);
@@ -153,11 +166,66 @@ pub fn settle(cx: &mut Cx, key: &str, reserved: u64, actual: u64) {
     cx.worker.leases.unsettled.push((key.to_string(), d));
 }
 
+/// A leased request of month `month` (`2026-11`) ended with the provider's `tokens_in`/`tokens_out`:
+/// added to its account's io record at the VM's next tick ([`flush`]; one CAS per account and tick,
+/// none per request), reported with the account's next sync.
+pub fn settle_io(cx: &mut Cx, key: &str, month: &str, tokens_in: u64, tokens_out: u64) {
+    if tokens_in == 0 && tokens_out == 0 {
+        return;
+    }
+    let month = account::month_code(month);
+    let pending = &mut cx.worker.leases.unsettled_io;
+    if let Some((_, _, i, o)) = pending
+        .iter_mut()
+        .find(|(k, m, _, _)| k == key && *m == month)
+    {
+        *i = i.saturating_add(tokens_in);
+        *o = o.saturating_add(tokens_out);
+        return;
+    }
+    if pending.len() >= MAX_UNSETTLED {
+        flush(cx);
+    }
+    cx.worker
+        .leases
+        .unsettled_io
+        .push((key.to_string(), month, tokens_in, tokens_out));
+}
+
 /// Writes every ended leased request this VM keeps into its account (the tick, and [`settle`] when
 /// [`MAX_UNSETTLED`] accounts wait). One the store refuses is kept for the next tick.
 pub fn flush(cx: &mut Cx) {
     let retries = cx.cfg.cas_max_retries;
+    // The split first: a sync that reads an account's usage then finds its requests' tokens (one the
+    // store refuses keeps its account's requests in flight too, written together at a later tick).
+    let mut io_kept = 0;
+    for (key, month, i, o) in std::mem::take(&mut cx.worker.leases.unsettled_io) {
+        if io::add(cx.store(), &io::io_key(&key), month, i, o, retries) {
+            continue;
+        }
+        cx.inc(Metric::StoreErrors);
+        cx.log_failure(
+            Level::Warn,
+            "lease_store",
+            format!("cannot add leased requests' input/output tokens to {key}: tried again at the next tick"),
+        );
+        if cx.worker.leases.unsettled_io.len() < MAX_UNSETTLED {
+            cx.worker.leases.unsettled_io.push((key, month, i, o));
+        }
+        io_kept += 1;
+    }
     for (key, d) in std::mem::take(&mut cx.worker.leases.unsettled) {
+        if io_kept > 0
+            && cx
+                .worker
+                .leases
+                .unsettled_io
+                .iter()
+                .any(|(k, _, _, _)| *k == key)
+        {
+            cx.worker.leases.unsettled.push((key, d));
+            continue;
+        }
         if account::settle(cx.store(), &key, d.reserved, d.actual, retries) {
             continue;
         }
@@ -370,7 +438,7 @@ fn callout(cx: &mut Cx, q: &QuotaSettings, purpose: Purpose, body: String) -> Ca
 
 /// The lease call of `plan` for the account of `tenant` (× `model`), as a Webdis body.
 fn call_body(
-    cx: &Cx,
+    cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
     tenant: &str,
@@ -381,9 +449,10 @@ fn call_body(
     quota::lease_request(&args, shim::script_call(cx.worker.leases.loaded))
 }
 
-/// The lease call of `plan` for the account of `tenant` (× `model`).
+/// The lease call of `plan` for the account of `tenant` (× `model`), with the input/output totals of
+/// its month in the account's io record (remembered to check the answer against, [`io_answered`]).
 fn call_args(
-    cx: &Cx,
+    cx: &mut Cx,
     q: &QuotaSettings,
     l: &LeaseSettings,
     tenant: &str,
@@ -392,6 +461,9 @@ fn call_args(
 ) -> LeaseArgs {
     let label = month_label(plan.month);
     let keys = QuotaKeys::new(tenant, model, &label, "-");
+    let akey = account::account_key(tenant, model);
+    let sent = io::totals(cx.store(), &io::io_key(&akey), plan.month);
+    remember_sent(cx, akey, plan.month, sent);
     let tq = q.tenant(tenant);
     let default_model_limit = model
         .and_then(|md| tq.model_limits.iter().find(|(x, _)| x == md))
@@ -415,6 +487,52 @@ fn call_args(
         ttl_s: l.ttl_s,
         max_grant: plan.want,
         max_share_percent: (l.policy.max_share * 100.0).round().clamp(1.0, 100.0) as u32,
+        tokens_in: sent.0,
+        tokens_out: sent.1,
+    }
+}
+
+/// Lease calls whose reported input/output totals a VM remembers until they answer.
+pub const MAX_IO_SENT: usize = 4096;
+
+/// Remembers the input/output totals a lease call of the account at `key` reports (bounded: all are
+/// forgotten when [`MAX_IO_SENT`] wait; two calls of different months in flight: neither is checked).
+fn remember_sent(cx: &mut Cx, key: String, month: u32, sent: (u64, u64)) {
+    let v = &mut cx.worker.leases.io_sent;
+    if let Some(e) = v.get_mut(&key) {
+        if e.0 != month {
+            e.0 = 0;
+        }
+        e.1 = sent;
+        return;
+    }
+    if v.len() >= MAX_IO_SENT {
+        // Answers that never came (timed out): forgotten, their checks skipped.
+        v.clear();
+    }
+    v.insert(key, (month, sent));
+}
+
+/// A lease call of the account at `key` answered that Redis holds `redis` (input, output) for the
+/// lease: when that is more than the call reported, the account's io record lost what it had
+/// reported, and is raised so that its next report adds what it counted since ([`io::synced`]; one
+/// CAS, only then).
+fn io_answered(cx: &mut Cx, key: &str, redis: (u64, u64)) {
+    let Some((month, sent)) = cx.worker.leases.io_sent.remove(key) else {
+        return;
+    };
+    if month == 0 {
+        return;
+    }
+    let retries = cx.cfg.cas_max_retries;
+    if io::synced(cx.store(), &io::io_key(key), month, sent, redis, retries) {
+        cx.log_failure(
+            Level::Warn,
+            "lease_io_behind",
+            format!(
+                "the input/output record of {key} was behind Redis: raised to count what it adds"
+            ),
+        );
     }
 }
 
@@ -628,6 +746,7 @@ fn apply(
     };
     match parsed {
         Ok(r) => {
+            io_answered(cx, &p.key, r.tokens_io);
             let synced = Synced {
                 held: r.held,
                 reported_total: r.reported_total,

@@ -234,6 +234,14 @@ pub struct Leases {
     pub(in crate::flow) served: HashMap<String, u64, FnvBuild>,
     /// Leased requests that ended on this VM, by account key, not written into their account yet.
     pub(in crate::flow) unsettled: Vec<(String, crate::quota::lease::account::Settled)>,
+    /// The provider's input/output tokens of leased requests that ended on this VM, by account key and
+    /// month (`YYYYMM`), not written into the account's io record yet (written at the tick, before the
+    /// accounts: [`crate::flow::vm::leases::flush`]).
+    pub(in crate::flow) unsettled_io: Vec<(String, u32, u64, u64)>,
+    /// The input/output totals this VM's lease calls in flight reported, by account key: (month,
+    /// totals; month 0 when two calls of different months are in flight), to tell from an answer
+    /// that the account's io record is behind Redis.
+    pub(in crate::flow) io_sent: HashMap<String, (u32, (u64, u64)), FnvBuild>,
 }
 
 impl Leases {

@@ -8,8 +8,8 @@
 //! others, and the whole call runs atomically in Redis.
 //!
 //! ```text
-//! EVALSHA/<sha1>/<9 n>/<keys of entry 1>/…/<keys of entry n>/tgLb/<n>/9/14/7/<args of entry 1>/…
-//! reply: [<status 1>, <7 integers of entry 1>, …]   status 0: ran; else a refusal (integers are 0)
+//! EVALSHA/<sha1>/<10 n>/<keys of entry 1>/…/<keys of entry n>/tgLb/<n>/10/16/9/<args of entry 1>/…
+//! reply: [<status 1>, <9 integers of entry 1>, …]   status 0: ran; else a refusal (integers are 0)
 //! ```
 //!
 //! Keys of different tenants hash to different Redis Cluster slots: behind a Redis Cluster a batch of
@@ -36,7 +36,7 @@ pub const LEASE_BATCH_SCRIPT: &str = concat!(
 
 /// SHA-1 of [`LEASE_BATCH_SCRIPT`] (checked against the text in a unit test and against a real Redis
 /// in `tests/redis_live.rs`).
-pub const LEASE_BATCH_SHA1: &str = "5e06ac742b31f75c4ec19ddbf0343a4d18934ff3";
+pub const LEASE_BATCH_SHA1: &str = "b19b41a1644a6069203955b0d2454df841a85d35";
 
 /// Integers per entry in the batch's reply: a status and the lease script's reply.
 const PER_ENTRY: usize = 1 + LEASE_REPLY_LEN;
@@ -55,8 +55,9 @@ pub fn lease_batch_request(batch: &[&LeaseArgs], call: ScriptCall) -> String {
         LEASE_ARGS.to_string(),
         LEASE_REPLY_LEN.to_string(),
     ]);
-    for a in batch {
-        keys.extend(lease_keys(a));
+    let ios: Vec<String> = batch.iter().map(|a| a.keys.io()).collect();
+    for (a, io) in batch.iter().zip(&ios) {
+        keys.extend(lease_keys(a, io));
         argv.extend(lease_argv(a));
     }
     command_body(call, LEASE_BATCH_SCRIPT, LEASE_BATCH_SHA1, &keys, &argv)
@@ -113,6 +114,8 @@ mod tests {
             ttl_s: 60,
             max_grant: 100,
             max_share_percent: 10,
+            tokens_in: reported * 2,
+            tokens_out: reported,
         }
     }
 
@@ -144,7 +147,7 @@ mod tests {
         assert_eq!(pab[3..3 + LEASE_KEYS], keys(&pa)[..]);
         assert_eq!(pab[3 + LEASE_KEYS..3 + 2 * LEASE_KEYS], keys(&pb)[..]);
         let rest = &pab[3 + 2 * LEASE_KEYS..];
-        assert_eq!(rest[..5], ["tgLb", "2", "9", "14", "7"]);
+        assert_eq!(rest[..5], ["tgLb", "2", "10", "16", "9"]);
         assert_eq!(rest[5..5 + LEASE_ARGS], argv(&pa)[..]);
         assert_eq!(rest[5 + LEASE_ARGS..], argv(&pb)[..]);
         assert_eq!(lease_batch_request(&[], ScriptCall::Eval), "");
@@ -154,15 +157,20 @@ mod tests {
     fn a_batch_reply_gives_each_entry_its_reply_or_its_refusal() {
         let r = parse_lease_batch_reply(
             200,
-            br#"{"EVAL":[0,40,900,1000,300,350,3,77,3,0,0,0,0,0,0,0,5,0,0,0,0,0,0,0]}"#,
+            br#"{"EVAL":[0,40,900,1000,300,350,3,77,12,5,3,0,0,0,0,0,0,0,0,0,5,0,0,0,0,0,0,0,0,0]}"#,
             3,
         )
         .unwrap();
         assert_eq!(r.len(), 3);
         let first = r[0].as_ref().unwrap();
         assert_eq!(
-            (first.held, first.version, first.reported_total),
-            (40, 3, 77)
+            (
+                first.held,
+                first.version,
+                first.reported_total,
+                first.tokens_io
+            ),
+            (40, 3, 77, (12, 5))
         );
         assert!(
             matches!(&r[1], Err(ShimError::RedisError(m)) if m.starts_with("ERR tokengate: not a count"))
@@ -172,7 +180,7 @@ mod tests {
         assert!(!r[1].as_ref().unwrap_err().may_have_run());
         // The wrong number of integers refuses the whole reply.
         assert!(matches!(
-            parse_lease_batch_reply(200, br#"{"EVAL":[0,40,900,1000,300,350,3,77]}"#, 2),
+            parse_lease_batch_reply(200, br#"{"EVAL":[0,40,900,1000,300,350,3,77,0,0]}"#, 2),
             Err(ShimError::Garbage(_))
         ));
         assert!(matches!(

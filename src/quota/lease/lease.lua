@@ -75,4 +75,42 @@ else
   redis.call('ZADD', gone, now + ltomb, id)
 end
 for _, k in ipairs({leases, due, done, gone}) do keep(k, ttl + ltomb + 86400) end
-return {o, used, lim, mused, mlim, ver, r}
+-- The provider's input and output tokens of the lease's requests: the call reports this Envoy's totals
+-- of the month (tin, tout); the lease's field of the month's io hash holds the totals taken so far
+-- ("<in> <out>", kept when the lease goes, until the hash expires with the counters), and only what
+-- exceeds them is added to `in`, `out` (and `in:<model>`, `out:<model>`, the model as in the per-model
+-- counter's key), as a settlement adds them: a resent call adds nothing. A hash that is not one, or a
+-- field that is not two counts, is left alone (the call itself goes on).
+local fi, fo = 0, 0
+local t = redis.call('TYPE', kio)
+if type(t) == 'table' then t = t.ok end
+if t == 'hash' or t == 'none' then
+  local ok = true
+  local f = redis.call('HGET', kio, id)
+  if f then
+    local a, b = string.match(f, '^(%d+) (%d+)$')
+    fi, fo = tonumber(a), tonumber(b)
+    ok = fi ~= nil and fo ~= nil
+    if not ok then fi, fo = 0, 0 end
+  end
+  if ok and (tin > fi or tout > fo) then
+    local di, dout = 0, 0
+    if tin > fi then di = tin - fi; fi = tin end
+    if tout > fo then dout = tout - fo; fo = tout end
+    local function hadd(k, d)
+      if d == 0 then return end
+      local v = tonumber(redis.call('HGET', kio, k) or '0')
+      if v then redis.call('HSET', kio, k, string.format('%d', v + d)) end
+    end
+    hadd('in', di)
+    hadd('out', dout)
+    if hasm and string.sub(km, 1, #ku + 3) == ku .. ':m:' then
+      local m = string.sub(km, #ku + 4)
+      hadd('in:' .. m, di)
+      hadd('out:' .. m, dout)
+    end
+    redis.call('HSET', kio, id, string.format('%d %d', fi, fo))
+    redis.call('EXPIREAT', kio, ARGV[7])
+  end
+end
+return {o, used, lim, mused, mlim, ver, r, fi, fo}

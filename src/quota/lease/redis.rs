@@ -14,6 +14,10 @@
 //!   holds goes back to the counters (usage its Envoy never reported is forgiven: at most one lease per
 //!   Envoy per tenant × model), and its reported total is remembered as a tombstone for a day, so the
 //!   Envoy's later report counts only what it had not reported.
+//! * a call also reports the Envoy's *totals* of the provider's input and output tokens under this lease
+//!   (since 0.2.0, [`crate::quota::lease::io`]); the lease's field of the month's `:io` hash holds the
+//!   totals taken (`"<in> <out>"`), and only what exceeds them is added to `in`, `out`, `in:<model>`,
+//!   `out:<model>` — like the reported total, a resent call never counts twice.
 
 use crate::quota::calendar::MAX_UNIX_S;
 use crate::quota::keys::QuotaKeys;
@@ -24,11 +28,16 @@ use crate::shim::webdis::{
 
 /// The lease script.
 ///
-/// KEYS: `used_total, used_model, limit_override, limit_model_override, leases, due, done, gone, open`.
+/// KEYS: `used_total, used_model, limit_override, limit_model_override, leases, due, done, gone, open,
+/// io`.
 /// ARGV: `lease_id, reported_total, want, target (-1 = none), default_limit, default_model_limit,
 /// expire_at_unix, ttl_s, has_model (1/0), tombstone_s, max_grant, lease_tombstone_s, "tg3",
-/// max_share_percent`.
-/// Reply: `[held, used, limit, model_used, model_limit (-1 none), version, reported_total]`.
+/// max_share_percent, tokens_in, tokens_out`.
+/// Reply: `[held, used, limit, model_used, model_limit (-1 none), version, reported_total, tokens_in,
+/// tokens_out]` (the last two: the input/output totals Redis holds for the lease).
+///
+/// v2 (0.2.0): v1 (0.1.0) had 9 keys, 14 arguments and a 7-long reply, and no input/output split;
+/// each version sends its own text (its own SHA), both on the same records (`docs/upgrading.md`).
 pub const LEASE_SCRIPT: &str = concat!(
     include_str!("lease_head.lua"),
     include_str!("../common.lua"),
@@ -36,7 +45,7 @@ pub const LEASE_SCRIPT: &str = concat!(
 );
 
 /// SHA-1 of [`LEASE_SCRIPT`].
-pub const LEASE_SHA1: &str = "49048e436ac6bd2d5f2870884173bbaec690cb65";
+pub const LEASE_SHA1: &str = "0ae65724b0f0e1154f94b6ded71b4adda81a6004";
 
 /// How long a lease's reported total is remembered after the lease is gone.
 pub const LEASE_TOMBSTONE_S: u64 = 24 * TOMBSTONE_S;
@@ -67,6 +76,10 @@ pub struct LeaseArgs {
     /// Grow to at most this percent (1..=100) of what is left, the lease included: Redis knows what
     /// is left when the Envoy does not yet (a first lease).
     pub max_share_percent: u32,
+    /// This Envoy's total of the provider's input tokens under this lease so far.
+    pub tokens_in: u64,
+    /// Its total of output tokens.
+    pub tokens_out: u64,
 }
 
 /// The lease id of an Envoy for a tenant's model in a month.
@@ -88,14 +101,15 @@ pub fn lease_owner(envoy: u64) -> String {
 }
 
 /// Keys of one lease call.
-pub const LEASE_KEYS: usize = 9;
+pub const LEASE_KEYS: usize = 10;
 /// Arguments of one lease call.
-pub const LEASE_ARGS: usize = 14;
+pub const LEASE_ARGS: usize = 16;
 /// Integers in the lease script's reply.
-pub const LEASE_REPLY_LEN: usize = 7;
+pub const LEASE_REPLY_LEN: usize = 9;
 
-/// The keys of a lease call, in script order.
-pub fn lease_keys(a: &LeaseArgs) -> [&str; LEASE_KEYS] {
+/// The keys of a lease call, in script order; `io` is the month's input/output hash (`a.keys.io()`,
+/// made by the caller: one string per call, none kept in every request's keys).
+pub fn lease_keys<'a>(a: &'a LeaseArgs, io: &'a str) -> [&'a str; LEASE_KEYS] {
     let k = &a.keys;
     [
         k.used_total.as_str(),
@@ -107,6 +121,7 @@ pub fn lease_keys(a: &LeaseArgs) -> [&str; LEASE_KEYS] {
         k.done.as_str(),
         k.gone.as_str(),
         k.open.as_str(),
+        io,
     ]
 }
 
@@ -127,16 +142,19 @@ pub fn lease_argv(a: &LeaseArgs) -> [String; LEASE_ARGS] {
         lua_int(LEASE_TOMBSTONE_S),
         QUOTA_PROTOCOL_TAG.to_string(),
         a.max_share_percent.clamp(1, 100).to_string(),
+        lua_int(a.tokens_in),
+        lua_int(a.tokens_out),
     ]
 }
 
 /// The Webdis body that runs the lease script.
 pub fn lease_request(a: &LeaseArgs, call: ScriptCall) -> String {
+    let io = a.keys.io();
     command_body(
         call,
         LEASE_SCRIPT,
         LEASE_SHA1,
-        &lease_keys(a),
+        &lease_keys(a, &io),
         &lease_argv(a),
     )
 }
@@ -158,6 +176,9 @@ pub struct LeaseReply {
     pub version: u64,
     /// The reported total Redis now holds for the lease.
     pub reported_total: u64,
+    /// The input/output totals Redis now holds for the lease (more than the call reported: the
+    /// Envoy's record is behind, [`crate::quota::lease::io::synced`]).
+    pub tokens_io: (u64, u64),
 }
 
 impl LeaseReply {
@@ -188,7 +209,7 @@ pub fn parse_lease_reply(http_status: u32, body: &[u8]) -> Result<LeaseReply, Sh
 
 /// The lease script's reply from its [`LEASE_REPLY_LEN`] integers. Never panics.
 pub fn lease_values(a: &[i64]) -> Result<LeaseReply, ShimError> {
-    let [held, used, limit, mused, mlimit, version, reported] = a else {
+    let [held, used, limit, mused, mlimit, version, reported, tin, tout] = a else {
         return Err(ShimError::Garbage("wrong length".into()));
     };
     let non_neg = |n: i64, what: &str| {
@@ -205,6 +226,7 @@ pub fn lease_values(a: &[i64]) -> Result<LeaseReply, ShimError> {
         },
         version: non_neg(*version, "version")?,
         reported_total: non_neg(*reported, "reported")?,
+        tokens_io: (non_neg(*tin, "tokens in")?, non_neg(*tout, "tokens out")?),
     })
 }
 
@@ -233,27 +255,45 @@ mod tests {
             ttl_s: 60,
             max_grant: 50,
             max_share_percent: 10,
+            tokens_in: 70,
+            tokens_out: 8,
         };
         assert_eq!(a.lease_id, "L|ab|m|2026-11");
         let body = lease_request(&a, ScriptCall::EvalSha);
         assert!(
-            body.starts_with(&format!("EVALSHA/{LEASE_SHA1}/9/")),
+            body.starts_with(&format!("EVALSHA/{LEASE_SHA1}/10/")),
             "{body}"
         );
         assert!(
-            body.ends_with("/L%7Cab%7Cm%7C2026-11/5/100/-1/1000/0/9/60/1/3600/50/86400/tg3/10"),
+            body.contains("%3Aopen/tg%3Aq%3A%7Bacme%7D%3A2026-11%3Aio/L%7Cab%7Cm%7C2026-11/"),
+            "{body}"
+        );
+        assert!(
+            body.ends_with(
+                "/L%7Cab%7Cm%7C2026-11/5/100/-1/1000/0/9/60/1/3600/50/86400/tg3/10/70/8"
+            ),
             "{body}"
         );
     }
 
     #[test]
     fn a_lease_reply_parses_and_says_what_is_left() {
-        let r = parse_lease_reply(200, br#"{"EVAL":[40,900,1000,300,350,3,77]}"#).unwrap();
+        let r = parse_lease_reply(200, br#"{"EVAL":[40,900,1000,300,350,3,77,12,5]}"#).unwrap();
         assert_eq!((r.held, r.version, r.reported_total), (40, 3, 77));
+        assert_eq!(r.tokens_io, (12, 5));
         assert_eq!(r.remaining(), 50);
         assert_eq!(r.binding_limit(), 350);
         assert!(matches!(
-            parse_lease_reply(200, br#"{"EVAL":[-1,0,0,0,-1,0,0]}"#),
+            parse_lease_reply(200, br#"{"EVAL":[-1,0,0,0,-1,0,0,0,0]}"#),
+            Err(ShimError::Garbage(_))
+        ));
+        // v1's reply (no split) is not v2's.
+        assert!(matches!(
+            parse_lease_reply(200, br#"{"EVAL":[40,900,1000,300,350,3,77]}"#),
+            Err(ShimError::Garbage(_))
+        ));
+        assert!(matches!(
+            parse_lease_reply(200, br#"{"EVAL":[40,900,1000,300,350,3,77,-1,0]}"#),
             Err(ShimError::Garbage(_))
         ));
     }
