@@ -105,8 +105,8 @@ enum Command {
         file cannot be read or holds no filter configuration."
     )]
     Check {
-        /// JSON files of the plugin configuration, Envoy bootstraps, Istio manifests.
-        #[arg(required = true, value_name = "CONFIG")]
+        /// JSON files of the plugin configuration, Envoy bootstraps, Istio manifests (or use --config).
+        #[arg(value_name = "CONFIG")]
         files: Vec<String>,
     },
     /// Which rules, limits, budgets, breaker and quota keys a request would meet, and its estimated cost.
@@ -441,7 +441,17 @@ fn check(files: &[String]) -> u8 {
 fn run(cli: Cli) -> Result<u8, Failure> {
     let g = cli.global;
     match cli.command {
-        Command::Check { files } => Ok(check(&files)),
+        Command::Check { mut files } => {
+            if files.is_empty() {
+                files.extend(g.config.clone());
+            }
+            if files.is_empty() {
+                return Err(Failure::input(
+                    "name a configuration to check: tokengate check CONFIG... (or --config FILE)",
+                ));
+            }
+            Ok(check(&files))
+        }
         Command::Explain {
             file,
             tenant,

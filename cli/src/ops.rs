@@ -27,6 +27,20 @@ pub struct Target {
     pub groups: Vec<String>,
 }
 
+/// False for a `key:` tenant that is not what a hashed API key names (`key:` + 16 lower-case hex
+/// digits): no request is ever charged to it.
+fn hashed_form(tenant: &str) -> bool {
+    match tenant.get(..4) {
+        Some(p) if p.eq_ignore_ascii_case("key:") => tenant.get(4..).is_some_and(|h| {
+            tenant.starts_with("key:")
+                && h.len() == 16
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }),
+        _ => true,
+    }
+}
+
 /// The account `t` names under `cfg`, and the unit its amounts are in.
 pub fn account(cfg: &Config, t: &Target) -> Result<(AccountId, crate::usage::Unit), Failure> {
     let q = cfg.quota.as_ref().ok_or_else(|| {
@@ -38,10 +52,10 @@ pub fn account(cfg: &Config, t: &Target) -> Result<(AccountId, crate::usage::Uni
                 "name the account: --tenant T (a token quota), or --budget B with its subject",
             )
         })?;
-        if !tokengate::identity::valid_tenant(tenant) {
+        if !tokengate::identity::valid_tenant(tenant) || !hashed_form(tenant) {
             return Err(Failure::input(format!(
-                "{tenant:?} is not a tenant id (1 to {} of A-Z a-z 0-9 . _ : @ -): no request is ever \
-                 charged to it",
+                "{tenant:?} is not a tenant id (1 to {} of A-Z a-z 0-9 . _ : @ -; a `key:` tenant is \
+                 `key:` and 16 lower-case hex digits): no request is ever charged to it",
                 tokengate::identity::MAX_TENANT_LEN
             )));
         }
@@ -66,7 +80,8 @@ pub fn account(cfg: &Config, t: &Target) -> Result<(AccountId, crate::usage::Uni
         })?;
     let levels = &cfg.groups;
     let tenant = t.tenant.clone().unwrap_or_default();
-    if !tenant.is_empty() && !tokengate::identity::valid_tenant(&tenant) {
+    if !tenant.is_empty() && (!tokengate::identity::valid_tenant(&tenant) || !hashed_form(&tenant))
+    {
         return Err(Failure::input(format!("{tenant:?} is not a tenant id")));
     }
     let groups = crate::explain::groups(cfg, &tenant, &t.groups)?;
@@ -472,6 +487,20 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc(1_709_164_800), "2024-02-29T00:00:00Z");
         assert_eq!(utc(1_798_761_599), "2026-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn a_key_tenant_is_named_only_in_the_form_a_hashed_key_gives() {
+        assert!(hashed_form("key:0123456789abcdef"));
+        assert!(hashed_form("alice@example.com"));
+        for bad in [
+            "key:abc",
+            "KEY:0123456789abcdef",
+            "key:0123456789ABCDEF",
+            "key:0123456789abcdefa",
+        ] {
+            assert!(!hashed_form(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub fn unknown_api_key() -> Refusal {
 pub fn two_api_keys() -> Refusal {
     Refusal::new(
         Class::MissingTenant,
-        "The request carries two different API keys (in Authorization: Bearer and x-api-key, or one of these headers twice): send one.",
+        "The request carries two different API keys (two of the places its provider reads a key from, or one of them twice, with different values): send one.",
     )
 }
 
