@@ -203,11 +203,9 @@ pub fn flush(cx: &mut Cx) {
         if io::add(cx.store(), &io::io_key(&key), month, i, o, retries) {
             continue;
         }
-        cx.inc(Metric::StoreErrors);
-        cx.log_failure(
-            Level::Warn,
-            "lease_store",
-            format!("cannot add leased requests' input/output tokens to {key}: tried again at the next tick"),
+        write_failed(
+            cx,
+            format!("cannot add leased requests' input/output tokens to {key}"),
         );
         if cx.worker.leases.unsettled_io.len() < MAX_UNSETTLED {
             cx.worker.leases.unsettled_io.push((key, month, i, o));
@@ -229,16 +227,21 @@ pub fn flush(cx: &mut Cx) {
         if account::settle(cx.store(), &key, d.reserved, d.actual, retries) {
             continue;
         }
-        cx.inc(Metric::StoreErrors);
-        cx.log_failure(
-            Level::Warn,
-            "lease_store",
-            format!("cannot settle leased requests into {key}: tried again at the next tick"),
-        );
+        write_failed(cx, format!("cannot settle leased requests into {key}"));
         if cx.worker.leases.unsettled.len() < MAX_UNSETTLED {
             cx.worker.leases.unsettled.push((key, d));
         }
     }
+}
+
+/// A shared-data write of [`flush`] the store refused (`what`): counted, logged; kept for the next tick.
+fn write_failed(cx: &mut Cx, what: String) {
+    cx.inc(Metric::StoreErrors);
+    cx.log_failure(
+        Level::Warn,
+        "lease_store",
+        format!("{what}: tried again at the next tick"),
+    );
 }
 
 /// The root's tick: writes this VM's ended leased requests ([`flush`]), then syncs of accounts this VM
