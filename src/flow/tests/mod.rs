@@ -12,6 +12,7 @@ mod glease;
 mod identity;
 mod instr;
 mod lease;
+mod lease_sync;
 mod limits;
 mod settlement;
 mod shaping;
