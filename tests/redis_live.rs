@@ -545,13 +545,16 @@ mod quota {
         ]
         .into();
         let sha = LEASE_V1_SHA1;
-        let (s, b) = st.post(&command_body(
-            ScriptCall::Eval,
-            &v1,
-            sha,
-            &v1_keys,
-            &v1_args,
-        ));
+        let v1_call = || {
+            st.post(&command_body(
+                ScriptCall::Eval,
+                &v1,
+                sha,
+                &v1_keys,
+                &v1_args,
+            ))
+        };
+        let (s, b) = v1_call();
         assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
         let old: Vec<i64> = serde_json::from_slice::<serde_json::Value>(&b).unwrap()["EVAL"]
             .as_array()
@@ -566,13 +569,7 @@ mod quota {
         assert_eq!((r.reported_total, r.tokens_io), (260, (130, 50)));
         assert_eq!(split(), ["145", "75", "145", "75"]);
         // v1 still reads the record v2 wrote (its end-anchored pattern: nothing appended to it).
-        let (s, b) = st.post(&command_body(
-            ScriptCall::Eval,
-            &v1,
-            sha,
-            &v1_keys,
-            &v1_args,
-        ));
+        let (s, b) = v1_call();
         assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
         // A field that is not two counts is left alone, and the call goes on.
         st.cli(&[
