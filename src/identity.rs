@@ -144,16 +144,7 @@ pub fn api_key<'a>(
     authorization: Option<&'a str>,
     x_api_key: Option<&'a str>,
 ) -> Result<Option<&'a str>, TwoKeys> {
-    let bearer = match authorization {
-        Some(a) => one_value(a, |v| {
-            let (scheme, rest) = v.split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| rest.trim())
-                .filter(|k| !k.is_empty())
-        })?,
-        None => None,
-    };
+    let bearer = bearer(authorization)?;
     let x = match x_api_key {
         Some(x) => one_value(x, Some)?,
         None => None,
